@@ -1,0 +1,240 @@
+"""One wrapped call, from its start mark to its recorded outcome, and its recovery.
+
+The order of commits is the whole design (DESIGN.md "Modes" and "Recovery"):
+
+  start mark (exec key; transactional: + outside changes)   -> adapter.start_mark
+  effect (spawn / wait, or the file operation)               -> adapter.spawn/running/exit
+  outcome (transactional: + the call's diff, one commit)     -> adapter.outcome_commit
+  checkpoint mode: checkpoint, then record it                -> adapter.checkpoint(_commit)
+  the harness commits the result entry                        -> harness.tool_return/...
+
+Each step is a failpoint. A new driver finds the call by its ``cua.space`` record and
+decides from what is known (outcome recorded / ledger says running / exited / never
+started / unknown), emitting one ``RecoveryEvent`` per decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from durable_spaces.adapter import image as img
+from durable_spaces.adapter.recovery import RecoveryKind
+from durable_spaces.adapter.space import ExecResult, ExecState, Space
+from durable_spaces.adapter.state import CallRecord, SpaceState
+from durable_spaces.adapter.tools import ToolContext, ToolResult
+from durable_spaces.chaos.failpoints import hit
+from durable_spaces.errors import StaleEpochError
+
+if TYPE_CHECKING:
+    from durable_spaces.adapter.durable import DurableSpaces
+
+STREAM_FENCE_INTERVAL = 0.2
+RUNNING_MARK = 0.05
+
+
+class CallPipeline:
+    """Runs one wrapped call (``tool`` is bash, write or edit) for a ``DurableSpaces``."""
+
+    def __init__(self, durable: DurableSpaces, tool: str, args: dict[str, Any], ctx: ToolContext):
+        self.d = durable
+        self.tool = tool
+        self.args = args
+        self.ctx = ctx
+        self.conv = ctx.conversation_id
+        self._fence_checked = 0.0
+        self._fence_ok = True
+
+    # --- entry ----------------------------------------------------------------------------
+
+    async def run(self) -> ToolResult:
+        state = self.d.load_state(self.ctx.harness, self.conv)
+        space = await self.d.space_for(self.ctx.harness, self.conv, state)
+        state = self.d.load_state(self.ctx.harness, self.conv)
+        rec = state.calls.get(self.ctx.call_id)
+        if rec is None:
+            hit("adapter.call")
+            return await self._fresh(state, space)
+        hit("recovery.start")
+        return await self._recover(state, space, rec)
+
+    # --- a call that has not started before -------------------------------------------------
+
+    async def _fresh(self, state: SpaceState, space: Space) -> ToolResult:
+        mode = await self.d.decide_mode(self.ctx.harness, self.conv, state, space)
+        state = self.d.load_state(self.ctx.harness, self.conv)
+        if mode == "transactional" and state.image_stale:
+            return ToolResult.error(
+                f"the workspace image is stale ({state.image_stale}); transactional mode "
+                "cannot keep this workspace: use mode='checkpoint'"
+            )
+        rec = CallRecord(
+            call_id=self.ctx.call_id,
+            tool=self.tool,
+            order=state.next_order(),
+            mode=mode,
+            instance=space.instance_id,
+        )
+        if mode == "transactional":
+            table = await space.scan(".", self.d.limits.exclude)
+            if (why := self.d.limits.violation(table)) is not None:
+                return ToolResult.error(
+                    f"refused before the call: {why}; transactional mode cannot keep this "
+                    "workspace: use mode='checkpoint' (or raise the limits)"
+                )
+            await self.d.commit_start(self.ctx.harness, self.conv, state, rec, space, table)
+        else:
+            if state.last_checkpoint is None:
+                state.last_checkpoint = await self.d.snapshots_for().checkpoint(
+                    space, f"{self.ctx.call_id}-before", self.d.epoch_for(space.name)
+                )
+            rec.before = state.last_checkpoint
+            await self.d.commit_start(self.ctx.harness, self.conv, state, rec, space, None)
+        hit("adapter.start_mark")
+        return await self._effect_and_finish(space, rec, "ran" if self.ctx.resumed else None)
+
+    # --- the effect -------------------------------------------------------------------------
+
+    async def _effect_and_finish(
+        self, space: Space, rec: CallRecord, event: RecoveryKind | None
+    ) -> ToolResult:
+        if self.tool == "bash":
+            res = await self._run_bash(space, rec)
+            outcome = _bash_outcome(res)
+        else:
+            outcome = await self._file_effect(space)
+            hit("adapter.file_op")
+        if event is not None:
+            self.d.emit(event, self.conv, rec, tool=self.tool)
+        return await self._finish(space, rec, outcome)
+
+    async def _run_bash(self, space: Space, rec: CallRecord, reattach: bool = False) -> ExecResult:
+        assert rec.key is not None
+        command = str(self.args.get("command", ""))
+        execution = await space.spawn(
+            ["bash", "-c", command],
+            key=rec.key,
+            epoch=self.d.epoch_for(space.name),
+            cwd=self.d.cwd or space.root,
+        )
+        hit("adapter.spawn")
+        # "running": the command is still going a moment after it started.
+        running = asyncio.get_running_loop().call_later(RUNNING_MARK, hit, "adapter.running")
+        try:
+            async for chunk in execution.output():
+                self._forward(chunk)
+            res = await execution.wait()
+        finally:
+            running.cancel()
+        hit("adapter.exit")
+        return res
+
+    def _forward(self, chunk: bytes) -> None:
+        """Live output, unless the fence says a newer driver exists (checked <= 5/s)."""
+        now = time.monotonic()
+        if self.d.fence is not None and now - self._fence_checked >= STREAM_FENCE_INTERVAL:
+            self._fence_checked = now
+            try:
+                self.d.fence.check()
+                self._fence_ok = True
+            except StaleEpochError:
+                self._fence_ok = False
+        if self._fence_ok:
+            self.ctx.output(chunk.decode(errors="replace"))
+
+    async def _file_effect(self, space: Space) -> dict[str, Any]:
+        path = str(self.args.get("path", ""))
+        if self.tool == "write":
+            content = str(self.args.get("content", ""))
+            await space.write_file(path, content.encode())
+            return {"status": "ok", "content": f"wrote {len(content.encode())} bytes to {path}"}
+        old, new = str(self.args.get("old_text", "")), str(self.args.get("new_text", ""))
+        st = await space.stat(path)
+        if st is None or st.kind != "file":
+            return {"status": "error", "content": f"edit: {path} does not exist"}
+        text = (await space.read_file(path)).decode(errors="replace")
+        count = text.count(old) if old else 0
+        if count != 1:
+            why = "not found" if count == 0 else f"found {count} times"
+            return {"status": "error", "content": f"edit: old_text {why} in {path}"}
+        await space.write_file(path, text.replace(old, new, 1).encode(), st.mode)
+        return {"status": "ok", "content": f"edited {path}"}
+
+    # --- after the effect -------------------------------------------------------------------
+
+    async def _finish(self, space: Space, rec: CallRecord, outcome: dict[str, Any]) -> ToolResult:
+        rec.outcome = outcome
+        await self.d.commit_outcome(self.ctx.harness, self.conv, rec, space, self.tool)
+        return _result(outcome)
+
+    # --- recovery ---------------------------------------------------------------------------
+
+    async def _recover(self, state: SpaceState, space: Space, rec: CallRecord) -> ToolResult:
+        same_instance = rec.instance == space.instance_id
+        if rec.outcome is not None and (same_instance or state.mode == "transactional"):
+            if state.mode == "checkpoint" and rec.checkpoint is None:
+                await self.d.take_checkpoint(self.ctx.harness, self.conv, rec, space)
+            self.d.emit("adopted", self.conv, rec, tool=self.tool)
+            return _result(rec.outcome)
+
+        if self.tool == "bash" and same_instance and rec.key is not None:
+            record = await space.exec_record(rec.key)
+            older = (rec.epoch or 0) < self.d.epoch_for(space.name)
+            if record.state is ExecState.RUNNING:
+                res = await self._run_bash(space, rec)
+                self.d.emit("reattached", self.conv, rec, tool=self.tool)
+                return await self._finish(space, rec, _bash_outcome(res))
+            if record.state is ExecState.EXITED and (
+                not older or (record.exit_code == 0 and record.signal is None)
+            ):
+                res = ExecResult(
+                    rec.key, record.exit_code, record.signal, record.output_tail, replayed=True
+                )
+                self.d.emit("replayed", self.conv, rec, tool=self.tool)
+                return await self._finish(space, rec, _bash_outcome(res))
+            if record.state is ExecState.UNKNOWN:
+                await self.d.restart_mark(self.ctx.harness, self.conv, rec, space)
+                hit("adapter.start_mark")
+                return await self._effect_and_finish(space, rec, "ran")
+
+        # Unknown: lost with the daemon, cut off by a newer epoch, a file tool cut
+        # mid-write, or effects that lived only in a lost Space.
+        mode = state.mode or rec.mode
+        if mode == "transactional":
+            await self.d.revert(self.ctx.harness, self.conv, space, rec)
+            hit("recovery.reverted")
+            await self.d.restart_mark(self.ctx.harness, self.conv, rec, space)
+            return await self._effect_and_finish(space, rec, "ran")
+        space = await self.d.restore_before(self.ctx.harness, self.conv, state, rec, space)
+        hit("recovery.restored")
+        if self.tool in ("write", "edit"):
+            await self.d.restart_mark(self.ctx.harness, self.conv, rec, space)
+            return await self._effect_and_finish(space, rec, "ran")
+        outcome = {
+            "status": "interrupted",
+            "content": "interrupted: the driver crashed while this command ran and its "
+            "outcome is unknown; the Space was restored to the checkpoint before the call, "
+            "so the command had no effect. Run it again if it is still needed.",
+        }
+        rec.outcome = outcome
+        rec.checkpoint = rec.before
+        await self.d.commit_interrupted(self.ctx.harness, self.conv, rec)
+        self.d.emit("interrupted", self.conv, rec, tool=self.tool)
+        return _result(outcome)
+
+
+def _bash_outcome(res: ExecResult) -> dict[str, Any]:
+    text = res.output.decode(errors="replace")
+    code = res.exit_code
+    status = "ok" if code == 0 else "error"
+    tail = f"\n[exit code {code}]" if code is not None else f"\n[killed by signal {res.signal}]"
+    return {"status": status, "content": (text + tail).lstrip("\n"), "exit_code": code}
+
+
+def _result(outcome: dict[str, Any]) -> ToolResult:
+    details = {k: v for k, v in outcome.items() if k not in ("status", "content")}
+    return ToolResult(str(outcome.get("content", "")), outcome.get("status", "ok"), details)
+
+
+__all__ = ["CallPipeline", "img"]

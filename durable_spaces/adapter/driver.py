@@ -1,0 +1,245 @@
+"""``run_durable_session``: the process a coordinator launches for each drive attempt.
+
+Contract with the coordinator (DESIGN.md "The driver entry and the coordinator"):
+
+- environment: ``CUA_SESSION_NAME``, ``CUA_SESSION_EPOCH`` (int >= 1),
+  ``CUA_SESSION_STATE_DIR`` (the fenced SQLite log lives there),
+  ``CUA_SESSION_HEARTBEAT_SECS`` (default 30), optional ``CUA_SESSION_SPACE`` (the Space
+  to fence before anything runs);
+- exit codes: 0 done, 78 permanent (bad environment, ``PermanentFailure``, a submission
+  that ended unanswered, a Space that cannot be fenced for good), 75 fenced (a newer
+  epoch exists; returned as soon as the log's fence refuses, even if the run never
+  settles), anything else crashed (resume with backoff);
+- ``CUA-HEARTBEAT <epoch> <unix_ms>`` every heartbeat interval from a thread of its own,
+  so a frozen event loop still beats and a frozen process falls silent;
+- ``DS-EVENT <json>`` lines for the lab (first_step, recovery, done).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from durable_spaces.adapter.durable import DurableSpaces
+from durable_spaces.adapter.log import Fence, Storage, open_fenced_sqlite
+from durable_spaces.adapter.recovery import RecoveryEvent
+from durable_spaces.errors import (
+    ConfigError,
+    HaltError,
+    PermanentFailure,
+    StaleEpochError,
+)
+
+EXIT_DONE = 0
+EXIT_CRASHED = 1
+EXIT_FENCED = 75
+EXIT_PERMANENT = 78
+
+LOG_FILE = "log.sqlite"
+
+
+@dataclass(frozen=True)
+class Session:
+    name: str
+    epoch: int
+    state_dir: Path
+    heartbeat_secs: float
+    space: str | None = None
+
+    @staticmethod
+    def from_env(env: dict[str, str] | None = None) -> Session:
+        """Read and validate the driver's environment; ``ConfigError`` names the culprit."""
+        e = dict(os.environ if env is None else env)
+        name = e.get("CUA_SESSION_NAME", "").strip()
+        if not name:
+            raise ConfigError("CUA_SESSION_NAME is not set")
+        raw = e.get("CUA_SESSION_EPOCH", "")
+        try:
+            epoch = int(raw)
+        except ValueError:
+            raise ConfigError(f"CUA_SESSION_EPOCH must be an integer, got {raw!r}") from None
+        if epoch < 1:
+            raise ConfigError(f"CUA_SESSION_EPOCH must be >= 1, got {epoch}")
+        sd = e.get("CUA_SESSION_STATE_DIR", "").strip()
+        if not sd:
+            raise ConfigError("CUA_SESSION_STATE_DIR is not set")
+        hb_raw = e.get("CUA_SESSION_HEARTBEAT_SECS", "30")
+        try:
+            hb = float(hb_raw)
+        except ValueError:
+            raise ConfigError(
+                f"CUA_SESSION_HEARTBEAT_SECS must be a number, got {hb_raw!r}"
+            ) from None
+        if not hb > 0:
+            raise ConfigError(f"CUA_SESSION_HEARTBEAT_SECS must be > 0, got {hb}")
+        return Session(name, epoch, Path(sd), hb, e.get("CUA_SESSION_SPACE") or None)
+
+
+@dataclass
+class StartContext:
+    """What ``start`` gets: the session, its fenced log, and the stale callback."""
+
+    session: Session
+    log: Storage
+    fence: Fence
+    on_stale: Callable[[StaleEpochError], None]
+    durable: DurableSpaces
+
+
+@dataclass
+class SessionHandle:
+    """What ``start`` returns: wait for the submission, close, and (optionally) make sure
+    the Space is consistent after the run settled."""
+
+    wait: Callable[[], Awaitable[Any]]
+    close: Callable[[], Awaitable[None]]
+    ensure_space: Callable[[], Awaitable[None]] | None = None
+
+
+Start = Callable[[StartContext], Awaitable[SessionHandle]]
+
+
+def emit_event(event: str, **fields: Any) -> None:
+    line = json.dumps({"event": event, "unix_ms": int(time.time() * 1000), **fields})
+    sys.stdout.write(f"DS-EVENT {line}\n")
+    sys.stdout.flush()
+
+
+class Heartbeat:
+    """Prints ``CUA-HEARTBEAT`` from its own thread until stopped."""
+
+    def __init__(self, epoch: int, every: float) -> None:
+        self.epoch = epoch
+        self.every = every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cua-heartbeat", daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            sys.stdout.write(f"CUA-HEARTBEAT {self.epoch} {int(time.time() * 1000)}\n")
+            sys.stdout.flush()
+            if self._stop.wait(self.every):
+                return
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+
+def run_durable_session(durable: DurableSpaces, start: Start) -> int:
+    """Run one drive attempt; return the exit code (the caller ``sys.exit``s it)."""
+    try:
+        session = Session.from_env()
+    except ConfigError as e:
+        print(f"durable-spaces driver: bad environment: {e}", file=sys.stderr)
+        return EXIT_PERMANENT
+    with Heartbeat(session.epoch, session.heartbeat_secs):
+        try:
+            return asyncio.run(_drive(durable, start, session))
+        except StaleEpochError as e:
+            print(f"durable-spaces driver: fenced: {e}", file=sys.stderr)
+            return EXIT_FENCED
+        except (PermanentFailure, ConfigError) as e:
+            print(f"durable-spaces driver: permanent failure: {e}", file=sys.stderr)
+            return EXIT_PERMANENT
+        except HaltError as e:
+            print(f"durable-spaces driver: halted: {e}", file=sys.stderr)
+            return EXIT_PERMANENT if e.permanent else EXIT_CRASHED
+        except Exception:
+            traceback.print_exc()
+            return EXIT_CRASHED
+
+
+async def _drive(durable: DurableSpaces, start: Start, session: Session) -> int:
+    session.state_dir.mkdir(parents=True, exist_ok=True)
+    storage, fence = open_fenced_sqlite(str(session.state_dir / LOG_FILE), session.epoch)
+    fenced = asyncio.Event()
+
+    def on_stale(err: StaleEpochError) -> None:
+        fenced.set()
+
+    durable.epoch = session.epoch
+    if durable.namespace is None:
+        durable.namespace = session.name
+    durable.attach(fence, on_stale)
+    chained = durable.on_recovery
+    first = [True]
+
+    def on_recovery(ev: RecoveryEvent) -> None:
+        emit_event("recovery", kind=ev.kind, mode=ev.mode, call=ev.call)
+        if chained is not None:
+            chained(ev)
+
+    def on_call(tool: str, call: str) -> None:
+        if first[0]:
+            first[0] = False
+            emit_event("first_step", epoch=session.epoch, tool=tool, call=call)
+
+    durable.on_recovery = on_recovery
+    durable.on_call = on_call
+    try:
+        fence.check()  # a newer driver already exists: stop before doing anything
+        if session.space:
+            try:
+                await durable.raise_epoch(session.space)
+            except HaltError:
+                fence.halt("the Space cannot be fenced")
+                raise
+        handle = await start(StartContext(session, storage, fence, on_stale, durable))
+        try:
+            result = await _wait_or_fenced(handle.wait(), fence, fenced)
+            if result is None:
+                return EXIT_FENCED
+            status = getattr(result, "status", "done")
+            if status != "done":
+                print(
+                    f"durable-spaces driver: submission ended {status}: "
+                    f"{getattr(result, 'error', '')}",
+                    file=sys.stderr,
+                )
+                return EXIT_PERMANENT
+            if handle.ensure_space is not None:
+                await handle.ensure_space()
+            emit_event("done", epoch=session.epoch)
+            return EXIT_DONE
+        except HaltError:
+            fence.halt("halted")
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                await handle.close()
+    finally:
+        storage.close()
+
+
+async def _wait_or_fenced(
+    waiting: Awaitable[Any], fence: Fence, fenced: asyncio.Event
+) -> Any | None:
+    """The submission's result, or None as soon as the log's fence refuses this epoch."""
+    task = asyncio.ensure_future(waiting)
+    try:
+        while not task.done():
+            if fenced.is_set():
+                return None
+            try:
+                fence.check()
+            except StaleEpochError:
+                return None
+            await asyncio.wait({task}, timeout=0.2)
+        return task.result()
+    finally:
+        if not task.done():
+            task.cancel()

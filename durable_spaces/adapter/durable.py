@@ -1,0 +1,544 @@
+"""``durable_spaces(...)``: the adapter a harness installs to keep Spaces consistent.
+
+It gives the harness two things: ``.extension`` (wraps bash, write and edit so each call
+runs through ``CallPipeline``) and ``.env`` (one Space per conversation, named from its
+id). Everything it knows lives in the log (the ``cua.space`` document, the image and its
+blobs), so any process that opens the same log can pick up where another died.
+
+Epochs: commands carry at least the session epoch (option or ``CUA_SESSION_EPOCH``); a
+Space is advanced to it on first use, which kills every older driver's commands. A new
+log on a Space already at exactly that epoch uses one above it (two sessions must never
+share command keys).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from durable_spaces.adapter import image as img
+from durable_spaces.adapter.calls import CallPipeline
+from durable_spaces.adapter.image import ImageLimits
+from durable_spaces.adapter.log import Fence
+from durable_spaces.adapter.modes import (
+    Mode,
+    kind_allows,
+    limits_allow,
+    processes_in_workspace,
+    tooling_present,
+)
+from durable_spaces.adapter.recovery import RecoveryEvent, RecoveryKind, RecoveryListener
+from durable_spaces.adapter.snapshots import (
+    CheckpointMissing,
+    Snapshots,
+    WorkspaceSnapshots,
+)
+from durable_spaces.adapter.space import (
+    Capabilities,
+    PathTable,
+    Space,
+    SpaceBackend,
+    space_name,
+)
+from durable_spaces.adapter.space_env import SpaceExecutionEnv
+from durable_spaces.adapter.state import (
+    BLOB_DOC_PREFIX,
+    DOC,
+    IMAGE_DOC,
+    CallRecord,
+    SpaceState,
+)
+from durable_spaces.adapter.tools import Extension, Tool, ToolContext, ToolResult
+from durable_spaces.chaos.failpoints import hit
+from durable_spaces.errors import (
+    ConfigError,
+    HaltError,
+    PermanentFailure,
+    SpaceUnavailableError,
+    StaleEpochError,
+)
+
+if TYPE_CHECKING:
+    from durable_spaces.adapter.harness import Harness, Tx
+
+WRAPPED = ("bash", "write", "edit")
+
+
+def session_epoch(epoch: int | None) -> int:
+    if epoch is not None:
+        return epoch
+    raw = os.environ.get("CUA_SESSION_EPOCH", "1")
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"CUA_SESSION_EPOCH must be an integer, got {raw!r}") from None
+    if value < 1:
+        raise ConfigError(f"CUA_SESSION_EPOCH must be >= 1, got {value}")
+    return value
+
+
+class DurableSpaces:
+    """See module docstring. Build it with ``durable_spaces(...)``."""
+
+    def __init__(
+        self,
+        spaces: SpaceBackend,
+        snapshots: Snapshots | None = None,
+        cwd: str | None = None,
+        mode: Mode = "auto",
+        fence: Fence | None = None,
+        on_stale: Callable[[StaleEpochError], None] | None = None,
+        epoch: int | None = None,
+        transactional: ImageLimits | None = None,
+        on_recovery: RecoveryListener | None = None,
+        name_for: Callable[[str], str] | None = None,
+        namespace: str | None = None,
+    ) -> None:
+        if mode not in ("auto", "transactional", "checkpoint"):
+            raise ConfigError(f"mode must be auto, transactional or checkpoint, not {mode!r}")
+        self.spaces = spaces
+        self.snapshots = snapshots or WorkspaceSnapshots(spaces)
+        self.cwd = cwd
+        self.mode: Mode = mode
+        self.fence = fence
+        self.on_stale = on_stale
+        self.epoch = session_epoch(epoch)
+        self.limits = transactional or ImageLimits()
+        self.on_recovery = on_recovery
+        #: Space names derive from ``<namespace>/<conversation id>``: conversation ids are
+        #: only unique within one log, Space names must be unique on the backend.
+        self.namespace = namespace
+        self._name_for = name_for
+        self.events: list[RecoveryEvent] = []
+        #: Called with (tool, call id) as each wrapped call starts (the driver's first step).
+        self.on_call: Callable[[str, str], None] | None = None
+        self._open: dict[str, Space] = {}
+        self._epochs: dict[str, int] = {}
+        self._caps: dict[str, Capabilities] = {}
+        self._tooling: dict[str, str | None] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def name_for(self, conversation_id: str) -> str:
+        if self._name_for is not None:
+            return self._name_for(conversation_id)
+        ns = self.namespace
+        return space_name(f"{ns}/{conversation_id}" if ns else conversation_id)
+
+    # --- what the harness installs ----------------------------------------------------------
+
+    @property
+    def extension(self) -> Extension:
+        return Extension("durable-spaces", wrap={name: self._wrapper(name) for name in WRAPPED})
+
+    def _wrapper(self, name: str) -> Callable[[Tool], Tool]:
+        def wrap(inner: Tool) -> Tool:
+            async def execute(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+                return await self.run_call(name, args, ctx)
+
+            # Safe to replay: the ledger and the log decide what a rerun really does.
+            return inner.with_execute(execute, replay="safe")
+
+        return wrap
+
+    async def env(self, conversation_id: str) -> SpaceExecutionEnv:
+        """The harness's environment factory: the conversation's Space as an env."""
+        return SpaceExecutionEnv(self, conversation_id)
+
+    def attach(
+        self, fence: Fence | None, on_stale: Callable[[StaleEpochError], None] | None
+    ) -> None:
+        """Give the adapter the log's fence and the driver's stale callback."""
+        self.fence = fence
+        self.on_stale = on_stale
+
+    # --- calls ------------------------------------------------------------------------------
+
+    async def run_call(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        name = self.name_for(ctx.conversation_id)
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            if self.on_call is not None:
+                self.on_call(tool, ctx.call_id)
+            try:
+                return await CallPipeline(self, tool, args, ctx).run()
+            except StaleEpochError as e:
+                if self.on_stale is not None:
+                    self.on_stale(e)
+                raise
+            except SpaceUnavailableError as e:
+                # Never record "the Space vanished" as the tool's result: halt, and let
+                # the coordinator resume on a Space placed again.
+                raise HaltError(f"the Space is unreachable during {tool}: {e}") from e
+
+    # --- state in the log -------------------------------------------------------------------
+
+    def load_state(self, harness: Harness, conv: str) -> SpaceState:
+        return SpaceState.from_json(harness.conversation(conv).document(DOC))
+
+    def image_table(self, harness: Harness, conv: str) -> PathTable:
+        return img.table_from_json(harness.conversation(conv).document(IMAGE_DOC))
+
+    def blob(self, harness: Harness, conv: str, sha: str) -> bytes | None:
+        """A blob of the image, looked up in the conversation and then its ancestors."""
+        cid: str | None = conv
+        while cid is not None:
+            c = harness.conversation(cid)
+            text = c.document(BLOB_DOC_PREFIX + sha)
+            if text is not None:
+                return img.decode_blob(text)
+            cid = c.parent_id
+        return None
+
+    @staticmethod
+    def _put_state(tx: Tx, conv: str, state: SpaceState) -> None:
+        tx.put_document(conv, DOC, state.to_json(), rewindable=True)
+
+    async def _commit(
+        self,
+        harness: Harness,
+        conv: str,
+        state: SpaceState,
+        table: PathTable | None = None,
+        blobs: dict[str, bytes] | None = None,
+    ) -> None:
+        def build(tx: Tx) -> None:
+            for sha, data in (blobs or {}).items():
+                tx.put_document(conv, BLOB_DOC_PREFIX + sha, img.encode_blob(data))
+            if table is not None:
+                tx.put_document(conv, IMAGE_DOC, img.table_to_json(table), rewindable=True)
+            self._put_state(tx, conv, state)
+
+        await harness.commit(build)
+
+    async def _image_update(
+        self, harness: Harness, conv: str, space: Space, new_table: PathTable
+    ) -> tuple[PathTable, dict[str, bytes]] | None:
+        old = self.image_table(harness, conv)
+        delta = img.diff(old, new_table)
+        if not delta:
+            return None
+        blobs = await img.read_new_blobs(
+            space, delta, lambda sha: self.blob(harness, conv, sha) is not None
+        )
+        return delta.apply(old), blobs
+
+    # --- the pipeline's steps (each one commit) -----------------------------------------------
+
+    async def commit_start(
+        self,
+        harness: Harness,
+        conv: str,
+        state: SpaceState,
+        rec: CallRecord,
+        space: Space,
+        table: PathTable | None,
+    ) -> None:
+        """The start mark; in transactional mode with any change made outside the calls."""
+        self._mark(rec, conv, space)
+        state.calls[rec.call_id] = rec
+        state.instance = space.instance_id
+        state.space = space.name
+        update = None
+        if table is not None:
+            update = await self._image_update(harness, conv, space, table)
+        if update is None:
+            await self._commit(harness, conv, state)
+        else:
+            await self._commit(harness, conv, state, update[0], update[1])
+
+    def _mark(self, rec: CallRecord, conv: str, space: Space) -> None:
+        rec.n += 1
+        rec.epoch = self.epoch_for(space.name)
+        rec.instance = space.instance_id
+        rec.key = f"{conv}:{rec.call_id}:{rec.n}@{rec.epoch}" if rec.tool == "bash" else None
+
+    async def restart_mark(
+        self, harness: Harness, conv: str, rec: CallRecord, space: Space
+    ) -> None:
+        """A new start mark for a call that runs again (a new key, never the old one)."""
+        state = self.load_state(harness, conv)
+        self._mark(rec, conv, space)
+        rec.outcome = None
+        state.calls[rec.call_id] = rec
+        await self._commit(harness, conv, state)
+
+    async def commit_outcome(
+        self, harness: Harness, conv: str, rec: CallRecord, space: Space, tool: str
+    ) -> None:
+        """Record the outcome (transactional: with the call's diff, in one commit); auto may
+        switch to checkpoint in the same commit; checkpoint mode then checkpoints."""
+        state = self.load_state(harness, conv)
+        state.calls[rec.call_id] = rec
+        update = None
+        switch: str | None = None
+        if state.mode == "transactional":
+            table = await space.scan(".", self.limits.exclude)
+            why = self.limits.violation(table)
+            if why is None and self.mode == "auto" and tool == "bash":
+                pids = await processes_in_workspace(space, self.epoch_for(space.name))
+                if pids:
+                    why = f"a wrapped bash call left processes running in the workspace: {pids}"
+            if why is not None and self.mode == "auto":
+                switch = why
+            elif why is not None:
+                state.image_stale = why
+            else:
+                update = await self._image_update(harness, conv, space, table)
+        if switch is not None:
+            state.mode, state.mode_reason = "checkpoint", switch
+        if update is None:
+            await self._commit(harness, conv, state)
+        else:
+            await self._commit(harness, conv, state, update[0], update[1])
+        hit("adapter.outcome_commit")
+        if switch is not None:
+            self.emit("mode", conv, rec, reason=switch)
+        if state.mode == "checkpoint":
+            await self.take_checkpoint(harness, conv, rec, space)
+
+    async def take_checkpoint(
+        self, harness: Harness, conv: str, rec: CallRecord, space: Space
+    ) -> None:
+        cid = await self.snapshots_for().checkpoint(space, rec.call_id, self.epoch_for(space.name))
+        hit("adapter.checkpoint")
+        state = self.load_state(harness, conv)
+        rec.checkpoint = cid
+        state.calls[rec.call_id] = rec
+        state.last_checkpoint = cid
+        await self._commit(harness, conv, state)
+        hit("adapter.checkpoint_commit")
+
+    async def commit_interrupted(self, harness: Harness, conv: str, rec: CallRecord) -> None:
+        state = self.load_state(harness, conv)
+        state.calls[rec.call_id] = rec
+        if rec.checkpoint is not None:
+            state.last_checkpoint = rec.checkpoint
+        await self._commit(harness, conv, state)
+
+    async def revert(
+        self, harness: Harness, conv: str, space: Space, rec: CallRecord | None
+    ) -> None:
+        """Transactional: make the workspace equal to the image again."""
+        table = self.image_table(harness, conv)
+        await img.apply(
+            space, table, lambda sha: self._need_blob(harness, conv, sha), self.limits.exclude
+        )
+        self.emit("reverted", conv, rec)
+
+    def _need_blob(self, harness: Harness, conv: str, sha: str) -> bytes:
+        data = self.blob(harness, conv, sha)
+        if data is None:
+            raise PermanentFailure(f"the log's image refers to blob {sha} that it does not hold")
+        return data
+
+    async def restore_before(
+        self, harness: Harness, conv: str, state: SpaceState, rec: CallRecord, space: Space
+    ) -> Space:
+        """Checkpoint mode: restore the checkpoint before ``rec`` (epoch raised first)."""
+        cid = rec.before or state.last_checkpoint
+        if cid is None:
+            raise PermanentFailure(f"call {rec.call_id} has no checkpoint before it")
+        await self.raise_space_epoch(space)
+        space = await self.snapshots_for().restore(space, cid, self.epoch_for(space.name))
+        self._open[space.name] = space
+        self.emit("restored", conv, rec, checkpoint=cid)
+        return space
+
+    # --- modes --------------------------------------------------------------------------------
+
+    def snapshots_for(self) -> Snapshots:
+        return self.snapshots
+
+    async def decide_mode(
+        self, harness: Harness, conv: str, state: SpaceState, space: Space
+    ) -> str:
+        """The mode of the next call (auto checks every condition at the call boundary)."""
+        if state.mode is None:
+            if self.mode != "auto":
+                chosen, why = self.mode, f"mode={self.mode} was asked for"
+            elif state.last_checkpoint is not None:
+                chosen, why = "checkpoint", "the conversation already has checkpoints"
+            else:
+                chosen, why = "transactional", None
+            state.mode, state.mode_reason = chosen, why
+        if self.mode != "auto" or state.mode == "checkpoint":
+            if state.mode != self.load_state(harness, conv).mode:
+                await self._commit(harness, conv, state)
+            return state.mode
+        reason = await self._auto_violation(space)
+        if reason is None:
+            if self.load_state(harness, conv).mode != "transactional":
+                await self._commit(harness, conv, state)
+            return "transactional"
+        state.mode, state.mode_reason = "checkpoint", reason
+        await self._commit(harness, conv, state)
+        self.emit("mode", conv, None, reason=reason)
+        return "checkpoint"
+
+    async def _auto_violation(self, space: Space) -> str | None:
+        caps = await self.capabilities(space)
+        v = kind_allows(caps, self.snapshots.whole_machine)
+        if not v.transactional:
+            return v.reason
+        if space.name not in self._tooling:
+            t = await tooling_present(space, self.epoch_for(space.name))
+            self._tooling[space.name] = t.reason
+        if self._tooling[space.name] is not None:
+            return self._tooling[space.name]
+        table = await space.scan(".", self.limits.exclude)
+        return limits_allow(table, self.limits).reason
+
+    # --- Spaces and epochs --------------------------------------------------------------------
+
+    def epoch_for(self, name: str) -> int:
+        return self._epochs.get(name, self.epoch)
+
+    async def capabilities(self, space: Space) -> Capabilities:
+        if space.name not in self._caps:
+            self._caps[space.name] = await space.capabilities()
+        return self._caps[space.name]
+
+    async def raise_space_epoch(self, space: Space, new_log: bool = False) -> None:
+        """Advance the Space to this session's epoch (killing older commands)."""
+        caps = await self.capabilities(space)
+        if not caps.exec_ledger:
+            raise HaltError(
+                f"Space {space.name} does not report process.exec_ledger", permanent=True
+            )
+        current = await space.current_epoch()
+        target = self.epoch_for(space.name)
+        if new_log and current == target and space.name not in self._epochs:
+            target += 1  # another log already used this epoch on this Space
+        if current > target:
+            err = StaleEpochError(target, current, "space")
+            if self.on_stale is not None:
+                self.on_stale(err)
+            raise err
+        try:
+            await space.advance_epoch(target)
+        except StaleEpochError as e:
+            if self.on_stale is not None:
+                self.on_stale(e)
+            raise
+        except (SpaceUnavailableError, OSError) as e:
+            raise HaltError(f"cannot raise the epoch of Space {space.name}: {e}") from e
+        self._epochs[space.name] = target
+
+    async def raise_epoch(self, name: str) -> None:
+        """Raise the epoch of the named Space now (the driver does this at start)."""
+        space = self._open.get(name) or await self.spaces.find(name)
+        if space is None:
+            return
+        self._open[name] = space
+        await self.raise_space_epoch(space)
+
+    async def space_for(self, harness: Harness, conv: str, state: SpaceState) -> Space:
+        """The conversation's Space, consistent with the log: created on first use,
+        advanced to the epoch, and rebuilt when it was lost (or is a fork's first use)."""
+        name = self.name_for(conv)
+        space = self._open.get(name)
+        if space is None:
+            space = await self.spaces.find(name)
+        lost = space is None or (state.instance is not None and space.instance_id != state.instance)
+        if space is None:
+            space = await self.spaces.create(name)
+        if name not in self._epochs:
+            await self.raise_space_epoch(space, new_log=not state.has_history)
+        self._open[name] = space
+        if lost and state.has_history:
+            space = await self._rebuild(harness, conv, state, space)
+        return space
+
+    async def _rebuild(self, harness: Harness, conv: str, state: SpaceState, space: Space) -> Space:
+        """A Space placed again (or a fork's new Space): bring back what the log implies."""
+        if state.mode == "transactional":
+            await img.apply(
+                space,
+                self.image_table(harness, conv),
+                lambda sha: self._need_blob(harness, conv, sha),
+                self.limits.exclude,
+            )
+            hit("recovery.reimaged")
+            self.emit("reimaged", conv, None, instance=space.instance_id)
+        else:
+            cid = state.last_checkpoint
+            if cid is None:
+                raise PermanentFailure("the Space was lost and the log records no checkpoint")
+            try:
+                space = await self.snapshots.restore(space, cid, self.epoch_for(space.name))
+            except CheckpointMissing as e:
+                raise PermanentFailure(
+                    f"the Space was placed again from scratch and its checkpoint {cid} is "
+                    f"gone with the old Space ({e}); use a CheckpointStore or mode "
+                    "transactional"
+                ) from e
+            self._open[space.name] = space
+            hit("recovery.restored")
+            self.emit("restored", conv, None, checkpoint=cid, rebuilt=True)
+            # Effects recorded only in the lost Space are unknown now: their calls are
+            # recovered as such (write/edit rerun, bash interrupted).
+        state.instance = space.instance_id
+        await self._commit(harness, conv, state)
+        return space
+
+    async def ensure_space(self, harness: Harness, conversation_id: str) -> None:
+        """After a run settles: a Space lost after the last call is rebuilt before the
+        session is reported done."""
+        name = self.name_for(conversation_id)
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            state = self.load_state(harness, conversation_id)
+            if state.has_history:
+                self._open.pop(name, None)
+                await self.space_for(harness, conversation_id, state)
+
+    async def space(self, conversation_id: str) -> Space:
+        """The conversation's Space as currently open (for unwrapped tools)."""
+        name = self.name_for(conversation_id)
+        space = (
+            self._open.get(name) or await self.spaces.find(name) or await self.spaces.create(name)
+        )
+        if name not in self._epochs:
+            await self.raise_space_epoch(space)
+        self._open[name] = space
+        return space
+
+    # --- events -------------------------------------------------------------------------------
+
+    def emit(self, kind: RecoveryKind, conv: str, rec: CallRecord | None, **detail: Any) -> None:
+        state_mode = rec.mode if rec is not None else "auto"
+        ev = RecoveryEvent(kind, state_mode, rec.call_id if rec else None, conv, detail)
+        self.events.append(ev)
+        if self.on_recovery is not None:
+            self.on_recovery(ev)
+
+
+def durable_spaces(
+    spaces: SpaceBackend,
+    snapshots: Snapshots | None = None,
+    cwd: str | None = None,
+    mode: Mode = "auto",
+    fence: Fence | None = None,
+    on_stale: Callable[[StaleEpochError], None] | None = None,
+    epoch: int | None = None,
+    transactional: ImageLimits | None = None,
+    on_recovery: RecoveryListener | None = None,
+    exclude: Sequence[str] = (),
+    namespace: str | None = None,
+) -> DurableSpaces:
+    """Build the adapter. See ``DurableSpaces``."""
+    limits = transactional or ImageLimits(exclude=tuple(exclude))
+    return DurableSpaces(
+        spaces,
+        snapshots=snapshots,
+        cwd=cwd,
+        mode=mode,
+        fence=fence,
+        on_stale=on_stale,
+        epoch=epoch,
+        transactional=limits,
+        on_recovery=on_recovery,
+        namespace=namespace,
+    )

@@ -1,0 +1,311 @@
+"""The Space protocol: what the adapter needs from a sandbox, and nothing more.
+
+A Space is a named sandbox (files and processes) reached through a daemon with an exec
+ledger and an epoch fence. Every backend (``durable_spaces.backends.<name>``) implements
+``SpaceBackend`` (create / find / restart / delete named Spaces) and ``Space`` (what runs
+inside one). The contract each method states must hold on every backend; the conformance
+suite in ``tests/conformance`` checks it.
+
+Paths given to file operations are workspace-relative POSIX paths (an absolute path is
+accepted only when it lies under ``Space.root``). ``confine`` is the lexical half of the
+check, shared by every backend; each backend adds the symlink half, because only it can
+look at the filesystem.
+"""
+
+from __future__ import annotations
+
+import enum
+import posixpath
+import re
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from durable_spaces.errors import PathEscapeError, UnsupportedNameError
+
+#: How much output the ledger keeps per command for replay (the daemon's figure).
+OUTPUT_TAIL_BYTES = 64 * 1024
+
+#: Capability a Space must report before the adapter will use it.
+EXEC_LEDGER = "process.exec_ledger"
+
+
+class ExecState(enum.Enum):
+    """What the Space's ledger knows about an idempotency key."""
+
+    UNKNOWN = "unknown"  # never started under this key
+    RUNNING = "running"
+    EXITED = "exited"
+    LOST = "lost"  # the daemon/machine stopped while it ran: outcome unknown
+
+
+@dataclass(frozen=True)
+class ExecRecord:
+    """The ledger's record of one key."""
+
+    key: str
+    state: ExecState
+    epoch: int | None = None
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    output_tail: bytes = b""
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """How a command ended. ``output`` is stdout and stderr interleaved as produced.
+
+    ``replayed``: the key had already exited, nothing ran, this is the recorded outcome.
+    ``reattached``: the key was running; this call waited for that same process.
+    """
+
+    key: str | None
+    exit_code: int | None
+    signal: int | None = None
+    output: bytes = b""
+    replayed: bool = False
+    reattached: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+class Execution(Protocol):
+    """A started (or reattached, or replayed) command."""
+
+    key: str | None
+    pid: int | None
+    reattached: bool
+    replayed: bool
+
+    def output(self) -> AsyncIterator[bytes]:
+        """Chunks of output as they arrive (everything from the start when reattaching,
+        as far as the daemon kept it). Ends when the command exits."""
+        ...
+
+    async def wait(self) -> ExecResult:
+        """Wait for the end and return the result (drains ``output`` if unread)."""
+        ...
+
+    async def detach(self) -> None:
+        """Stop following the command without killing it."""
+        ...
+
+
+@dataclass(frozen=True)
+class FileStat:
+    """``lstat`` of a path in the workspace (symlinks are not followed)."""
+
+    path: str
+    kind: str  # "file" | "dir" | "symlink" | "other"
+    mode: int  # permission bits only (0o777 mask)
+    size: int
+    mtime_ns: int = 0
+    target: str | None = None  # for symlinks
+
+
+@dataclass(frozen=True)
+class PathEntry:
+    """One row of the workspace's path table: what the transactional image stores."""
+
+    kind: str  # "file" | "symlink"
+    mode: int = 0o644
+    size: int = 0
+    sha256: str | None = None  # files
+    target: str | None = None  # symlinks
+
+    def to_json(self) -> dict[str, object]:
+        if self.kind == "symlink":
+            return {"kind": "symlink", "target": self.target}
+        return {"kind": "file", "mode": self.mode, "size": self.size, "sha256": self.sha256}
+
+    @staticmethod
+    def from_json(d: Mapping[str, object]) -> PathEntry:
+        if d["kind"] == "symlink":
+            return PathEntry(kind="symlink", mode=0o777, target=str(d["target"]))
+        return PathEntry(
+            kind="file",
+            mode=int(d["mode"]),  # type: ignore[call-overload]
+            size=int(d["size"]),  # type: ignore[call-overload]
+            sha256=str(d["sha256"]),
+        )
+
+
+#: A path table: workspace-relative path -> entry. Directories are implied.
+PathTable = dict[str, PathEntry]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a Space can do. ``kind`` is e.g. "local", "process", "container", "microvm"."""
+
+    kind: str
+    exec_ledger: bool
+    machine_checkpoints: bool = False
+    features: frozenset[str] = field(default_factory=frozenset)
+
+
+OutputCallback = Callable[[bytes], None]
+
+
+@runtime_checkable
+class Space(Protocol):
+    """One sandbox. Every method may raise ``SpaceUnavailableError`` / ``SpaceGoneError``
+    (the Space itself failed), which is never to be confused with a command's exit status.
+    """
+
+    name: str
+    #: Absolute path of the workspace inside the Space (the cwd of commands by default).
+    root: str
+    #: Changes whenever the Space is created anew under the same name (a lost Space
+    #: placed again is a different instance, with an empty workspace and ledger).
+    instance_id: str
+
+    async def capabilities(self) -> Capabilities: ...
+
+    async def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        key: str | None,
+        epoch: int,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Execution:
+        """Start ``argv`` under idempotency ``key`` (recorded durably before the process
+        starts). A key already running is reattached; one already exited is replayed;
+        neither runs again. ``key=None`` runs without the ledger (scans, tar).
+        Raises ``StaleEpochError`` when ``epoch`` is below the Space's floor."""
+        ...
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        key: str | None,
+        epoch: int,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        on_output: OutputCallback | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        """``spawn`` then ``wait``, forwarding output chunks to ``on_output``.
+        ``stdin`` (only with ``key=None``) is fed to the process and then closed."""
+        ...
+
+    async def exec_record(self, key: str) -> ExecRecord: ...
+
+    async def current_epoch(self) -> int: ...
+
+    async def advance_epoch(self, epoch: int) -> None:
+        """Raise the floor to ``epoch`` (no-op if equal): every process started under an
+        older epoch is killed first, then older epochs are refused. Lowering raises
+        ``StaleEpochError``."""
+        ...
+
+    async def read_file(self, path: str) -> bytes: ...
+
+    async def write_file(self, path: str, data: bytes, mode: int | None = None) -> None:
+        """Create or replace a regular file (parents created). Never follows a symlink."""
+        ...
+
+    async def symlink(self, path: str, target: str) -> None:
+        """Create (or replace) a symlink at ``path``; ``target`` is stored verbatim."""
+        ...
+
+    async def stat(self, path: str) -> FileStat | None:
+        """``lstat``; None when the path does not exist."""
+        ...
+
+    async def list_dir(self, path: str = ".") -> list[str]: ...
+
+    async def remove(self, path: str, recursive: bool = False) -> None:
+        """Remove a file, symlink (not its target) or, with ``recursive``, a directory.
+        Missing paths are not an error."""
+        ...
+
+    async def scan(self, root: str = ".", exclude: Sequence[str] = ()) -> PathTable:
+        """The workspace (under ``root``) as a path table. Re-hashes only files whose
+        size, mtime, inode or ctime changed since this Space's last scan. Raises
+        ``UnsupportedNameError`` for names with a backslash or newline."""
+        ...
+
+    async def close(self) -> None:
+        """Drop connections (does not stop the Space)."""
+        ...
+
+
+@runtime_checkable
+class SpaceBackend(Protocol):
+    """Creates, finds, restarts and deletes named Spaces of one kind."""
+
+    kind: str
+
+    async def create(self, name: str) -> Space:
+        """Create a new, empty Space (its ledger and epoch floor start empty / at 0).
+        If one already exists under ``name``, return it (create is idempotent)."""
+        ...
+
+    async def find(self, name: str) -> Space | None:
+        """The existing Space, reachable, or None when it does not exist."""
+        ...
+
+    async def restart(self, name: str) -> None:
+        """Restart the Space's machine: every process in it dies; running ledger records
+        read back ``LOST``; files, finished records and the epoch floor survive."""
+        ...
+
+    async def kill_daemon(self, name: str) -> None:
+        """Kill the Space's daemon the way a crash would (SIGKILL), then bring it back.
+        Whether commands survive is the backend's documented property."""
+        ...
+
+    async def delete(self, name: str) -> None:
+        """Remove the Space and everything in it. Missing is not an error."""
+        ...
+
+    async def names(self) -> list[str]:
+        """Names of the Spaces this backend holds (only its own)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+_NAME_RE = re.compile(r"[^a-z0-9-]+")
+
+
+def space_name(conversation_id: str, prefix: str = "ds") -> str:
+    """A Space name derived from a conversation id: lowercase, ``[a-z0-9-]``, <= 63 chars,
+    stable (the same conversation always maps to the same name)."""
+    import hashlib
+
+    slug = _NAME_RE.sub("-", conversation_id.lower()).strip("-")[:40] or "x"
+    digest = hashlib.sha256(conversation_id.encode()).hexdigest()[:10]
+    return f"{prefix}-{slug}-{digest}"
+
+
+def confine(root: str, path: str) -> str:
+    """Lexically confine ``path`` to the workspace ``root``; return it workspace-relative
+    ("." for the root itself). Refuses ``..`` escapes and absolute paths outside ``root``.
+    Symlinks are the backend's half of the check."""
+    if "\x00" in path:
+        raise PathEscapeError(f"path contains a NUL byte: {path!r}")
+    root = posixpath.normpath(root)
+    if posixpath.isabs(path):
+        norm = posixpath.normpath(path)
+        if norm != root and not norm.startswith(root.rstrip("/") + "/"):
+            raise PathEscapeError(f"absolute path outside the workspace: {path!r}")
+        rel = posixpath.relpath(norm, root)
+    else:
+        rel = posixpath.normpath(path) if path else "."
+    if rel == ".." or rel.startswith("../") or posixpath.isabs(rel):
+        raise PathEscapeError(f"path escapes the workspace: {path!r}")
+    return rel
+
+
+def check_name(rel: str) -> None:
+    """Refuse names the image cannot represent."""
+    if "\\" in rel or "\n" in rel:
+        raise UnsupportedNameError(f"unsupported file name (backslash or newline): {rel!r}")

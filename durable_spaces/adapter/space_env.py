@@ -1,0 +1,53 @@
+"""The conversation's Space as the harness's ``ExecutionEnv``.
+
+Wrapped tools (bash, write, edit) do not go through here: their pipeline talks to the
+Space itself. This serves the unwrapped ones (``read``, and any tool a user adds), so they
+act in the same Space, confined to its workspace, under the session's epoch; but without
+the ledger or checkpoints (DESIGN: only wrapped tools are covered).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from durable_spaces.adapter.env import CommandResult
+
+if TYPE_CHECKING:
+    from durable_spaces.adapter.durable import DurableSpaces
+    from durable_spaces.adapter.tools import ToolContext
+
+
+class SpaceExecutionEnv:
+    def __init__(self, durable: DurableSpaces, conversation_id: str) -> None:
+        self.durable = durable
+        self.conversation_id = conversation_id
+        self.cwd = durable.cwd or "."
+
+    async def exec(
+        self,
+        command: str,
+        *,
+        ctx: ToolContext | None = None,
+        on_output: Callable[[bytes], None] | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
+        space = await self.durable.space(self.conversation_id)
+        res = await space.exec(
+            ["bash", "-c", command],
+            key=None,
+            epoch=self.durable.epoch_for(space.name),
+            cwd=self.durable.cwd or space.root,
+            on_output=on_output,
+        )
+        return CommandResult(res.exit_code, res.output)
+
+    async def read_file(self, path: str) -> bytes:
+        return await (await self.durable.space(self.conversation_id)).read_file(path)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        await (await self.durable.space(self.conversation_id)).write_file(path, data)
+
+    async def exists(self, path: str) -> bool:
+        space = await self.durable.space(self.conversation_id)
+        return await space.stat(path) is not None

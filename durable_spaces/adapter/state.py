@@ -1,0 +1,84 @@
+"""The ``cua.space`` document: what the log knows about a conversation's Space.
+
+One rewindable document per conversation (so a fork at an entry reads it as of that
+entry). It records the mode and why, the Space instance the log was last consistent
+with, and per wrapped call: its start mark (the exec key), its recorded outcome, and
+its checkpoint. This is the adapter's bookkeeping; the campaign checker deliberately
+does not read it.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+DOC = "cua.space"
+IMAGE_DOC = "cua.space.image"
+BLOB_DOC_PREFIX = "cua.blob/"
+
+
+@dataclass
+class CallRecord:
+    """One wrapped call as the log knows it."""
+
+    call_id: str
+    tool: str
+    order: int
+    key: str | None = None  # exec key of the current start mark (bash)
+    epoch: int | None = None  # epoch of the start mark
+    n: int = 0  # how many start marks this call has had
+    mode: str = "checkpoint"
+    outcome: dict[str, Any] | None = None  # {"status", "content", "details"}
+    checkpoint: str | None = None  # checkpoint taken after the call
+    before: str | None = None  # checkpoint that held the state before the call
+    instance: str | None = None  # Space instance the call's effects landed in
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> CallRecord:
+        return CallRecord(**d)
+
+
+@dataclass
+class SpaceState:
+    """The whole ``cua.space`` document."""
+
+    mode: str | None = None  # "transactional" | "checkpoint"; None before the first call
+    mode_reason: str | None = None
+    space: str | None = None  # Space name
+    instance: str | None = None  # Space instance the workspace is consistent with
+    last_checkpoint: str | None = None
+    image_stale: str | None = None  # why the image cannot be trusted (explicit transactional)
+    calls: dict[str, CallRecord] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "mode_reason": self.mode_reason,
+            "space": self.space,
+            "instance": self.instance,
+            "last_checkpoint": self.last_checkpoint,
+            "image_stale": self.image_stale,
+            "calls": {k: v.to_json() for k, v in self.calls.items()},
+        }
+
+    @staticmethod
+    def from_json(d: dict[str, Any] | None) -> SpaceState:
+        if not d:
+            return SpaceState()
+        d = copy.deepcopy(d)
+        calls = {k: CallRecord.from_json(v) for k, v in (d.pop("calls", None) or {}).items()}
+        return SpaceState(**d, calls=calls)
+
+    def copy(self) -> SpaceState:
+        return SpaceState.from_json(self.to_json())
+
+    @property
+    def has_history(self) -> bool:
+        return bool(self.calls)
+
+    def next_order(self) -> int:
+        return 1 + max((c.order for c in self.calls.values()), default=0)

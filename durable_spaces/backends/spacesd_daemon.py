@@ -1,0 +1,375 @@
+"""One cua-spacesd daemon as a local "machine": start it, find it, kill it whole.
+
+Why a PID namespace: the daemon's commands are its children, and outside a container
+nothing kills them with it (a command outlived its SIGKILLed daemon and kept writing,
+see shared/cua-spacesd.md). Run as pid 1 of its own namespace (``unshare --pid --fork
+--kill-child --mount-proc``), the daemon takes every process of the Space with it when it
+dies, which is what "restart the machine" must mean. ``--kill-child`` also ties the
+daemon to the ``unshare`` process, so killing either ends the namespace.
+
+Where ``unshare`` is refused (no CAP_SYS_ADMIN), the fallback is a process group
+(``start_new_session``): a restart kills the group and the daemon's process tree as seen
+at that moment (the daemon gives each command a session of its own, so ``killpg`` alone
+would miss them). Weaker: a process that already left the tree (a double fork, a
+daemonized server) survives, and so do commands when only the daemon crashes.
+
+The token is a random string kept in a 0600 file and handed to the daemon through the
+``CUA_ENV_TOKEN`` environment variable (the daemon strips it from its commands' env):
+never in argv (``ps``), never in logs or error messages.
+
+The state file (``state.json``) holds the port, the pids and their start times (so a pid
+reused by an unrelated process is never taken for the daemon), the isolation used and the
+instance id; any process can find and kill the Space from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+
+from durable_spaces.errors import SpaceError, SpaceUnavailableError
+
+log = logging.getLogger(__name__)
+
+PIDNS = "pidns"
+PGROUP = "pgroup"
+
+_unshare_probe: str | bool | None = False  # False: not probed yet; None: works; str: reason
+
+
+def unshare_reason() -> str | None:
+    """Why a PID namespace cannot be used here (None when it can). Probed once."""
+    global _unshare_probe
+    if _unshare_probe is False:
+        exe = shutil.which("unshare")
+        if exe is None:
+            _unshare_probe = "no unshare binary on PATH"
+        else:
+            try:
+                r = subprocess.run(
+                    [exe, "--pid", "--fork", "--kill-child", "--mount-proc", "true"],
+                    capture_output=True,
+                    timeout=10,
+                )
+                _unshare_probe = (
+                    None
+                    if r.returncode == 0
+                    else f"unshare --pid failed: {r.stderr.decode(errors='replace').strip()}"
+                )
+            except (OSError, subprocess.TimeoutExpired) as e:
+                _unshare_probe = f"unshare --pid failed: {e}"
+        if _unshare_probe is not None:
+            log.warning(
+                "PID namespaces unavailable (%s): cua-spacesd Spaces fall back to a process "
+                "group; a command that leaves the group may survive a restart",
+                _unshare_probe,
+            )
+    return _unshare_probe if isinstance(_unshare_probe, str) else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class DaemonState:
+    """What ``state.json`` holds."""
+
+    port: int
+    instance_id: str
+    created: float
+    isolation: str = PIDNS
+    leader_pid: int = 0  # unshare (pidns) or the daemon itself (pgroup)
+    leader_start: float = 0.0
+    daemon_pid: int = 0  # host pid of the daemon (pid 1 of the namespace)
+    daemon_start: float = 0.0
+    booted: float = 0.0
+
+
+def _start_time(pid: int) -> float | None:
+    """Start time of a live (non-zombie) process, else None."""
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return float(p.create_time())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def _alive(pid: int, start: float) -> bool:
+    t = _start_time(pid) if pid > 0 else None
+    return t is not None and abs(t - start) < 0.05
+
+
+def _pid_ns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def _ns_members(ns: str) -> list[int]:
+    out = []
+    for pid in psutil.pids():
+        if _pid_ns(pid) == ns:
+            out.append(pid)
+    return out
+
+
+def _tree(pid: int) -> list[int]:
+    try:
+        return [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _pgroup_members(pgid: int) -> list[int]:
+    out = []
+    for pid in psutil.pids():
+        try:
+            if os.getpgid(pid) == pgid:
+                out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
+class LocalDaemon:
+    """The daemon of one Space, as files under ``<state_dir>/<name>``."""
+
+    def __init__(self, home: Path, binary: Path, isolation: str = "auto") -> None:
+        self.home = home
+        self.binary = binary
+        self.isolation = isolation
+        self._popens: list[subprocess.Popen[bytes]] = []  # ours to reap
+
+    # --- files -------------------------------------------------------------------------
+
+    @property
+    def state_path(self) -> Path:
+        return self.home / "state.json"
+
+    @property
+    def work(self) -> Path:
+        return self.home / "work"
+
+    @property
+    def data(self) -> Path:
+        return self.home / "data"
+
+    @property
+    def log_path(self) -> Path:
+        return self.home / "daemon.log"
+
+    def exists(self) -> bool:
+        return self.state_path.exists()
+
+    def read_state(self) -> DaemonState | None:
+        try:
+            return DaemonState(**json.loads(self.state_path.read_text()))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def _write_state(self, st: DaemonState) -> None:
+        tmp = self.state_path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            json.dump(asdict(st), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.state_path)
+
+    def token(self) -> str:
+        return (self.home / "token").read_text().strip()
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Serialize create/start/kill/delete across processes (a lock file beside the dir)."""
+        self.home.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.home.parent / f".{self.home.name}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def init(self) -> DaemonState:
+        """Lay out a new Space (caller holds the lock and checked it does not exist)."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.work.mkdir(exist_ok=True)
+        self.data.mkdir(exist_ok=True)
+        fd = os.open(self.home / "token", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32))
+        st = DaemonState(port=free_port(), instance_id=secrets.token_hex(8), created=time.time())
+        self._write_state(st)
+        return st
+
+    # --- process -----------------------------------------------------------------------
+
+    def running(self, st: DaemonState | None = None) -> bool:
+        st = st or self.read_state()
+        return st is not None and _alive(st.daemon_pid, st.daemon_start)
+
+    def boot_id(self) -> str | None:
+        """Identity of the running daemon (changes on every start); None when it is down."""
+        st = self.read_state()
+        if st is None or not _alive(st.daemon_pid, st.daemon_start):
+            return None
+        return f"{st.daemon_pid}:{st.daemon_start}"
+
+    def _mode(self) -> str:
+        if self.isolation == PGROUP:
+            return PGROUP
+        reason = unshare_reason()
+        if reason is None:
+            return PIDNS
+        if self.isolation == PIDNS:
+            raise SpaceError(f"a PID namespace was required but is unavailable: {reason}")
+        return PGROUP
+
+    def start(self, st: DaemonState) -> DaemonState:
+        """Start the daemon on the Space's data dir and port (caller holds the lock).
+        Returns once the process exists; the caller waits for its first answer."""
+        self._reap()
+        mode = self._mode()
+        serve = [
+            str(self.binary),
+            "serve",
+            "--listen",
+            f"127.0.0.1:{st.port}",
+            "--data-dir",
+            str(self.data),
+            "--no-desktop",
+            "--no-driver",
+            "--quic-port",
+            "0",
+        ]
+        argv = serve
+        if mode == PIDNS:
+            argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", *serve]
+        env = dict(os.environ, CUA_ENV_TOKEN=self.token())
+        with open(self.log_path, "ab") as logf:
+            p = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=self.data,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        self._popens.append(p)
+        st.isolation = mode
+        st.leader_pid = p.pid
+        st.leader_start = _start_time(p.pid) or 0.0
+        st.daemon_pid = p.pid
+        if mode == PIDNS:
+            st.daemon_pid = self._wait_child(p)
+        st.daemon_start = _start_time(st.daemon_pid) or 0.0
+        st.booted = time.time()
+        self._write_state(st)
+        return st
+
+    def _wait_child(self, p: subprocess.Popen[bytes]) -> int:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                kids = psutil.Process(p.pid).children()
+                if kids:
+                    return int(kids[0].pid)
+            if p.poll() is not None:
+                break
+            time.sleep(0.002)
+        raise SpaceUnavailableError(f"cua-spacesd did not start: {self.log_tail()}")
+
+    def exited(self, st: DaemonState) -> bool:
+        """The daemon we started has already died (e.g. it could not bind its port)."""
+        return not _alive(st.daemon_pid, st.daemon_start)
+
+    def log_tail(self, n: int = 600) -> str:
+        try:
+            text = self.log_path.read_bytes()[-n:].decode(errors="replace")
+        except OSError:
+            return "(no log)"
+        with contextlib.suppress(OSError):
+            text = text.replace(self.token(), "***")
+        return text.strip()
+
+    def kill(self, st: DaemonState | None = None, *, daemon_only: bool = False) -> None:
+        """SIGKILL the Space's machine and check that every process of it is gone.
+
+        ``daemon_only``: kill only the daemon process (a crash). In a PID namespace the
+        daemon is pid 1, so the kernel kills every process in it too; in a process group
+        the daemon's commands survive, as they would after a real crash.
+        """
+        st = st or self.read_state()
+        if st is None:
+            return
+        members: list[int] = []
+        daemon_up = _alive(st.daemon_pid, st.daemon_start)
+        if st.isolation == PIDNS:
+            ns = _pid_ns(st.daemon_pid) if daemon_up else None
+            if ns is not None and ns != _pid_ns(os.getpid()):
+                members = _ns_members(ns)
+            if daemon_up:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(st.daemon_pid, signal.SIGKILL)
+            if not daemon_only and _alive(st.leader_pid, st.leader_start):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(st.leader_pid, signal.SIGKILL)
+        else:
+            if daemon_only:
+                if daemon_up:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(st.daemon_pid, signal.SIGKILL)
+                members = [st.daemon_pid] if daemon_up else []
+            else:
+                # The daemon puts each command in a session of its own, so killpg alone
+                # misses them: kill the daemon's whole process tree as seen right now.
+                members = _tree(st.daemon_pid) if daemon_up else []
+                members += _pgroup_members(st.leader_pid)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(st.leader_pid, signal.SIGKILL)
+                for pid in members:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+        members.append(st.daemon_pid)
+        self._wait_dead(members, st)
+
+    def _wait_dead(self, members: list[int], st: DaemonState) -> None:
+        starts = {pid: _start_time(pid) for pid in members}
+        deadline = time.monotonic() + 10
+        while True:
+            self._reap()
+            left = [pid for pid, t in starts.items() if t is not None and _start_time(pid) == t]
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                raise SpaceError(f"processes of the Space survived SIGKILL: {left}")
+            time.sleep(0.005)
+
+    def _reap(self) -> None:
+        self._popens = [p for p in self._popens if p.poll() is None]
+
+    def remove(self) -> None:
+        # The lock file stays: unlinking it would let a waiter and a newcomer hold two
+        # different locks at once.
+        shutil.rmtree(self.home, ignore_errors=True)

@@ -1,0 +1,109 @@
+"""The campaign's driver program: a scripted agent session under ``run_durable_session``.
+
+``python -m durable_spaces.campaigns.agent`` is what the coordinator launches per
+attempt. Besides the driver's own environment (``CUA_SESSION_*``) it reads the run's
+configuration from ``$CUA_SESSION_STATE_DIR/agent.json`` (written by the runner):
+backend and its state dir, durable mode, seed, calls, the checkpoint store.
+It is also the example of how a real deployment wires the parts together.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from durable_spaces.adapter.driver import SessionHandle, StartContext, run_durable_session
+from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
+from durable_spaces.adapter.harness import AgentConfig, Harness
+from durable_spaces.adapter.image import ImageLimits
+from durable_spaces.adapter.models import ScriptedModel
+from durable_spaces.adapter.snapshots import (
+    DirectoryCheckpointStore,
+    SandboxSnapshots,
+    Snapshots,
+    WorkspaceSnapshots,
+)
+from durable_spaces.adapter.tools import CodingTools, Registry
+from durable_spaces.backends import open_backend
+from durable_spaces.errors import ConfigError
+
+CONFIG_FILE = "agent.json"
+REQUEST = "Do the scripted steps."
+
+
+@dataclass
+class AgentConfigFile:
+    backend: str
+    backend_dir: str
+    mode: str  # durable mode: auto | transactional | checkpoint
+    seed: str
+    calls: int
+    store_dir: str | None = None  # None: checkpoints only inside the Space
+    snapshots: str = "workspace"  # workspace | sandbox
+    sleep: float = 0.05
+    max_files: int | None = None  # transactional limit (None: the default 1000)
+
+    def save(self, state_dir: Path) -> None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        (state_dir / CONFIG_FILE).write_text(json.dumps(asdict(self), indent=1))
+
+    @staticmethod
+    def load(state_dir: Path) -> AgentConfigFile:
+        path = state_dir / CONFIG_FILE
+        try:
+            return AgentConfigFile(**json.loads(path.read_text()))
+        except FileNotFoundError:
+            raise ConfigError(f"{path} is missing") from None
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{path} is malformed: {e}") from None
+
+
+def build(cfg: AgentConfigFile) -> tuple[DurableSpaces, ScriptedModel]:
+    backend = open_backend(cfg.backend, cfg.backend_dir)
+    snapshots: Snapshots
+    if cfg.snapshots == "sandbox":
+        snapshots = SandboxSnapshots(backend)
+    else:
+        store = DirectoryCheckpointStore(cfg.store_dir) if cfg.store_dir else None
+        snapshots = WorkspaceSnapshots(backend, store=store)
+    limits = ImageLimits(max_files=cfg.max_files) if cfg.max_files is not None else None
+    durable = durable_spaces(
+        backend,
+        snapshots=snapshots,
+        mode=cfg.mode,  # type: ignore[arg-type]
+        transactional=limits,
+    )
+    return durable, ScriptedModel(cfg.seed, cfg.calls, sleep=cfg.sleep)
+
+
+def main() -> int:
+    state_dir = Path(os.environ.get("CUA_SESSION_STATE_DIR", "."))
+    try:
+        cfg = AgentConfigFile.load(state_dir)
+    except ConfigError as e:
+        print(f"campaign agent: {e}", file=sys.stderr)
+        return 78
+    durable, model = build(cfg)
+
+    async def start(ctx: StartContext) -> SessionHandle:
+        registry = Registry().install(CodingTools).install(durable.extension)
+        harness = await Harness.open(
+            ctx.log, models={"scripted": model}, registry=registry, env=durable.env
+        )
+        root = await harness.root(AgentConfig(model="scripted"))
+        harness.resume()
+        submission = await root.submit(REQUEST, request_id=ctx.session.name)
+
+        async def ensure() -> None:
+            await durable.ensure_space(harness, root.id)
+
+        return SessionHandle(wait=submission.wait, close=harness.close, ensure_space=ensure)
+
+    return run_durable_session(durable, start)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

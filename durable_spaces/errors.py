@@ -1,0 +1,114 @@
+"""Every exception durable-spaces raises, in one place.
+
+The split that matters: a *command failure* is data (an exit status in a tool result),
+while everything here is about the machinery (log, fence, Space) and must never be
+turned into a tool result by accident.
+"""
+
+from __future__ import annotations
+
+
+class DurableSpacesError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class StaleEpochError(DurableSpacesError):
+    """A writer carried an epoch below the floor of the log, the Space or the stream.
+
+    Raised through wrapped tools, never recorded as a tool result: a driver that sees it
+    must stop (exit 75).
+    """
+
+    def __init__(self, epoch: int, floor: int, where: str = "") -> None:
+        self.epoch = epoch
+        self.floor = floor
+        self.where = where
+        at = f" ({where})" if where else ""
+        super().__init__(f"epoch {epoch} is older than the current epoch {floor}{at}")
+
+
+class FenceHaltedError(StaleEpochError):
+    """The fence was halted by the driver's halt path; every later commit is refused."""
+
+    def __init__(self, where: str = "") -> None:
+        DurableSpacesError.__init__(self, f"the log's fence is halted{f' ({where})' if where else ''}")
+        self.epoch = -1
+        self.floor = -1
+        self.where = where
+
+
+# --- the durable log -------------------------------------------------------------------
+
+
+class LogError(DurableSpacesError):
+    """The durable log cannot be used as asked."""
+
+
+class CorruptLogError(LogError):
+    """A stored log is damaged somewhere other than a torn last line."""
+
+
+class StorageLockedError(LogError):
+    """Another process already owns this storage (one owner at a time)."""
+
+
+# --- Spaces ----------------------------------------------------------------------------
+
+
+class SpaceError(DurableSpacesError):
+    """Something about a Space itself, as opposed to a command that ran in it."""
+
+
+class SpaceUnavailableError(SpaceError):
+    """The Space cannot be reached right now (daemon down, machine restarting)."""
+
+
+class SpaceGoneError(SpaceUnavailableError):
+    """The Space does not exist any more (removed, or its machine is gone for good)."""
+
+
+class PathEscapeError(SpaceError, ValueError):
+    """A path would leave the workspace (``..``, an absolute path, or a symlink)."""
+
+
+class UnsupportedNameError(SpaceError, ValueError):
+    """A file name the image cannot represent (a backslash or a newline)."""
+
+
+class CapabilityMissingError(SpaceError):
+    """The Space lacks a capability durable-spaces needs (e.g. ``process.exec_ledger``)."""
+
+
+class BackendUnavailableError(SpaceError):
+    """A backend cannot run on this machine (no Docker, no QEMU, no binary)."""
+
+
+# --- the adapter and the driver ---------------------------------------------------------
+
+
+class PermanentFailure(DurableSpacesError):
+    """Retrying cannot help: the driver exits 78 and the coordinator stops."""
+
+
+class HaltError(DurableSpacesError):
+    """The driver must stop without recording anything (the Space cannot be fenced).
+
+    ``permanent`` is true when retrying cannot help (a missing capability): exit 78;
+    otherwise the driver exits 1 and is resumed.
+    """
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+class ImageLimitError(DurableSpacesError):
+    """The workspace is over the transactional image's limits."""
+
+
+class ConfigError(DurableSpacesError, ValueError):
+    """A malformed environment or option; names the variable and what was wrong."""
+
+
+class TornTailWarning(UserWarning):
+    """A JSONL log ended in a torn line (a crash mid-append); it is ignored, then truncated."""

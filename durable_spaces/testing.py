@@ -1,0 +1,105 @@
+"""Helpers for testing code built on durable-spaces (shipped with the library, like
+``trio.testing``): the deterministic scripted model, the workspace its transcript implies,
+and a tiny OpenAI-compatible chat server on 127.0.0.1 that answers from a script.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from durable_spaces.adapter.models import ScriptedModel, implied_workspace
+
+__all__ = [
+    "FakeOpenAIServer",
+    "ScriptedModel",
+    "fake_openai_server",
+    "implied_workspace",
+    "text_reply",
+    "tool_call_reply",
+]
+
+
+def _completion(message: dict[str, Any], finish: str) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{time.monotonic_ns()}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": "fake",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+
+
+def text_reply(text: str) -> dict[str, Any]:
+    """A chat completion that answers ``text`` with no tool calls."""
+    return _completion({"role": "assistant", "content": text}, "stop")
+
+
+def tool_call_reply(name: str, args: dict[str, Any], call_id: str = "call_1") -> dict[str, Any]:
+    """A chat completion that calls one function tool."""
+    call = {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(args)},
+    }
+    return _completion({"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls")
+
+
+class FakeOpenAIServer:
+    """Serves ``POST /v1/chat/completions`` from a list of replies, in order (the last one
+    repeats), and records each request body in ``requests``."""
+
+    def __init__(self, replies: Sequence[dict[str, Any]]) -> None:
+        self.replies = list(replies)
+        self.requests: list[dict[str, Any]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"] or 0)))
+                if not self.path.endswith("/chat/completions"):
+                    self.send_error(404)
+                    return
+                server.requests.append(body)
+                reply = server.replies[min(len(server.requests), len(server.replies)) - 1]
+                data = json.dumps(reply).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}/v1"
+
+    def start(self) -> FakeOpenAIServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+@contextmanager
+def fake_openai_server(replies: Sequence[dict[str, Any]]) -> Iterator[FakeOpenAIServer]:
+    """``with fake_openai_server([...]) as srv: OpenAIModel("m", base_url=srv.base_url, ...)``"""
+    srv = FakeOpenAIServer(replies).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()

@@ -1,0 +1,357 @@
+"""The spacesd backend against the real cua-spacesd binary from the cua wheel."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("CUA_TELEMETRY", "0")
+
+import cua
+
+from durable_spaces.adapter.space import ExecState, Space, SpaceBackend
+from durable_spaces.backends.spacesd import (
+    SpacesdBackend,
+    unavailable_reason,
+    unshare_reason,
+)
+from durable_spaces.backends.spacesd_space import check_exec_ledger
+from durable_spaces.errors import (
+    CapabilityMissingError,
+    PathEscapeError,
+    SpaceGoneError,
+    SpaceUnavailableError,
+    StaleEpochError,
+    UnsupportedNameError,
+)
+
+pytestmark = [pytest.mark.spacesd]
+
+if unavailable_reason() is not None:
+    pytest.skip(f"cua-spacesd unavailable: {unavailable_reason()}", allow_module_level=True)
+
+
+@pytest.fixture
+async def backend(tmp_path: Path) -> AsyncIterator[SpacesdBackend]:
+    b = SpacesdBackend(tmp_path / "spaces")
+    yield b
+    for name in await b.names():
+        await b.delete(name)
+    await b.close()
+
+
+async def _ticks(space: Space) -> int:
+    return len((await space.read_file("ticks")).split())
+
+
+def _ns_pids(space_dir: Path) -> list[int]:
+    """Live commands whose cwd is the Space's workspace (the loops below), daemon aside."""
+    out = []
+    for p in psutil.process_iter(["cwd", "status", "name"]):
+        if (
+            p.info["cwd"] == str(space_dir)
+            and p.info["status"] != psutil.STATUS_ZOMBIE
+            and p.info["name"] in ("bash", "sleep")
+        ):
+            out.append(p.pid)
+    return out
+
+
+async def test_protocols_and_capabilities(backend: SpacesdBackend) -> None:
+    assert isinstance(backend, SpaceBackend)
+    space = await backend.create("caps")
+    assert isinstance(space, Space)
+    caps = await space.capabilities()
+    assert caps.kind == "process"
+    assert caps.exec_ledger and "process.exec_ledger" in caps.features
+    assert not caps.machine_checkpoints
+    assert os.path.isabs(space.root) and os.path.isdir(space.root)
+    again = await backend.create("caps")  # idempotent
+    assert again.instance_id == space.instance_id
+
+
+async def test_same_key_runs_once(backend: SpacesdBackend) -> None:
+    space = await backend.create("once")
+    argv = ["bash", "-c", "echo x >> counter; echo out; echo err >&2; exit 3"]
+    first = await space.exec(argv, key="c:1:0@1", epoch=1)
+    second = await space.exec(argv, key="c:1:0@1", epoch=1)
+    assert (first.exit_code, first.replayed) == (3, False)
+    assert (second.exit_code, second.replayed) == (3, True)
+    assert b"out\n" in second.output and b"err\n" in second.output
+    assert await space.read_file("counter") == b"x\n"
+    rec = await space.exec_record("c:1:0@1")
+    assert rec.state == ExecState.EXITED and rec.exit_code == 3 and rec.epoch == 1
+    assert rec.output_tail == b"out\nerr\n"
+    assert (await space.exec_record("never")).state == ExecState.UNKNOWN
+
+
+async def test_reattach_returns_whole_output(backend: SpacesdBackend) -> None:
+    space = await backend.create("reattach")
+    argv = ["bash", "-c", "echo a >> counter; for i in 1 2 3; do echo $i; sleep 0.2; done"]
+    first = await space.spawn(argv, key="r@1", epoch=1)
+    await asyncio.sleep(0.25)
+    assert (await space.exec_record("r@1")).state == ExecState.RUNNING
+    chunks: list[bytes] = []
+    second = await space.exec(argv, key="r@1", epoch=1, on_output=chunks.append)
+    assert second.reattached and not second.replayed
+    assert second.output == b"1\n2\n3\n" and b"".join(chunks) == second.output
+    assert (await first.wait()).output == b"1\n2\n3\n"
+    assert await space.read_file("counter") == b"a\n"
+
+
+async def test_signal_and_missing_program(backend: SpacesdBackend) -> None:
+    space = await backend.create("exits")
+    r = await space.exec(["bash", "-c", "kill -9 $$"], key=None, epoch=0)
+    assert r.exit_code is None and r.signal == 9
+    r = await space.exec(["/no/such/program"], key="nf@0", epoch=0)
+    assert r.exit_code == 127 and b"not found" in r.output
+    r = await space.exec(["sh", "-c", "echo $FOO; pwd"], key=None, epoch=0, env={"FOO": "bar"})
+    assert r.output == f"bar\n{space.root}\n".encode()
+    r = await space.exec(["wc", "-c"], key=None, epoch=0, stdin=b"z" * 3_000_000)
+    assert r.output.strip() == b"3000000"
+
+
+async def test_restart_mid_command_reads_lost_and_stops_writing(backend: SpacesdBackend) -> None:
+    space = await backend.create("restart")
+    loop = "while true; do echo t >> ticks; sleep 0.02; done"
+    ex = await space.spawn(["bash", "-c", loop], key="loop@1", epoch=1)
+    await space.exec(["bash", "-c", f"({loop}) & disown"], key="bg@1", epoch=1)  # an orphan
+    await asyncio.sleep(0.3)
+    assert _ns_pids(Path(space.root))
+    await backend.restart("restart")
+    with pytest.raises(SpaceUnavailableError):
+        await asyncio.wait_for(ex.wait(), 10)
+    assert _ns_pids(Path(space.root)) == []  # the orphan died with the namespace too
+    n = await _ticks(space)
+    await asyncio.sleep(0.3)
+    assert await _ticks(space) == n
+    rec = await space.exec_record("loop@1")
+    assert rec.state == ExecState.LOST
+    again = await space.exec(["bash", "-c", "echo rerun >> ticks"], key="loop@1", epoch=1)
+    assert again.replayed and again.exit_code is None
+    assert await _ticks(space) == n  # not run again
+    assert (await space.exec_record("bg@1")).state == ExecState.EXITED  # finished before
+    assert await space.current_epoch() == 1  # the floor survives
+
+
+async def test_kill_daemon_kills_its_commands(backend: SpacesdBackend) -> None:
+    space = await backend.create("crash")
+    await space.spawn(
+        ["bash", "-c", "while true; do echo t >> ticks; sleep 0.02; done"], key="k@1", epoch=1
+    )
+    await asyncio.sleep(0.2)
+    await backend.kill_daemon("crash")
+    assert (await space.exec_record("k@1")).state == ExecState.LOST
+    if unshare_reason() is None:  # documented: only the PID namespace takes commands along
+        n = await _ticks(space)
+        await asyncio.sleep(0.3)
+        assert await _ticks(space) == n
+
+
+async def test_epoch_fence(backend: SpacesdBackend) -> None:
+    space = await backend.create("fence")
+    assert await space.current_epoch() == 0
+    old = await space.spawn(["sleep", "30"], key="old@1", epoch=1)
+    await space.advance_epoch(5)
+    await space.advance_epoch(5)  # equal: no-op
+    assert await space.current_epoch() == 5
+    res = await asyncio.wait_for(old.wait(), 10)
+    assert res.signal == 9  # killed by the advance
+    with pytest.raises(StaleEpochError) as e:
+        await space.exec(["true"], key="k@4", epoch=4)
+    assert (e.value.epoch, e.value.floor, e.value.where) == (4, 5, "space")
+    with pytest.raises(StaleEpochError):
+        await space.exec(["true"], key=None, epoch=1)
+    with pytest.raises(StaleEpochError):
+        await space.advance_epoch(3)
+    assert (await space.exec(["true"], key="k@5", epoch=5)).exit_code == 0
+
+
+async def test_token_never_leaks(backend: SpacesdBackend) -> None:
+    space = await backend.create("secret")
+    home = backend.state_dir / "secret"
+    token = (home / "token").read_text().strip()
+    assert len(token) >= 32
+    assert stat.S_IMODE((home / "token").stat().st_mode) == 0o600
+    for p in psutil.process_iter(["cmdline"]):
+        assert token not in " ".join(p.info["cmdline"] or [])
+    r = await space.exec(["env"], key=None, epoch=0)
+    assert token.encode() not in r.output  # the daemon strips it from commands
+    await backend.restart("secret")
+    assert token not in (home / "daemon.log").read_text()
+    assert token not in repr(space)
+    await backend.delete("secret")
+    with pytest.raises(SpaceGoneError) as e:
+        await space.exec(["true"], key=None, epoch=0)
+    assert token not in str(e.value)
+
+
+def test_exec_ledger_check() -> None:
+    def caps(*features: tuple[str, bool]) -> cua.SpacesdCapabilities:
+        return cua.SpacesdCapabilities(
+            version="0.0-test",
+            protocol_version=1,
+            protocol_revision=0,
+            os_family="linux",
+            os_name="x",
+            os_version="1",
+            arch="x86_64",
+            hostname="h",
+            initialized=True,
+            features=[
+                cua.SpacesdFeature(name=n, supported=s, limitation=None, attributes={})
+                for n, s in features
+            ],
+            json="{}",
+        )
+
+    check_exec_ledger(caps(("pty", True), ("process.exec_ledger", True)))
+    with pytest.raises(CapabilityMissingError, match=r"process\.exec_ledger"):
+        check_exec_ledger(caps(("pty", True)))
+    with pytest.raises(CapabilityMissingError):
+        check_exec_ledger(caps(("process.exec_ledger", False)))
+
+
+async def test_files_confined(backend: SpacesdBackend, tmp_path: Path) -> None:
+    space = await backend.create("files")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("s")
+    await space.write_file("d/f.txt", b"one", 0o640)
+    assert await space.read_file("d/f.txt") == b"one"
+    st = await space.stat("d/f.txt")
+    assert st is not None and (st.kind, st.mode, st.size) == ("file", 0o640, 3)
+    await space.write_file(f"{space.root}/d/f.txt", b"two")  # absolute inside: fine
+    assert (await space.stat("d/f.txt")).mode == 0o640  # type: ignore[union-attr]
+    assert await space.list_dir("d") == ["f.txt"]
+    for bad in ["../x", "d/../../x", str(outside / "secret")]:
+        with pytest.raises(PathEscapeError):
+            await space.read_file(bad)
+        with pytest.raises(PathEscapeError):
+            await space.write_file(bad, b"pwn")
+    await space.symlink("out", str(outside))
+    await space.symlink("outf", str(outside / "secret"))
+    st = await space.stat("out")
+    assert st is not None and st.kind == "symlink" and st.target == str(outside)
+    for op in (
+        space.read_file("out/secret"),
+        space.write_file("out/new", b"pwn"),
+        space.read_file("outf"),
+        space.list_dir("out"),
+        space.remove("out/secret"),
+        space.symlink("out/l", "x"),
+    ):
+        with pytest.raises(PathEscapeError):
+            await op
+    await space.write_file("outf", b"mine")  # replaces the link, never writes through it
+    assert (outside / "secret").read_text() == "s"
+    assert sorted(os.listdir(outside)) == ["secret"]
+    await space.remove("out")  # the link, not its target
+    assert (outside / "secret").exists()
+    assert await space.stat("out") is None
+    await space.remove("missing")
+    await space.remove("d", recursive=True)
+    assert await space.stat("d") is None
+    with pytest.raises(FileNotFoundError):
+        await space.read_file("nope")
+
+
+async def test_scan_sees_every_change(backend: SpacesdBackend) -> None:
+    space = await backend.create("scan")
+    await space.write_file("a.txt", b"a")
+    await space.write_file("sub/b.sh", b"#!/bin/sh\n", 0o755)
+    await space.write_file("skip/x", b"x")
+    await space.symlink("link", "a.txt")
+    await asyncio.sleep(0.1)  # out of the racy window
+    t1 = await space.scan(exclude=["skip"])
+    assert set(t1) == {"a.txt", "sub/b.sh", "link"}
+    assert t1["sub/b.sh"].mode == 0o755 and t1["link"].target == "a.txt"
+    hashed = space.scan_stats["hashed"]  # type: ignore[attr-defined]
+    assert (await space.scan(exclude=["skip"])) == t1
+    assert space.scan_stats["hashed"] == hashed  # type: ignore[attr-defined]
+    await space.write_file("a.txt", b"A")
+    await space.exec(["chmod", "600", "sub/b.sh"], key=None, epoch=0)
+    await space.symlink("link", "sub/b.sh")
+    t2 = await space.scan(exclude=["skip"])
+    assert t2["a.txt"].sha256 != t1["a.txt"].sha256
+    assert t2["sub/b.sh"].mode == 0o600 and t2["link"].target == "sub/b.sh"
+    await space.remove("a.txt")
+    assert "a.txt" not in await space.scan()
+    assert set(await space.scan("sub")) == {"sub/b.sh"}
+    await space.exec(["touch", "bad\\name"], key=None, epoch=0)
+    with pytest.raises(UnsupportedNameError):
+        await space.scan()
+    await space.remove("bad\\name")
+    await space.exec(["touch", "new\nline"], key=None, epoch=0)
+    with pytest.raises(UnsupportedNameError):
+        await space.scan()
+
+
+async def test_find_after_driver_restart_and_host_reboot(tmp_path: Path) -> None:
+    state = tmp_path / "spaces"
+    b1 = SpacesdBackend(state)
+    try:
+        space = await b1.create("persist")
+        await space.exec(["sh", "-c", "echo hi > f"], key="p@2", epoch=2)
+        await b1.close()
+        b2 = SpacesdBackend(state)  # a new driver process would do the same
+        assert await b2.names() == ["persist"]
+        found = await b2.find("persist")
+        assert found is not None and found.instance_id == space.instance_id
+        assert (await found.exec_record("p@2")).state == ExecState.EXITED
+        # The host rebooted: nothing runs; find boots the daemon on the same data.
+        b2._daemon("persist").kill()
+        with pytest.raises(SpaceUnavailableError):
+            await found.exec(["true"], key=None, epoch=2)
+        again = await b2.find("persist")
+        assert again is not None and await again.read_file("f") == b"hi\n"
+        assert await again.current_epoch() == 2
+        assert await b2.find("nothing") is None
+        await b2.close()
+    finally:
+        await SpacesdBackend(state).delete("persist")
+
+
+async def test_deleted_space_is_gone(backend: SpacesdBackend) -> None:
+    space = await backend.create("gone")
+    await backend.delete("gone")
+    await backend.delete("gone")  # missing: not an error
+    for op in (
+        space.exec(["true"], key="g@0", epoch=0),
+        space.read_file("x"),
+        space.exec_record("g@0"),
+    ):
+        with pytest.raises(SpaceGoneError):
+            await op
+    assert await backend.find("gone") is None
+    fresh = await backend.create("gone")
+    assert fresh.instance_id != space.instance_id
+    with pytest.raises(SpaceGoneError):  # the old handle never reaches the new instance
+        await space.exec(["true"], key=None, epoch=0)
+
+
+async def test_process_group_fallback(tmp_path: Path) -> None:
+    b = SpacesdBackend(tmp_path / "pg", isolation="pgroup")
+    try:
+        space = await b.create("pg")
+        ex = await space.spawn(
+            ["bash", "-c", "while true; do echo t >> ticks; sleep 0.02; done"], key="l@1", epoch=1
+        )
+        await asyncio.sleep(0.2)
+        await b.restart("pg")  # killpg: the group dies
+        with pytest.raises(SpaceUnavailableError):
+            await asyncio.wait_for(ex.wait(), 10)
+        n = await _ticks(space)
+        await asyncio.sleep(0.3)
+        assert await _ticks(space) == n
+        assert (await space.exec_record("l@1")).state == ExecState.LOST
+    finally:
+        for name in await b.names():
+            await b.delete(name)

@@ -1,0 +1,74 @@
+"""The conformance suite's fixtures: every test here runs once per backend in BACKENDS.
+
+Adding a backend is one line in BACKENDS. The backend must be registered in
+``durable_spaces.backends.BACKENDS``, build with ``open_backend(name, state_dir)`` and
+no other options, and may define ``unavailable_reason() -> str | None`` in its module:
+a non-None reason (no binary, no Docker, no QEMU) skips its tests with that reason, and
+a registered module that does not exist yet skips with "not written yet".
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from durable_spaces.adapter.space import ExecResult, Space, SpaceBackend
+from durable_spaces.backends import open_backend, unavailable_reason
+
+BACKENDS = [
+    pytest.param("local", id="local"),
+    pytest.param("spacesd", marks=pytest.mark.spacesd, id="spacesd"),
+    pytest.param("docker", marks=pytest.mark.docker, id="docker"),
+    # pytest.param("microvm", marks=[pytest.mark.microvm, pytest.mark.slow], id="microvm"),
+]
+
+#: The epoch the suite's commands run under (a fresh Space's floor is 0).
+EPOCH = 1
+
+Sh = Callable[..., Awaitable[ExecResult]]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend_name(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    reason = unavailable_reason(name)
+    if reason is not None:
+        pytest.skip(f"backend {name} cannot run here: {reason}")
+    return name
+
+
+@pytest.fixture
+async def backend(backend_name: str, state_dir: Path) -> AsyncIterator[SpaceBackend]:
+    b = open_backend(backend_name, state_dir)
+    try:
+        yield b
+    finally:
+        for name in await b.names():
+            await b.delete(name)
+        await b.close()
+
+
+@pytest.fixture
+async def space(backend: SpaceBackend) -> Space:
+    return await backend.create(f"conf-{uuid.uuid4().hex[:10]}")
+
+
+@pytest.fixture
+def sh(space: Space) -> Sh:
+    """Run a shell script in the Space without a key (``sh(script, **exec_kwargs)``)."""
+
+    async def run(script: str, **kw: object) -> ExecResult:
+        kw.setdefault("epoch", EPOCH)
+        return await space.exec(["sh", "-c", script], key=None, **kw)  # type: ignore[arg-type]
+
+    return run
+
+
+@pytest.fixture
+def key() -> Callable[[str], str]:
+    """Unique idempotency keys in the adapter's format ``<conversation>:<call>:<n>@<epoch>``."""
+    conv = uuid.uuid4().hex[:8]
+    return lambda call: f"{conv}:{call}:0@{EPOCH}"

@@ -1,0 +1,173 @@
+"""Conformance: confined file operations and the workspace scan, per backend."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import posixpath
+import uuid
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from durable_spaces.adapter.space import ExecResult, PathEntry, Space
+from durable_spaces.errors import PathEscapeError, UnsupportedNameError
+
+EPOCH = 1  # as in conftest.py
+Sh = Callable[..., Awaitable[ExecResult]]
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+async def test_file_round_trip(space: Space) -> None:
+    await space.write_file("d/e/f.txt", b"hello", mode=0o600)
+    assert await space.read_file("d/e/f.txt") == b"hello"
+    st = await space.stat("d/e/f.txt")
+    assert st is not None and (st.kind, st.mode, st.size) == ("file", 0o600, 5)
+    assert (await space.stat("d")).kind == "dir"  # type: ignore[union-attr]
+    assert await space.list_dir("d/e") == ["f.txt"]
+    await space.write_file(f"{space.root}/d/e/f.txt", b"again")  # absolute, inside
+    assert await space.read_file("d/e/f.txt") == b"again"
+    await space.remove("d/e/f.txt")
+    assert await space.stat("d/e/f.txt") is None
+    await space.remove("d/e/f.txt")  # missing is not an error
+    await space.write_file("d/e/g", b"x")
+    await space.remove("d", recursive=True)
+    assert await space.stat("d") is None
+
+
+@pytest.fixture
+async def outside(space: Space, sh: Sh) -> str:
+    """A directory beside the workspace (outside it) holding ``secret``."""
+    path = posixpath.join(posixpath.dirname(space.root.rstrip("/")), f"outside-{uuid.uuid4().hex[:8]}")
+    r = await sh(f"mkdir -p '{path}' && printf secret > '{path}/secret'")
+    assert r.exit_code == 0, r.output
+    return path
+
+
+async def _untouched(sh: Sh, outside: str) -> None:
+    r = await sh(f"ls -A '{outside}'; cat '{outside}/secret'")
+    assert r.output == b"secret\nsecret", "something outside the workspace was touched"
+
+
+async def test_lexical_escapes_refused(space: Space, sh: Sh, outside: str) -> None:
+    rel = posixpath.relpath(outside, space.root)  # ../outside-xxxx
+    for path in (f"{rel}/secret", f"{outside}/secret", "a/../../x", "/etc/passwd"):
+        with pytest.raises(PathEscapeError):
+            await space.read_file(path)
+        with pytest.raises(PathEscapeError):
+            await space.write_file(path, b"pwned")
+        with pytest.raises(PathEscapeError):
+            await space.remove(path)
+        with pytest.raises(PathEscapeError):
+            await space.stat(path)
+        with pytest.raises(PathEscapeError):
+            await space.symlink(path, "target")
+    with pytest.raises(PathEscapeError):
+        await space.write_file(f"{rel}/new", b"pwned")
+    with pytest.raises(PathEscapeError):
+        await space.list_dir(rel)
+    with pytest.raises(PathEscapeError):
+        await space.scan(rel)
+    await _untouched(sh, outside)
+
+
+async def test_symlinks_pointing_outside_are_not_followed(
+    space: Space, sh: Sh, outside: str
+) -> None:
+    await space.symlink("ldir", outside)
+    await space.symlink("lfile", f"{outside}/secret")
+    with pytest.raises(PathEscapeError):
+        await space.read_file("ldir/secret")
+    with pytest.raises(PathEscapeError):
+        await space.read_file("lfile")
+    with pytest.raises(PathEscapeError):
+        await space.write_file("ldir/new", b"pwned")
+    with pytest.raises(PathEscapeError):
+        await space.write_file("ldir/sub/new", b"pwned")
+    with pytest.raises(PathEscapeError):
+        await space.remove("ldir/secret")
+    with pytest.raises(PathEscapeError):
+        await space.list_dir("ldir")
+    with pytest.raises(PathEscapeError):
+        await space.symlink("ldir/l2", "x")
+    st = await space.stat("ldir")  # lstat: the link itself is fine to look at
+    assert st is not None and st.kind == "symlink" and st.target == outside
+    await _untouched(sh, outside)
+    # Writing at a symlink's path never writes through it: it replaces it, or refuses.
+    try:
+        await space.write_file("lfile", b"pwned")
+    except PathEscapeError:
+        pass
+    else:
+        st = await space.stat("lfile")
+        assert st is not None and st.kind == "file"
+        assert await space.read_file("lfile") == b"pwned"
+    await space.remove("ldir")  # removes the link, not its target
+    assert await space.stat("ldir") is None
+    await _untouched(sh, outside)
+
+
+async def test_scan_sees_every_change(space: Space, sh: Sh) -> None:
+    await space.write_file("a.txt", b"AAAA")
+    await space.write_file("bin/run.sh", b"#!/bin/sh\n", mode=0o755)
+    await space.write_file("gone.txt", b"bye")
+    await space.write_file("skip/x", b"excluded")
+    await space.symlink("l", "a.txt")
+    table = await space.scan(exclude=["skip"])
+    assert table == {
+        "a.txt": PathEntry("file", 0o644, 4, _sha(b"AAAA")),
+        "bin/run.sh": PathEntry("file", 0o755, 10, _sha(b"#!/bin/sh\n")),
+        "gone.txt": PathEntry("file", 0o644, 3, _sha(b"bye")),
+        "l": PathEntry("symlink", 0o777, target="a.txt"),
+    }
+    # Changes right after the scan: same size in place, mode only, link target,
+    # deletion, a new file.
+    r = await sh("printf BBBB > a.txt && chmod 700 bin/run.sh && rm gone.txt && printf n > new")
+    assert r.exit_code == 0
+    await space.symlink("l", "bin/run.sh")
+    table = await space.scan(exclude=["skip"])
+    assert table == {
+        "a.txt": PathEntry("file", 0o644, 4, _sha(b"BBBB")),
+        "bin/run.sh": PathEntry("file", 0o700, 10, _sha(b"#!/bin/sh\n")),
+        "l": PathEntry("symlink", 0o777, target="bin/run.sh"),
+        "new": PathEntry("file", 0o644, 1, _sha(b"n")),
+    }
+    assert set(await space.scan("bin")) == {"bin/run.sh"}
+    assert "skip/x" in await space.scan()
+
+
+@pytest.mark.parametrize("bad", ["back\\slash", "new\nline", "dir\\x/f"])
+async def test_scan_refuses_unrepresentable_names(space: Space, sh: Sh, bad: str) -> None:
+    await space.write_file("ok", b"ok")
+    r = await space.exec(["sh", "-c", 'mkdir -p "$(dirname "$1")" && touch "$1"', "sh", bad],
+                         key=None, epoch=EPOCH)
+    assert r.exit_code == 0, r.output
+    with pytest.raises(UnsupportedNameError):
+        await space.scan()
+    top = bad.split("/")[0]
+    assert set(await space.scan(exclude=[top])) == {"ok"}
+
+
+async def test_scan_rehashes_only_changed_files(space: Space) -> None:
+    stats = getattr(space, "scan_stats", None)
+    if stats is None:
+        pytest.skip(f"{type(space).__name__} exposes no scan_stats counter")
+    for i in range(20):
+        await space.write_file(f"f/{i}.txt", b"%04d" % i)
+    await asyncio.sleep(0.2)  # out of the racily-clean window
+    h0 = stats["hashed"]
+    assert len(await space.scan()) == 20
+    assert stats["hashed"] - h0 == 20
+    await space.scan()
+    assert stats["hashed"] - h0 == 20, "unchanged files were hashed again"
+    for i in (3, 7, 11):
+        await space.write_file(f"f/{i}.txt", b"new!")
+    await asyncio.sleep(0.2)
+    table = await space.scan()
+    assert stats["hashed"] - h0 == 23
+    assert table["f/7.txt"].sha256 == _sha(b"new!")
+    await space.scan()
+    assert stats["hashed"] - h0 == 23

@@ -1,0 +1,96 @@
+"""The scripted model's determinism and the OpenAI model against a local fake server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from durable_spaces.adapter.env import ExecutionEnv, LocalDirEnv
+from durable_spaces.adapter.harness import AgentConfig, Harness
+from durable_spaces.adapter.log import MemoryStorage
+from durable_spaces.adapter.models import OpenAIModel
+from durable_spaces.adapter.tools import CodingTools, Registry
+from durable_spaces.testing import (
+    ScriptedModel,
+    fake_openai_server,
+    implied_workspace,
+    text_reply,
+    tool_call_reply,
+)
+
+
+async def _run(model: Any, root: Path, steps_input: str = "go") -> Harness:
+    async def env(cid: str) -> ExecutionEnv:
+        return LocalDirEnv(root)
+
+    h = await Harness.open(
+        MemoryStorage(), models={"m": model}, registry=Registry().install(CodingTools), env=env
+    )
+    conv = await h.root(AgentConfig("m", system="you are a test"))
+    settled = await (await conv.submit(steps_input)).wait()
+    assert settled.status == "done", settled
+    return h
+
+
+async def test_scripted_model_is_a_function_of_the_transcript(tmp_path: Path) -> None:
+    runs = []
+    for i in range(2):
+        d = tmp_path / f"run{i}"
+        d.mkdir()
+        h = await _run(ScriptedModel("seed-a", 12, sleep=0.01), d)
+        runs.append([(e.kind, e.data) for e in (await h.root()).entries()])
+    assert runs[0] == runs[1]
+    other = await _run(ScriptedModel("seed-b", 12), tmp_path)
+    assert [(e.kind, e.data) for e in (await other.root()).entries()] != runs[0]
+
+
+async def test_scripted_model_never_fails_and_matches_the_workspace(tmp_path: Path) -> None:
+    kinds: set[str] = set()
+    for seed in range(6):
+        d = tmp_path / str(seed)
+        d.mkdir()
+        h = await _run(ScriptedModel(seed, 10, files=3), d)
+        entries = (await h.root()).entries()
+        results = [e for e in entries if e.kind == "tool_result"]
+        assert len(results) == 10 and all(r.data["status"] == "ok" for r in results)
+        kinds |= {r.data["name"] for r in results}
+        files = {p.name: p.read_text() for p in d.iterdir()}
+        assert files == implied_workspace(entries)
+        journal = files.get("journal.txt", "").splitlines()
+        assert len(journal) == len(set(journal))
+    assert kinds == {"write", "edit", "bash"}
+
+
+def test_interpret_bash() -> None:
+    m = ScriptedModel(1, 1, sleep=0.25)
+    call = m.call(0, {})
+    while call.name != "bash":  # find a bash step for this seed
+        m = ScriptedModel(m.seed + 1, 1, sleep=0.25)  # type: ignore[operator]
+        call = m.call(0, {})
+    assert call.args["command"].startswith("sleep 0.25 && printf '%s\\n' 's0-")
+    path, line = ScriptedModel.interpret_bash(call.args["command"]) or ("", "")
+    assert path == "journal.txt" and line.startswith("s0-")
+    assert ScriptedModel.interpret_bash("rm -rf /") is None
+
+
+async def test_openai_model_against_a_fake_server(tmp_path: Path) -> None:
+    replies = [
+        tool_call_reply("write", {"path": "hello.txt", "content": "hi\n"}, call_id="call_w"),
+        text_reply("all written"),
+    ]
+    with fake_openai_server(replies) as srv:
+        model = OpenAIModel("fake-model", base_url=srv.base_url, api_key="test-key")
+        h = await _run(model, tmp_path, "write hello")
+        assert (tmp_path / "hello.txt").read_text() == "hi\n"
+        entries = (await h.root()).entries()
+        assert entries[-1].data == {"content": "all written", "tool_calls": []}
+        first, second = srv.requests
+    assert first["model"] == "fake-model"
+    assert [t["function"]["name"] for t in first["tools"]] == ["read", "write", "edit", "bash"]
+    assert first["messages"] == [
+        {"role": "system", "content": "you are a test"},
+        {"role": "user", "content": "write hello"},
+    ]
+    assert second["messages"][2]["tool_calls"][0]["id"] == "call_w"
+    assert second["messages"][3]["role"] == "tool"
+    assert second["messages"][3]["tool_call_id"] == "call_w"
