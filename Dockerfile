@@ -11,7 +11,9 @@ ENV HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
     CUA_ENV_LISTEN=0.0.0.0:3211 CUA_ENV_DATA_DIR=/var/lib/cua-spacesd \
     CUA_ENV_TOKEN_FILE=/run/cua/env-token CUA_ENV_NO_DESKTOP=true CUA_ENV_NO_DRIVER=true \
     CUA_ENV_NO_MCP=true CUA_ENV_QUIC_PORT=0 DO_NOT_TRACK=1 CUA_TELEMETRY=0
-WORKDIR /home/cua/work
+# pid 1 and the daemon run in /, never in the workspace (the adapter reads
+# processes whose cwd is inside it as leftovers of commands).
+WORKDIR /
 EXPOSE 3211
 ENTRYPOINT ["/usr/local/bin/cua-spacesd", "supervise", "--on-exit", "serve", "--"]
 CMD []

@@ -1,15 +1,18 @@
 """Docker Spaces: how long the machinery takes (``python -m bench.docker``).
 
-Figures: container create -> daemon's first answer, restart (kill + start) -> first
-answer, daemon kill -> new daemon answering, a workspace checkpoint (``tar -cf -`` on
-stdout through the daemon) and restore (tar on stdin, ``tar -x``) of 500 files of 4 KiB,
-and a trivial keyed exec on docker against the same call on the ``local`` backend.
+Figures: container create -> daemon's first answer; restart (kill + start) -> first
+answer, idle and with a reader holding an output stream (where ``docker restart`` would
+wait out the daemon's grace); daemon kill -> new daemon answering; a workspace
+checkpoint (``tar -cf -`` on stdout through the daemon) and restore (tar on stdin, or
+upload, then ``tar -x``) of 500 files of 4 KiB; and a trivial keyed exec on docker
+against the same call on the ``local`` backend.
 Skips with the reason when Docker or the image is missing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import statistics
 import sys
@@ -79,6 +82,29 @@ async def main() -> int:
         space = await backend.create(name)
         restarts = await _timed(lambda: backend.restart(name))
         print(f"restart -> first answer     {_fmt(restarts)}")
+
+        async def restart_streaming() -> None:
+            """Restart while a reader holds a command's output stream (no detach)."""
+            ex = await space.spawn(
+                ["bash", "-c", "while :; do echo x; sleep 0.05; done"], key=None, epoch=0
+            )
+
+            async def read() -> None:
+                async for _ in ex.output():
+                    pass
+
+            reader = asyncio.create_task(read())
+            await asyncio.sleep(0.2)
+            t0 = time.perf_counter()
+            await backend.restart(name)
+            held.append(time.perf_counter() - t0)
+            # The stream breaks with SpaceUnavailableError, as it must.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(reader, 10)
+
+        held: list[float] = []
+        await _timed(restart_streaming)
+        print(f"restart, stream held        {_fmt(held)}")
         kills = await _timed(lambda: backend.kill_daemon(name))
         print(f"daemon kill -> new daemon   {_fmt(kills)}")
 
@@ -126,7 +152,7 @@ async def main() -> int:
             assert res.exit_code == 0, res
 
         rsu = await _timed(restore_upload)
-        print(f"checkpoint {FILES}x4KiB tar   {_fmt(cks)}  ({len(blob) / 1e6:.1f} MB)")
+        print(f"checkpoint {FILES}x4KiB (tar)  {_fmt(cks)}  ({len(blob) / 1e6:.1f} MB)")
         print(f"restore (stdin + tar -x)    {_fmt(rss)}")
         print(f"restore (upload + tar -x)   {_fmt(rsu)}")
 

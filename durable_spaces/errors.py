@@ -31,7 +31,8 @@ class FenceHaltedError(StaleEpochError):
     """The fence was halted by the driver's halt path; every later commit is refused."""
 
     def __init__(self, where: str = "") -> None:
-        DurableSpacesError.__init__(self, f"the log's fence is halted{f' ({where})' if where else ''}")
+        at = f" ({where})" if where else ""
+        DurableSpacesError.__init__(self, f"the log's fence is halted{at}")
         self.epoch = -1
         self.floor = -1
         self.where = where
@@ -104,6 +105,11 @@ class HaltError(DurableSpacesError):
 
 class ImageLimitError(DurableSpacesError):
     """The workspace is over the transactional image's limits."""
+
+
+class ReviewError(DurableSpacesError):
+    """The workspace as of an entry cannot be read (no such entry, a machine checkpoint,
+    or a checkpoint gone from both the store and its Space)."""
 
 
 class ConfigError(DurableSpacesError, ValueError):

@@ -6,7 +6,7 @@ The order of commits is the whole design (DESIGN.md "Modes" and "Recovery"):
   effect (spawn / wait, or the file operation)               -> adapter.spawn/running/exit
   outcome (transactional: + the call's diff, one commit)     -> adapter.outcome_commit
   checkpoint mode: checkpoint, then record it                -> adapter.checkpoint(_commit)
-  the harness commits the result entry                        -> harness.tool_return/...
+  the harness commits the result entry                        -> harness.tool_returned/tool_result
 
 Each step is a failpoint. A new driver finds the call by its ``cua.space`` record and
 decides from what is known (outcome recorded / ledger says running / exited / never
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from durable_spaces.adapter import image as img
 from durable_spaces.adapter.recovery import RecoveryKind
-from durable_spaces.adapter.space import ExecResult, ExecState, Space
+from durable_spaces.adapter.space import ExecRecord, ExecResult, ExecState, Space
 from durable_spaces.adapter.state import CallRecord, SpaceState
 from durable_spaces.adapter.tools import ToolContext, ToolResult
 from durable_spaces.chaos.failpoints import hit
@@ -166,6 +166,7 @@ class CallPipeline:
     async def _finish(self, space: Space, rec: CallRecord, outcome: dict[str, Any]) -> ToolResult:
         rec.outcome = outcome
         await self.d.commit_outcome(self.ctx.harness, self.conv, rec, space, self.tool)
+        self.d.record_result_entry(self.ctx, rec.call_id)
         return _result(outcome)
 
     # --- recovery ---------------------------------------------------------------------------
@@ -176,12 +177,16 @@ class CallPipeline:
             if state.mode == "checkpoint" and rec.checkpoint is None:
                 await self.d.take_checkpoint(self.ctx.harness, self.conv, rec, space)
             self.d.emit("adopted", self.conv, rec, tool=self.tool)
+            self.d.record_result_entry(self.ctx, rec.call_id)
             return _result(rec.outcome)
 
         if self.tool == "bash" and same_instance and rec.key is not None:
             record = await space.exec_record(rec.key)
             older = (rec.epoch or 0) < self.d.epoch_for(space.name)
-            if record.state is ExecState.RUNNING:
+            if older and record.state is ExecState.RUNNING:
+                # Raising the epoch kills it; never reattach to a command being fenced.
+                record = await _settled_record(space, rec.key)
+            if record.state is ExecState.RUNNING and not older:
                 res = await self._run_bash(space, rec)
                 self.d.emit("reattached", self.conv, rec, tool=self.tool)
                 return await self._finish(space, rec, _bash_outcome(res))
@@ -221,7 +226,18 @@ class CallPipeline:
         rec.checkpoint = rec.before
         await self.d.commit_interrupted(self.ctx.harness, self.conv, rec)
         self.d.emit("interrupted", self.conv, rec, tool=self.tool)
+        self.d.record_result_entry(self.ctx, rec.call_id)
         return _result(outcome)
+
+
+async def _settled_record(space: Space, key: str, timeout: float = 10.0) -> ExecRecord:
+    """The record of a command an epoch advance is killing, once it stopped running."""
+    deadline = time.monotonic() + timeout
+    record = await space.exec_record(key)
+    while record.state is ExecState.RUNNING and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        record = await space.exec_record(key)
+    return record
 
 
 def _bash_outcome(res: ExecResult) -> dict[str, Any]:

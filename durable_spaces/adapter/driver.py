@@ -192,6 +192,9 @@ async def _drive(durable: DurableSpaces, start: Start, session: Session) -> int:
     durable.on_call = on_call
     try:
         fence.check()  # a newer driver already exists: stop before doing anything
+        advance = getattr(fence, "advance", None)
+        if advance is not None:
+            advance()  # raise the log's floor now: an older driver's next commit is refused
         if session.space:
             try:
                 await durable.raise_epoch(session.space)

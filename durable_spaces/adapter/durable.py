@@ -298,6 +298,19 @@ class DurableSpaces:
         if state.mode == "checkpoint":
             await self.take_checkpoint(harness, conv, rec, space)
 
+    def record_result_entry(self, ctx: ToolContext, call_id: str) -> None:
+        """Add the result entry's id to the call's record, in the result's own commit."""
+        conv = ctx.conversation_id
+
+        def build(tx: Tx, entry_id: str) -> None:
+            state = self.load_state(ctx.harness, conv)
+            rec = state.calls.get(call_id)
+            if rec is not None:
+                rec.result_entry = entry_id
+                self._put_state(tx, conv, state)
+
+        ctx.on_result(build)
+
     async def take_checkpoint(
         self, harness: Harness, conv: str, rec: CallRecord, space: Space
     ) -> None:

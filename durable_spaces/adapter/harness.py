@@ -823,8 +823,11 @@ class _OutputFlusher:
         self._committed = 0
         self._last = 0.0
         self._handle: asyncio.TimerHandle | None = None
+        self._closed = False
 
     def add(self, chunk: str) -> None:
+        if self._closed:  # output after the call ended belongs to no commit
+            return
         self._parts.append(chunk)
         if self._handle is None:
             delay = max(0.0, self._last + OUTPUT_FLUSH_SECONDS - time.monotonic())
@@ -845,6 +848,7 @@ class _OutputFlusher:
         hit("harness.output")
 
     def cancel(self) -> None:
+        self._closed = True
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None

@@ -312,7 +312,8 @@ class SqliteStorage:
                 raise LogError(f"{self.path}: log schema {version}, expected {_SCHEMA_VERSION}")
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
             raise
 
     @property
@@ -525,12 +526,11 @@ class JsonlStorage:
             raise CorruptLogError(f"{self.path} shrank from {self._size} to {size} bytes")
         if size > self._size:
             data = os.pread(fd, size - self._size, self._size)
-            torn = self._parse(data)
-            if torn is not None and torn != self.torn_tail:
-                self.torn_tail = torn
+            torn, self.torn_tail = self.torn_tail, self._parse(data)
+            if self.torn_tail is not None and self.torn_tail != torn:
                 warnings.warn(
-                    f"{self.path}: ignoring a torn last line ({torn}); it is truncated before "
-                    "the next append",
+                    f"{self.path}: ignoring a torn last line ({self.torn_tail}); it is truncated "
+                    "before the next append",
                     TornTailWarning,
                     stacklevel=3,
                 )
@@ -573,12 +573,14 @@ class JsonlStorage:
         return Commit(obj["seq"], obj["ops"], obj.get("epoch"))
 
     def load(self) -> list[Commit]:
+        """Every commit, in order (kept in memory: treat the returned ops as read-only)."""
         with self._mutex, self._flocked(fcntl.LOCK_SH):
             self._catch_up_locked(repair=False)
             return list(self._commits)
 
     def append(self, ops: Sequence[Op]) -> int:
-        copied, text = _dumps(ops)
+        _, text = _dumps(ops)
+        stored = json.loads(text)  # what a reopen will read (deep, tuples become lists)
         with self._mutex, self._flocked(fcntl.LOCK_EX) as fd:
             fence = self.fence
             if fence is not None:
@@ -600,7 +602,7 @@ class JsonlStorage:
             except BaseException:
                 os.ftruncate(fd, self._size)  # a failed write (ENOSPC) leaves no torn line
                 raise
-            self._commits.append(Commit(seq, copied, epoch))
+            self._commits.append(Commit(seq, stored, epoch))
             self._size += len(line)
             self.torn_tail = None
         failpoints.hit("log.after_commit")

@@ -33,6 +33,7 @@ class CallRecord:
     checkpoint: str | None = None  # checkpoint taken after the call
     before: str | None = None  # checkpoint that held the state before the call
     instance: str | None = None  # Space instance the call's effects landed in
+    result_entry: str | None = None  # the tool_result entry, once committed
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}

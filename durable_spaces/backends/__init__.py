@@ -38,9 +38,7 @@ def _target(name: str) -> tuple[str, str]:
     try:
         module, _, cls = BACKENDS[name].partition(":")
     except KeyError:
-        raise ConfigError(
-            f"unknown Space backend {name!r}; known: {', '.join(BACKENDS)}"
-        ) from None
+        raise ConfigError(f"unknown Space backend {name!r}; known: {', '.join(BACKENDS)}") from None
     return module, cls
 
 
@@ -71,10 +69,10 @@ def unavailable_reason(name: str) -> str | None:
 
 def backend_class(name: str) -> type[Any]:
     _, cls = _target(name)
-    return getattr(_module(name), cls)  # type: ignore[no-any-return]
+    return getattr(_module(name), cls)
 
 
 def open_backend(name: str, state_dir: str | Path, **options: Any) -> SpaceBackend:
     """Build backend ``name`` keeping its Spaces under ``state_dir``. Raises ConfigError
     for an unknown name (listing the known ones)."""
-    return backend_class(name)(state_dir, **options)  # type: ignore[no-any-return]
+    return backend_class(name)(state_dir, **options)

@@ -221,6 +221,12 @@ class DockerBackend:
     def _home(self, name: str) -> Path:
         return self.state_dir / name
 
+    def _sdk_home(self) -> str:
+        """The cua SDK's own state (its sandbox registry), kept out of the user's ~/.cua."""
+        home = self.state_dir / ".cua-sdk"
+        home.mkdir(mode=0o700, exist_ok=True)
+        return str(home)
+
     def _token_path(self, name: str) -> Path:
         return self._home(name) / "token"
 
@@ -350,6 +356,7 @@ class DockerBackend:
             instance_id=c.labels[INSTANCE_LABEL],
             root=ROOT,
             user=USER,
+            sdk_home=self._sdk_home(),
         )
         await space.require_exec_ledger()
         self._spaces[name] = space

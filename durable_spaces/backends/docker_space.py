@@ -1,20 +1,16 @@
 """The client side of a docker Space: the spacesd backend's Space, plus what a container adds.
 
 ``SpacesdSpace`` already speaks to any cua-spacesd; here it only needs a ``DaemonProbe``
-that knows containers, and three additions:
+that knows containers, and two additions:
 
 - file operations run as the Space's user (``cua``), like its commands. The daemon runs
   as root, so without this every file the adapter writes would be root's and a command
   could not change it (the conformance suite's scan test caught exactly that).
-
 - ``advance_epoch`` also sweeps the container for processes the current daemon does not
   own. cua-spacesd's own AdvanceEpoch kills only the commands it tracks, so the orphans
   of a killed daemon (``supervise`` restarts the daemon but keeps them) and background
   leftovers of finished commands would otherwise outlive the floor they were started
   under.
-- ``detach_streams`` stops following every command, for a caller that wants to let go
-  of a Space without waiting. Restarts do not need it: ``docker kill`` has no shutdown grace for a held stream to stretch (only
-  ``docker restart``'s SIGTERM does), and a waiter must see ``SpaceUnavailableError``.
 
 The probe's ``boot_id`` is called around every output event, so it must be cheap: when the
 engine runs on this host it reads the daemon's host pid from ``/proc`` (pid 1 of the
@@ -24,22 +20,16 @@ back to the container's start time from the API, which misses a daemon-only rest
 
 from __future__ import annotations
 
-import contextlib
-import time
-import weakref
-from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from durable_spaces.backends.spacesd_space import SpacesdExecution, SpacesdSpace
+from durable_spaces.backends.spacesd_space import SpacesdSpace
 from durable_spaces.errors import SpaceGoneError
 
 if TYPE_CHECKING:
     from durable_spaces.backends.docker import DockerBackend
 
-#: Seconds a ``gone()`` answer is reused (it costs one engine request).
-_GONE_TTL = 0.2
 #: Daemon file operations that take ``user=`` (``upload`` takes it in its options).
 _FILE_OPS = frozenset({"download", "make_dir", "remove", "stat", "list_dir", "move_path"})
 
@@ -53,8 +43,7 @@ class ContainerProbe:
         self._init: psutil.Process | None = None
         self._init_start = 0.0
         self._remote_started: str | None = None
-        self._gone_at = 0.0
-        self._gone = False
+        self._gone = False  # once gone, always gone: the id is never reused
 
     def _inspect(self) -> dict[str, Any] | None:
         try:
@@ -106,13 +95,12 @@ class ContainerProbe:
         return None
 
     def gone(self) -> bool:
-        now = time.monotonic()
-        if now - self._gone_at > _GONE_TTL:
+        """Asked on error paths and before connecting, so one engine request is cheap."""
+        if not self._gone:
             try:
                 self._gone = self._inspect() is None
             except Exception:
-                self._gone = False  # cannot tell: unavailable, not gone
-            self._gone_at = now
+                return False  # the engine cannot tell: unavailable, not gone
         return self._gone
 
 
@@ -130,6 +118,7 @@ class DockerSpace(SpacesdSpace):
         instance_id: str,
         root: str,
         user: str,
+        sdk_home: str | None = None,
     ) -> None:
         super().__init__(
             name,
@@ -140,11 +129,11 @@ class DockerSpace(SpacesdSpace):
             ContainerProbe(backend, container_id),
             kind="container",
             user=user,
+            sdk_home=sdk_home,
         )
         self._backend = backend
         self.container_id = container_id
         self.port = port
-        self._live: weakref.WeakSet[SpacesdExecution] = weakref.WeakSet()
 
     def __repr__(self) -> str:  # never shows the token
         return f"DockerSpace({self.name!r}, port={self.port})"
@@ -156,30 +145,6 @@ class DockerSpace(SpacesdSpace):
             elif method == "upload" and len(args) >= 3 and args[2] is not None:
                 args[2].user = self._user
         return await super()._call(method, *args, **kw)
-
-    async def spawn(
-        self,
-        argv: Sequence[str],
-        *,
-        key: str | None,
-        epoch: int,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        on_output: Any = None,
-        stdin: bool = False,
-    ) -> SpacesdExecution:
-        ex = await super().spawn(
-            argv, key=key, epoch=epoch, cwd=cwd, env=env, on_output=on_output, stdin=stdin
-        )
-        self._live.add(ex)
-        return ex
-
-    async def detach_streams(self) -> None:
-        """Stop following every command's output (the commands keep running)."""
-        for ex in list(self._live):
-            with contextlib.suppress(Exception):
-                await ex.detach()
-        self._live = weakref.WeakSet()
 
     async def advance_epoch(self, epoch: int) -> None:
         before = await self.current_epoch()

@@ -22,6 +22,20 @@ The "machine" is the Space's process tree: every command carries ``DS_SPACE=<ins
 group plus every process whose environment carries the mark. A process that both leaves
 the group and clears its environment escapes: the documented weak spot of a stand-in.
 
+Spawn order, under the flock: check the epoch floor and the ledger; append + fsync the
+ledger line; start the supervisor (it blocks reading its stdin); record its pid and
+create time in ``meta.json``; hand it the command on stdin. A driver killed before the
+last step leaves a key that reads ``lost`` and whose command never starts; after it, the
+command runs to its end on its own. A key seen again is never run again (``lost`` keys
+come back replayed with ``exit_code=None``). A wait whose command was killed by
+``advance_epoch`` raises ``StaleEpochError``; by a restart, ``SpaceUnavailableError``;
+by ``delete``, ``SpaceGoneError``.
+
+Cost: the supervisor is a fresh interpreter (``-I -S``, stdlib only), about 10 ms of an
+idle machine per command, which dominates the exec round trip. A shell supervisor would
+be faster but cannot tell ``exit 130`` from death by SIGINT, and forking the caller
+would copy a threaded driver; both were rejected.
+
 Every section that holds the flock is synchronous and runs in a worker thread, so two
 tasks of one event loop can never deadlock on it.
 """
@@ -72,8 +86,27 @@ from durable_spaces.errors import (
 
 _SUPERVISOR = str(Path(__file__).with_name("local_supervisor.py"))
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-#: Environment of the caller that must not leak into commands.
-_SCRUB = ("DS_FAILPOINTS", "DS_FAILPOINT_TRACE")
+#: What commands inherit from the caller's environment: enough to find programs, nothing
+#: of the driver's own (API keys, tokens, failpoints), as in a real sandbox.
+_INHERIT = frozenset(
+    [
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "LANG",
+        "LANGUAGE",
+        "TERM",
+        "TZ",
+        "TMPDIR",
+        "PYENV_ROOT",
+        "PYENV_VERSION",
+        "VIRTUAL_ENV",
+        "DO_NOT_TRACK",
+        "CUA_TELEMETRY",
+    ]
+)
 _KILL_TIMEOUT = 10.0
 _POLL_MIN, _POLL_MAX = 0.002, 0.05
 
@@ -138,7 +171,7 @@ def _fsync_dir(path: Path) -> None:
 
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        return json.loads(path.read_bytes())  # type: ignore[no-any-return]
+        return json.loads(path.read_bytes())
     except (FileNotFoundError, ValueError):
         return None
 
@@ -167,8 +200,10 @@ class LocalExecution:
         popen: subprocess.Popen[bytes] | None = None,
         reattached: bool = False,
         replay: ExecResult | None = None,
+        epoch: int | None = None,
     ) -> None:
         self.key = key
+        self.epoch = epoch
         self.pid = pid
         self.reattached = reattached
         self.replayed = replay is not None
@@ -179,7 +214,6 @@ class LocalExecution:
         self._replay = replay
         self._collected: list[bytes] = []
         self._gen: AsyncIterator[bytes] | None = None
-        self._finished = False
         self._detached = False
         self._lost = False
 
@@ -194,7 +228,6 @@ class LocalExecution:
         if self._replay is not None:
             if self._replay.output:
                 yield self._replay.output
-            self._finished = True
             return
         try:
             fd = os.open(self._dir / "output", os.O_RDONLY | os.O_CLOEXEC)
@@ -214,7 +247,6 @@ class LocalExecution:
                 if (self._dir / "status").exists():
                     while chunk := os.read(fd, 1 << 16):
                         yield chunk
-                    self._finished = True
                     return
                 if self._popen is not None:
                     self._popen.poll()
@@ -258,6 +290,10 @@ class LocalExecution:
             raise RuntimeError("wait() after detach()")
         if self._lost:
             self._space._check()  # SpaceGoneError when the Space was deleted under us
+            # Under the lock: advance_epoch holds it from its kill until the new floor.
+            floor = await asyncio.to_thread(self._space._floor_locked)
+            if self.epoch is not None and self.epoch < floor:  # a newer driver fenced us
+                raise StaleEpochError(self.epoch, floor, f"Space {self._space.name}")
             raise SpaceUnavailableError(
                 f"command {self.key or self.pid} of Space {self._space.name} was lost: "
                 "its machine stopped while it ran (outcome unknown)"
@@ -293,6 +329,7 @@ class LocalSpace:
         self._scan_lock = threading.Lock()
         self._ledger: dict[str, dict[str, Any]] = {}
         self._ledger_off = 0
+        self._ledger_lock = threading.Lock()  # spawn and exec_record run in worker threads
 
     @property
     def scan_stats(self) -> dict[str, int]:
@@ -307,7 +344,9 @@ class LocalSpace:
         except (FileNotFoundError, NotADirectoryError):
             current = None
         if current != self.instance_id:
-            raise SpaceGoneError(f"Space {self.name} no longer exists (instance {self.instance_id})")
+            raise SpaceGoneError(
+                f"Space {self.name} no longer exists (instance {self.instance_id})"
+            )
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -322,6 +361,10 @@ class LocalSpace:
         finally:
             os.close(fd)
 
+    def _floor_locked(self) -> int:
+        with self._locked():
+            return self._floor()
+
     def _floor(self) -> int:
         try:
             return int((self._d / "epoch").read_text())
@@ -333,6 +376,10 @@ class LocalSpace:
 
     def _ledger_line(self, key: str) -> dict[str, Any] | None:
         """The ledger's line for ``key``; only bytes appended since the last look are read."""
+        with self._ledger_lock:
+            return self._ledger_line_locked(key)
+
+    def _ledger_line_locked(self, key: str) -> dict[str, Any] | None:
         try:
             with open(self._d / "ledger.jsonl", "rb") as f:
                 f.seek(self._ledger_off)
@@ -374,8 +421,15 @@ class LocalSpace:
         tail = _tail(cmd_dir / "output")
         epoch = line.get("epoch")
         if status is not None:
-            return ExecRecord(key, ExecState.EXITED, epoch, pid, status.get("exit_code"),
-                              status.get("signal"), tail)
+            return ExecRecord(
+                key,
+                ExecState.EXITED,
+                epoch,
+                pid,
+                status.get("exit_code"),
+                status.get("signal"),
+                tail,
+            )
         if pid is not None and _alive(pid, meta["ctime"]):
             return ExecRecord(key, ExecState.RUNNING, epoch, pid, output_tail=tail)
         if (cmd_dir / "status").exists():  # it ended between our two looks
@@ -396,7 +450,7 @@ class LocalSpace:
     # --- commands -----------------------------------------------------------------------
 
     def _env(self, env: Mapping[str, str] | None, epoch: int, cmd_id: str) -> dict[str, str]:
-        out = {k: v for k, v in os.environ.items() if k not in _SCRUB}
+        out = {k: v for k, v in os.environ.items() if k in _INHERIT or k.startswith("LC_")}
         out.update(env or {})
         out.update(DS_SPACE=self.instance_id, DS_EPOCH=str(epoch), DS_CMD=cmd_id)
         return out
@@ -413,10 +467,17 @@ class LocalSpace:
         cmd_dir = self._d / "cmds" / line["cmd"]
         if rec.state is ExecState.RUNNING:
             meta = _read_json(cmd_dir / "meta.json") or {}
-            return LocalExecution(self, key, cmd_dir, rec.pid, meta["ctime"], reattached=True)
+            return LocalExecution(
+                self, key, cmd_dir, rec.pid, meta["ctime"], reattached=True, epoch=rec.epoch
+            )
         # Exited: the recorded outcome. Lost: nothing runs again; exit_code None = unknown.
-        result = ExecResult(key=key, exit_code=rec.exit_code, signal=rec.signal,
-                            output=rec.output_tail, replayed=True)
+        result = ExecResult(
+            key=key,
+            exit_code=rec.exit_code,
+            signal=rec.signal,
+            output=rec.output_tail,
+            replayed=True,
+        )
         return LocalExecution(self, key, cmd_dir, rec.pid, 0.0, replay=result)
 
     def _spawn_sync(
@@ -438,8 +499,9 @@ class LocalSpace:
                 if line is not None:
                     return self._existing(key, line)
                 cmd_id = "k-" + hashlib.sha256(key.encode()).hexdigest()[:32]
-                self._append_ledger({"key": key, "epoch": epoch, "cmd": cmd_id, "argv": argv,
-                                     "t": time.time()})
+                self._append_ledger(
+                    {"key": key, "epoch": epoch, "cmd": cmd_id, "argv": argv, "t": time.time()}
+                )
                 hit("space.local.ledger_written")
             else:
                 cmd_id = "p-" + uuid.uuid4().hex
@@ -452,20 +514,25 @@ class LocalSpace:
             with open(cmd_dir / "supervisor.log", "wb") as log:
                 popen = subprocess.Popen(
                     [sys.executable, "-I", "-S", _SUPERVISOR, str(cmd_dir)],
-                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log,
-                    cwd=cmd_dir, env=cenv, start_new_session=True,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,
+                    cwd=cmd_dir,
+                    env=cenv,
+                    start_new_session=True,
                 )
             with _children_lock:
                 _children.add(popen)
             ctime = psutil.Process(popen.pid).create_time()
             meta = {"pid": popen.pid, "ctime": ctime, "epoch": epoch, "key": key}
             _write_atomic(cmd_dir / "meta.json", json.dumps(meta).encode(), fsync=False)
+            hit("space.local.supervisor_recorded")  # dying here: the command never starts
             assert popen.stdin is not None
             with contextlib.suppress(BrokenPipeError):
                 popen.stdin.write(format_spec(self._cwd(cwd), argv, cenv))
                 popen.stdin.close()
         hit("space.local.spawned")
-        return LocalExecution(self, key, cmd_dir, popen.pid, ctime, popen=popen)
+        return LocalExecution(self, key, cmd_dir, popen.pid, ctime, popen=popen, epoch=epoch)
 
     async def spawn(
         self,
@@ -525,8 +592,12 @@ class LocalSpace:
 
     async def capabilities(self) -> Capabilities:
         self._check()
-        return Capabilities(kind="local", exec_ledger=True, machine_checkpoints=False,
-                            features=frozenset({EXEC_LEDGER}))
+        return Capabilities(
+            kind="local",
+            exec_ledger=True,
+            machine_checkpoints=False,
+            features=frozenset({EXEC_LEDGER}),
+        )
 
     # --- files --------------------------------------------------------------------------
 
@@ -596,8 +667,12 @@ def _kill_space(d: Path, instance: str, below_epoch: int | None = None) -> None:
             continue
         if env.get("DS_SPACE") != instance:
             continue
-        if below_epoch is not None and int(env.get("DS_EPOCH", "0")) >= below_epoch:
-            continue
+        if below_epoch is not None:
+            try:
+                if int(env.get("DS_EPOCH", "")) >= below_epoch:
+                    continue
+            except ValueError:
+                pass  # marked as ours with an unreadable epoch: older than any
         take(p)
     for p in procs:
         with contextlib.suppress(psutil.Error):
@@ -641,8 +716,12 @@ class LocalBackend:
             tmp = self.state_dir / f".creating-{uuid.uuid4().hex}"
             (tmp / "work").mkdir(parents=True)
             (tmp / "cmds").mkdir()
-            for fname, data in (("epoch", b"0"), ("ledger.jsonl", b""), ("lock", b""),
-                                ("instance", uuid.uuid4().hex.encode())):
+            for fname, data in (
+                ("epoch", b"0"),
+                ("ledger.jsonl", b""),
+                ("lock", b""),
+                ("instance", uuid.uuid4().hex.encode()),
+            ):
                 _write_atomic(tmp / fname, data)
             try:
                 os.rename(tmp, d)
@@ -698,7 +777,8 @@ class LocalBackend:
 
     async def names(self) -> list[str]:
         return sorted(
-            p.name for p in self.state_dir.iterdir()
+            p.name
+            for p in self.state_dir.iterdir()
             if not p.name.startswith(".") and (p / "instance").exists()
         )
 

@@ -78,8 +78,9 @@ def read_file(root: str, path: str) -> bytes:
         raise IsADirectoryError(path)
     with _dir(root, parts[:-1]) as dfd:
         try:
-            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                         dir_fd=dfd)
+            fd = os.open(
+                parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd
+            )
         except OSError:
             if _is_symlink(parts[-1], dfd):
                 raise PathEscapeError(f"refusing to read through the symlink {path!r}") from None
@@ -105,8 +106,12 @@ def write_file(root: str, path: str, data: bytes, mode: int | None = None) -> No
             except FileNotFoundError:
                 mode = 0o644
         tmp = f".ds-tmp-{uuid.uuid4().hex[:12]}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600, dir_fd=dfd)
+        fd = os.open(
+            tmp,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+            dir_fd=dfd,
+        )
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -252,8 +257,9 @@ class Scanner:
             try:
                 s = e.stat(follow_symlinks=False)
                 if st.S_ISLNK(s.st_mode):
-                    table[rel] = PathEntry(kind="symlink", mode=0o777,
-                                           target=os.readlink(e.name, dir_fd=dfd))
+                    table[rel] = PathEntry(
+                        kind="symlink", mode=0o777, target=os.readlink(e.name, dir_fd=dfd)
+                    )
                 elif st.S_ISDIR(s.st_mode):
                     sub = _open_dir(e.name, dfd)
                     try:
@@ -270,8 +276,9 @@ class Scanner:
                         self.stats["hashed"] += 1
                     if max(s.st_mtime_ns, s.st_ctime_ns) < start - RACY_NS:
                         fresh[rel] = (sig, sha)
-                    table[rel] = PathEntry(kind="file", mode=s.st_mode & 0o777,
-                                           size=s.st_size, sha256=sha)
+                    table[rel] = PathEntry(
+                        kind="file", mode=s.st_mode & 0o777, size=s.st_size, sha256=sha
+                    )
                 # fifos, sockets, devices: not representable in the image, skipped
             except (FileNotFoundError, NotADirectoryError):
                 continue  # vanished while scanning (a command is still writing)

@@ -66,7 +66,9 @@ def main(args: list[str]) -> int:
         0o600,
     )
     stdin_path = os.path.join(cmd_dir, "stdin")
-    inp = os.open(stdin_path if os.path.exists(stdin_path) else os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    inp = os.open(
+        stdin_path if os.path.exists(stdin_path) else os.devnull, os.O_RDONLY | os.O_CLOEXEC
+    )
     try:
         os.chdir(cwd)
         # posix_spawnp (not subprocess: importing it costs more than the rest of this file)

@@ -8,10 +8,12 @@ loads them, mounts ``/dev/vda`` and switch_roots), and a root filesystem from
 wheel and a bash pid 1 (``/sbin/cua-init``) that supervises the daemon. ``mkfs.ext4 -d``
 turns the tree into a raw image which becomes the qcow2 base.
 
-Everything lands in ``<cache>/microvm/<hash>/`` where the hash covers this module (the
-recipe and the guest scripts), the kernel package, busybox, the daemon's sha256 and the
-QEMU version, so a rebuild happens only when an input changed; ``<cache>/microvm/current``
-points at the newest build.
+Everything lands in ``~/.cache/durable-spaces-microvm/<hash>/`` (``DS_MICROVM_CACHE``; kept
+apart from ``~/.cache/durable-spaces``, which other builders clear to time cold builds)
+where the hash covers this module (the recipe and the guest scripts), the kernel package,
+busybox, the daemon's sha256 and the QEMU version, so a rebuild happens only when an input
+changed; ``current`` beside it points at the newest build. The debootstrap tarball is
+shared with the docker image in ``~/.cache/durable-spaces`` (``DS_CACHE_DIR``).
 
 Then the image is booted once and checkpointed (``base-<mem>m/``): creating a Space is a
 fork of that booted machine (about half a second) instead of a cold boot (about six under
@@ -101,7 +103,8 @@ $BB ip link set eth0 up
 $BB ip route add default via 10.0.2.2
 mkdir -p /run/cua && chmod 700 /run/cua
 FW=/sys/firmware/qemu_fw_cfg/by_name/opt/cua/token/raw
-(umask 077; if [ -r $FW ]; then cat $FW > /run/cua/env-token.new; mv /run/cua/env-token.new /run/cua/env-token; fi)
+(umask 077; [ -r $FW ] && cat $FW > /run/cua/env-token.new \
+  && mv /run/cua/env-token.new /run/cua/env-token)
 [ -s /run/cua/env-token ] || echo "cua-init: no token in fw_cfg" > /dev/console
 echo "cua-init: starting cua-spacesd" > /dev/console
 trap '' TERM INT HUP
@@ -210,7 +213,7 @@ def kernel_deb() -> pathlib.Path:
     if env:
         return pathlib.Path(env)
     pkg = kernel_package()
-    debs = cache_root() / "debs"
+    debs = image_root() / "debs"
     for d in (debs, pathlib.Path("/var/cache/apt/archives")):
         hits = sorted(d.glob(f"{pkg}_*_amd64.deb"))
         if hits:
@@ -293,15 +296,11 @@ def _build_initramfs(kroot: pathlib.Path, out: pathlib.Path) -> None:
         shutil.copy2(busybox_static(), root / "bin/busybox")
         for name in order:
             shutil.copy2(mods[name], root / "modules" / mods[name].name)
-        (root / "modules.load").write_text(
-            "\n".join(mods[n].name for n in order) + "\n"
-        )
+        (root / "modules.load").write_text("\n".join(mods[n].name for n in order) + "\n")
         init = root / "init"
         init.write_text(INITRAMFS_INIT)
         init.chmod(0o755)
-        files = subprocess.run(
-            ["find", "."], cwd=root, capture_output=True, check=True
-        ).stdout
+        files = subprocess.run(["find", "."], cwd=root, capture_output=True, check=True).stdout
         cpio = subprocess.run(
             ["/bin/busybox", "cpio", "-o", "-H", "newc", "-R", "0:0"],
             cwd=root,
@@ -309,7 +308,9 @@ def _build_initramfs(kroot: pathlib.Path, out: pathlib.Path) -> None:
             capture_output=True,
             check=True,
         ).stdout
-        out.write_bytes(subprocess.run(["gzip", "-9"], input=cpio, capture_output=True, check=True).stdout)
+        out.write_bytes(
+            subprocess.run(["gzip", "-9"], input=cpio, capture_output=True, check=True).stdout
+        )
     _log(f"initramfs modules: {' '.join(order)}")
 
 
@@ -366,12 +367,23 @@ def _build_rootfs(tarball: pathlib.Path, out_qcow2: pathlib.Path, tmpdir: pathli
     )
 
 
+def _user_home() -> pathlib.Path:
+    """The user's real home: tests point ``HOME`` at a temporary directory, and a Space
+    must still find the image built by ``make microvm-image``."""
+    import pwd
+
+    return pathlib.Path(pwd.getpwuid(os.getuid()).pw_dir)
+
+
 def image_root() -> pathlib.Path:
-    return cache_root() / "microvm"
+    env = os.environ.get("DS_MICROVM_CACHE")
+    d = pathlib.Path(env) if env else _user_home() / ".cache/durable-spaces-microvm"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
 
 
 def load_image(image_dir: pathlib.Path | None = None) -> GuestImage | None:
-    """The built image in ``image_dir`` (default: ``<cache>/microvm/current``), or None."""
+    """The built image in ``image_dir`` (default: ``<image_root>/current``), or None."""
     d = image_dir or image_root() / "current"
     if not (d / "done").exists():
         return None

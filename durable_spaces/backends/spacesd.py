@@ -28,6 +28,7 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from durable_spaces.backends.spacesd_daemon import (
 )
 from durable_spaces.errors import (
     BackendUnavailableError,
-    SpaceError,
+    SpaceGoneError,
     SpaceUnavailableError,
 )
 
@@ -122,6 +123,7 @@ class SpacesdBackend:
         self.isolation = isolation
         self.start_timeout = start_timeout
         self._daemons: dict[str, LocalDaemon] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
         self._spaces: dict[str, Any] = {}
         #: Seconds from process start to the daemon's first answer, last start.
         self.last_boot_seconds: float | None = None
@@ -141,6 +143,23 @@ class SpacesdBackend:
             self._daemons[name] = d
         return d
 
+    @contextlib.asynccontextmanager
+    async def _locked(self, d: LocalDaemon) -> AsyncIterator[None]:
+        """The Space's lock: an asyncio lock within this process (a blocking flock taken
+        twice in one event loop would deadlock it), then the lock file, taken off-loop."""
+        lock = self._locks.setdefault(d.home.name, asyncio.Lock())
+        async with lock:
+            taking = asyncio.ensure_future(asyncio.to_thread(d.acquire))
+            try:
+                fd = await asyncio.shield(taking)
+            except asyncio.CancelledError:  # release it once the thread has it
+                taking.add_done_callback(_close_fd)
+                raise
+            try:
+                yield
+            finally:
+                os.close(fd)
+
     # --- starting ----------------------------------------------------------------------
 
     async def _boot(self, d: LocalDaemon, st: DaemonState) -> DaemonState:
@@ -150,7 +169,7 @@ class SpacesdBackend:
 
         for attempt in range(3):
             t0 = time.monotonic()
-            st = d.start(st)
+            st = await asyncio.to_thread(d.start, st)
             probe = _Probe(d, st.instance_id)
             space = SpacesdSpace(
                 d.home.name,
@@ -173,7 +192,7 @@ class SpacesdBackend:
                     await asyncio.sleep(0.01)
             if caps is None:
                 tail = d.log_tail()
-                d.kill(st)
+                await asyncio.to_thread(d.kill, st)
                 if "in use" in tail.lower() and attempt < 2:
                     st.port = free_port()
                     continue
@@ -184,7 +203,7 @@ class SpacesdBackend:
             try:
                 check_exec_ledger(caps)
             except Exception:
-                d.kill(st)
+                await asyncio.to_thread(d.kill, st)
                 raise
             return st
         raise SpaceUnavailableError(f"cua-spacesd for Space {d.home.name!r} could not start")
@@ -209,7 +228,7 @@ class SpacesdBackend:
         return sp
 
     async def _ensure(self, d: LocalDaemon, *, create: bool) -> Any:
-        with d.lock():
+        async with self._locked(d):
             st = d.read_state()
             if st is None:
                 if not create:
@@ -217,7 +236,7 @@ class SpacesdBackend:
                 st = d.init()
                 st = await self._boot(d, st)
             elif not d.running(st):
-                d.kill(st)  # leftovers of a half-dead namespace
+                await asyncio.to_thread(d.kill, st)  # leftovers of a half-dead namespace
                 st = await self._boot(d, st)
             return self._space(d, st)
 
@@ -231,29 +250,29 @@ class SpacesdBackend:
 
     async def restart(self, name: str) -> None:
         d = self._daemon(name)
-        with d.lock():
+        async with self._locked(d):
             st = d.read_state()
             if st is None:
-                raise SpaceError(f"no Space {name!r} to restart")
-            d.kill(st)
+                raise SpaceGoneError(f"no Space {name!r} to restart")
+            await asyncio.to_thread(d.kill, st)
             await self._boot(d, st)
 
     async def kill_daemon(self, name: str) -> None:
         d = self._daemon(name)
-        with d.lock():
+        async with self._locked(d):
             st = d.read_state()
             if st is None:
-                raise SpaceError(f"no Space {name!r}")
-            d.kill(st, daemon_only=True)
+                raise SpaceGoneError(f"no Space {name!r}")
+            await asyncio.to_thread(lambda: d.kill(st, daemon_only=True))
             await self._boot(d, st)
 
     async def delete(self, name: str) -> None:
         d = self._daemon(name)
-        with d.lock():
+        async with self._locked(d):
             st = d.read_state()
             if st is not None:
-                d.kill(st)
-            d.remove()
+                await asyncio.to_thread(d.kill, st)
+            await asyncio.to_thread(d.remove)
         sp = self._spaces.pop(name, None)
         if sp is not None:
             await sp.close()
@@ -270,6 +289,11 @@ class SpacesdBackend:
             with contextlib.suppress(Exception):
                 await sp.close()
         self._spaces.clear()
+
+
+def _close_fd(fut: asyncio.Future[int]) -> None:
+    if not fut.cancelled() and fut.exception() is None:
+        os.close(fut.result())
 
 
 def _url(st: DaemonState) -> str:

@@ -198,13 +198,22 @@ class LocalDaemon:
     def token(self) -> str:
         return (self.home / "token").read_text().strip()
 
-    @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        """Serialize create/start/kill/delete across processes (a lock file beside the dir)."""
+    def acquire(self) -> int:
+        """Take the Space's lock file (blocking): create/start/kill/delete are serialized
+        across processes. Returns the fd; closing it releases the lock."""
         self.home.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.home.parent / f".{self.home.name}.lock", os.O_CREAT | os.O_RDWR, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        fd = self.acquire()
+        try:
             yield
         finally:
             os.close(fd)
@@ -248,6 +257,7 @@ class LocalDaemon:
         """Start the daemon on the Space's data dir and port (caller holds the lock).
         Returns once the process exists; the caller waits for its first answer."""
         self._reap()
+        self._kill_strays()
         mode = self._mode()
         serve = [
             str(self.binary),
@@ -287,6 +297,23 @@ class LocalDaemon:
         st.booted = time.time()
         self._write_state(st)
         return st
+
+    def _kill_strays(self) -> None:
+        """Kill any daemon still serving this data dir that the state file does not know
+        (a driver killed between starting it and recording it): two daemons on one
+        ledger would break it."""
+        data = str(self.data)
+        strays = []
+        for p in psutil.process_iter(["cmdline"]):
+            cmd = p.info["cmdline"] or []
+            if "serve" in cmd and data in cmd and p.pid != os.getpid():
+                strays.append(p.pid)
+        for pid in strays:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if strays:
+            log.warning("killed %d stray cua-spacesd process(es) of %s", len(strays), data)
+            self._wait_dead(strays)
 
     def _wait_child(self, p: subprocess.Popen[bytes]) -> int:
         deadline = time.monotonic() + 5
@@ -345,17 +372,18 @@ class LocalDaemon:
                 # The daemon puts each command in a session of its own, so killpg alone
                 # misses them: kill the daemon's whole process tree as seen right now.
                 members = _tree(st.daemon_pid) if daemon_up else []
-                members += _pgroup_members(st.leader_pid)
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(st.leader_pid, signal.SIGKILL)
+                if _alive(st.leader_pid, st.leader_start):  # else the pgid may be reused
+                    members += _pgroup_members(st.leader_pid)
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(st.leader_pid, signal.SIGKILL)
                 for pid in members:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(pid, signal.SIGKILL)
         members.append(st.daemon_pid)
-        self._wait_dead(members, st)
+        self._wait_dead(members)
 
-    def _wait_dead(self, members: list[int], st: DaemonState) -> None:
-        starts = {pid: _start_time(pid) for pid in members}
+    def _wait_dead(self, members: list[int]) -> None:
+        starts = {pid: _start_time(pid) for pid in members if pid > 0}
         deadline = time.monotonic() + 10
         while True:
             self._reap()

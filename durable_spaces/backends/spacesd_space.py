@@ -7,9 +7,11 @@ a container or in a VM: the backend only says where the daemon listens and gives
 
 Decisions worth knowing:
 
-- replayed / reattached is read from ``GetExecRecord`` just before ``spawn`` (EXITED or
-  LOST: replayed; RUNNING: reattached). The daemon itself dedupes on the key, so a racing
-  second client can only make the flag stale, never run the command twice.
+- Every keyed call reads ``GetExecRecord`` first (it also returns the epoch floor). An
+  EXITED or LOST key is replayed from the record (its 64 KiB tail) without a spawn, after
+  the same stale-epoch check the daemon would make; a RUNNING one is reattached through
+  ``spawn``, which the daemon dedupes on the key, so a racing second client can only
+  make the ``reattached`` flag stale, never run the command twice.
 - The SDK's output stream reconnects on its own when the daemon goes away, and would
   follow a *new* process with the same pid after a restart. So every event is checked
   against the daemon's boot identity, and a pending read is abandoned (``SpaceUnavailable``)
@@ -20,8 +22,13 @@ Decisions worth knowing:
   command running at the same moment could swap a directory for a symlink): the daemon
   has no ``openat``-style confined API to close it, so confinement here holds against
   paths the adapter is given, not against a concurrent hostile command.
-- Ledger-less helpers (scan, symlink) run without an epoch: like the file API they are not
-  fenced; every keyed command is.
+- The daemon treats a command whose epoch is above the floor as an ``AdvanceEpoch``
+  first: the floor rises and processes of older epochs are killed. Newer writers fence
+  older ones without an explicit ``advance_epoch``.
+- Epoch 0 means "no epoch" to the daemon (the protobuf default): such a command is never
+  refused and never killed by ``advance_epoch``. The adapter's epochs start at 1; the
+  ledger-less helpers (scan, symlink) use 0 on purpose: like the file API they are not
+  fenced.
 """
 
 from __future__ import annotations
@@ -103,6 +110,18 @@ def check_exec_ledger(caps: Any) -> None:
         f"cua-spacesd {version} does not report {EXEC_LEDGER!r}: without an exec ledger "
         "commands could run twice after a crash; use a daemon that has it"
     )
+
+
+_runtimes: dict[str | None, Any] = {}
+
+
+def _runtime(sdk_home: str | None) -> Any:
+    """One SDK runtime per state dir, shared by the Spaces that use it (each runtime has
+    its own threads; one per Space would grow with the number of Spaces)."""
+    rt = _runtimes.get(sdk_home)
+    if rt is None:
+        rt = _runtimes[sdk_home] = cua.embedded(state_dir=sdk_home, spaces_home=sdk_home)
+    return rt
 
 
 def _b64(s: str | None) -> bytes:
@@ -388,9 +407,10 @@ class SpacesdSpace:
                     if self._probe.gone():
                         raise SpaceGoneError(f"Space {self.name!r} no longer exists")
                     try:
-                        rt = cua.embedded(state_dir=self._sdk_home, spaces_home=self._sdk_home)
-                        sb = await rt.sandboxes().connect_url(
-                            self._url, self._token, f"ds-{self.name}"
+                        sb = (
+                            await _runtime(self._sdk_home)
+                            .sandboxes()
+                            .connect_url(self._url, self._token, f"ds-{self.name}")
                         )
                         self._client = await sb.spacesd(None)
                     except Exception as e:

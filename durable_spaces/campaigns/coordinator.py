@@ -9,17 +9,21 @@ supervisor with backoff. What it must guarantee, even when it is itself SIGKILLe
   *before* the driver is spawned. A coordinator killed between the write and the spawn
   burns that epoch; its successor never issues it again.
 - Restarting. A new coordinator on the same state dir resumes from the file. A driver
-  recorded there that is still alive (same pid and process start time) belongs to a dead
-  coordinator: by default it is SIGKILLed and reaped before the next epoch starts
-  (``kill_orphans=True``), because nobody reads its output any more; with
-  ``kill_orphans=False`` it is left running for the epoch fence to stop (exit 75), which
-  is what the ``stale`` campaign wants. A driver spawned but not yet recorded when the
-  coordinator died is unknown to the successor and is always left to the fence.
-- Exit codes: 0 done, 78 failed (permanent), 75 fenced: the process is ignored; if the
-  file shows a newer epoch whose driver is alive (another coordinator took over), this one
-  stops with ``superseded``, otherwise it goes on at the next epoch. Anything else
-  (including -9) is a crash: resume after ``backoff`` (``initial * factor**k``, capped at
-  ``max``, ``k`` = crashes so far minus one).
+  recorded there that is still alive (same pid and process start time) while the
+  coordinator that recorded it is dead is an orphan: by default it is SIGKILLed and waited
+  for before the next epoch starts (``kill_orphans=True``), because nobody reads its
+  output any more (it would die on its next write to the dead coordinator's pipe anyway);
+  with ``kill_orphans=False`` it is left for the epoch fence to stop (exit 75), which is
+  what a ``stale`` campaign wants. A driver of a coordinator that is still alive is never
+  killed. A driver spawned but not yet recorded when its coordinator died is unknown to
+  the successor and is always left to the fence.
+- Exit codes: 0 done, 78 failed (permanent), 75 fenced: the process is ignored and the
+  next epoch is launched without backoff, past any ``floor`` its ``{"event": "fenced",
+  "floor": N}`` line named. Anything else (including -9) is a crash: resume after
+  ``backoff`` (``initial * factor**k``, capped at ``max``, ``k`` = crashes so far minus
+  one). After any exit but 0 and 78, if the file shows a newer epoch whose driver is
+  alive and belongs to another coordinator (even one in this process), this one stops
+  with ``superseded`` instead of fighting it.
 - A driver whose stdout falls silent for ``stall_secs`` (heartbeats are output) is
   SIGKILLed and counts as a crash.
 
@@ -40,6 +44,7 @@ import os
 import re
 import signal
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,16 +116,25 @@ class Attempt:
 
 @dataclass(frozen=True)
 class Resume:
-    """From a driver's death to the next driver's ``first_step`` event."""
+    """From a driver's death to the next driver's ``first_step`` event.
+
+    Drivers that died again before their first step are inside one resume;
+    ``backoff_ms`` is every backoff slept in between, ``attempts`` the launches it took.
+    """
 
     killed_ms: float
     first_step_ms: float
     backoff_ms: float
     cause: str  # "nemesis", "stall", "crash" (died by itself, e.g. a failpoint)
+    attempts: int = 1
 
     @property
     def latency_ms(self) -> float:
         return self.first_step_ms - self.killed_ms
+
+    @property
+    def latency_excl_backoff_ms(self) -> float:
+        return self.latency_ms - self.backoff_ms
 
 
 @dataclass
@@ -255,6 +269,8 @@ class Coordinator:
         self.kill_orphans = kill_orphans
         self.timeout_secs = timeout_secs
         self.cwd = cwd
+        #: Tells this coordinator's drivers apart from another's (even in one process).
+        self.id = uuid.uuid4().hex
         self.current: Attempt | None = None
         self.history: list[Attempt] = []
         self.events: list[dict[str, Any]] = []
@@ -323,7 +339,9 @@ class Coordinator:
 
     async def _loop(self) -> CoordinatorResult:
         crashes = 0
-        backoff_ms = 0.0
+        backoff_ms = 0.0  # slept just before this launch
+        down_backoff_ms = 0.0  # slept since the death not yet resumed from
+        down_attempts = 0
         last_death: tuple[float, str] | None = None
         resumes = self._resumes
         while len(self.history) < self.max_attempts:
@@ -339,10 +357,17 @@ class Coordinator:
                 except PermanentFailure as e:
                     return self._result("failed", f"place_space: {e}")
             attempt = await self._spawn(launch, backoff_ms)
+            down_attempts += 1
             code = await self._supervise(attempt)
             if last_death is not None and attempt.first_step_ms is not None:
                 resumes.append(
-                    Resume(last_death[0], attempt.first_step_ms, backoff_ms, last_death[1])
+                    Resume(
+                        last_death[0],
+                        attempt.first_step_ms,
+                        down_backoff_ms,
+                        last_death[1],
+                        down_attempts,
+                    )
                 )
                 last_death = None
             if code == EXIT_DONE:
@@ -359,11 +384,13 @@ class Coordinator:
                 assert attempt.ended_ms is not None
                 cause = attempt.killed_by or "crash"
                 last_death = (attempt.killed_ms or attempt.ended_ms, cause)
+                down_backoff_ms, down_attempts = 0.0, 0
             if len(self.history) >= self.max_attempts:
                 break
             initial, cap, factor = self.backoff
             delay = min(cap, initial * factor ** (crashes - 1))
             backoff_ms = delay * 1000
+            down_backoff_ms += backoff_ms
             self._emit("backoff", attempt.epoch, delay_s=delay, crashes=crashes)
             await asyncio.sleep(delay)
         return self._result("exhausted", f"attempt cap {self.max_attempts} reached")
@@ -407,6 +434,7 @@ class Coordinator:
                 "create_time": ctime,
                 "coordinator_pid": os.getpid(),
                 "coordinator_ctime": _my_ctime(),
+                "coordinator_id": self.id,
             }
             _write_state(self.state_dir, st)
         failpoints.hit("coordinator.driver_recorded")
@@ -421,12 +449,8 @@ class Coordinator:
             and _process_alive(int(drv["pid"]), drv.get("create_time"))
         )
 
-    @staticmethod
-    def _ours(drv: Mapping[str, Any]) -> bool:
-        return bool(
-            drv.get("coordinator_pid") == os.getpid()
-            and drv.get("coordinator_ctime") == _my_ctime()
-        )
+    def _ours(self, drv: Mapping[str, Any]) -> bool:
+        return drv.get("coordinator_id") == self.id
 
     def _driver_env(self, epoch: int) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED}
@@ -489,6 +513,7 @@ class Coordinator:
                         return
                     last_output = time.monotonic()
                     log.write(raw)
+                    log.flush()
                     self._line(a, raw.decode(errors="replace").rstrip("\n"))
 
         reader = asyncio.create_task(read())

@@ -82,7 +82,7 @@ class DriverKiller:
         if hasattr(self._target, "kill_current"):
             pid = self._target.kill_current("nemesis")
         else:
-            pid = self._target()  # type: ignore[operator]
+            pid = self._target()
             if pid is not None:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -147,7 +147,7 @@ class Composed:
         return dict(sorted(c.items()))
 
 
-def compose(nemeses: Mapping[str | Iterable[str], Nemesis] | Iterable[Nemesis]) -> Composed:
+def compose(nemeses: Mapping[Any, Nemesis] | Iterable[Nemesis]) -> Composed:
     """One nemesis from many, routed by op kind.
 
     A mapping's keys are a kind or an iterable of kinds each value handles; a plain

@@ -21,7 +21,7 @@ import json
 import random
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -139,15 +139,22 @@ PROFILES: dict[str, Profile] = {
     "kills": Profile(p_daemon_kill=0.0, p_space_restart=0.0, p_space_remove=0.0),
     # only failpoints, one per attempt: deterministic kill points
     "failpoints": Profile(
-        p_failpoint=0.8, p_random_kill=0.0, p_daemon_kill=0.0, p_space_restart=0.0,
+        p_failpoint=0.8,
+        p_random_kill=0.0,
+        p_daemon_kill=0.0,
+        p_space_restart=0.0,
         p_space_remove=0.0,
     ),
     # Space faults more often (daemon kills, machine restarts, lost Spaces)
     "space": Profile(p_daemon_kill=0.3, p_space_restart=0.3, p_space_remove=0.2),
     # nothing goes wrong: a baseline run
     "calm": Profile(
-        p_failpoint=0.0, p_random_kill=0.0, p_daemon_kill=0.0, p_space_restart=0.0,
-        p_space_remove=0.0, faulty_attempts=0,
+        p_failpoint=0.0,
+        p_random_kill=0.0,
+        p_daemon_kill=0.0,
+        p_space_restart=0.0,
+        p_space_remove=0.0,
+        faulty_attempts=0,
     ),
 }
 
@@ -261,7 +268,9 @@ class Schedule:
                     if rng.random() < prof.p_after_kill and (fp is not None or kills):
                         faults.append(SpaceFault(kind, trigger="after_kill"))
                     else:
-                        faults.append(SpaceFault(kind, at_s=round(rng.uniform(*prof.fault_delay_s), 3)))
+                        faults.append(
+                            SpaceFault(kind, at_s=round(rng.uniform(*prof.fault_delay_s), 3))
+                        )
             plans.append(AttemptPlan(fp, kills, tuple(faults)))
         return Schedule(seed, tuple(plans), "drawn").trimmed()
 

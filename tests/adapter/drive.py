@@ -89,8 +89,21 @@ def drive(tmp: Path, attempts: list[Attempt], *, max_attempts: int = 12,
                 out.events.append(json.loads(line[len("DS-EVENT "):]))
         if p.returncode in (0, 78):
             break
-    out.verdicts = asyncio.run(check(tmp, backend))
+    try:
+        out.verdicts = asyncio.run(check(tmp, backend))
+    finally:
+        asyncio.run(cleanup(tmp, backend))
     return out
+
+
+async def cleanup(tmp: Path, backend: str) -> None:
+    """Delete the run's Spaces: daemons and detached commands must not outlive a test."""
+    b = open_backend(backend, tmp / "spaces")
+    try:
+        for name in await b.names():
+            await b.delete(name)
+    finally:
+        await b.close()
 
 
 async def check(tmp: Path, backend: str) -> dict[str, dict[str, object]]:

@@ -26,7 +26,8 @@ from durable_spaces.backends.docker import (
     DockerBackend,
     unavailable_reason,
 )
-from durable_spaces.errors import SpaceGoneError
+from durable_spaces.backends.docker_space import DockerSpace
+from durable_spaces.errors import SpaceGoneError, SpaceUnavailableError
 
 pytestmark = pytest.mark.docker
 
@@ -37,15 +38,6 @@ if _REASON is not None:
 
 def _name() -> str:
     return f"t-{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture(autouse=True)
-def _cua_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The cua SDK refuses to write the real ~/.cua from a test."""
-    monkeypatch.setenv("CUA_HOME", str(tmp_path / "cua-home"))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("DO_NOT_TRACK", "1")
-    monkeypatch.setenv("CUA_TELEMETRY", "0")
 
 
 @pytest.fixture
@@ -113,9 +105,22 @@ async def test_token_never_in_inspect_env_or_commands(backend: DockerBackend) ->
     assert token not in c.logs().decode(errors="replace")
     env = await space.exec(["env"], key=None, epoch=0)
     assert env.exit_code == 0 and token.encode() not in env.output
-    # Commands run as cua, which cannot read the token file's content either way.
     res = await space.exec(["id", "-un"], key=None, epoch=0)
     assert res.output.strip() == b"cua"
+    # The daemon really takes its token from the file: another token is refused.
+    intruder = DockerSpace(
+        backend,
+        name=name,
+        container_id=space.container_id,
+        port=space.port,
+        token="not-" + token,
+        instance_id=space.instance_id,
+        root=space.root,
+        user="cua",
+        sdk_home=backend._sdk_home(),
+    )
+    with pytest.raises(SpaceUnavailableError):
+        await intruder.read_file("x")
 
 
 async def test_restart_kills_every_process(backend: DockerBackend) -> None:

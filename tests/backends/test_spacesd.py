@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import stat
 from collections.abc import AsyncIterator
@@ -355,3 +356,38 @@ async def test_process_group_fallback(tmp_path: Path) -> None:
     finally:
         for name in await b.names():
             await b.delete(name)
+
+
+def _serving(data_dir: Path) -> list[int]:
+    return [
+        p.pid
+        for p in psutil.process_iter(["cmdline", "name", "status"])
+        if str(data_dir) in (p.info["cmdline"] or [])
+        and p.info["name"] != "unshare"
+        and p.info["status"] != psutil.STATUS_ZOMBIE
+    ]
+
+
+async def test_untracked_daemon_is_killed_before_a_start(backend: SpacesdBackend) -> None:
+    """A driver killed between starting a daemon and recording it leaves a daemon the
+    state file does not know; the next start must not put a second one on the ledger."""
+    space = await backend.create("stray")
+    await space.exec(["true"], key="s@1", epoch=1)
+    home = backend.state_dir / "stray"
+    state = json.loads((home / "state.json").read_text())
+    (home / "state.json").write_text(json.dumps({**state, "daemon_pid": 0, "leader_pid": 0}))
+    assert len(_serving(home / "data")) == 1
+    found = await backend.find("stray")
+    assert found is not None
+    assert len(_serving(home / "data")) == 1
+    assert (await found.exec_record("s@1")).state == ExecState.EXITED
+
+
+async def test_concurrent_lifecycle_calls_in_one_loop(backend: SpacesdBackend) -> None:
+    spaces = await asyncio.wait_for(
+        asyncio.gather(backend.create("same"), backend.create("same"), backend.find("same")),
+        60,
+    )
+    assert len({s.instance_id for s in spaces if s is not None}) == 1
+    await asyncio.wait_for(asyncio.gather(backend.restart("same"), backend.create("other")), 60)
+    assert await backend.names() == ["other", "same"]

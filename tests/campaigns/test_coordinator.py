@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import pytest
 
 from durable_spaces.campaigns.coordinator import Coordinator, Launch, read_state
 from durable_spaces.errors import PermanentFailure
@@ -128,8 +127,11 @@ async def test_hooks_arm_a_failpoint_and_place_space_runs_before_each_drive(
     r = await c.run()
     assert r.status == "done"
     assert r.exit_codes == [-signal.SIGKILL, 0]
-    steps = [e["data"]["n"] for e in r.events if e["event"] == "driver_event"
-             and e["data"]["event"] == "step"]
+    steps = [
+        e["data"]["n"]
+        for e in r.events
+        if e["event"] == "driver_event" and e["data"]["event"] == "step"
+    ]
     assert steps == [1, 1, 2, 3]  # died at the second hit, then a clean run
     assert placed == [0, 1]
 
@@ -146,7 +148,9 @@ def _coordinator(state: Path, plan: dict[str, Any], **env: str) -> subprocess.Po
     e = {**os.environ, "TOY_PLAN": json.dumps(plan), **env}
     return subprocess.Popen(
         [sys.executable, str(HERE / "toy_coordinator.py"), str(state)],
-        env=e, stdout=subprocess.PIPE, text=True,
+        env=e,
+        stdout=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -179,8 +183,7 @@ def test_killed_coordinator_restarts_without_reusing_an_epoch(tmp_path: Path) ->
 
 
 def test_coordinator_killed_between_issue_and_spawn_burns_the_epoch(tmp_path: Path) -> None:
-    first = _coordinator(tmp_path, {"default": "done"},
-                         DS_FAILPOINTS="coordinator.epoch_issued:1")
+    first = _coordinator(tmp_path, {"default": "done"}, DS_FAILPOINTS="coordinator.epoch_issued:1")
     first.communicate(timeout=30)
     assert first.returncode == -signal.SIGKILL
     assert read_state(tmp_path)["last_epoch"] == 1 and launches(tmp_path) == []
@@ -200,3 +203,18 @@ def test_glued_lines_are_still_read(tmp_path: Path) -> None:
     assert a.heartbeats == 2
     assert [e["event"] for e in a.events] == ["first_step", "done"]
     assert a.first_step_ms == 5
+
+
+async def test_a_second_coordinator_supersedes_the_first(tmp_path: Path) -> None:
+    """The stale shape: a newer driver takes over while the older one still runs; the
+    older one is fenced (75) and its coordinator stops instead of fighting back."""
+    first = coord(tmp_path, {"default": "until_fenced"})
+    run1 = asyncio.create_task(first.run())
+    await anext(first.attempts())  # subscribed before the task's first launch
+    second = coord(tmp_path, {"default": "done"}, kill_orphans=False)
+    second.extra_env["TOY_START_SECS"] = "1.0"  # still running when the first sees 75
+    r2 = await second.run()
+    r1 = await run1
+    assert (r1.status, r1.epochs, r1.exit_codes) == ("superseded", [1], [75])
+    assert (r2.status, r2.epochs) == ("done", [2])
+    assert sorted(e for e, _ in launches(tmp_path)) == [1, 2]

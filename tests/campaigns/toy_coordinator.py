@@ -28,8 +28,17 @@ async def main(state_dir: str) -> None:
         timeout_secs=60,
     )
     r = await c.run()
-    print(json.dumps({"status": r.status, "epochs": r.epochs, "codes": r.exit_codes,
-                      "events": [e["event"] for e in r.events]}), flush=True)
+    print(
+        json.dumps(
+            {
+                "status": r.status,
+                "epochs": r.epochs,
+                "codes": r.exit_codes,
+                "events": [e["event"] for e in r.events],
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 ``TOY_PLAN`` (JSON) maps an epoch (as a string) or ``"default"`` to a behaviour:
 ``done``, ``crash`` (exit 1), ``fenced`` (exit 75), ``permanent`` (exit 78), ``hang``
 (heartbeats forever), ``stall`` (silent forever), ``steps:N`` (N steps, each a
-``toy.step`` failpoint hit, then done). Every launch is appended to
+``toy.step`` failpoint hit, then done), ``until_fenced`` (runs until the coordinator
+file shows a newer epoch, then exits 75 as a fenced driver would). Every launch is appended to
 ``<state_dir>/launches.log`` as ``"<epoch> <pid>"`` before anything else.
 """
 
@@ -14,9 +15,9 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 from durable_spaces.chaos import failpoints
-
 
 _out = threading.Lock()
 
@@ -56,6 +57,11 @@ def main() -> int:
     event(event="first_step", epoch=epoch)
     if what == "hang":
         time.sleep(3600)
+    if what == "until_fenced":
+        state = os.path.join(state_dir, "coordinator.json")
+        while json.loads(Path(state).read_text())["last_epoch"] == epoch:
+            time.sleep(0.02)
+        what = "fenced"
     if what.startswith("steps:"):
         for i in range(int(what.split(":")[1])):
             failpoints.hit("toy.step")

@@ -22,7 +22,7 @@ BACKENDS = [
     pytest.param("local", id="local"),
     pytest.param("spacesd", marks=pytest.mark.spacesd, id="spacesd"),
     pytest.param("docker", marks=pytest.mark.docker, id="docker"),
-    # pytest.param("microvm", marks=[pytest.mark.microvm, pytest.mark.slow], id="microvm"),
+    pytest.param("microvm", marks=[pytest.mark.microvm, pytest.mark.slow], id="microvm"),
 ]
 
 #: The epoch the suite's commands run under (a fresh Space's floor is 0).
@@ -41,7 +41,12 @@ def backend_name(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-async def backend(backend_name: str, state_dir: Path) -> AsyncIterator[SpaceBackend]:
+async def backend(
+    backend_name: str, state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[SpaceBackend]:
+    # The cua SDK refuses to touch the real ~/.cua from a test: give it a private home.
+    monkeypatch.setenv("CUA_HOME", str(tmp_path / "cua-home"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     b = open_backend(backend_name, state_dir)
     try:
         yield b

@@ -66,10 +66,12 @@ async def test_capabilities_report_exec_ledger(backend: SpaceBackend, space: Spa
 
 async def test_same_key_runs_once(space: Space, key: Key) -> None:
     k = key("once")
-    first = await space.exec(["sh", "-c", "echo run >> counter; echo out; exit 4"], key=k,
-                             epoch=EPOCH)
-    second = await space.exec(["sh", "-c", "echo run >> counter; echo out; exit 4"], key=k,
-                              epoch=EPOCH)
+    first = await space.exec(
+        ["sh", "-c", "echo run >> counter; echo out; exit 4"], key=k, epoch=EPOCH
+    )
+    second = await space.exec(
+        ["sh", "-c", "echo run >> counter; echo out; exit 4"], key=k, epoch=EPOCH
+    )
     assert (first.exit_code, first.output, first.replayed) == (4, b"out\n", False)
     assert (second.exit_code, second.output, second.replayed) == (4, b"out\n", True)
     assert await _lines(space, "counter") == 1
@@ -125,8 +127,16 @@ async def test_reattach_after_caller_sigkilled(
     k = key("killed-driver")
     script = "echo run >> counter; for i in 1 2 3 4 5 6 7 8; do echo line $i; sleep 0.25; done"
     child = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _CHILD, backend_name, str(state_dir), space.name, k, script,
-        str(EPOCH), stdout=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-c",
+        _CHILD,
+        backend_name,
+        str(state_dir),
+        space.name,
+        k,
+        script,
+        str(EPOCH),
+        stdout=asyncio.subprocess.PIPE,
     )
     assert child.stdout is not None
     line = await asyncio.wait_for(child.stdout.readline(), 60)
@@ -174,8 +184,9 @@ async def test_output_streams_before_exit(space: Space) -> None:
     assert seen[0][1] == b"a\n"
     assert seen[-1][0] - seen[0][0] > 0.5  # "a" came before the command ended
     chunks: list[bytes] = []
-    r = await space.exec(["sh", "-c", "echo x; sleep 0.3; echo y"], key=None, epoch=EPOCH,
-                         on_output=chunks.append)
+    r = await space.exec(
+        ["sh", "-c", "echo x; sleep 0.3; echo y"], key=None, epoch=EPOCH, on_output=chunks.append
+    )
     assert b"".join(chunks) == r.output == b"x\ny\n" and len(chunks) >= 2
 
 

@@ -41,7 +41,9 @@ async def test_file_round_trip(space: Space) -> None:
 @pytest.fixture
 async def outside(space: Space, sh: Sh) -> str:
     """A directory beside the workspace (outside it) holding ``secret``."""
-    path = posixpath.join(posixpath.dirname(space.root.rstrip("/")), f"outside-{uuid.uuid4().hex[:8]}")
+    path = posixpath.join(
+        posixpath.dirname(space.root.rstrip("/")), f"outside-{uuid.uuid4().hex[:8]}"
+    )
     r = await sh(f"mkdir -p '{path}' && printf secret > '{path}/secret'")
     assert r.exit_code == 0, r.output
     return path
@@ -142,8 +144,9 @@ async def test_scan_sees_every_change(space: Space, sh: Sh) -> None:
 @pytest.mark.parametrize("bad", ["back\\slash", "new\nline", "dir\\x/f"])
 async def test_scan_refuses_unrepresentable_names(space: Space, sh: Sh, bad: str) -> None:
     await space.write_file("ok", b"ok")
-    r = await space.exec(["sh", "-c", 'mkdir -p "$(dirname "$1")" && touch "$1"', "sh", bad],
-                         key=None, epoch=EPOCH)
+    r = await space.exec(
+        ["sh", "-c", 'mkdir -p "$(dirname "$1")" && touch "$1"', "sh", bad], key=None, epoch=EPOCH
+    )
     assert r.exit_code == 0, r.output
     with pytest.raises(UnsupportedNameError):
         await space.scan()

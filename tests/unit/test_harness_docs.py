@@ -70,6 +70,9 @@ async def test_fork_sees_entries_and_documents_as_of_the_entry() -> None:
     grand = await fork.fork(e1)
     assert [e.id for e in grand.entries()] == [e1]
     assert grand.document("state") == {"v": 1}
+    assert grand.agent == root.agent
+    other = await root.fork(e1, agent=AgentConfig("m", system="forked"))
+    assert other.agent.system == "forked" and root.agent.system is None
     with pytest.raises(KeyError):
         fork.document("state", as_of=root.entries()[2].id)  # not visible in the fork
     # Everything survives a reopen.
@@ -77,7 +80,7 @@ async def test_fork_sees_entries_and_documents_as_of_the_entry() -> None:
     fork2 = h2.conversation(fork.id)
     assert fork2.entries() == fork.entries()
     assert fork2.document("state", as_of=e2) == {"v": 2}
-    assert {c.id for c in h2.conversations()} == {root.id, fork.id, grand.id}
+    assert {c.id for c in h2.conversations()} == {root.id, fork.id, grand.id, other.id}
 
 
 async def test_a_commit_is_all_or_nothing() -> None:

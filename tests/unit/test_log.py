@@ -308,3 +308,15 @@ def test_open_storage_urls(tmp_path: Path) -> None:
             open_storage(bad)
     with pytest.raises(ConfigError):
         SqliteStorage(tmp_path / "g.db", synchronous="OFF")
+
+
+def test_load_after_append_equals_load_after_reopen(opener: Opener, tmp_path: Path) -> None:
+    s = opener(tmp_path)
+    nested: dict[str, Any] = {"doc": {"items": [1, 2]}, "pair": (1, 2)}
+    s.append([nested])
+    nested["doc"]["items"].append(3)
+    before = s.load()
+    s.close()
+    s = opener(tmp_path)
+    assert before == s.load() == [Commit(1, [{"doc": {"items": [1, 2]}, "pair": [1, 2]}])]
+    s.close()

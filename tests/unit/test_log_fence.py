@@ -20,7 +20,12 @@ from durable_spaces.adapter.log import (
     open_fenced_jsonl,
     open_fenced_sqlite,
 )
-from durable_spaces.errors import FenceHaltedError, StaleEpochError, StorageLockedError
+from durable_spaces.errors import (
+    FenceHaltedError,
+    StaleEpochError,
+    StorageLockedError,
+    TornTailWarning,
+)
 
 CHILD = Path(__file__).resolve().parent.parent / "crash" / "log_child.py"
 TIMEOUT = 60.0
@@ -261,3 +266,23 @@ def test_uncommitted_floor_and_commit_are_invisible(tmp_path: Path) -> None:
     assert storage.append([{"n": 2}]) == 2
     other.close()
     storage.close()
+
+
+def test_fenced_jsonl_writers_share_a_repaired_tail(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    first, _ = open_fenced_jsonl(path, 1)
+    first.append([{"n": 1}])
+    first.close()
+    with path.open("ab") as f:
+        f.write(b'{"seq":2,"ep')
+    with pytest.warns(TornTailWarning):
+        a, _ = open_fenced_jsonl(path, 1)
+    with pytest.warns(TornTailWarning):
+        b, _ = open_fenced_jsonl(path, 1)
+    assert b.append([{"n": 2}]) == 2  # b truncates the tail a saw, then appends
+    assert [c.ops for c in a.load()] == [[{"n": 1}], [{"n": 2}]]
+    assert a.torn_tail is None
+    assert a.append([{"n": 3}]) == 3
+    assert [c.seq for c in b.load()] == [1, 2, 3]
+    a.close()
+    b.close()

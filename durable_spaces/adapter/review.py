@@ -1,0 +1,395 @@
+"""Review what an agent changed: the workspace as of any entry, and diffs between entries.
+
+Why it can be answered from the log alone: every wrapped call commits its effect on the
+workspace before its result entry. In transactional mode that is the image (the
+rewindable path table ``cua.space.image`` plus blobs stored once as ``cua.blob/<sha>``);
+in checkpoint mode it is the id of a tar of the workspace recorded in the rewindable
+``cua.space`` document. So reading those documents *as of* an entry gives exactly the
+workspace the committed transcript implies at that point, for any conversation and its
+forks (an inherited entry is read in the parent, blobs are looked up through ancestors).
+
+What it does not show: changes made outside the wrapped calls after the last call up to
+that entry (transactional mode commits them with the *next* call's start mark), and
+anything before the first wrapped call (the log holds nothing yet: the workspace is
+``{}``). Modes and owners of files are not compared; empty directories are not tracked.
+
+Checkpoint tars are read from the ``CheckpointStore`` when there is one, else from the
+``.ds-checkpoints`` directory of the Space that took them (read-only ``cat`` at the
+Space's current epoch, never raising it). Machine checkpoints (microVM) hold no
+readable workspace: reviewing them raises ``ReviewError``.
+
+Symlinks appear in the returned mapping as ``SYMLINK + target`` so a path that turned
+from a file into a link (or changed target) shows up in a diff like any other change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import io
+import json
+import posixpath
+import tarfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, NamedTuple
+
+from durable_spaces.adapter import image as img
+from durable_spaces.adapter.snapshots import CheckpointMissing, WorkspaceSnapshots, check_archive
+from durable_spaces.adapter.space import Space
+from durable_spaces.adapter.state import DOC, IMAGE_DOC, SpaceState
+from durable_spaces.errors import ReviewError
+
+if TYPE_CHECKING:
+    from durable_spaces.adapter.durable import DurableSpaces
+    from durable_spaces.adapter.harness import AgentConfig, Conversation, Harness
+
+#: A workspace: workspace-relative path -> file bytes (``SYMLINK + target`` for a link).
+Workspace = dict[str, bytes]
+
+#: Prefix of a symlink's value in a ``Workspace`` (no text file starts with a NUL byte).
+SYMLINK = b"\x00symlink\x00"
+
+Status = Literal["added", "removed", "modified"]
+
+__all__ = [
+    "SYMLINK",
+    "FileDiff",
+    "ReviewError",
+    "Workspace",
+    "diff_entries",
+    "diff_workspaces",
+    "entry_before",
+    "fork_at",
+    "render",
+    "review_diff_main",
+    "state_before",
+    "workspace_at",
+    "workspace_from_tar",
+]
+
+
+class FileDiff(NamedTuple):
+    """One changed path between two entries: ``diff`` is unified diff text (or a note for
+    binary content)."""
+
+    path: str
+    status: Status
+    diff: str
+
+
+# --- the workspace as of an entry ---------------------------------------------------------
+
+
+async def workspace_at(
+    harness: Harness, durable: DurableSpaces, conversation_id: str, entry_id: str
+) -> Workspace:
+    """The workspace the committed log implies right after entry ``entry_id`` (an entry
+    visible in ``conversation_id``: its own or one inherited from a parent)."""
+    conv = harness.conversation(conversation_id)
+    try:
+        raw = conv.document(DOC, as_of=entry_id)
+    except KeyError as e:
+        raise ReviewError(str(e.args[0] if e.args else e)) from None
+    state = SpaceState.from_json(raw)
+    table_json = conv.document(IMAGE_DOC, as_of=entry_id)
+    if state.mode == "checkpoint" and state.last_checkpoint is not None:
+        data = await _checkpoint_bytes(harness, durable, conversation_id, state)
+        return workspace_from_tar(data)
+    if state.image_stale is not None:
+        raise ReviewError(
+            f"the image as of {entry_id} is stale ({state.image_stale}): the log does not "
+            "know the workspace there"
+        )
+    if table_json is None:
+        return {}  # no wrapped call had committed an effect yet
+    return _workspace_from_image(harness, durable, conversation_id, table_json)
+
+
+def _workspace_from_image(
+    harness: Harness,
+    durable: DurableSpaces,
+    conversation_id: str,
+    table_json: Mapping[str, Mapping[str, object]],
+) -> Workspace:
+    out: Workspace = {}
+    for path, entry in sorted(img.table_from_json(table_json).items()):
+        if entry.kind == "symlink":
+            out[path] = SYMLINK + (entry.target or "").encode()
+            continue
+        assert entry.sha256 is not None
+        blob = durable.blob(harness, conversation_id, entry.sha256)
+        if blob is None:
+            raise ReviewError(f"the image refers to blob {entry.sha256} that the log lacks")
+        out[path] = blob
+    return out
+
+
+def workspace_from_tar(data: bytes) -> Workspace:
+    """The files and symlinks of a workspace checkpoint (checked like a restore would)."""
+    check_archive(data)
+    out: Workspace = {}
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        for m in tar.getmembers():
+            path = posixpath.normpath(m.name)
+            if path == ".":
+                continue
+            if m.issym():
+                out[path] = SYMLINK + m.linkname.encode()
+            elif m.isfile():
+                f = tar.extractfile(m)
+                out[path] = f.read() if f is not None else b""
+    return dict(sorted(out.items()))
+
+
+async def _checkpoint_bytes(
+    harness: Harness, durable: DurableSpaces, conversation_id: str, state: SpaceState
+) -> bytes:
+    cid = state.last_checkpoint
+    assert cid is not None
+    snaps = durable.snapshots
+    if not isinstance(snaps, WorkspaceSnapshots):
+        raise ReviewError(
+            f"checkpoint {cid} is a machine checkpoint: it holds no readable workspace"
+        )
+    if snaps.store is not None and (data := snaps.store.get(cid)) is not None:
+        return data
+    # The tar lives beside the workspace of the Space that took it: the one the document
+    # names, else this conversation's or an ancestor's (a fork's copied checkpoints).
+    for name in _candidate_spaces(harness, durable, conversation_id, state):
+        space = await durable.spaces.find(name)
+        if space is None:
+            continue
+        try:
+            return await _fetch(snaps, space, cid)
+        except CheckpointMissing:
+            continue
+    raise ReviewError(f"checkpoint {cid} is in neither the store nor any Space of the lineage")
+
+
+async def _fetch(snaps: WorkspaceSnapshots, space: Space, cid: str) -> bytes:
+    epoch = await space.current_epoch()  # read at the floor: never raise it to review
+    bare = WorkspaceSnapshots(snaps.spaces, snaps.root, store=None)
+    return await bare._fetch(space, cid, max(epoch, 1))
+
+
+def _candidate_spaces(
+    harness: Harness, durable: DurableSpaces, conversation_id: str, state: SpaceState
+) -> list[str]:
+    names: list[str] = []
+    if state.space:
+        names.append(state.space)
+    cid: str | None = conversation_id
+    while cid is not None:
+        conv = harness.conversation(cid)
+        latest = SpaceState.from_json(conv.document(DOC))
+        for name in (latest.space, durable.name_for(cid)):
+            if name and name not in names:
+                names.append(name)
+        cid = conv.parent_id
+    return names
+
+
+# --- diffs and the state before a decision -------------------------------------------------
+
+
+def diff_workspaces(before: Mapping[str, bytes], after: Mapping[str, bytes]) -> list[FileDiff]:
+    """Per changed path (sorted): added / removed / modified, with a unified diff."""
+    out: list[FileDiff] = []
+    for path in sorted(set(before) | set(after)):
+        a, b = before.get(path), after.get(path)
+        if a == b:
+            continue
+        status: Status = "added" if a is None else "removed" if b is None else "modified"
+        out.append(FileDiff(path, status, _unified(path, a, b)))
+    return out
+
+
+def _unified(path: str, a: bytes | None, b: bytes | None) -> str:
+    old, new = _text(a), _text(b)
+    if old is None or new is None:
+        return f"Binary files a/{path} and b/{path} differ\n"
+    lines = difflib.unified_diff(
+        old.splitlines(keepends=True),
+        new.splitlines(keepends=True),
+        fromfile="/dev/null" if a is None else f"a/{path}",
+        tofile="/dev/null" if b is None else f"b/{path}",
+    )
+    return "".join(
+        line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines
+    )
+
+
+def _text(data: bytes | None) -> str | None:
+    if data is None:
+        return ""
+    if data.startswith(SYMLINK):
+        return "symlink -> " + data[len(SYMLINK) :].decode(errors="replace") + "\n"
+    if b"\x00" in data:
+        return None
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+async def diff_entries(
+    harness: Harness,
+    durable: DurableSpaces,
+    conversation_id: str,
+    from_entry: str,
+    to_entry: str,
+) -> list[FileDiff]:
+    """What changed in the workspace between two entries of one conversation."""
+    before = await workspace_at(harness, durable, conversation_id, from_entry)
+    after = await workspace_at(harness, durable, conversation_id, to_entry)
+    return diff_workspaces(before, after)
+
+
+def entry_before(harness: Harness, conversation_id: str, entry_id: str) -> str | None:
+    """The visible entry just before ``entry_id`` (None if it is the first)."""
+    ids = [e.id for e in harness.conversation(conversation_id).entries()]
+    if entry_id not in ids:
+        raise ReviewError(f"entry {entry_id!r} is not visible in {conversation_id!r}")
+    i = ids.index(entry_id)
+    return ids[i - 1] if i > 0 else None
+
+
+async def state_before(
+    harness: Harness, durable: DurableSpaces, conversation_id: str, entry_id: str
+) -> Workspace:
+    """The workspace the agent saw when it made decision ``entry_id`` (an assistant
+    entry): the workspace as of the entry before it."""
+    prev = entry_before(harness, conversation_id, entry_id)
+    if prev is None:
+        return {}
+    return await workspace_at(harness, durable, conversation_id, prev)
+
+
+async def fork_at(
+    harness: Harness,
+    durable: DurableSpaces,
+    conversation_id: str,
+    entry_id: str,
+    agent: AgentConfig | None = None,
+) -> Conversation:
+    """Fork at ``entry_id`` to continue by hand: the fork sees the transcript up to the
+    entry, and its own Space is built now (from the image or checkpoint recorded as of
+    the entry) rather than at its first call, so it can be inspected before anything runs.
+    """
+    fork = await harness.conversation(conversation_id).fork(entry_id, agent)
+    await durable.ensure_space(harness, fork.id)
+    return fork
+
+
+def render(diffs: list[FileDiff]) -> str:
+    """The diffs as one text: a summary line per path, then the unified diffs."""
+    if not diffs:
+        return "no changes\n"
+    head = "".join(f"{d.status[0].upper()} {d.path}\n" for d in diffs)
+    return head + "\n" + "".join(d.diff for d in diffs)
+
+
+# --- the CLI's half ---------------------------------------------------------------------
+
+
+def review_diff_main(
+    state_dir: str | Path,
+    backend: str | None,
+    backend_dir: str | Path | None,
+    from_entry: str,
+    to_entry: str,
+    *,
+    store_dir: str | Path | None = None,
+    conversation_id: str | None = None,
+) -> str:
+    """``durable-spaces diff``: the workspace diff between two entries of the log in
+    ``state_dir`` (opened shared, never written, so a running driver is not disturbed),
+    as text for the caller to print.
+
+    ``backend``, ``backend_dir`` and ``store_dir`` left None are read from
+    ``state_dir/agent.json`` when the campaign wrote one. The conversation defaults to
+    the deepest one that sees both entries. Raises ``ReviewError`` with the reason."""
+    return asyncio.run(
+        _review_diff(
+            Path(state_dir),
+            backend,
+            backend_dir,
+            from_entry,
+            to_entry,
+            store_dir,
+            conversation_id,
+        )
+    )
+
+
+async def _review_diff(
+    state_dir: Path,
+    backend: str | None,
+    backend_dir: str | Path | None,
+    from_entry: str,
+    to_entry: str,
+    store_dir: str | Path | None,
+    conversation_id: str | None,
+) -> str:
+    from durable_spaces.adapter.driver import LOG_FILE
+    from durable_spaces.adapter.durable import durable_spaces
+    from durable_spaces.adapter.harness import Harness
+    from durable_spaces.adapter.log import SqliteStorage
+    from durable_spaces.adapter.snapshots import DirectoryCheckpointStore
+    from durable_spaces.adapter.tools import Registry
+    from durable_spaces.backends import open_backend
+
+    log_path = state_dir / LOG_FILE
+    if not log_path.exists():
+        raise ReviewError(f"no log at {log_path}")
+    saved = _agent_json(state_dir)
+    backend = backend or saved.get("backend")
+    backend_dir = backend_dir or saved.get("backend_dir")
+    store_dir = store_dir or saved.get("store_dir")
+    if not backend or not backend_dir:
+        raise ReviewError(
+            f"which backend holds the Spaces? pass backend and backend_dir ({state_dir} has "
+            "no agent.json that says)"
+        )
+    spaces = open_backend(backend, backend_dir)
+    storage = SqliteStorage(log_path, exclusive=False)
+    try:
+        harness = await Harness.open(storage, models={}, registry=Registry())
+        conv = conversation_id or _conversation_seeing(harness, from_entry, to_entry)
+        store = (
+            DirectoryCheckpointStore(store_dir) if store_dir and Path(store_dir).is_dir() else None
+        )
+        durable = durable_spaces(spaces, snapshots=WorkspaceSnapshots(spaces, store=store), epoch=1)
+        diffs = await diff_entries(harness, durable, conv, from_entry, to_entry)
+        return render(diffs)
+    finally:
+        storage.close()
+        await spaces.close()
+
+
+def _agent_json(state_dir: Path) -> dict[str, str]:
+    """backend, backend_dir and store_dir as the campaign's agent.json records them."""
+    try:
+        saved = json.loads((state_dir / "agent.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(saved, dict):
+        return {}
+    keys = ("backend", "backend_dir", "store_dir")
+    return {k: str(saved[k]) for k in keys if saved.get(k)}
+
+
+def _conversation_seeing(harness: Harness, *entry_ids: str) -> str:
+    """The conversation in which every entry is visible (the deepest such one)."""
+    for eid in entry_ids:
+        try:
+            harness.entry(eid)
+        except KeyError:
+            raise ReviewError(f"no entry {eid!r} in the log") from None
+    for eid in reversed(entry_ids):
+        cid = harness.entry(eid).conversation_id
+        visible = {e.id for e in harness.conversation(cid).entries()}
+        if all(x in visible for x in entry_ids):
+            return cid
+    raise ReviewError(f"no conversation sees all of {', '.join(entry_ids)}")

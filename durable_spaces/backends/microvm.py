@@ -1,0 +1,719 @@
+"""microvm Spaces: one QEMU guest per Space running the real cua-spacesd, with
+whole-machine checkpoints (memory and disk), restores and forks.
+
+The guest image and its booted base checkpoint come from ``make microvm-image``
+(``microvm_image``); QEMU mechanics live in ``qemu_vm``. The client side is the spacesd
+backend's ``SpacesdSpace`` pointed at the forwarded loopback port, workspace
+``/home/cua/work``, user ``cua``: one client for every daemon.
+
+Layout under ``state_dir``::
+
+    spaces/<name>/state.json   port, QEMU pid + start time, disk chain, instance id, boot id
+    spaces/<name>/token        the Space's token (0600); fw_cfg hands it to a cold boot
+    spaces/<name>/{qemu,console}.log
+    disks/<id>.qcow2           every qcow2 layer (a pool: chains share frozen layers)
+    checkpoints/<id>/          memory (0400), meta.json, token (0400)
+
+A Space is created as a *fork* of the image's booted base checkpoint: a new qcow2 layer
+over the base's frozen disk plus ``-incoming`` of its memory (about half a second of
+QEMU work, against a cold boot of about six seconds or more under TCG). A fork starts
+with the image's token in guest memory, so the backend at once rotates it to the Space's
+own (the daemon runs ``--await-token-file`` on ``/run/cua/env-token``), sets the guest
+clock (it resumes from the checkpoint's instant) and mixes host randomness into the
+guest's pool (forks share random state; with no VM generation ID driver in the cloud
+kernel the CRNG picks it up on its next reseed, not at once).
+
+Faults, as this backend implements them:
+
+- ``restart``: ``sync`` in the guest (best effort), SIGKILL of QEMU, cold boot of the
+  Space's current top layer. No process survives; finished records and the epoch floor
+  survive (the ledger is on the guest disk and the daemon fsyncs it); running records read
+  ``LOST``.
+- ``kill_daemon``: SIGKILL of the daemon inside the guest. The guest's pid 1 (a bash loop,
+  ``/sbin/cua-init``) starts a new one at once. Commands that were running SURVIVE as
+  orphans of pid 1 and read ``LOST``; ``advance_epoch`` sweeps such orphans (as docker
+  does) because the daemon only kills the commands it tracks.
+- ``delete``: SIGKILL of QEMU and removal of the Space's files and of disk layers no
+  checkpoint needs.
+
+Machine checkpoints (``checkpoint``/``restore``/``fork``/``prune``) live with the backend,
+outside the Space, on this machine: another machine cannot restore them (it needs
+workspace snapshots with a shared store). Each checkpoint adds one frozen layer to the
+Space's disk chain; a long chain reads a little slower (no block-commit is done).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import pathlib
+import re
+import secrets
+import shutil
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from durable_spaces.adapter.space import Capabilities
+from durable_spaces.backends import qemu_vm
+from durable_spaces.backends.microvm_image import (
+    DEFAULT_MEMORY_MB,
+    WORKSPACE,
+    GuestImage,
+    load_image,
+)
+from durable_spaces.errors import (
+    BackendUnavailableError,
+    SpaceError,
+    SpaceGoneError,
+    SpaceUnavailableError,
+)
+
+__all__ = ["MicrovmBackend", "MicrovmSpace", "unavailable_reason"]
+
+USER = "cua"
+TOKEN_PATH = "/run/cua/env-token"
+_NAME_OK = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+_CKPT_OK = re.compile(r"^[0-9a-f]{24}$")
+#: Daemon file operations that take ``user=`` (``upload`` takes it in its options).
+_FILE_OPS = frozenset({"download", "make_dir", "remove", "stat", "list_dir", "move_path"})
+
+# Kills, as root in the guest, every process that is neither pid 1 nor under the current
+# daemon: what remains of a killed daemon's commands, and background leftovers.
+_SWEEP = r"""
+d=$(cat /run/cua/daemon.pid 2>/dev/null)
+[ -n "$d" ] || exit 3
+ps -eo pid=,ppid= | awk -v d="$d" '
+  { pp[$1] = $2 }
+  END {
+    for (p in pp) {
+      if (p == 1 || p == d) continue
+      q = pp[p]; orphan = 0
+      while (q != "" && q != 0) {
+        if (q == d) break
+        if (q == 1) { orphan = 1; break }
+        q = pp[q]
+      }
+      if (orphan) print p
+    }
+  }' | xargs -r kill -9 2>/dev/null
+exit 0
+"""
+
+
+def unavailable_reason(image_dir: str | os.PathLike[str] | None = None) -> str | None:
+    """None when microvm Spaces can run here; otherwise why not (for a test skip)."""
+    for tool in ("qemu-system-x86_64", "qemu-img"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (images/microvm/ci-setup.sh)"
+    img = load_image(pathlib.Path(image_dir) if image_dir else None)
+    if img is None:
+        return "the microvm image is not built: run make microvm-image"
+    if not any(img.dir.glob("base-*m/done")):
+        return "the microvm base checkpoint is missing: run make microvm-image"
+    return None
+
+
+@dataclass
+class SpaceState:
+    """What ``spaces/<name>/state.json`` holds."""
+
+    instance_id: str
+    port: int
+    created: float
+    chain: list[str] = field(default_factory=list)  # disk layers, bottom first; last = top
+    pid: int = 0
+    pid_start: float = 0.0
+    boot: str = ""  # changes whenever the daemon (or the machine) is started anew
+    booted: float = 0.0
+
+
+@dataclass
+class CheckpointMeta:
+    id: str
+    space: str
+    created: float
+    chain: list[str]
+    memory_mb: int
+    accel: str
+    image: str
+    pause_s: float = 0.0
+    memory_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class _Source:
+    """What a machine is restored from: memory, the frozen disk top, the token in memory."""
+
+    memory: pathlib.Path
+    chain: list[str]
+    token: str
+
+
+class VmProbe:
+    """``DaemonProbe`` of one Space instance, read from its state file (cheap: it is asked
+    around every output event)."""
+
+    def __init__(self, backend: MicrovmBackend, name: str, instance_id: str) -> None:
+        self._b = backend
+        self._name = name
+        self._instance = instance_id
+
+    def boot_id(self) -> str | None:
+        st = self._b._read(self._name)
+        if st is None or st.instance_id != self._instance:
+            return None
+        if not qemu_vm.alive(st.pid, st.pid_start):
+            return None
+        return f"{st.pid}:{st.boot}"
+
+    def gone(self) -> bool:
+        st = self._b._read(self._name)
+        return st is None or st.instance_id != self._instance
+
+
+def _spacesd_space_cls() -> type[Any]:
+    from durable_spaces.backends.spacesd_space import SpacesdSpace
+
+    return SpacesdSpace
+
+
+def _make_space_class() -> type[Any]:
+    base = _spacesd_space_cls()
+
+    class MicrovmSpace(base):  # type: ignore[misc, valid-type]
+        """A cua-spacesd Space inside a QEMU guest, reached on its forwarded port."""
+
+        def __init__(self, backend: MicrovmBackend, name: str, st: SpaceState, token: str) -> None:
+            super().__init__(
+                name,
+                WORKSPACE,
+                st.instance_id,
+                f"http://127.0.0.1:{st.port}",
+                token,
+                VmProbe(backend, name, st.instance_id),
+                kind="microvm",
+                user=USER,
+                sdk_home=str(backend._sdk_home()),
+            )
+            self._backend = backend
+            self.port = st.port
+
+        def __repr__(self) -> str:  # never shows the token
+            return f"MicrovmSpace({self.name!r}, port={self.port})"
+
+        async def _call(self, method: str, *args: Any, **kw: Any) -> Any:
+            if self._user is not None:
+                if method in _FILE_OPS:
+                    kw.setdefault("user", self._user)
+                elif method == "upload" and len(args) >= 3 and args[2] is not None:
+                    args[2].user = self._user
+            return await super()._call(method, *args, **kw)
+
+        async def capabilities(self) -> Capabilities:
+            caps = await super().capabilities()
+            return dataclasses.replace(caps, kind="microvm", machine_checkpoints=True)
+
+        async def root_run(self, script: str, *args: str) -> tuple[int | None, bytes]:
+            """A ledger-less shell script as root in the guest (not fenced)."""
+            import cua
+
+            cmd = cua.SpacesdCommand(
+                program="sh", args=["-c", script, "sh", *args], cwd="/", epoch=0
+            )
+            out = await self._call("run", cmd)
+            code = out.exit.code if out.exit is not None else None
+            return code, bytes(out.stdout or b"") + bytes(out.stderr or b"")
+
+        async def advance_epoch(self, epoch: int) -> None:
+            before = await self.current_epoch()
+            await super().advance_epoch(epoch)
+            if epoch > before:
+                code, out = await self.root_run(_SWEEP)
+                if code not in (0, None):
+                    raise self._down(f"sweeping stray processes failed: {out[-200:]!r}")
+
+    return MicrovmSpace
+
+
+_space_cls: type[Any] | None = None
+
+
+def MicrovmSpace(backend: MicrovmBackend, name: str, st: SpaceState, token: str) -> Any:
+    """Build a microvm Space (the class subclasses ``SpacesdSpace``, imported on use)."""
+    global _space_cls
+    if _space_cls is None:
+        _space_cls = _make_space_class()
+    return _space_cls(backend, name, st, token)
+
+
+class MicrovmBackend:
+    """QEMU microvm guests as Spaces, under ``state_dir``.
+
+    ``image_dir``: a built image (default ``~/.cache/durable-spaces-microvm/current``);
+    ``memory_mb``: guest memory (a base checkpoint must exist for it).
+    """
+
+    kind = "microvm"
+
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str],
+        image_dir: str | os.PathLike[str] | None = None,
+        memory_mb: int = DEFAULT_MEMORY_MB,
+    ) -> None:
+        reason = unavailable_reason(image_dir)
+        if reason is not None:
+            raise BackendUnavailableError(reason)
+        img = load_image(pathlib.Path(image_dir) if image_dir else None)
+        assert img is not None
+        self.image: GuestImage = img
+        self.memory_mb = memory_mb
+        base = img.base_checkpoint(memory_mb)
+        if base is None:
+            raise BackendUnavailableError(
+                f"no base checkpoint for {memory_mb} MiB in {img.dir}: "
+                f"DS_MICROVM_MEMORY_MB={memory_mb} make microvm-image"
+            )
+        self._base_memory, self._base_disk = base
+        self.state_dir = pathlib.Path(state_dir).absolute()
+        for d in ("spaces", "disks", "checkpoints", ".locks"):
+            (self.state_dir / d).mkdir(parents=True, exist_ok=True)
+        self.accel = qemu_vm.choose_accel(img)
+        spec = json.loads((img.base_dir(memory_mb) / "spec.json").read_text())
+        if spec.get("accel") != self.accel.name:
+            raise BackendUnavailableError(
+                f"the base checkpoint was made under {spec.get('accel')}, "
+                f"guests here run under {self.accel.name}: rebuild it"
+            )
+        self.spec = qemu_vm.VmSpec(img, memory_mb, self.accel)
+        self._spaces: dict[str, Any] = {}
+        #: Figures of the last operations, for benchmarks: seconds.
+        self.last: dict[str, float] = {}
+
+    # --- files and locks ------------------------------------------------------------------
+
+    def _sdk_home(self) -> pathlib.Path:
+        home = self.state_dir / ".cua-sdk"
+        home.mkdir(mode=0o700, exist_ok=True)
+        return home
+
+    def _home(self, name: str) -> pathlib.Path:
+        if not _NAME_OK.match(name):
+            raise ValueError(f"bad Space name {name!r}: [a-z0-9-], at most 63")
+        return self.state_dir / "spaces" / name
+
+    def _qmp_sock(self, name: str) -> pathlib.Path:
+        # unix socket paths are limited to 108 bytes: keep them short, unique per Space.
+        h = hashlib.sha256(str(self._home(name)).encode()).hexdigest()[:16]
+        return pathlib.Path("/tmp") / f"ds-qmp-{h}.sock"
+
+    def _read(self, name: str) -> SpaceState | None:
+        try:
+            return SpaceState(**json.loads((self._home(name) / "state.json").read_text()))
+        except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+            return None
+
+    def _write(self, name: str, st: SpaceState) -> None:
+        path = self._home(name) / "state.json"
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        with open(tmp, "w") as f:
+            json.dump(asdict(st), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def _token(self, name: str) -> str:
+        return (self._home(name) / "token").read_text().strip()
+
+    @contextlib.contextmanager
+    def _lock(self, what: str) -> Iterator[None]:
+        """Serialize operations on one Space (or the disk pool) across processes."""
+        fd = os.open(self.state_dir / ".locks" / f"{what}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _new_layer(self, backing: str) -> str:
+        path = self.state_dir / "disks" / f"{uuid.uuid4().hex}.qcow2"
+        qemu_vm.create_overlay(path, pathlib.Path(backing))
+        return str(path)
+
+    # --- machines -------------------------------------------------------------------------
+
+    def _base_source(self) -> _Source:
+        return _Source(
+            self._base_memory, [str(self._base_disk)], self.image.token_file.read_text().strip()
+        )
+
+    async def _start(self, name: str, st: SpaceState, source: _Source | None) -> SpaceState:
+        """Start the Space's machine on ``st.chain``'s top: a restore of ``source`` (its
+        memory; the top must be a fresh layer over ``source.chain``) or a cold boot.
+        Caller holds the Space's lock; returns once the daemon answers with the Space's
+        token, the guest clock set."""
+        home = self._home(name)
+        sock = self._qmp_sock(name)
+        for attempt in range(3):
+            argv = qemu_vm.qemu_argv(
+                self.spec,
+                disk=pathlib.Path(st.chain[-1]),
+                port=st.port,
+                token_file=home / "token",
+                run_dir=home,
+                qmp_sock=sock,
+                incoming=source.memory if source else None,
+            )
+            t0 = time.monotonic()
+            vm = qemu_vm.launch(argv, home, sock)
+            st.pid, st.pid_start = vm.pid, vm.start
+            st.boot = secrets.token_hex(6)
+            st.booted = time.time()
+            self._write(name, st)
+            timeout = qemu_vm.RESTORE_TIMEOUT if source else qemu_vm.BOOT_TIMEOUT
+            try:
+                if source is not None:
+                    self.last["load"] = await qemu_vm.resume_incoming(sock, vm, timeout)
+                await qemu_vm.wait_health(st.port, timeout, vm, home)
+                break
+            except SpaceUnavailableError as e:
+                qemu_vm.kill(vm.pid, vm.start)
+                if "hostfwd" in str(e) or "host forwarding" in str(e):
+                    from durable_spaces.backends.spacesd_daemon import free_port
+
+                    if attempt < 2:
+                        st.port = free_port()  # the port was taken meanwhile
+                        continue
+                raise
+        key = "restore" if source else "boot"
+        self.last[key] = time.monotonic() - t0
+        if source is not None:
+            await self._after_restore(name, st, source.token)
+        self.last[key + "_ready"] = time.monotonic() - t0
+        return st
+
+    async def _after_restore(self, name: str, st: SpaceState, old_token: str) -> None:
+        """Give the restored guest the Space's token, the host's clock and fresh randomness."""
+        token = self._token(name)
+        tmp = MicrovmSpace(self, name, st, old_token)
+        script = (
+            'date -s "@$1" >/dev/null; printf %s "$2" > /dev/urandom; '
+            'if [ "$3" != same ]; then umask 077; printf %s "$3" > /run/cua/env-token.new '
+            "&& mv /run/cua/env-token.new /run/cua/env-token; fi"
+        )
+        rotate = token != old_token
+        try:
+            await tmp.root_run(
+                script, f"{time.time():.6f}", secrets.token_hex(32), token if rotate else "same"
+            )
+        except SpaceUnavailableError:
+            if not rotate:
+                raise
+        finally:
+            with contextlib.suppress(Exception):
+                await tmp.close()
+        if rotate:
+            # The daemon picks the file up on its own: wait until the new token is taken.
+            sp = MicrovmSpace(self, name, st, token)
+            deadline = time.monotonic() + 10
+            try:
+                while True:
+                    try:
+                        await sp._call("capabilities")
+                        break
+                    except SpaceUnavailableError:
+                        if time.monotonic() > deadline:
+                            raise
+                        sp._client = None
+                        await asyncio.sleep(0.02)
+            finally:
+                with contextlib.suppress(Exception):
+                    await sp.close()
+
+    def _space(self, name: str, st: SpaceState) -> Any:
+        sp = self._spaces.get(name)
+        if sp is not None and sp.instance_id == st.instance_id and sp.port == st.port:
+            return sp
+        sp = MicrovmSpace(self, name, st, self._token(name))
+        self._spaces[name] = sp
+        return sp
+
+    def _drop(self, name: str) -> None:
+        sp = self._spaces.pop(name, None)
+        if sp is not None:
+            sp._client = None
+
+    def _init_space(self, name: str) -> SpaceState:
+        from durable_spaces.backends.spacesd_daemon import free_port
+
+        home = self._home(name)
+        home.mkdir(parents=True, exist_ok=True)
+        fd = os.open(home / "token", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))  # the same length as every token: fw_cfg size
+        return SpaceState(instance_id=secrets.token_hex(8), port=free_port(), created=time.time())
+
+    async def _fork_into(self, name: str, source: _Source) -> Any:
+        """A new Space ``name`` as a fork of ``source`` (caller holds the lock)."""
+        st = self._init_space(name)
+        with self._lock("pool"):
+            st.chain = [*source.chain, self._new_layer(source.chain[-1])]
+            self._write(name, st)
+        try:
+            st = await self._start(name, st, source)
+        except BaseException:
+            self._kill(name)
+            raise
+        return self._space(name, st)
+
+    def _kill(self, name: str) -> None:
+        st = self._read(name)
+        if st is not None:
+            qemu_vm.kill(st.pid, st.pid_start)
+        self._drop(name)
+
+    # --- SpaceBackend -------------------------------------------------------------------------
+
+    async def create(self, name: str) -> Any:
+        with self._lock(name):
+            st = self._read(name)
+            if st is not None:
+                return await self._ensure_running(name, st)
+            return await self._fork_into(name, self._base_source())
+
+    async def _ensure_running(self, name: str, st: SpaceState) -> Any:
+        if not qemu_vm.alive(st.pid, st.pid_start):
+            # The machine is down (host reboot, QEMU crash): boot its disk, as a machine would.
+            st = await self._start(name, st, None)
+        return self._space(name, st)
+
+    async def find(self, name: str) -> Any:
+        with self._lock(name):
+            st = self._read(name)
+            if st is None:
+                return None
+            return await self._ensure_running(name, st)
+
+    async def restart(self, name: str) -> None:
+        with self._lock(name):
+            st = self._read(name)
+            if st is None:
+                raise SpaceError(f"no Space {name!r} to restart")
+            if qemu_vm.alive(st.pid, st.pid_start):
+                # Files written by commands may sit in the guest's page cache: flush them,
+                # as a clean reboot would (the ledger itself is fsynced by the daemon).
+                sp = self._space(name, st)
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(sp.root_run("sync"), 15)
+            self._kill(name)
+            await self._start(name, st, None)
+
+    async def kill_daemon(self, name: str) -> None:
+        with self._lock(name):
+            st = self._read(name)
+            if st is None:
+                raise SpaceError(f"no Space {name!r}")
+            sp = self._space(name, st)
+            code, before = await sp.root_run("cat /run/cua/daemon.pid")
+            st.boot = secrets.token_hex(6)
+            self._write(name, st)  # waiters must see a new daemon from now on
+            # Detached, so the kill does not cut its own answer short.
+            with contextlib.suppress(SpaceUnavailableError):
+                await sp.root_run(
+                    '(sleep 0.05; kill -9 "$1") >/dev/null 2>&1 &', before.strip().decode()
+                )
+            sp._client = None
+            deadline = time.monotonic() + 30
+            while True:
+                with contextlib.suppress(SpaceUnavailableError):
+                    code, now = await sp.root_run("cat /run/cua/daemon.pid")
+                    if code == 0 and now.strip() and now.strip() != before.strip():
+                        break
+                sp._client = None
+                if time.monotonic() > deadline:
+                    raise SpaceUnavailableError(f"the daemon of {name!r} did not come back")
+                await asyncio.sleep(0.05)
+
+    async def delete(self, name: str) -> None:
+        with self._lock(name):
+            st = self._read(name)
+            if st is not None:
+                qemu_vm.kill(st.pid, st.pid_start)
+            self._drop(name)
+            shutil.rmtree(self._home(name), ignore_errors=True)
+            self._qmp_sock(name).unlink(missing_ok=True)
+        self._gc()
+
+    async def names(self) -> list[str]:
+        return sorted(
+            p.name
+            for p in (self.state_dir / "spaces").iterdir()
+            if _NAME_OK.match(p.name) and (p / "state.json").exists()
+        )
+
+    async def close(self) -> None:
+        for sp in list(self._spaces.values()):
+            with contextlib.suppress(Exception):
+                await sp.close()
+        self._spaces.clear()
+
+    # --- machine checkpoints ------------------------------------------------------------------
+
+    def _ckpt_dir(self, checkpoint_id: str) -> pathlib.Path:
+        if not _CKPT_OK.match(checkpoint_id):
+            raise ValueError(f"bad checkpoint id {checkpoint_id!r}")
+        return self.state_dir / "checkpoints" / checkpoint_id
+
+    def checkpoint_meta(self, checkpoint_id: str) -> CheckpointMeta:
+        d = self._ckpt_dir(checkpoint_id)
+        try:
+            return CheckpointMeta(**json.loads((d / "meta.json").read_text()))
+        except FileNotFoundError:
+            raise SpaceError(f"no checkpoint {checkpoint_id!r}") from None
+
+    async def checkpoints(self) -> list[str]:
+        return sorted(
+            p.name for p in (self.state_dir / "checkpoints").iterdir() if (p / "meta.json").exists()
+        )
+
+    async def checkpoint(self, name: str) -> str:
+        """Checkpoint the whole machine (memory and disk) of Space ``name``; returns the id.
+        The guest pauses for the memory copy only (a fraction of a second)."""
+        with self._lock(name):
+            st = self._read(name)
+            if st is None:
+                raise SpaceGoneError(f"no Space {name!r}")
+            if not qemu_vm.alive(st.pid, st.pid_start):
+                raise SpaceUnavailableError(f"the machine of Space {name!r} is not running")
+            cid = secrets.token_hex(12)
+            d = self._ckpt_dir(cid)
+            part = d.with_name(d.name + ".part")
+            part.mkdir(mode=0o700)
+            new_top = self.state_dir / "disks" / f"{uuid.uuid4().hex}.qcow2"
+            with self._lock("pool"):
+                figs = await qemu_vm.save_checkpoint(self._qmp_sock(name), part / "memory", new_top)
+                frozen = list(st.chain)
+                st.chain = [*frozen, str(new_top)]
+                self._write(name, st)
+            with contextlib.suppress(OSError):
+                pathlib.Path(frozen[-1]).chmod(0o400)  # never written again
+            tok = part / "token"
+            fd = os.open(tok, os.O_CREAT | os.O_WRONLY, 0o400)
+            with os.fdopen(fd, "w") as f:
+                f.write(self._token(name))
+            meta = CheckpointMeta(
+                id=cid,
+                space=name,
+                created=time.time(),
+                chain=frozen,
+                memory_mb=self.memory_mb,
+                accel=self.accel.name,
+                image=str(self.image.dir),
+                pause_s=figs.pause_s,
+                memory_bytes=figs.memory_bytes,
+            )
+            (part / "meta.json").write_text(json.dumps(asdict(meta)))
+            (part / "meta.json").chmod(0o400)
+            part.rename(d)
+            self.last["checkpoint_pause"] = figs.pause_s
+            self.last["checkpoint_bytes"] = float(figs.memory_bytes)
+            return cid
+
+    def _source(self, checkpoint_id: str) -> _Source:
+        meta = self.checkpoint_meta(checkpoint_id)
+        if (meta.memory_mb, meta.accel, meta.image) != (
+            self.memory_mb,
+            self.accel.name,
+            str(self.image.dir),
+        ):
+            raise SpaceError(
+                f"checkpoint {checkpoint_id} was taken with {meta.memory_mb} MiB/{meta.accel}/"
+                f"{meta.image}; this backend runs {self.memory_mb} MiB/{self.accel.name}/"
+                f"{self.image.dir}"
+            )
+        d = self._ckpt_dir(checkpoint_id)
+        return _Source(d / "memory", meta.chain, (d / "token").read_text().strip())
+
+    async def restore(self, name: str, checkpoint_id: str) -> Any:
+        """Replace Space ``name`` with a fork of the checkpoint (same name, instance and
+        token). Its processes come back as they were; the caller raises the epoch next."""
+        source = self._source(checkpoint_id)
+        with self._lock(name):
+            st = self._read(name)
+            if st is None:
+                raise SpaceGoneError(f"no Space {name!r} to restore")
+            self._kill(name)
+            with self._lock("pool"):
+                st.chain = [*source.chain, self._new_layer(source.chain[-1])]
+                self._write(name, st)
+            st = await self._start(name, st, source)
+            sp = self._space(name, st)
+        self._gc()
+        return sp
+
+    async def fork(self, checkpoint_id: str, new_name: str) -> Any:
+        """A new Space ``new_name`` running from the checkpoint (its own token, port and
+        instance); the checkpoint's Space is untouched."""
+        source = self._source(checkpoint_id)
+        with self._lock(new_name):
+            if self._read(new_name) is not None:
+                raise SpaceError(f"a Space {new_name!r} already exists")
+            return await self._fork_into(new_name, source)
+
+    async def prune(self, keep: set[str]) -> list[str]:
+        """Delete every checkpoint not in ``keep`` and the disk layers nothing refers to;
+        returns the ids removed."""
+        removed = []
+        for cid in await self.checkpoints():
+            if cid not in keep:
+                d = self._ckpt_dir(cid)
+                trash = d.with_name(d.name + ".del")
+                with contextlib.suppress(OSError):
+                    d.rename(trash)
+                    for f in trash.iterdir():
+                        f.chmod(0o600)
+                    shutil.rmtree(trash)
+                    removed.append(cid)
+        self._gc()
+        return removed
+
+    def _gc(self) -> None:
+        """Remove pool layers that no Space chain and no checkpoint refers to."""
+        with self._lock("pool"):
+            used: set[str] = set()
+            for p in (self.state_dir / "spaces").iterdir():
+                st = self._read(p.name) if _NAME_OK.match(p.name) else None
+                if st is not None:
+                    used.update(st.chain)
+            for p in (self.state_dir / "checkpoints").iterdir():
+                with contextlib.suppress(OSError, ValueError, TypeError):
+                    used.update(json.loads((p / "meta.json").read_text())["chain"])
+            cutoff = time.time() - 5  # a layer being created right now has no owner yet
+            for layer in (self.state_dir / "disks").glob("*.qcow2"):
+                if str(layer) not in used and layer.stat().st_mtime < cutoff:
+                    layer.unlink(missing_ok=True)
+            for p in (self.state_dir / "checkpoints").glob("*.part"):
+                if p.stat().st_mtime < cutoff - 600:
+                    shutil.rmtree(p, ignore_errors=True)
+
+    # --- helpers for tests and benchmarks ---------------------------------------------------
+
+    def qemu_pid(self, name: str) -> int | None:
+        st = self._read(name)
+        return st.pid if st is not None and qemu_vm.alive(st.pid, st.pid_start) else None
+
+    def env_for(self, name: str) -> Mapping[str, str]:
+        st = self._read(name)
+        return {"port": str(st.port)} if st else {}
+
+    def layers(self, name: str) -> Sequence[str]:
+        st = self._read(name)
+        return list(st.chain) if st else []

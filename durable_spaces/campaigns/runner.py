@@ -1,0 +1,273 @@
+"""The campaign runner: many isolated runs in parallel, one record each, one SUMMARY.
+
+Each run is a worker process of its own (``campaigns.worker``), at most ``jobs`` at a
+time, with its own state directory under ``<out>/state/<run_id>``; a run that exceeds
+``run_timeout_s`` is killed and recorded as ``error``. Layout of ``out_dir``::
+
+    campaign.json         the spec, the run_one reference, times, the SUMMARY line
+    runs/<run_id>.json    one RunRecord per run (what reports read)
+    schedules/*.json      explicit schedules (exhaustive, shrunk) for --schedule
+    logs/<run_id>.log     the worker's stdout and stderr
+    state/<run_id>/       the run's own state (log, coordinator file, Space dirs)
+    work/                 the RunSpec / RunRecord files passed to and from workers
+
+Stdout gets, in order: one ``REPRO <run_id>: <command>`` line per failed run, a
+``SHRUNK <run_id>: <command>`` line per shrunk one, then the SUMMARY line last. The
+progress bar goes to stderr. ``CampaignResult.exit_code`` is 1 if any run is not ok.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import psutil
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from durable_spaces.campaigns.record import RunRecord
+from durable_spaces.campaigns.shrink import ShrinkResult, shrink
+from durable_spaces.campaigns.spec import CampaignSpec, RunSpec
+from durable_spaces.campaigns.summary import Summary
+from durable_spaces.campaigns.worker import error_record
+from durable_spaces.chaos.schedule import Schedule
+
+__all__ = ["CampaignResult", "CampaignSpec", "RunSpec", "run_campaign", "run_one_ref"]
+
+RunOneRef = str | Callable[..., Any]
+
+
+def run_one_ref(run_one: RunOneRef) -> str:
+    """``module:qualname`` of a module-level function (what a worker process imports)."""
+    if isinstance(run_one, str):
+        return run_one
+    mod, qual = getattr(run_one, "__module__", None), getattr(run_one, "__qualname__", "")
+    if not mod or mod == "__main__" or "<" in qual:
+        raise ValueError("run_one must be a module-level function importable by name")
+    return f"{mod}:{qual}"
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a worker and every process under it (its drivers run in sessions of their
+    own, so killing the worker's process group alone would leave them running)."""
+    try:
+        procs = [*psutil.Process(pid).children(recursive=True), psutil.Process(pid)]
+    except psutil.Error:
+        procs = []
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _worker_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DS_FAILPOINTS", "DS_FAILPOINT_TRACE")}
+    # the parent's import path, as multiprocessing's spawn would pass it
+    paths = [p or os.getcwd() for p in sys.path]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env.setdefault("DO_NOT_TRACK", "1")
+    env.setdefault("CUA_TELEMETRY", "0")
+    return env
+
+
+@dataclass
+class CampaignResult:
+    spec: CampaignSpec
+    out_dir: Path
+    records: list[RunRecord]
+    summary: Summary
+    repros: dict[str, str] = field(default_factory=dict)
+    shrunk: dict[str, ShrinkResult] = field(default_factory=dict)
+    shrunk_repros: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> list[RunRecord]:
+        return [r for r in self.records if r.outcome != "ok"]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failed else 0
+
+    @property
+    def summary_line(self) -> str:
+        return self.summary.line()
+
+
+class _Runs:
+    """Starts worker processes and collects their records."""
+
+    def __init__(self, ref: str, out_dir: Path, run_timeout_s: float | None) -> None:
+        self.ref = ref
+        self.out = out_dir
+        self.timeout = run_timeout_s
+        self.env = _worker_env()
+
+    def _paths(self, spec: RunSpec, tag: str) -> tuple[Path, Path, Path]:
+        work = self.out / "work"
+        work.mkdir(parents=True, exist_ok=True)
+        return (
+            work / f"{spec.run_id}{tag}.spec.json",
+            work / f"{spec.run_id}{tag}.record.json",
+            self.out / "logs" / f"{spec.run_id}{tag}.log",
+        )
+
+    async def run(self, spec: RunSpec, tag: str = "") -> RunRecord:
+        spec_path, rec_path, log_path = self._paths(spec, tag)
+        spec_path.write_text(json.dumps(spec.to_json()))
+        rec_path.unlink(missing_ok=True)
+        Path(spec.state_dir).mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        with open(log_path, "ab") as log:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "durable_spaces.campaigns.worker",
+                self.ref, str(spec_path), str(rec_path),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                env=self.env, start_new_session=True,
+            )  # fmt: skip
+            try:
+                code = await asyncio.wait_for(proc.wait(), self.timeout)
+            except (TimeoutError, asyncio.CancelledError) as e:
+                _kill_tree(proc.pid)
+                await proc.wait()
+                if isinstance(e, asyncio.CancelledError):
+                    raise
+                return error_record(spec, f"run timed out after {self.timeout}s",
+                                    time.monotonic() - t0)  # fmt: skip
+        if not rec_path.exists():
+            tail = log_path.read_text(errors="replace")[-1500:]
+            return error_record(spec, f"worker exited {code} without a record:\n{tail}",
+                                time.monotonic() - t0)  # fmt: skip
+        return RunRecord.load(rec_path)
+
+    def run_sync(self, spec: RunSpec, tag: str) -> RunRecord:
+        return asyncio.run(self.run(spec, tag))
+
+
+def _progress(enabled: bool) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("ok={task.fields[ok]} failed={task.fields[failed]}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=not enabled,
+    )
+
+
+def run_campaign(
+    spec: CampaignSpec,
+    run_one: RunOneRef,
+    *,
+    out_dir: str | Path,
+    jobs: int | None = None,
+    schedules: Sequence[Schedule] | None = None,
+    run_timeout_s: float | None = 900.0,
+    shrink_failures: bool = False,
+    shrink_budget: int = 40,
+    progress: bool = True,
+    stdout: IO[str] | None = None,
+) -> CampaignResult:
+    """Run the campaign; print REPRO/SHRUNK lines and the SUMMARY line to ``stdout``.
+
+    ``run_one`` is a module-level ``async def run_one(run: RunSpec) -> RunRecord`` (or its
+    ``"module:function"`` name). ``schedules`` given: one run per schedule (exhaustive
+    mode), instead of ``spec.runs`` runs drawn from ``<seed_base>-<i>``.
+    """
+    out = Path(out_dir)
+    for sub in ("runs", "schedules", "logs", "state"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    ref = run_one_ref(run_one)
+    jobs = max(1, jobs or spec.jobs)
+    started = time.time()
+    meta: dict[str, Any] = {"spec": spec.to_json(), "run_one": ref, "jobs": jobs,
+                            "started_unix": started}  # fmt: skip
+    (out / "campaign.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+    state_root = str(out / "state")
+    if schedules is not None:
+        specs = [spec.run(i, state_root, s) for i, s in enumerate(schedules)]
+    else:
+        specs = [spec.run(i, state_root) for i in range(spec.runs)]
+    sched_files: dict[str, str] = {}
+    for rs in specs:
+        if rs.schedule is not None:
+            sched_files[rs.run_id] = str(rs.schedule.save(out / "schedules" / f"{rs.run_id}.json"))
+    runs = _Runs(ref, out, run_timeout_s)
+
+    async def all_runs() -> list[RunRecord]:
+        sem = asyncio.Semaphore(jobs)
+        counts = {"ok": 0, "failed": 0}
+        with _progress(progress) as bar:
+            task = bar.add_task(f"{spec.mode}/{spec.backend}", total=len(specs), ok=0, failed=0)
+
+            async def one(rs: RunSpec) -> RunRecord:
+                async with sem:
+                    rec = await runs.run(rs)
+                if not rec.repro:
+                    rec.repro = rs.repro(sched_files.get(rs.run_id))
+                rec.save(out / "runs")
+                counts["ok" if rec.outcome == "ok" else "failed"] += 1
+                bar.update(task, advance=1, ok=counts["ok"], failed=counts["failed"])
+                return rec
+
+            return list(await asyncio.gather(*(one(rs) for rs in specs)))
+
+    records = asyncio.run(all_runs())
+    w = stdout if stdout is not None else sys.stdout
+    result = CampaignResult(
+        spec, out, records,
+        Summary.of(records, mode=spec.mode, backend=spec.backend, seed_base=spec.seed_base),
+    )  # fmt: skip
+    by_id = {rs.run_id: rs for rs in specs}
+    for rec in result.failed:
+        result.repros[rec.run_id] = rec.repro
+        why = ",".join(rec.failing_checks()) or rec.outcome
+        print(f"REPRO {rec.run_id} ({why}): {rec.repro}", file=w, flush=True)
+    if shrink_failures:
+        tries = itertools.count(1)  # unique tags for every candidate run
+        for rec in result.failed:
+            if rec.outcome != "failed":
+                continue  # an error is not a checker failure to minimise
+            rs = by_id[rec.run_id]
+            if rs.schedule is None and rec.schedule is not None:
+                rs = rs.with_(schedule=Schedule.from_json(rec.schedule))
+
+            def still_fails(cand: RunSpec, rid: str = rec.run_id, tries: Any = tries) -> bool:
+                tag = f".shrink{next(tries)}"
+                cand = cand.with_(state_dir=os.path.join(state_root, rid + tag))
+                return runs.run_sync(cand, tag).outcome == "failed"
+
+            sr = shrink(rs, still_fails, max_calls=shrink_budget)
+            result.shrunk[rec.run_id] = sr
+            if sr.shrunk:
+                assert sr.spec.schedule is not None or rs.schedule is None
+                f = None
+                if sr.spec.schedule is not None:
+                    f = str(sr.spec.schedule.save(out / "schedules" / f"{rec.run_id}-shrunk.json"))
+                cmd = sr.spec.repro(f)
+                result.shrunk_repros[rec.run_id] = cmd
+                print(f"SHRUNK {rec.run_id} (calls {rs.calls}->{sr.spec.calls}): {cmd}",
+                      file=w, flush=True)  # fmt: skip
+    meta.update(
+        finished_unix=time.time(),
+        duration_s=round(time.time() - started, 3),
+        summary=result.summary_line,
+        repros=result.repros,
+        shrunk=result.shrunk_repros,
+    )
+    (out / "campaign.json").write_text(json.dumps(meta, indent=2) + "\n")
+    print(result.summary_line, file=w, flush=True)
+    return result

@@ -1,0 +1,186 @@
+"""The ``durable-spaces`` command: campaigns, repros, reports.
+
+``campaign`` and ``repro`` run sessions from ``durable_spaces.campaigns.session``
+(``async def run_one(run: RunSpec) -> RunRecord``, and for ``--mode exhaustive``
+``exhaustive_schedules(spec: CampaignSpec, work_dir: Path) -> list[Schedule]``),
+imported only when used so ``report`` works without any backend installed.
+Options left out fall back to the ``CRASH_*`` variables, then to the defaults.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import shutil
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Annotated
+
+import typer
+
+from durable_spaces.errors import ConfigError
+
+SESSION_MODULE = "durable_spaces.campaigns.session"
+
+app = typer.Typer(
+    name="durable-spaces",
+    help="Keep a Space consistent with its durable log; the chaos lab that proves it.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+def _fail(msg: str, code: int = 2) -> typer.Exit:
+    typer.echo(f"durable-spaces: {msg}", err=True)
+    return typer.Exit(code)
+
+
+def _session() -> ModuleType:
+    try:
+        return importlib.import_module(SESSION_MODULE)
+    except ModuleNotFoundError as e:
+        if e.name == SESSION_MODULE:
+            raise _fail(
+                f"the campaign session ({SESSION_MODULE}) is not part of this build yet; "
+                "campaign and repro need it"
+            ) from None
+        raise
+
+
+Mode = Annotated[str | None, typer.Option(help="CRASH_MODE: transactional, auto, checkpoint, "
+                                          "stale, exhaustive, redrive")]  # fmt: skip
+Backend = Annotated[str | None, typer.Option(help="CRASH_BACKEND: local, spacesd, docker, microvm")]
+DurableMode = Annotated[str | None, typer.Option(help="CRASH_DURABLE_MODE: the adapter's mode")]
+Calls = Annotated[int | None, typer.Option(help="CRASH_CALLS: scripted calls per run")]
+Profile = Annotated[str | None, typer.Option(help="fault profile (CRASH_PROFILE)")]
+
+
+@app.command()
+def campaign(
+    mode: Mode = None,
+    backend: Backend = None,
+    seed_base: Annotated[str | None, typer.Option(help="CRASH_SEED_BASE")] = None,
+    runs: Annotated[int | None, typer.Option(help="CRASH_RUNS")] = None,
+    calls: Calls = None,
+    jobs: Annotated[int | None, typer.Option(help="CRASH_JOBS: runs in parallel")] = None,
+    durable_mode: DurableMode = None,
+    profile: Profile = None,
+    out: Annotated[Path | None, typer.Option(help="campaign directory")] = None,
+    force: Annotated[bool, typer.Option(help="reuse a non-empty --out")] = False,
+    shrink: Annotated[bool, typer.Option(help="shrink every failed run")] = False,
+    run_timeout: Annotated[float, typer.Option(help="seconds before a run is killed")] = 900.0,
+    report: Annotated[bool, typer.Option(help="write report.md/html at the end")] = True,
+    progress: Annotated[bool, typer.Option(help="live progress bar on stderr")] = True,
+) -> None:
+    """Run a crash campaign; SUMMARY is the last line; exit 1 if any run failed."""
+    from durable_spaces.campaigns.runner import run_campaign
+    from durable_spaces.campaigns.spec import CampaignSpec
+
+    try:
+        spec = CampaignSpec.from_env(
+            mode=mode, backend=backend, seed_base=seed_base, runs=runs, calls=calls, jobs=jobs,
+            durable_mode=durable_mode, profile=profile,
+        )  # fmt: skip
+    except ConfigError as e:
+        raise _fail(str(e)) from None
+    if out is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        out = Path("campaigns-out") / f"{spec.mode}-{spec.backend}-{spec.seed_base}-{stamp}"
+    if (out / "runs").is_dir() and any((out / "runs").iterdir()):
+        if not force:
+            raise _fail(f"{out} already holds runs (pass --force to replace them)")
+        shutil.rmtree(out / "runs")
+    session = _session()
+    schedules = None
+    if spec.mode == "exhaustive":
+        make = getattr(session, "exhaustive_schedules", None)
+        if make is None:
+            raise _fail(f"{SESSION_MODULE} has no exhaustive_schedules(spec, work_dir)")
+        schedules = make(spec, out / "trace")
+    result = run_campaign(
+        spec, f"{SESSION_MODULE}:run_one", out_dir=out, schedules=schedules,
+        run_timeout_s=run_timeout, shrink_failures=shrink, progress=progress,
+    )  # fmt: skip
+    if report:
+        from durable_spaces.reports.render import render_report
+
+        rep = render_report(out)
+        typer.echo(f"report: {rep.markdown} {rep.html}", err=True)
+    raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def repro(
+    seed: Annotated[str, typer.Option(help="the failed run's seed")],
+    mode: Mode = None,
+    backend: Backend = None,
+    calls: Calls = None,
+    durable_mode: DurableMode = None,
+    profile: Profile = None,
+    schedule: Annotated[Path | None, typer.Option(help="an explicit schedule JSON")] = None,
+    state_dir: Annotated[Path | None, typer.Option(help="where the run keeps its state")] = None,
+) -> None:
+    """Run one campaign run alone, from its seed (and schedule); exit 1 if it fails."""
+    from durable_spaces.campaigns.spec import CampaignSpec, RunSpec
+    from durable_spaces.chaos.schedule import Schedule
+
+    try:
+        cs = CampaignSpec.from_env(mode=mode, backend=backend, calls=calls,
+                                   durable_mode=durable_mode, profile=profile, jobs=1)  # fmt: skip
+        sched = Schedule.load(schedule) if schedule is not None else None
+    except (ConfigError, OSError, ValueError, KeyError) as e:
+        raise _fail(str(e)) from None
+    if state_dir is None:
+        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in seed)
+        state_dir = Path("campaigns-out") / "repro" / f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}"
+    state_dir.mkdir(parents=True, exist_ok=True)
+    run = RunSpec(
+        run_id="repro", seed=seed, mode=cs.mode, backend=cs.backend, calls=cs.calls,
+        durable_mode=cs.adapter_mode, profile=cs.profile, state_dir=str(state_dir),
+        schedule=sched,
+    )  # fmt: skip
+    session = _session()
+    rec = asyncio.run(session.run_one(run))
+    rec.save(state_dir)
+    typer.echo(json.dumps(rec.to_json(), indent=2, sort_keys=True))
+    failing = ",".join(rec.failing_checks()) or "-"
+    typer.echo(f"RESULT seed={seed} outcome={rec.outcome} failing={failing}")
+    raise typer.Exit(0 if rec.outcome == "ok" else 1)
+
+
+@app.command("report")
+def report_cmd(directory: Annotated[Path, typer.Argument(help="a campaign directory")]) -> None:
+    """Write report.md and report.html (tables and plots) into a campaign directory."""
+    if not (directory / "runs").is_dir():
+        raise _fail(f"{directory} is not a campaign directory (no runs/)")
+    from durable_spaces.reports.render import render_report
+
+    rep = render_report(directory)
+    typer.echo(str(rep.markdown))
+    typer.echo(str(rep.html))
+
+
+@app.command()
+def diff(
+    state_dir: Annotated[Path, typer.Argument(help="a session's state directory")],
+    entry_a: Annotated[str, typer.Argument()],
+    entry_b: Annotated[str, typer.Argument()],
+) -> None:
+    """Show how the workspace differs between two entries (not implemented yet)."""
+    raise _fail("diff is not implemented yet")
+
+
+@app.command()
+def driver() -> None:
+    """The driver entry (run by a coordinator per attempt; not implemented yet)."""
+    raise _fail("driver is not implemented yet")
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app(prog_name="durable-spaces")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

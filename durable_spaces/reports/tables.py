@@ -1,0 +1,117 @@
+"""Run records as pandas tables: what a campaign did and how recovery behaved.
+
+Every table is computed from ``runs/*.json`` alone (no live state), so a report can be
+rebuilt from an archived campaign directory at any time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from durable_spaces.campaigns.record import RunRecord
+
+PERCENTILES = (50, 95, 99)
+
+
+def runs_frame(records: Sequence[RunRecord]) -> pd.DataFrame:
+    """One row per run."""
+    rows = [
+        {
+            "run_id": r.run_id,
+            "seed": r.seed,
+            "mode": r.mode,
+            "backend": r.backend,
+            "durable_mode": r.durable_mode,
+            "calls": r.calls,
+            "attempts": r.attempts,
+            "kills": r.kills,
+            "faults": sum(r.faults.values()),
+            "recoveries": sum(r.recoveries.values()),
+            "outcome": r.outcome,
+            "duration_s": r.duration_s,
+            "failing_checks": ",".join(r.failing_checks()),
+        }
+        for r in records
+    ]
+    return pd.DataFrame(rows, columns=[
+        "run_id", "seed", "mode", "backend", "durable_mode", "calls", "attempts", "kills",
+        "faults", "recoveries", "outcome", "duration_s", "failing_checks",
+    ])  # fmt: skip
+
+
+def _counts(records: Sequence[RunRecord], attr: str, name: str) -> pd.DataFrame:
+    rows = [
+        {"mode": r.mode, "backend": r.backend, name: k, "count": v}
+        for r in records
+        for k, v in getattr(r, attr).items()
+    ]
+    if not rows:
+        return pd.DataFrame(columns=[name])
+    df = pd.DataFrame(rows)
+    table = df.pivot_table(index=name, columns="mode", values="count", aggfunc="sum", fill_value=0)
+    table["total"] = table.sum(axis=1)
+    table.columns.name = None
+    return table.reset_index().sort_values(name).reset_index(drop=True)
+
+
+def faults_table(records: Sequence[RunRecord]) -> pd.DataFrame:
+    """Faults per kind (rows) and mode (columns), with a total."""
+    return _counts(records, "faults", "fault")
+
+
+def recoveries_table(records: Sequence[RunRecord]) -> pd.DataFrame:
+    """Recoveries per kind (rows) and mode (columns), with a total."""
+    return _counts(records, "recoveries", "recovery")
+
+
+def attempts_table(records: Sequence[RunRecord]) -> pd.DataFrame:
+    """How many runs needed n drive attempts."""
+    s = pd.Series([r.attempts for r in records], dtype="int64")
+    t = s.value_counts().sort_index().rename_axis("attempts").reset_index(name="runs")
+    return t
+
+
+def latency_table(records: Sequence[RunRecord]) -> pd.DataFrame:
+    """Resume latency (kill -> next first step, ms) per mode and backend."""
+    rows = []
+    groups: dict[tuple[str, str], list[float]] = {}
+    for r in records:
+        groups.setdefault((r.mode, r.backend), []).extend(r.resume_latencies_ms)
+    for (mode, backend), xs in sorted(groups.items()):
+        s = pd.Series(xs, dtype="float64")
+        row: dict[str, object] = {"mode": mode, "backend": backend, "samples": len(xs)}
+        for p in PERCENTILES:
+            row[f"p{p}_ms"] = round(float(s.quantile(p / 100)), 1) if xs else None
+        row["max_ms"] = round(float(s.max()), 1) if xs else None
+        rows.append(row)
+    cols = ["mode", "backend", "samples", *(f"p{p}_ms" for p in PERCENTILES), "max_ms"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def outcomes_table(records: Sequence[RunRecord]) -> pd.DataFrame:
+    """Runs per outcome, per mode and backend."""
+    df = runs_frame(records)
+    if df.empty:
+        return pd.DataFrame(columns=["mode", "backend", "ok", "failed", "error", "runs"])
+    t = df.pivot_table(index=["mode", "backend"], columns="outcome", values="run_id",
+                       aggfunc="count", fill_value=0)  # fmt: skip
+    for col in ("ok", "failed", "error"):
+        if col not in t.columns:
+            t[col] = 0
+    t = t[["ok", "failed", "error"]]
+    t["runs"] = t.sum(axis=1)
+    t.columns.name = None
+    return t.reset_index()
+
+
+def all_tables(records: Sequence[RunRecord]) -> dict[str, pd.DataFrame]:
+    """Every table of the report, by title, in report order."""
+    return {
+        "Outcomes": outcomes_table(records),
+        "Faults": faults_table(records),
+        "Recoveries by kind and mode": recoveries_table(records),
+        "Attempts per run": attempts_table(records),
+        "Resume latency (ms)": latency_table(records),
+    }

@@ -1,0 +1,158 @@
+"""What only the ``local`` backend promises: its layout, its crash windows (driven by real
+SIGKILLs at failpoints), the pid-reuse guard, torn ledger lines and the environment mark."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from durable_spaces.adapter.space import ExecState, Space, SpaceBackend
+from durable_spaces.backends import open_backend
+from durable_spaces.backends.local import LocalBackend, LocalSpace
+from durable_spaces.errors import StaleEpochError
+
+_CHILD = r"""
+import asyncio, sys
+from durable_spaces.backends import open_backend
+
+async def main(state_dir, name, key, script):
+    space = await open_backend("local", state_dir).find(name)
+    ex = await space.spawn(["sh", "-c", script], key=key, epoch=1)
+    print("spawned", flush=True)
+    await asyncio.sleep(120)
+
+asyncio.run(main(*sys.argv[1:5]))
+"""
+
+
+@pytest.fixture
+async def backend(state_dir: Path) -> AsyncIterator[LocalBackend]:
+    b = LocalBackend(state_dir)
+    yield b
+    for name in await b.names():
+        await b.delete(name)
+
+
+@pytest.fixture
+async def space(backend: LocalBackend) -> LocalSpace:
+    return await backend.create("loc")
+
+
+async def _crash_child(state_dir: Path, key: str, script: str, failpoint: str) -> bytes:
+    """Run a driver that spawns ``key`` and is SIGKILLed at ``failpoint``."""
+    env = dict(os.environ, DS_FAILPOINTS=f"{failpoint}:1")
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _CHILD, str(state_dir), "loc", key, script,
+        env=env, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(child.communicate(), 60)
+    assert child.returncode == -9, (child.returncode, out)
+    return out
+
+
+def test_registry_builds_local(state_dir: Path) -> None:
+    b = open_backend("local", state_dir)
+    assert isinstance(b, LocalBackend) and isinstance(b, SpaceBackend)
+    assert b.kind == "local"
+
+
+async def test_layout(backend: LocalBackend, space: LocalSpace, state_dir: Path) -> None:
+    assert isinstance(space, Space)
+    d = state_dir.resolve() / "loc"
+    assert space.root == str(d / "work")
+    assert (d / "instance").read_text() == space.instance_id
+    await space.exec(["true"], key="c:1:0@1", epoch=1)
+    (line,) = (d / "ledger.jsonl").read_text().splitlines()
+    assert json.loads(line)["key"] == "c:1:0@1" and json.loads(line)["argv"] == ["true"]
+    assert await backend.names() == ["loc"]
+
+
+@pytest.mark.parametrize("failpoint", ["space.local.ledger_written",
+                                       "space.local.supervisor_recorded"])  # fmt: skip
+async def test_driver_killed_before_the_command_started(
+    state_dir: Path, space: LocalSpace, failpoint: str
+) -> None:
+    """The key is in the ledger but the command never started: ``lost``, never run later."""
+    await _crash_child(state_dir, "c:1:0@1", "echo run >> counter", failpoint)
+    await asyncio.sleep(0.2)
+    assert (await space.exec_record("c:1:0@1")).state is ExecState.LOST
+    again = await space.exec(["sh", "-c", "echo run >> counter"], key="c:1:0@1", epoch=1)
+    assert again.replayed and again.exit_code is None
+    assert await space.stat("counter") is None
+
+
+async def test_driver_killed_after_spawn(state_dir: Path, space: LocalSpace) -> None:
+    """Killed right after the spawn: the command runs to its end without its driver."""
+    await _crash_child(state_dir, "c:1:0@1", "sleep 0.3; echo done", "space.local.spawned")
+    result = await (await space.spawn(["x"], key="c:1:0@1", epoch=1)).wait()
+    assert (result.exit_code, result.output) == (0, b"done\n")
+
+
+async def test_pid_reuse_is_not_mistaken_for_the_command(space: LocalSpace) -> None:
+    ex = await space.spawn(["sleep", "30"], key="c:1:0@1", epoch=1)
+    cmd_dir = Path(ex._dir)
+    meta = json.loads((cmd_dir / "meta.json").read_text())
+    # The supervisor dies; its pid now "belongs" to another process (ours, say).
+    await LocalBackend(Path(space.root).parent.parent).restart("loc")
+    meta["pid"] = os.getpid()
+    (cmd_dir / "meta.json").write_text(json.dumps(meta))
+    assert (await space.exec_record("c:1:0@1")).state is ExecState.LOST
+
+
+async def test_torn_ledger_line_is_ignored(space: LocalSpace) -> None:
+    ledger = Path(space.root).parent / "ledger.jsonl"
+    with open(ledger, "ab") as f:
+        f.write(b'{"key": "c:9:0@1", "ep')  # a writer died mid-line
+    r = await space.exec(["sh", "-c", "echo hi"], key="c:1:0@1", epoch=1)
+    assert r.output == b"hi\n"
+    fresh = await space._backend.find("loc")
+    assert fresh is not None
+    assert (await fresh.exec_record("c:1:0@1")).state is ExecState.EXITED
+    assert (await fresh.exec_record("c:9:0@1")).state is ExecState.UNKNOWN
+
+
+async def test_restart_kills_processes_that_left_the_group(
+    backend: LocalBackend, space: LocalSpace
+) -> None:
+    # A daemonized grandchild: its own session, reparented away from the supervisor.
+    script = "(setsid sh -c 'while :; do echo x >> beat; sleep 0.05; done' &); sleep 30"
+    await space.spawn(["sh", "-c", script], key="c:1:0@1", epoch=1)
+    for _ in range(100):
+        if await space.stat("beat") is not None:
+            break
+        await asyncio.sleep(0.05)
+    await backend.restart("loc")
+    before = await space.read_file("beat")
+    await asyncio.sleep(0.4)
+    assert await space.read_file("beat") == before
+
+
+async def test_invalid_names_refused(backend: LocalBackend) -> None:
+    for bad in ("", "../x", "a/b", ".hidden"):
+        with pytest.raises(ValueError):
+            await backend.create(bad)
+
+
+async def test_fenced_driver_waiting_on_its_command_gets_stale_epoch(space: LocalSpace) -> None:
+    """A command killed by advance_epoch ends its old driver's wait with StaleEpochError
+    (the driver must stop), not with an exit status or a Space failure."""
+    ex = await space.spawn(["sleep", "30"], key="c:1:0@1", epoch=1)
+    waiter = asyncio.create_task(ex.wait())
+    await asyncio.sleep(0.1)
+    await space.advance_epoch(2)
+    with pytest.raises(StaleEpochError):
+        await asyncio.wait_for(waiter, 10)
+
+
+async def test_commands_do_not_inherit_driver_secrets(
+    space: LocalSpace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    r = await space.exec(["sh", "-c", 'echo "[$OPENAI_API_KEY] $DS_SPACE"'], key=None, epoch=1)
+    assert r.output == f"[] {space.instance_id}\n".encode()

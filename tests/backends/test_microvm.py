@@ -1,0 +1,182 @@
+"""Machine-level properties of microvm Spaces: whole-machine checkpoints, restores, forks.
+
+Real QEMU guests running the real cua-spacesd (``make microvm-image``); skipped with the
+reason when QEMU or the image is missing. Under TCG each machine is slow, so each test
+keeps at most two guests running at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from durable_spaces.adapter.space import ExecState
+
+pytestmark = [pytest.mark.microvm, pytest.mark.slow]
+
+COUNTER = (
+    "nohup bash -c 'i=0; while :; do i=$((i+1)); echo $i > count; sleep 0.2; done' "
+    ">/dev/null 2>&1 & echo $!"
+)
+
+
+@pytest.fixture
+async def backend(
+    state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[object]:
+    from durable_spaces.backends import microvm
+
+    reason = microvm.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"microvm backend cannot run here: {reason}")
+    monkeypatch.setenv("CUA_HOME", str(tmp_path / "cua-home"))
+    b = microvm.MicrovmBackend(state_dir)
+    try:
+        yield b
+    finally:
+        for name in await b.names():
+            await b.delete(name)
+        await b.close()
+
+
+def _name() -> str:
+    return f"mv-{uuid.uuid4().hex[:8]}"
+
+
+async def _count(space: object) -> int:
+    return int((await space.read_file("count")).decode())  # type: ignore[attr-defined]
+
+
+async def _wait_count(space: object, above: int = 0, timeout: float = 30) -> int:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            n = await _count(space)
+            if n > above:
+                return n
+        except (FileNotFoundError, ValueError):
+            pass
+        if loop.time() > deadline:
+            raise AssertionError(f"the counter did not get past {above}")
+        await asyncio.sleep(0.2)
+
+
+async def test_restore_brings_back_the_process_and_drops_later_files(backend: object) -> None:
+    b = backend
+    name = _name()
+    sp = await b.create(name)  # type: ignore[attr-defined]
+    caps = await sp.capabilities()
+    assert caps.kind == "microvm" and caps.machine_checkpoints and caps.exec_ledger
+    r = await sp.exec(["bash", "-c", COUNTER], key=f"{name}:c:0@1", epoch=1)
+    assert r.exit_code == 0
+    await _wait_count(sp, 2)
+    cid = await b.checkpoint(name)  # type: ignore[attr-defined]
+    at_ckpt = await _count(sp)
+    await sp.write_file("after.txt", b"written after the checkpoint")
+    await _wait_count(sp, at_ckpt + 5)
+
+    sp = await b.restore(name, cid)  # type: ignore[attr-defined]
+    await sp.advance_epoch(2)  # what the adapter does next; the counter (epoch 1) dies now
+    assert await sp.stat("after.txt") is None
+    rec = await sp.exec_record(f"{name}:c:0@1")
+    assert rec.state == ExecState.EXITED and rec.exit_code == 0
+
+
+async def test_restored_process_keeps_its_pid_and_counts_on(backend: object) -> None:
+    b = backend
+    name = _name()
+    sp = await b.create(name)  # type: ignore[attr-defined]
+    # Started without the ledger: an epoch raise would not kill it, so it stays to be seen.
+    r = await sp.exec(["bash", "-c", COUNTER], key=None, epoch=1)
+    pid = int(r.output.split()[-1])
+    await _wait_count(sp, 2)
+    cid = await b.checkpoint(name)  # type: ignore[attr-defined]
+    at_ckpt = await _count(sp)
+    before_restore = await _wait_count(sp, at_ckpt + 5)
+
+    sp = await b.restore(name, cid)  # type: ignore[attr-defined]
+    first = await _count(sp)
+    assert at_ckpt <= first < before_restore, (at_ckpt, first, before_restore)
+    again = await _wait_count(sp, first)
+    assert again > first
+    alive = await sp.exec(
+        ["sh", "-c", f"kill -0 {pid} && tr '\\0' ' ' < /proc/{pid}/cmdline"], key=None, epoch=1
+    )
+    assert alive.exit_code == 0 and b"while" in alive.output, alive
+
+
+async def test_two_forks_run_at_once_and_diverge(backend: object) -> None:
+    b = backend
+    src = _name()
+    sp = await b.create(src)  # type: ignore[attr-defined]
+    await sp.write_file("shared.txt", b"from the source")
+    r = await sp.exec(["bash", "-c", COUNTER], key=None, epoch=1)
+    pid = int(r.output.split()[-1])
+    await _wait_count(sp, 1)
+    cid = await b.checkpoint(src)  # type: ignore[attr-defined]
+    await b.delete(src)  # forks do not need their source (only its checkpoint)
+    fa, fb = _name(), _name()
+    a = await b.fork(cid, fa)  # type: ignore[attr-defined]
+    c = await b.fork(cid, fb)  # type: ignore[attr-defined]
+    assert a.instance_id != c.instance_id
+    assert b.qemu_pid(fa) and b.qemu_pid(fb)  # type: ignore[attr-defined]
+    await a.write_file("mine.txt", b"a")
+    await c.write_file("mine.txt", b"c")
+    assert await a.read_file("mine.txt") == b"a"
+    assert await c.read_file("mine.txt") == b"c"
+    assert await a.read_file("shared.txt") == await c.read_file("shared.txt")
+    na, nc = await _wait_count(a, 1), await _wait_count(c, 1)
+    assert await _wait_count(a, na) > na and await _wait_count(c, nc) > nc
+    for f in (a, c):  # the same process, running in each fork
+        res = await f.exec(["sh", "-c", f"kill -0 {pid}"], key=None, epoch=1)
+        assert res.exit_code == 0
+    # Each fork has its own token: one fork's token does not open the other.
+    assert a._token != c._token
+
+
+async def test_find_after_a_driver_restart_and_restart_keeps_the_disk(
+    backend: object, state_dir: Path
+) -> None:
+    from durable_spaces.backends.microvm import MicrovmBackend
+
+    b = backend
+    name = _name()
+    sp = await b.create(name)  # type: ignore[attr-defined]
+    await sp.write_file("kept.txt", b"kept")
+    done = await sp.exec(["sh", "-c", "echo done"], key=f"{name}:d:0@1", epoch=1)
+    assert done.exit_code == 0
+    await sp.advance_epoch(3)
+    running = await sp.spawn(["sleep", "600"], key=f"{name}:r:0@3", epoch=3)
+    await running.detach()
+
+    other = MicrovmBackend(state_dir)  # a new driver process would build this
+    found = await other.find(name)
+    assert found is not None and found.instance_id == sp.instance_id
+    assert await found.read_file("kept.txt") == b"kept"
+
+    await other.restart(name)
+    sp2 = await other.find(name)
+    assert sp2 is not None and sp2.instance_id == sp.instance_id
+    assert await sp2.read_file("kept.txt") == b"kept"
+    assert await sp2.current_epoch() == 3
+    assert (await sp2.exec_record(f"{name}:d:0@1")).state == ExecState.EXITED
+    assert (await sp2.exec_record(f"{name}:r:0@3")).state == ExecState.LOST
+    await other.close()
+
+
+async def test_prune_keeps_only_what_is_asked(backend: object) -> None:
+    b = backend
+    name = _name()
+    await b.create(name)  # type: ignore[attr-defined]
+    c1 = await b.checkpoint(name)  # type: ignore[attr-defined]
+    c2 = await b.checkpoint(name)  # type: ignore[attr-defined]
+    assert set(await b.checkpoints()) == {c1, c2}  # type: ignore[attr-defined]
+    assert await b.prune({c2}) == [c1]  # type: ignore[attr-defined]
+    assert await b.checkpoints() == [c2]  # type: ignore[attr-defined]
+    sp = await b.restore(name, c2)  # type: ignore[attr-defined]
+    assert (await sp.capabilities()).machine_checkpoints

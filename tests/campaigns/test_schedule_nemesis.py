@@ -1,0 +1,131 @@
+"""Schedules drawn from seeds, exhaustive schedules from a trace, and the nemesis."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from durable_spaces.chaos.nemesis import DriverKiller, Nemesis, Op, SpaceNemesis, compose
+from durable_spaces.chaos.schedule import (
+    FAULT_KINDS,
+    PROFILES,
+    AttemptPlan,
+    Failpoint,
+    Schedule,
+    SpaceFault,
+    exhaustive,
+    read_trace,
+)
+from durable_spaces.errors import ConfigError, SpaceUnavailableError
+
+POINTS = ["call", "start_mark", "spawn", "exit", "outcome_commit"]
+
+
+def test_same_seed_same_schedule_and_json_round_trip() -> None:
+    a = Schedule.draw("base-3", POINTS, 10, "space")
+    b = Schedule.draw("base-3", list(reversed(POINTS)), 10, "space")
+    assert a == b
+    assert Schedule.loads(a.dumps()) == a
+    assert Schedule.draw("base-4", POINTS, 10, "space") != a
+
+
+def test_draws_cover_every_fault_kind_and_trigger() -> None:
+    scheds = [Schedule.draw(f"s-{i}", POINTS, 8, "space") for i in range(200)]
+    kinds = {f.kind for s in scheds for a in s.attempts for f in a.faults}
+    assert kinds == set(FAULT_KINDS)
+    assert any(f.trigger == "after_kill" for s in scheds for a in s.attempts for f in a.faults)
+    fps = [a.failpoint for s in scheds for a in s.attempts if a.failpoint]
+    assert {fp.name for fp in fps} == set(POINTS)
+    assert all(1 <= fp.n <= 8 for fp in fps)
+    assert all(len(s.attempts) <= PROFILES["space"].faulty_attempts for s in scheds)
+    assert all(s.plan(99).empty for s in scheds)  # past the plan: clean attempts
+
+
+def test_calm_profile_and_unknown_profile() -> None:
+    assert Schedule.draw("x", POINTS, 5, "calm").attempts == ()
+    with pytest.raises(ConfigError, match="profile"):
+        Schedule.draw("x", POINTS, 5, "wild")
+
+
+def test_attempt_env_arms_or_disarms() -> None:
+    assert AttemptPlan(Failpoint("spawn", 2)).env() == {"DS_FAILPOINTS": "spawn:2"}
+    assert AttemptPlan().env() == {"DS_FAILPOINTS": ""}
+    with pytest.raises(ValueError):
+        SpaceFault("space_remove")  # neither a time nor a trigger
+
+
+def test_exhaustive_from_a_real_trace(tmp_path: Path) -> None:
+    trace = tmp_path / "trace"
+    code = (
+        "from durable_spaces.chaos import failpoints as f\n"
+        "for i in range(2):\n    f.hit('call'); f.hit('exit')\n"
+    )
+    env = {**os.environ, "DS_FAILPOINT_TRACE": str(trace), "DS_FAILPOINTS": ""}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    with open(trace, "a") as f:
+        f.write("exi")  # a torn last line is ignored
+    assert read_trace(trace) == [("call", 1), ("exit", 1), ("call", 2), ("exit", 2)]
+    scheds = exhaustive(trace, "ex")
+    assert [s.attempts[0].failpoint for s in scheds] == [
+        Failpoint("call", 1),
+        Failpoint("exit", 1),
+        Failpoint("call", 2),
+        Failpoint("exit", 2),
+    ]
+    assert all(s.origin == "exhaustive" and s.planned_kills == 1 for s in scheds)
+    assert scheds[1].seed == "ex-exit-1"
+
+
+class FakeBackendError(Exception):
+    pass
+
+
+class RecordingBackend:
+    """A SpaceBackend's fault half that records calls (the real ones come with backends)."""
+
+    kind = "recording"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    async def restart(self, name: str) -> None:
+        self.calls.append(("restart", name))
+
+    async def kill_daemon(self, name: str) -> None:
+        raise SpaceUnavailableError("daemon did not come back")
+
+    async def delete(self, name: str) -> None:
+        self.calls.append(("delete", name))
+
+
+async def test_compose_routes_records_and_refuses_double_claims() -> None:
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "import time; time.sleep(60)")
+    backend = RecordingBackend()
+    space = SpaceNemesis(backend, "ds-x")  # type: ignore[arg-type]
+    routes: dict[object, Nemesis] = {
+        "kill": DriverKiller(lambda: proc.pid),
+        ("space_restart", "space_remove", "daemon_kill"): space,
+    }
+    nem = compose(routes)
+    k = await nem.inflict("kill")
+    assert k.type == "ok" and k.value == proc.pid
+    assert await proc.wait() == -signal.SIGKILL
+    assert (await nem.inflict("space_restart")).type == "ok"
+    assert (await nem.inflict("space_remove")).type == "ok"
+    d = await nem.inflict("daemon_kill")
+    assert d.type == "info" and "did not come back" in (d.error or "")
+    assert backend.calls == [("restart", "ds-x"), ("delete", "ds-x")]
+    assert nem.counts() == {"daemon_kill": 1, "kill": 1, "space_remove": 1, "space_restart": 1}
+    assert all(op.end_ms is not None and op.end_ms >= op.time_ms for op in nem.history)
+    with pytest.raises(ValueError, match="no nemesis"):
+        await nem.invoke(Op("partition"))
+    with pytest.raises(ValueError, match="two nemeses"):
+        compose([space, SpaceNemesis(backend, "ds-y", ["space_remove"])])  # type: ignore[arg-type]
+    none = await compose([DriverKiller(lambda: None)]).inflict("kill")
+    assert none.type == "fail"
