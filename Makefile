@@ -1,18 +1,65 @@
+# durable-spaces: every target does its own set-up, so each works on a fresh machine.
 PYTHON ?= python
+PIP ?= $(PYTHON) -m pip
+export DO_NOT_TRACK := 1
+export CUA_TELEMETRY := 0
 
-.PHONY: space-image bench-docker microvm-image bench-microvm
+# Campaign knobs (the CRASH_* variables the CLI reads; override on the command line).
+CRASH_MODE ?= transactional
+CRASH_BACKEND ?= local
+CRASH_RUNS ?= 40
+CRASH_CALLS ?= 8
+CRASH_SEED_BASE ?= ds
+export CRASH_MODE CRASH_BACKEND CRASH_RUNS CRASH_CALLS CRASH_SEED_BASE
+
+.PHONY: setup system-deps test campaign ci bench lint space-image microvm-image \
+        bench-log bench-spaces bench-adapter bench-docker bench-microvm bench-campaign
+
+# Python packages (PyPI only), the project itself in editable mode.
+setup:
+	$(PIP) install -q -e '.[test]'
+
+# Debian packages, a running dockerd, the docker Space image and the microvm guest.
+system-deps:
+	bash images/space/ci-setup.sh
+	bash images/microvm/ci-setup.sh
+
+# The README's test command: the whole suite, in parallel.
+test: setup system-deps
+	$(PYTHON) -m pytest -n auto -q
+
+# The main job: a real campaign on the default (embedded `local`) backend, with a report.
+campaign: setup
+	durable-spaces campaign
+
+# The CI fast subset: every campaign mode on local and spacesd, fixed seeds.
+ci: setup
+	bash .ci/campaigns.sh
+
+lint: setup
+	ruff check durable_spaces tests bench
+	mypy
 
 # The docker Space image (debootstrap base + Dockerfile); rebuilt only when its inputs change.
 space-image:
-	DO_NOT_TRACK=1 CUA_TELEMETRY=0 $(PYTHON) -m durable_spaces.backends.docker_image
-
-bench-docker:
-	DO_NOT_TRACK=1 CUA_TELEMETRY=0 $(PYTHON) -m bench.docker
+	$(PYTHON) -m durable_spaces.backends.docker_image
 
 # The microvm guest (kernel, initramfs, qcow2 rootfs) and its booted base checkpoint;
 # rebuilt only when its inputs change (images/microvm/ci-setup.sh installs QEMU first).
 microvm-image:
-	DO_NOT_TRACK=1 CUA_TELEMETRY=0 $(PYTHON) -m durable_spaces.backends.microvm_image
+	$(PYTHON) -m durable_spaces.backends.microvm_image
 
+bench: setup bench-log bench-spaces bench-adapter bench-campaign bench-docker bench-microvm
+
+bench-log:
+	$(PYTHON) -m bench.log
+bench-spaces:
+	$(PYTHON) -m bench.spaces --backends local,spacesd,docker
+bench-adapter:
+	$(PYTHON) -m bench.adapter
+bench-campaign:
+	$(PYTHON) -m bench.campaign
+bench-docker:
+	$(PYTHON) -m bench.docker
 bench-microvm:
-	DO_NOT_TRACK=1 CUA_TELEMETRY=0 $(PYTHON) -m bench.microvm
+	$(PYTHON) -m bench.microvm

@@ -312,9 +312,9 @@ async def main(argv: Sequence[str] | None = None) -> int:
                             f"{name} {mode} {size} files: {time.monotonic() - t0:.1f} s",
                             style="dim",
                         )
-                for sp_name in await backend.names():
-                    await backend.delete(sp_name)
             finally:
+                for sp_name in await backend.names():  # stop every daemon we started
+                    await backend.delete(sp_name)
                 await backend.close()
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -24,6 +24,7 @@ from durable_spaces.adapter.recovery import RecoveryKind
 from durable_spaces.adapter.space import ExecRecord, ExecResult, ExecState, Space
 from durable_spaces.adapter.state import CallRecord, SpaceState
 from durable_spaces.adapter.tools import ToolContext, ToolResult
+from durable_spaces.chaos import mutants
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import StaleEpochError
 
@@ -190,6 +191,8 @@ class CallPipeline:
                 res = await self._run_bash(space, rec)
                 self.d.emit("reattached", self.conv, rec, tool=self.tool)
                 return await self._finish(space, rec, _bash_outcome(res))
+            if mutants.active("rerun_exited") and record.state is ExecState.EXITED:
+                record = ExecRecord(rec.key, ExecState.UNKNOWN)  # the defect: forget it ran
             if record.state is ExecState.EXITED and (
                 not older or (record.exit_code == 0 and record.signal is None)
             ):

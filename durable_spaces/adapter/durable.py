@@ -111,6 +111,7 @@ class DurableSpaces:
         #: only unique within one log, Space names must be unique on the backend.
         self.namespace = namespace
         self._name_for = name_for
+        self._bound: dict[str, str] = {}
         self.events: list[RecoveryEvent] = []
         #: Called with (tool, call id) as each wrapped call starts (the driver's first step).
         self.on_call: Callable[[str, str], None] | None = None
@@ -120,7 +121,14 @@ class DurableSpaces:
         self._tooling: dict[str, str | None] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
+    def bind(self, conversation_id: str, name: str) -> None:
+        """Use the Space ``name`` for this conversation (a Space placed by a coordinator,
+        e.g. ``CUA_SESSION_SPACE``) instead of one named from its id."""
+        self._bound[conversation_id] = name
+
     def name_for(self, conversation_id: str) -> str:
+        if conversation_id in self._bound:
+            return self._bound[conversation_id]
         if self._name_for is not None:
             return self._name_for(conversation_id)
         ns = self.namespace
@@ -479,8 +487,13 @@ class DurableSpaces:
             cid = state.last_checkpoint
             if cid is None:
                 raise PermanentFailure("the Space was lost and the log records no checkpoint")
+            source = None
+            if state.space is not None and state.space != space.name:
+                source = await self.spaces.find(state.space)  # a fork's parent Space
             try:
-                space = await self.snapshots.restore(space, cid, self.epoch_for(space.name))
+                space = await self.snapshots.restore(
+                    space, cid, self.epoch_for(space.name), source=source
+                )
             except CheckpointMissing as e:
                 raise PermanentFailure(
                     f"the Space was placed again from scratch and its checkpoint {cid} is "

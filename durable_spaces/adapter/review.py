@@ -86,8 +86,8 @@ async def workspace_at(
 ) -> Workspace:
     """The workspace the committed log implies right after entry ``entry_id`` (an entry
     visible in ``conversation_id``: its own or one inherited from a parent)."""
-    conv = harness.conversation(conversation_id)
     try:
+        conv = harness.conversation(conversation_id)
         raw = conv.document(DOC, as_of=entry_id)
     except KeyError as e:
         raise ReviewError(str(e.args[0] if e.args else e)) from None

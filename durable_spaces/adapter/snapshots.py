@@ -84,7 +84,9 @@ class Snapshots(Protocol):
 
     async def checkpoint(self, space: Space, call_id: str, epoch: int) -> str: ...
 
-    async def restore(self, space: Space, checkpoint_id: str, epoch: int) -> Space:
+    async def restore(
+        self, space: Space, checkpoint_id: str, epoch: int, source: Space | None = None
+    ) -> Space:
         """Make the Space equal to the checkpoint; returns the Space to use afterwards
         (a machine restore replaces it). Raises ``CheckpointMissing`` if it is gone."""
         ...
@@ -153,22 +155,30 @@ class WorkspaceSnapshots:
     async def checkpoint(self, space: Space, call_id: str, epoch: int) -> str:
         root = space.root
         d = self._dir(space)
+        tmp = f"{d}/.pending-{_slug(call_id)}.tar"
         data = await self._sh(
             space,
-            f"tar --numeric-owner --sort=name -cf - -C {_q(root)} . 2>/dev/null",
+            f"mkdir -p {_q(d)} && set -o pipefail && "
+            f"tar --numeric-owner --sort=name -cf - -C {_q(root)} . 2>/dev/null "
+            f"| tee {_q(tmp)} && {{ sync {_q(tmp)} 2>/dev/null || true; }}",
             epoch,
         )
         cid = f"{_slug(call_id)}-{hashlib.sha256(data).hexdigest()[:16]}"
         if self.store is not None:
             self.store.put(cid, data)
+        # The copy inside the Space is the tee'd stream of the same tar: no upload back.
+        await self._sh(space, f"mv -f {_q(tmp)} {_q(d)}/{cid}.tar", epoch)
+        return cid
+
+    async def _keep(self, space: Space, checkpoint_id: str, data: bytes, epoch: int) -> None:
+        d = self._dir(space)
         await self._sh(
             space,
-            f"mkdir -p {_q(d)} && cat > {_q(d)}/.{cid}.tmp && "
-            f"sync {_q(d)}/.{cid}.tmp 2>/dev/null; mv -f {_q(d)}/.{cid}.tmp {_q(d)}/{cid}.tar",
+            f"mkdir -p {_q(d)} && cat > {_q(d)}/.{checkpoint_id}.tmp && "
+            f"mv -f {_q(d)}/.{checkpoint_id}.tmp {_q(d)}/{checkpoint_id}.tar",
             epoch,
             stdin=data,
         )
-        return cid
 
     async def _fetch(self, space: Space, checkpoint_id: str, epoch: int) -> bytes:
         if self.store is not None:
@@ -192,8 +202,19 @@ class WorkspaceSnapshots:
             )
         return res.output
 
-    async def restore(self, space: Space, checkpoint_id: str, epoch: int) -> Space:
-        data = await self._fetch(space, checkpoint_id, epoch)
+    async def restore(
+        self, space: Space, checkpoint_id: str, epoch: int, source: Space | None = None
+    ) -> Space:
+        try:
+            data = await self._fetch(space, checkpoint_id, epoch)
+        except CheckpointMissing:
+            if source is None:
+                raise
+            # A fork's first use: the checkpoint lives in the parent's Space. Read it at
+            # the parent's own floor (never raise a Space's epoch just to read from it),
+            # and keep a copy here so this Space's own recovery can restore it too.
+            data = await self._fetch(source, checkpoint_id, max(1, await source.current_epoch()))
+            await self._keep(space, checkpoint_id, data, epoch)
         check_archive(data)
         root = _q(space.root)
         await self._sh(
@@ -224,7 +245,9 @@ class SandboxSnapshots:
     async def checkpoint(self, space: Space, call_id: str, epoch: int) -> str:
         return str(await self.backend.checkpoint(space.name))  # type: ignore[attr-defined]
 
-    async def restore(self, space: Space, checkpoint_id: str, epoch: int) -> Space:
+    async def restore(
+        self, space: Space, checkpoint_id: str, epoch: int, source: Space | None = None
+    ) -> Space:
         await self.backend.restore(space.name, checkpoint_id)  # type: ignore[attr-defined]
         new = await self.backend.find(space.name)
         if new is None:

@@ -99,6 +99,12 @@ exit 0
 """
 
 
+def _not_found() -> type[Exception]:
+    import docker.errors
+
+    return docker.errors.NotFound
+
+
 def _client() -> Any:
     import docker
 
@@ -114,12 +120,12 @@ def unavailable_reason(image: str | None = None) -> str | None:
         return f"Docker engine not running: {e}"
     try:
         tag = image or _default_image()
+        try:
+            client.images.get(tag)
+        except Exception:
+            return f"space image {tag} not built: run make space-image"
     except Exception as e:
         return f"space image tag unknown: {e}"
-    try:
-        client.images.get(tag)
-    except Exception:
-        return f"space image {tag} not built: run make space-image"
     finally:
         client.close()
     return None
@@ -138,8 +144,8 @@ def _free_port() -> int:
 
 
 async def wait_http_health(port: int, timeout: float = BOOT_TIMEOUT) -> float:
-    """Poll the daemon's ``GET /health`` on loopback until it answers; return the seconds
-    waited. The first answer means the daemon has opened its ledger and serves."""
+    """Poll the daemon's ``GET /health`` on loopback until it answers 2xx; return the
+    seconds waited. Cheap (no SDK, no token), so it can poll every 20 ms."""
     t0 = time.monotonic()
     req = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
     last: Exception | str = "no answer"
@@ -334,8 +340,11 @@ class DockerBackend:
         if c is None:
             return None
         if c.status != "running":  # the machine is off (engine restart, crash): boot it
-            await asyncio.to_thread(c.start)
-            await asyncio.to_thread(c.reload)
+            try:
+                await asyncio.to_thread(c.start)
+                await asyncio.to_thread(c.reload)
+            except _not_found():  # deleted meanwhile
+                return None
         return await self._attach(name, c)
 
     async def _attach(self, name: str, c: Any) -> Any:
@@ -455,7 +464,7 @@ class DockerBackend:
             with self._lock(name):
                 c = self._container(name)
                 if c is not None:
-                    with contextlib.suppress(Exception):
+                    with contextlib.suppress(_not_found()):  # removed meanwhile: fine
                         c.remove(force=True)
                 tok = self._token_path(name)
                 tok.unlink(missing_ok=True)

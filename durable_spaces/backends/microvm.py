@@ -69,6 +69,7 @@ from durable_spaces.backends.microvm_image import (
     GuestImage,
     load_image,
 )
+from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import (
     BackendUnavailableError,
     SpaceError,
@@ -133,6 +134,9 @@ class SpaceState:
     pid_start: float = 0.0
     boot: str = ""  # changes whenever the daemon (or the machine) is started anew
     booted: float = 0.0
+    #: Token file of the checkpoint being restored while its token is still the one in
+    #: guest memory (a driver killed before the rotation leaves it set: find() finishes).
+    pending: str = ""
 
 
 @dataclass
@@ -154,7 +158,11 @@ class _Source:
 
     memory: pathlib.Path
     chain: list[str]
-    token: str
+    token_file: pathlib.Path
+
+    @property
+    def token(self) -> str:
+        return self.token_file.read_text().strip()
 
 
 class VmProbe:
@@ -258,7 +266,10 @@ class MicrovmBackend:
     """QEMU microvm guests as Spaces, under ``state_dir``.
 
     ``image_dir``: a built image (default ``~/.cache/durable-spaces-microvm/current``);
-    ``memory_mb``: guest memory (a base checkpoint must exist for it).
+    ``memory_mb``: guest memory (a base checkpoint must exist for it);
+    ``keep_checkpoints``: keep only this many newest checkpoints per Space (default:
+    ``DS_MICROVM_KEEP_CHECKPOINTS``, else all until ``prune``). Each one holds the guest's
+    memory (about 120 MB for 512 MiB), so a long checkpoint-mode run needs a bound.
     """
 
     kind = "microvm"
@@ -268,7 +279,12 @@ class MicrovmBackend:
         state_dir: str | os.PathLike[str],
         image_dir: str | os.PathLike[str] | None = None,
         memory_mb: int = DEFAULT_MEMORY_MB,
+        keep_checkpoints: int | None = None,
     ) -> None:
+        if keep_checkpoints is None:
+            env = os.environ.get("DS_MICROVM_KEEP_CHECKPOINTS")
+            keep_checkpoints = int(env) if env else None
+        self.keep_checkpoints = keep_checkpoints
         reason = unavailable_reason(image_dir)
         if reason is not None:
             raise BackendUnavailableError(reason)
@@ -351,9 +367,7 @@ class MicrovmBackend:
     # --- machines -------------------------------------------------------------------------
 
     def _base_source(self) -> _Source:
-        return _Source(
-            self._base_memory, [str(self._base_disk)], self.image.token_file.read_text().strip()
-        )
+        return _Source(self._base_memory, [str(self._base_disk)], self.image.token_file)
 
     async def _start(self, name: str, st: SpaceState, source: _Source | None) -> SpaceState:
         """Start the Space's machine on ``st.chain``'s top: a restore of ``source`` (its
@@ -377,8 +391,10 @@ class MicrovmBackend:
             st.pid, st.pid_start = vm.pid, vm.start
             st.boot = secrets.token_hex(6)
             st.booted = time.time()
+            st.pending = str(source.token_file) if source is not None else ""
             self._write(name, st)
             timeout = qemu_vm.RESTORE_TIMEOUT if source else qemu_vm.BOOT_TIMEOUT
+            hit("microvm.start.launched")
             try:
                 if source is not None:
                     self.last["load"] = await qemu_vm.resume_incoming(sock, vm, timeout)
@@ -396,12 +412,16 @@ class MicrovmBackend:
         key = "restore" if source else "boot"
         self.last[key] = time.monotonic() - t0
         if source is not None:
-            await self._after_restore(name, st, source.token)
+            hit("microvm.start.resumed")
+            self._spaces[name] = await self._after_restore(name, st, source.token)
+            st.pending = ""
+            self._write(name, st)
         self.last[key + "_ready"] = time.monotonic() - t0
         return st
 
-    async def _after_restore(self, name: str, st: SpaceState, old_token: str) -> None:
-        """Give the restored guest the Space's token, the host's clock and fresh randomness."""
+    async def _after_restore(self, name: str, st: SpaceState, old_token: str) -> Any:
+        """Give the restored guest the Space's token, the host's clock and fresh randomness;
+        returns the connected Space (its connection is reused)."""
         token = self._token(name)
         tmp = MicrovmSpace(self, name, st, old_token)
         script = (
@@ -417,26 +437,22 @@ class MicrovmBackend:
         except SpaceUnavailableError:
             if not rotate:
                 raise
-        finally:
-            with contextlib.suppress(Exception):
-                await tmp.close()
-        if rotate:
-            # The daemon picks the file up on its own: wait until the new token is taken.
-            sp = MicrovmSpace(self, name, st, token)
-            deadline = time.monotonic() + 10
+        if not rotate:
+            return tmp
+        with contextlib.suppress(Exception):
+            await tmp.close()
+        # The daemon picks the file up on its own (inotify): wait until the new token works.
+        sp = MicrovmSpace(self, name, st, token)
+        deadline = time.monotonic() + 10
+        while True:
             try:
-                while True:
-                    try:
-                        await sp._call("capabilities")
-                        break
-                    except SpaceUnavailableError:
-                        if time.monotonic() > deadline:
-                            raise
-                        sp._client = None
-                        await asyncio.sleep(0.02)
-            finally:
-                with contextlib.suppress(Exception):
-                    await sp.close()
+                await sp._call("capabilities")
+                return sp
+            except SpaceUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                sp._client = None
+                await asyncio.sleep(0.02)
 
     def _space(self, name: str, st: SpaceState) -> Any:
         sp = self._spaces.get(name)
@@ -490,9 +506,25 @@ class MicrovmBackend:
             return await self._fork_into(name, self._base_source())
 
     async def _ensure_running(self, name: str, st: SpaceState) -> Any:
+        """The Space, running: a machine that is down (host reboot, QEMU crash) boots its
+        disk, as a machine would; one left half-way by a killed driver is finished."""
         if not qemu_vm.alive(st.pid, st.pid_start):
-            # The machine is down (host reboot, QEMU crash): boot its disk, as a machine would.
+            st.pending = ""  # a cold boot takes the Space's own token from fw_cfg
             st = await self._start(name, st, None)
+            return self._space(name, st)
+        top = await qemu_vm.settle(self._qmp_sock(name))
+        if top is not None and top != st.chain[-1]:
+            # Killed between the disk snapshot and recording it: the new top is real.
+            if top in st.chain:
+                raise SpaceError(f"the machine of {name!r} writes to {top}, not its chain's top")
+            st.chain.append(top)
+            self._write(name, st)
+        if st.pending:
+            old = pathlib.Path(st.pending).read_text().strip()
+            await qemu_vm.wait_health(st.port, qemu_vm.RESTORE_TIMEOUT)
+            self._spaces[name] = await self._after_restore(name, st, old)
+            st.pending = ""
+            self._write(name, st)
         return self._space(name, st)
 
     async def find(self, name: str) -> Any:
@@ -625,7 +657,8 @@ class MicrovmBackend:
             part.rename(d)
             self.last["checkpoint_pause"] = figs.pause_s
             self.last["checkpoint_bytes"] = float(figs.memory_bytes)
-            return cid
+        self._retain(name)
+        return cid
 
     def _source(self, checkpoint_id: str) -> _Source:
         meta = self.checkpoint_meta(checkpoint_id)
@@ -640,16 +673,21 @@ class MicrovmBackend:
                 f"{self.image.dir}"
             )
         d = self._ckpt_dir(checkpoint_id)
-        return _Source(d / "memory", meta.chain, (d / "token").read_text().strip())
+        return _Source(d / "memory", meta.chain, d / "token")
 
     async def restore(self, name: str, checkpoint_id: str) -> Any:
         """Replace Space ``name`` with a fork of the checkpoint (same name, instance and
-        token). Its processes come back as they were; the caller raises the epoch next."""
+        token). Its processes come back as they were; the caller raises the epoch next.
+
+        A Space that no longer exists (removed, lost) is placed again from the checkpoint:
+        a new instance (new id and token) with the checkpoint's machine in it."""
         source = self._source(checkpoint_id)
         with self._lock(name):
             st = self._read(name)
             if st is None:
-                raise SpaceGoneError(f"no Space {name!r} to restore")
+                sp = await self._fork_into(name, source)
+                self._gc()
+                return sp
             self._kill(name)
             with self._lock("pool"):
                 st.chain = [*source.chain, self._new_layer(source.chain[-1])]
@@ -671,19 +709,36 @@ class MicrovmBackend:
     async def prune(self, keep: set[str]) -> list[str]:
         """Delete every checkpoint not in ``keep`` and the disk layers nothing refers to;
         returns the ids removed."""
-        removed = []
-        for cid in await self.checkpoints():
-            if cid not in keep:
-                d = self._ckpt_dir(cid)
-                trash = d.with_name(d.name + ".del")
-                with contextlib.suppress(OSError):
-                    d.rename(trash)
-                    for f in trash.iterdir():
-                        f.chmod(0o600)
-                    shutil.rmtree(trash)
-                    removed.append(cid)
+        removed = [cid for cid in await self.checkpoints() if cid not in keep]
+        for cid in removed:
+            self._remove_checkpoint(cid)
         self._gc()
         return removed
+
+    def _remove_checkpoint(self, cid: str) -> None:
+        d = self._ckpt_dir(cid)
+        trash = d.with_name(d.name + ".del")
+        with contextlib.suppress(OSError):
+            d.rename(trash)
+        with contextlib.suppress(OSError):
+            for f in trash.iterdir():
+                f.chmod(0o600)
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def _retain(self, name: str) -> None:
+        """Apply ``keep_checkpoints``: drop this Space's oldest checkpoints beyond it."""
+        if not self.keep_checkpoints:
+            return
+        mine = []
+        for p in (self.state_dir / "checkpoints").iterdir():
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                meta = json.loads((p / "meta.json").read_text())
+                if meta["space"] == name:
+                    mine.append((float(meta["created"]), p.name))
+        mine.sort()
+        for _, cid in mine[: max(0, len(mine) - self.keep_checkpoints)]:
+            self._remove_checkpoint(cid)
+        self._gc()
 
     def _gc(self) -> None:
         """Remove pool layers that no Space chain and no checkpoint refers to."""

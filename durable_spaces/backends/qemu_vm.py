@@ -48,6 +48,7 @@ from durable_spaces.backends.microvm_image import (
     GuestImage,
     _log,
 )
+from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import SpaceError, SpaceUnavailableError
 
 log = logging.getLogger(__name__)
@@ -319,6 +320,38 @@ async def resume_incoming(qmp_sock: pathlib.Path, vm: VmProcess, timeout: float)
             await asyncio.sleep(0.01)
 
 
+async def settle(qmp_sock: pathlib.Path, timeout: float = 60) -> str | None:
+    """Bring a machine left half-way by a killed driver back to running; return the file
+    its disk writes go to now.
+
+    A driver killed inside ``save_checkpoint`` leaves the guest stopped (maybe with a
+    migration in flight, maybe after the disk snapshot switched the top layer); one killed
+    inside a restore leaves it loading or paused. Every such machine is continued here."""
+    t0 = time.monotonic()
+    async with Qmp(qmp_sock) as q:
+        while True:
+            status = await q.status()
+            if status == "running":
+                break
+            if status == "inmigrate" and time.monotonic() - t0 < timeout:
+                await asyncio.sleep(0.02)
+                continue
+            mig = await q.run("query-migrate")
+            if isinstance(mig, dict) and mig.get("status") in ("active", "setup", "device"):
+                await q.run("migrate_cancel")
+                await asyncio.sleep(0.02)
+                continue
+            if status in ("paused", "postmigrate", "finish-migrate"):
+                await q.run("cont")
+                continue
+            raise SpaceUnavailableError(f"the machine is {status}")
+        blocks = await q.run("query-block")
+    for b in blocks if isinstance(blocks, list) else []:
+        if b.get("device") == "disk0" and b.get("inserted"):
+            return str(b["inserted"]["file"])
+    return None
+
+
 @dataclass(frozen=True)
 class CheckpointFigures:
     pause_s: float
@@ -336,11 +369,13 @@ async def save_checkpoint(
         await q.run("migrate-set-parameters", {"max-bandwidth": 1 << 40})
         t0 = time.monotonic()
         await q.run("stop")
+        hit("microvm.checkpoint.stopped")
         try:
             await q.run(
                 "blockdev-snapshot-sync",
                 {"device": "disk0", "snapshot-file": str(new_top), "format": "qcow2"},
             )
+            hit("microvm.checkpoint.snapshot")
             old = os.umask(0o077)
             try:
                 await q.run("migrate", {"uri": f"exec:cat > {shlex.quote(str(part))}"})

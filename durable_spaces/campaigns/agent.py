@@ -94,6 +94,8 @@ def main() -> int:
             ctx.log, models={"scripted": model}, registry=registry, env=durable.env
         )
         root = await harness.root(AgentConfig(model="scripted"))
+        if ctx.session.space:
+            durable.bind(root.id, ctx.session.space)  # the Space the coordinator placed
         harness.resume()
         submission = await root.submit(REQUEST, request_id=ctx.session.name)
 

@@ -26,6 +26,8 @@ supervisor with backoff. What it must guarantee, even when it is itself SIGKILLe
   with ``superseded`` instead of fighting it.
 - A driver whose stdout falls silent for ``stall_secs`` (heartbeats are output) is
   SIGKILLed and counts as a crash.
+- ``place_space()`` raising ``PermanentFailure`` ends the session ``failed``; any other
+  error is retried like a crash (backoff, counted against ``max_attempts``).
 
 Order of one attempt: backoff, issue the epoch, ``before_launch`` hooks (they may edit
 the environment, e.g. arm a failpoint, or inflict a Space fault), ``place_space()``, spawn,
@@ -149,6 +151,7 @@ class CoordinatorResult:
     events: list[dict[str, Any]]
     resumes: list[Resume]
     stalls: int = 0
+    #: Drivers the coordinator itself SIGKILLed (stall, nemesis, timeout, exit).
     kills: int = 0
     reason: str = ""
 
@@ -339,12 +342,21 @@ class Coordinator:
 
     async def _loop(self) -> CoordinatorResult:
         crashes = 0
+        place_failures = 0
         backoff_ms = 0.0  # slept just before this launch
         down_backoff_ms = 0.0  # slept since the death not yet resumed from
         down_attempts = 0
         last_death: tuple[float, str] | None = None
         resumes = self._resumes
-        while len(self.history) < self.max_attempts:
+
+        async def back_off(epoch: int) -> float:
+            initial, cap, factor = self.backoff
+            delay = min(cap, initial * factor ** (crashes - 1))
+            self._emit("backoff", epoch, delay_s=delay, crashes=crashes)
+            await asyncio.sleep(delay)
+            return delay * 1000
+
+        while len(self.history) + place_failures < self.max_attempts:
             epoch = self._issue_epoch()
             launch = Launch(len(self.history), epoch, self._driver_env(epoch))
             for hook in self.before_launch:
@@ -356,6 +368,17 @@ class Coordinator:
                     await self.place_space()
                 except PermanentFailure as e:
                     return self._result("failed", f"place_space: {e}")
+                except Exception as e:
+                    # The Space could not be placed now (its host is down, say): like a
+                    # crash, retried after a backoff, and counted against the cap.
+                    place_failures += 1
+                    crashes += 1
+                    self._emit("place_failed", epoch, error=f"{type(e).__name__}: {e}")
+                    if len(self.history) + place_failures >= self.max_attempts:
+                        break
+                    backoff_ms = await back_off(epoch)
+                    down_backoff_ms += backoff_ms
+                    continue
             attempt = await self._spawn(launch, backoff_ms)
             down_attempts += 1
             code = await self._supervise(attempt)
@@ -385,15 +408,14 @@ class Coordinator:
                 cause = attempt.killed_by or "crash"
                 last_death = (attempt.killed_ms or attempt.ended_ms, cause)
                 down_backoff_ms, down_attempts = 0.0, 0
-            if len(self.history) >= self.max_attempts:
+            if len(self.history) + place_failures >= self.max_attempts:
                 break
-            initial, cap, factor = self.backoff
-            delay = min(cap, initial * factor ** (crashes - 1))
-            backoff_ms = delay * 1000
+            backoff_ms = await back_off(attempt.epoch)
             down_backoff_ms += backoff_ms
-            self._emit("backoff", attempt.epoch, delay_s=delay, crashes=crashes)
-            await asyncio.sleep(delay)
-        return self._result("exhausted", f"attempt cap {self.max_attempts} reached")
+        return self._result(
+            "exhausted",
+            f"attempt cap {self.max_attempts} reached ({place_failures} placements failed)",
+        )
 
     # -- pieces --------------------------------------------------------------------------
 
@@ -522,7 +544,8 @@ class Coordinator:
         try:
             while not waiter.done():
                 await asyncio.wait({waiter}, timeout=tick)
-                if not waiter.done() and time.monotonic() - last_output > self.stall_secs:
+                silent = time.monotonic() - last_output
+                if not waiter.done() and a.killed_ms is None and silent > self.stall_secs:
                     self._emit("stall", a.epoch, pid=a.pid, silent_s=self.stall_secs)
                     self.kill_current("stall")
             code = waiter.result()

@@ -52,6 +52,9 @@ class RunRecord:
     recoveries: dict[str, int] = field(default_factory=dict)
     attempts: int = 0
     resume_latencies_ms: list[float] = field(default_factory=list)
+    #: Backoff slept inside each resume (same order; empty if not recorded), so a
+    #: report can show the latency with the backoff excluded.
+    resume_backoffs_ms: list[float] = field(default_factory=list)
     outcome: str = "ok"
     checks: dict[str, Check] = field(default_factory=dict)
     duration_s: float = 0.0

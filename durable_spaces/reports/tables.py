@@ -74,19 +74,35 @@ def attempts_table(records: Sequence[RunRecord]) -> pd.DataFrame:
 
 
 def latency_table(records: Sequence[RunRecord]) -> pd.DataFrame:
-    """Resume latency (kill -> next first step, ms) per mode and backend."""
+    """Resume latency (kill -> next first step, ms) per mode and backend; the
+    ``*_excl_backoff_ms`` columns subtract the backoff slept (runs that recorded it)."""
     rows = []
-    groups: dict[tuple[str, str], list[float]] = {}
+    groups: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
     for r in records:
-        groups.setdefault((r.mode, r.backend), []).extend(r.resume_latencies_ms)
-    for (mode, backend), xs in sorted(groups.items()):
+        xs, net = groups.setdefault((r.mode, r.backend), ([], []))
+        xs.extend(r.resume_latencies_ms)
+        if len(r.resume_backoffs_ms) == len(r.resume_latencies_ms):
+            net.extend(
+                x - b for x, b in zip(r.resume_latencies_ms, r.resume_backoffs_ms, strict=True)
+            )
+
+    def q(s: pd.Series, p: float) -> float | None:
+        return round(float(s.quantile(p)), 1) if len(s) else None
+
+    for (mode, backend), (xs, net) in sorted(groups.items()):
         s = pd.Series(xs, dtype="float64")
+        n = pd.Series(net, dtype="float64")
         row: dict[str, object] = {"mode": mode, "backend": backend, "samples": len(xs)}
         for p in PERCENTILES:
-            row[f"p{p}_ms"] = round(float(s.quantile(p / 100)), 1) if xs else None
+            row[f"p{p}_ms"] = q(s, p / 100)
         row["max_ms"] = round(float(s.max()), 1) if xs else None
+        row["p50_excl_backoff_ms"] = q(n, 0.5)
+        row["p95_excl_backoff_ms"] = q(n, 0.95)
         rows.append(row)
-    cols = ["mode", "backend", "samples", *(f"p{p}_ms" for p in PERCENTILES), "max_ms"]
+    cols = [
+        "mode", "backend", "samples", *(f"p{p}_ms" for p in PERCENTILES), "max_ms",
+        "p50_excl_backoff_ms", "p95_excl_backoff_ms",
+    ]  # fmt: skip
     return pd.DataFrame(rows, columns=cols)
 
 

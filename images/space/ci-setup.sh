@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 missing=()
-command -v docker >/dev/null 2>&1 || missing+=(docker.io)
+command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)  # a docker client alone is not an engine
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 if ((${#missing[@]})); then
   echo "[ci-setup] installing ${missing[*]}"

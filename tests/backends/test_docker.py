@@ -248,3 +248,14 @@ async def test_epoch_raise_sweeps_background_leftovers_only_when_it_rises(
     assert "sleep 301" in await _ps(space)
     await space.advance_epoch(2)
     assert "sleep 301" not in await _ps(space)
+
+
+async def test_orphans_are_reaped_by_pid1(backend: DockerBackend) -> None:
+    """supervise as pid 1 reaps orphans (plain ``serve`` as pid 1 left zombies)."""
+    space = await backend.create(_name())
+    for _ in range(3):
+        await space.exec(["bash", "-c", "(sleep 0.1 &); sleep 0.05 & exit 0"], key=None, epoch=0)
+    await asyncio.sleep(0.8)
+    res = await space.exec(["ps", "-eo", "stat="], key=None, epoch=0)
+    states = res.output.decode().split()
+    assert states and not any(s.startswith("Z") for s in states)

@@ -180,3 +180,106 @@ async def test_prune_keeps_only_what_is_asked(backend: object) -> None:
     assert await b.checkpoints() == [c2]  # type: ignore[attr-defined]
     sp = await b.restore(name, c2)  # type: ignore[attr-defined]
     assert (await sp.capabilities()).machine_checkpoints
+
+
+async def test_kill_daemon_keeps_the_machine_and_the_epoch_sweeps_orphans(
+    backend: object,
+) -> None:
+    b = backend
+    name = _name()
+    sp = await b.create(name)  # type: ignore[attr-defined]
+    ex = await sp.spawn(["sleep", "600"], key=f"{name}:s:0@1", epoch=1)
+    pid = ex.pid
+    await ex.detach()
+    qemu = b.qemu_pid(name)  # type: ignore[attr-defined]
+    await b.kill_daemon(name)  # type: ignore[attr-defined]
+    assert b.qemu_pid(name) == qemu  # type: ignore[attr-defined]  # the machine stayed up
+    sp = await b.find(name)  # type: ignore[attr-defined]
+    assert (await sp.exec_record(f"{name}:s:0@1")).state == ExecState.LOST
+    # The command survived its daemon as an orphan of the guest's pid 1 ...
+    alive = await sp.exec(["sh", "-c", "pgrep -x sleep"], key=None, epoch=1)
+    assert alive.exit_code == 0, alive
+    # ... until the epoch rises: then every process the new daemon does not own is swept.
+    await sp.advance_epoch(2)
+    gone = await sp.exec(["sh", "-c", "pgrep -x sleep"], key=None, epoch=2)
+    assert gone.exit_code == 1, (pid, gone)
+
+
+_CHILD = """
+import asyncio, sys
+from durable_spaces.backends.microvm import MicrovmBackend
+b = MicrovmBackend(sys.argv[1])
+op, name = sys.argv[2], sys.argv[3]
+if op == "checkpoint":
+    asyncio.run(b.checkpoint(name))
+elif op == "fork":
+    asyncio.run(b.fork(sys.argv[4], name))
+"""
+
+
+def _killed_child(state_dir: Path, point: str, *args: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, DS_FAILPOINTS=f"{point}:1")
+    p = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(state_dir), *args], env=env, capture_output=True
+    )
+    assert p.returncode == -9, p.stderr.decode()[-2000:]
+
+
+@pytest.mark.parametrize("point", ["microvm.checkpoint.stopped", "microvm.checkpoint.snapshot"])
+async def test_driver_killed_inside_a_checkpoint_leaves_a_usable_space(
+    backend: object, state_dir: Path, point: str
+) -> None:
+    b = backend
+    name = _name()
+    sp = await b.create(name)  # type: ignore[attr-defined]
+    await sp.write_file("before.txt", b"1")
+    await asyncio.to_thread(_killed_child, state_dir, point, "checkpoint", name)
+    sp = await b.find(name)  # type: ignore[attr-defined]  # continues the stopped guest
+    await sp.write_file("after.txt", b"2")
+    assert await sp.read_file("before.txt") == b"1"
+    cid = await b.checkpoint(name)  # type: ignore[attr-defined]
+    await sp.write_file("later.txt", b"3")
+    await b.restart(name)  # type: ignore[attr-defined]  # cold boot of the recorded top
+    sp = await b.find(name)  # type: ignore[attr-defined]
+    assert await sp.read_file("later.txt") == b"3"
+    sp = await b.restore(name, cid)  # type: ignore[attr-defined]
+    assert await sp.read_file("after.txt") == b"2"
+    assert await sp.stat("later.txt") is None
+
+
+async def test_driver_killed_before_a_fork_got_its_token_is_finished_by_find(
+    backend: object, state_dir: Path
+) -> None:
+    b = backend
+    src, dst = _name(), _name()
+    sp = await b.create(src)  # type: ignore[attr-defined]
+    await sp.write_file("x.txt", b"x")
+    cid = await b.checkpoint(src)  # type: ignore[attr-defined]
+    await b.delete(src)  # type: ignore[attr-defined]
+    await asyncio.to_thread(_killed_child, state_dir, "microvm.start.resumed", "fork", dst, cid)
+    sp = await b.find(dst)  # type: ignore[attr-defined]
+    assert await sp.read_file("x.txt") == b"x"  # the fork's own token works now
+
+
+async def test_restore_places_a_removed_space_again_and_retention_bounds_disk(
+    backend: object, state_dir: Path
+) -> None:
+    b = backend
+    b.keep_checkpoints = 2  # type: ignore[attr-defined]
+    name = _name()
+    sp = await b.create(name)  # type: ignore[attr-defined]
+    old_instance = sp.instance_id
+    ids = []
+    for i in range(3):
+        await sp.write_file("n.txt", str(i).encode())
+        ids.append(await b.checkpoint(name))  # type: ignore[attr-defined]
+    assert await b.checkpoints() == sorted(ids[1:])  # type: ignore[attr-defined]
+    await b.delete(name)  # type: ignore[attr-defined]  # the Space is lost
+    sp = await b.restore(name, ids[-1])  # type: ignore[attr-defined]
+    assert sp.instance_id != old_instance
+    assert await sp.read_file("n.txt") == b"2"
+    assert (await b.find(name)) is not None  # type: ignore[attr-defined]

@@ -58,6 +58,10 @@ async def test_schedule_is_carried_out_and_counted_from_what_happened(tmp_path: 
     backend = RecordingBackend(c)
     nem = compose([DriverKiller(c), SpaceNemesis(backend, "ds-inj")])  # type: ignore[arg-type]
     inj = Injector(c, sched, nem)
+    # the second driver takes 2 s to its first step: the kill at 0.05 s lands before it
+    c.before_launch.append(
+        lambda launch: launch.env.update(TOY_START_SECS=str(2 * (launch.index == 1)))
+    )
     import asyncio
 
     task = asyncio.create_task(inj.run())

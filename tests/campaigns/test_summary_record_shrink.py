@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from durable_spaces.campaigns.record import Check, RunRecord, load_records, merge_valid
 from durable_spaces.campaigns.shrink import shrink
@@ -128,3 +130,28 @@ def test_shrink_respects_its_budget() -> None:
     sched = Schedule("s", (AttemptPlan(Failpoint("spawn", 9)),))
     res = shrink(_spec(50, sched), lambda s: True, max_calls=3)
     assert res.calls == 3 and res.budget_exhausted
+
+
+_word = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_-.", min_size=1, max_size=12)
+_counts = st.dictionaries(_word, st.integers(min_value=1, max_value=10**6), max_size=5)
+_ms = st.none() | st.integers(min_value=0, max_value=10**7)
+
+
+@given(
+    st.builds(
+        Summary,
+        mode=_word,
+        backend=_word,
+        seed_base=_word,
+        runs=st.integers(0, 10**6),
+        ok=st.integers(0, 10**6),
+        failed=st.integers(0, 10**6),
+        kills=st.integers(0, 10**6),
+        faults=_counts,
+        recoveries=_counts,
+        resume_p50_ms=_ms,
+        resume_p95_ms=_ms,
+    )
+)
+def test_any_summary_round_trips(s: Summary) -> None:
+    assert Summary.parse(s.line()) == s

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
+
 from durable_spaces.campaigns.record import Check, RunRecord
 from durable_spaces.reports.render import markdown_table, render_report
 from durable_spaces.reports.tables import (
@@ -31,6 +33,7 @@ def synthetic(tmp_path: Path) -> list[RunRecord]:
                 recoveries={"adopted": i % 3, **({"restored": 1} if i % 4 == 0 else {})},
                 attempts=2 + i % 3,
                 resume_latencies_ms=[100.0 + 10 * i, 150.0 + i],
+                resume_backoffs_ms=[50.0, 50.0] if i % 2 else [],
                 outcome="failed" if i == 5 else "ok",
                 checks={"exactly_once": Check(valid=i != 5, detail="")},
                 repro=f"durable-spaces repro --mode {mode} --seed syn-{i} --calls 5",
@@ -58,6 +61,11 @@ def test_tables(tmp_path: Path) -> None:
     assert lat.loc["checkpoint", "samples"] == 12
     assert lat.loc["transactional", "max_ms"] == 210.0
     assert lat.loc["checkpoint", "p50_ms"] <= lat.loc["checkpoint", "p95_ms"]
+    # only the transactional runs recorded their backoffs (50 ms each)
+    assert (
+        lat.loc["transactional", "p50_excl_backoff_ms"] == lat.loc["transactional", "p50_ms"] - 50
+    )
+    assert pd.isna(lat.loc["checkpoint", "p50_excl_backoff_ms"])
     o = outcomes_table(recs).set_index("mode")
     assert o.loc["transactional", "failed"] == 1 and o.loc["checkpoint", "ok"] == 6
     assert (o["runs"] == 6).all()

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The CI fast subset: every campaign mode on the embedded `local` backend and on the real
+# cua-spacesd, with fixed seeds, real SQLite and real processes. Each campaign prints its
+# SUMMARY line and fails the job if a single run was inconsistent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DO_NOT_TRACK=1 CUA_TELEMETRY=0
+out=${CI_CAMPAIGNS_OUT:-campaigns-out/ci}
+rm -rf "$out"
+status=0
+run() {
+  local name=$1; shift
+  echo "== campaign $name"
+  if ! durable-spaces campaign --no-progress --out "$out/$name" "$@"; then
+    status=1
+  fi
+}
+for backend in local spacesd; do
+  run "transactional-$backend" --mode transactional --backend "$backend" --runs 12 --calls 6 --seed-base ci-tx
+  run "auto-$backend" --mode auto --backend "$backend" --runs 8 --calls 6 --seed-base ci-auto
+  run "checkpoint-$backend" --mode checkpoint --backend "$backend" --runs 12 --calls 6 --seed-base ci-cp --profile space
+  run "stale-$backend" --mode stale --backend "$backend" --runs 6 --calls 6 --seed-base ci-stale
+  run "exhaustive-$backend" --mode exhaustive --backend "$backend" --calls 4 --seed-base ci-ex
+done
+exit $status
