@@ -16,6 +16,7 @@ from typing import Any
 DOC = "cua.space"
 IMAGE_DOC = "cua.space.image"
 BLOB_DOC_PREFIX = "cua.blob/"
+KEEP_CALLS = 4
 
 
 @dataclass
@@ -54,8 +55,13 @@ class SpaceState:
     last_checkpoint: str | None = None
     image_stale: str | None = None  # why the image cannot be trusted (explicit transactional)
     calls: dict[str, CallRecord] = field(default_factory=dict)
+    calls_total: int = 0  # wrapped calls ever started (orders are 1..calls_total)
 
     def to_json(self) -> dict[str, Any]:
+        # Only the newest calls are kept: recovery needs the one in flight, and the
+        # document is rewindable, so any older record is still readable as of its entry.
+        # Keeping all would make every commit grow with the conversation (quadratic log).
+        recent = sorted(self.calls.values(), key=lambda c: c.order)[-KEEP_CALLS:]
         return {
             "mode": self.mode,
             "mode_reason": self.mode_reason,
@@ -63,7 +69,8 @@ class SpaceState:
             "instance": self.instance,
             "last_checkpoint": self.last_checkpoint,
             "image_stale": self.image_stale,
-            "calls": {k: v.to_json() for k, v in self.calls.items()},
+            "calls": {c.call_id: c.to_json() for c in recent},
+            "calls_total": self.calls_total,
         }
 
     @staticmethod
@@ -79,7 +86,8 @@ class SpaceState:
 
     @property
     def has_history(self) -> bool:
-        return bool(self.calls)
+        return self.calls_total > 0 or bool(self.calls)
 
     def next_order(self) -> int:
-        return 1 + max((c.order for c in self.calls.values()), default=0)
+        self.calls_total = max(self.calls_total, *(c.order for c in self.calls.values()), 0) + 1
+        return self.calls_total

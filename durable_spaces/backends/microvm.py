@@ -12,7 +12,7 @@ Layout under ``state_dir``::
     spaces/<name>/token        the Space's token (0600); fw_cfg hands it to a cold boot
     spaces/<name>/{qemu,console}.log
     disks/<id>.qcow2           every qcow2 layer (a pool: chains share frozen layers)
-    checkpoints/<id>/          memory (0400), meta.json, token (0400)
+    checkpoints/<id>/          memory or memory.zst (0400), meta.json, token (0400)
 
 A Space is created as a *fork* of the image's booted base checkpoint: a new qcow2 layer
 over the base's frozen disk plus ``-incoming`` of its memory (about half a second of
@@ -280,7 +280,12 @@ class MicrovmBackend:
         image_dir: str | os.PathLike[str] | None = None,
         memory_mb: int = DEFAULT_MEMORY_MB,
         keep_checkpoints: int | None = None,
+        compress: bool | None = None,
     ) -> None:
+        if compress is None:
+            compress = os.environ.get("DS_MICROVM_COMPRESS", "") not in ("", "0")
+        #: zstd the memory files (about a quarter of the size, a longer pause).
+        self.compress = compress
         if keep_checkpoints is None:
             env = os.environ.get("DS_MICROVM_KEEP_CHECKPOINTS")
             keep_checkpoints = int(env) if env else None
@@ -631,7 +636,8 @@ class MicrovmBackend:
             part.mkdir(mode=0o700)
             new_top = self.state_dir / "disks" / f"{uuid.uuid4().hex}.qcow2"
             with self._lock("pool"):
-                figs = await qemu_vm.save_checkpoint(self._qmp_sock(name), part / "memory", new_top)
+                mem = part / ("memory.zst" if self.compress else "memory")
+                figs = await qemu_vm.save_checkpoint(self._qmp_sock(name), mem, new_top)
                 frozen = list(st.chain)
                 st.chain = [*frozen, str(new_top)]
                 self._write(name, st)
@@ -673,7 +679,8 @@ class MicrovmBackend:
                 f"{self.image.dir}"
             )
         d = self._ckpt_dir(checkpoint_id)
-        return _Source(d / "memory", meta.chain, d / "token")
+        mem = d / "memory.zst" if (d / "memory.zst").exists() else d / "memory"
+        return _Source(mem, meta.chain, d / "token")
 
     async def restore(self, name: str, checkpoint_id: str) -> Any:
         """Replace Space ``name`` with a fork of the checkpoint (same name, instance and

@@ -157,7 +157,8 @@ def qemu_argv(
         f"file:{run_dir / 'console.log'}",
     ]
     if incoming is not None:
-        argv += ["-incoming", f"exec:cat {shlex.quote(str(incoming))}"]
+        reader = "zstd -dcq" if incoming.suffix == ".zst" else "cat"
+        argv += ["-incoming", f"exec:{reader} {shlex.quote(str(incoming))}"]
     return argv
 
 
@@ -361,8 +362,10 @@ class CheckpointFigures:
 async def save_checkpoint(
     qmp_sock: pathlib.Path, memory: pathlib.Path, new_top: pathlib.Path, *, resume: bool = True
 ) -> CheckpointFigures:
-    """Freeze the machine: memory to ``memory`` (0400 once complete), the current disk top
-    becomes read-only history and the guest continues on ``new_top``."""
+    """Freeze the machine: memory to ``memory`` (0400 once complete; zstd-compressed when
+    its name ends in ``.zst``), the current disk top becomes read-only history and the
+    guest continues on ``new_top``."""
+    writer = "zstd -1 -q -T1" if memory.suffix == ".zst" else "cat"
     part = memory.with_name(memory.name + ".part")
     part.unlink(missing_ok=True)
     async with Qmp(qmp_sock) as q:
@@ -378,7 +381,7 @@ async def save_checkpoint(
             hit("microvm.checkpoint.snapshot")
             old = os.umask(0o077)
             try:
-                await q.run("migrate", {"uri": f"exec:cat > {shlex.quote(str(part))}"})
+                await q.run("migrate", {"uri": f"exec:{writer} > {shlex.quote(str(part))}"})
             finally:
                 os.umask(old)
             while True:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from durable_spaces.adapter.models import ScriptedModel
+from durable_spaces.adapter.space import space_name
 from durable_spaces.backends import open_backend
 from durable_spaces.campaigns.agent import AgentConfigFile
 from durable_spaces.campaigns.checker import (
@@ -38,9 +39,17 @@ from durable_spaces.campaigns.checker import (
     snapshot_workspace,
 )
 from durable_spaces.campaigns.coordinator import Coordinator, CoordinatorResult, Launch
+from durable_spaces.campaigns.inject import Injector
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.spec import CampaignSpec, RunSpec
-from durable_spaces.chaos.schedule import AttemptPlan, Failpoint, Schedule, exhaustive
+from durable_spaces.chaos.nemesis import Composed, DriverKiller, Nemesis, SpaceNemesis, compose
+from durable_spaces.chaos.schedule import (
+    AttemptPlan,
+    Failpoint,
+    Schedule,
+    exhaustive,
+    read_trace,
+)
 
 #: Failpoints a scripted call passes through (the campaign draws kills among these).
 POINTS = (
@@ -136,94 +145,41 @@ def write_config(run: RunSpec) -> dict[str, Path]:
     return p
 
 
-class Faults:
-    """Plays a schedule's faults against the coordinator and the backend, and counts."""
+class Placement:
+    """The coordinator's side of one run's Space: its fixed name (``CUA_SESSION_SPACE``),
+    the backend handle the nemesis uses, and placing the Space again when it was lost."""
 
-    def __init__(self, run: RunSpec, schedule: Schedule, spaces_dir: Path) -> None:
-        self.run = run
-        self.schedule = schedule
+    def __init__(self, run: RunSpec, spaces_dir: Path) -> None:
+        self.name = space_name(f"{run.run_id}/{model_seed(run)}")
         self.backend = open_backend(run.backend, spaces_dir)
-        self.counts: Counter[str] = Counter()
-        self.log: list[dict[str, Any]] = []
-        self.names: set[str] = set()
-        self._tasks: list[asyncio.Task[None]] = []
-
-    async def _names(self) -> list[str]:
-        names = await self.backend.names()
-        self.names.update(names)
-        return sorted(self.names)
-
-    async def inflict(self, kind: str) -> None:
-        for name in await self._names():
-            try:
-                if kind == "daemon_kill":
-                    await self.backend.kill_daemon(name)
-                elif kind == "space_restart":
-                    await self.backend.restart(name)
-                elif kind == "space_remove":
-                    await self.backend.delete(name)
-                self.counts[kind] += 1
-                self.log.append({"fault": kind, "space": name, "unix_ms": int(time.time() * 1000)})
-            except Exception as e:  # a fault that could not be inflicted is recorded, not fatal
-                self.log.append({"fault": kind, "error": repr(e)})
-
-    def before_launch(self, launch: Launch) -> None:
-        plan = self.schedule.plan(launch.index)
-        launch.env.update(plan.env())
-        if plan.failpoint is not None:
-            self.counts["failpoint_armed"] += 1
-
-    async def after_kill(self, index: int) -> None:
-        """Triggered faults of attempt ``index`` once its driver died."""
-        for f in self.schedule.plan(index).faults:
-            if f.trigger == "after_kill":
-                await self.inflict(f.kind)
-
-    def start(self, coordinator: Coordinator) -> None:
-        attempts = coordinator.attempts()
-
-        async def follow() -> None:
-            async for a in attempts:
-                plan = self.schedule.plan(a.index)
-                if not plan.empty:
-                    self._tasks.append(asyncio.create_task(self._play(coordinator, a, plan)))
-
-        self._tasks.append(asyncio.create_task(follow()))
-
-    async def _play(self, coordinator: Coordinator, a: Any, plan: AttemptPlan) -> None:
-        timed = [(t, "kill") for t in plan.kill_after_s] + [
-            (f.at_s, f.kind) for f in plan.faults if f.at_s is not None
-        ]
-        start = time.monotonic()
-        for at, what in sorted(timed):
-            await asyncio.sleep(max(0.0, at - (time.monotonic() - start)))
-            if not a.alive:
-                break
-            if what == "kill":
-                if coordinator.kill_current("nemesis") is not None:
-                    self.counts["random_kill"] += 1
-            else:
-                await self.inflict(what)
-        if any(f.trigger == "after_kill" for f in plan.faults):
-            code = await a.wait()
-            if code not in (0, 75, 78):
-                await self.after_kill(a.index)
-
-    async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.placed = 0
 
     async def place_space(self) -> None:
-        """The coordinator's placement: a Space that was removed is created again (empty;
-        the adapter rebuilds it from the log or the store)."""
-        for name in sorted(self.names):
-            if await self.backend.find(name) is None:
-                await self.backend.create(name)
-                self.counts["placed"] += 1
+        """A removed Space is created again, empty (generation n+1, "from scratch"); the
+        adapter rebuilds it from the log's image or the checkpoint store."""
+        if self.placed and await self.backend.find(self.name) is None:
+            await self.backend.create(self.name)
+        self.placed += 1
+
+    async def delete(self) -> None:
+        with contextlib.suppress(Exception):
+            for name in await self.backend.names():
+                await self.backend.delete(name)
+        with contextlib.suppress(Exception):
+            await self.backend.close()
 
 
-def _coordinator(run: RunSpec, p: dict[str, Path], faults: Faults, **kw: Any) -> Coordinator:
+def _nemesis(coordinator: Coordinator, placement: Placement) -> Composed:
+    routes: dict[Any, Nemesis] = {
+        "kill": DriverKiller(coordinator),
+        ("daemon_kill", "space_restart", "space_remove"): SpaceNemesis(
+            placement.backend, placement.name
+        ),
+    }
+    return compose(routes)
+
+
+def _coordinator(run: RunSpec, p: dict[str, Path], placement: Placement, **kw: Any) -> Coordinator:
     return Coordinator(
         AGENT_ARGV,
         p["session"],
@@ -232,11 +188,25 @@ def _coordinator(run: RunSpec, p: dict[str, Path], faults: Faults, **kw: Any) ->
         heartbeat_secs=2.0,
         backoff=(0.05, 0.4, 2.0),
         max_attempts=kw.pop("max_attempts", 24),
-        place_space=faults.place_space,
-        before_launch=[faults.before_launch],
+        place_space=placement.place_space,
+        env={"CUA_SESSION_SPACE": placement.name},
         timeout_secs=RUN_TIMEOUT_S,
         **kw,
     )
+
+
+async def _drive(
+    run: RunSpec, p: dict[str, Path], placement: Placement, schedule: Schedule, **kw: Any
+) -> tuple[CoordinatorResult, Injector]:
+    coordinator = _coordinator(run, p, placement, **kw)
+    injector = Injector(coordinator, schedule, _nemesis(coordinator, placement))
+    inject = asyncio.create_task(injector.run())
+    try:
+        return await coordinator.run(), injector
+    finally:
+        inject.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await inject
 
 
 def same_as_uninterrupted(history: History, seed: str, calls: int) -> dict[str, Any]:
@@ -267,17 +237,16 @@ def _apply(files: dict[str, str], name: str, args: Mapping[str, Any]) -> None:
         files[parsed[0]] = files.get(parsed[0], "") + parsed[1] + "\n"
 
 
-async def _check(run: RunSpec, p: dict[str, Path], faults: Faults) -> dict[str, Any]:
+async def _check(run: RunSpec, p: dict[str, Path], placement: Placement) -> dict[str, Any]:
     log = p["session"] / "log.sqlite"
     if not log.exists():
         return {"log": {"valid": None, "detail": "no log was written"}}
     history = load_history(str(log))
-    names = await faults._names()
-    if len(names) != 1:
-        return {"space": {"valid": None, "detail": f"expected one Space, found {names}"}}
-    space = await faults.backend.find(names[0])
+    space = await placement.backend.find(placement.name)
     if space is None:
-        return {"space": {"valid": False, "detail": f"Space {names[0]} is gone after the run"}}
+        return {
+            "space": {"valid": False, "detail": f"Space {placement.name} is gone after the run"}
+        }
     workspace = await snapshot_workspace(space)
     verdicts: dict[str, Any] = dict(check_all(history, workspace))
     verdicts["same_as_uninterrupted"] = same_as_uninterrupted(history, model_seed(run), run.calls)
@@ -288,18 +257,21 @@ async def _check(run: RunSpec, p: dict[str, Path], faults: Faults) -> dict[str, 
     return verdicts
 
 
+def schedule_of(run: RunSpec) -> Schedule:
+    if run.schedule is not None:
+        return run.schedule
+    if run.mode == "exhaustive":
+        return exhaustive_schedule(run)
+    return Schedule.draw(run.seed, POINTS, run.calls, run.profile)
+
+
 async def run_one(run: RunSpec) -> RunRecord:
     """Run, check and clean up one campaign run."""
     t0 = time.monotonic()
     await fresh_dirs(run)
     p = write_config(run)
-    if run.schedule is not None:
-        schedule = run.schedule
-    elif run.mode == "exhaustive":
-        schedule = exhaustive_schedule(run)
-    else:
-        schedule = Schedule.draw(run.seed, POINTS, run.calls, run.profile)
-    faults = Faults(run, schedule, p["spaces"])
+    schedule = schedule_of(run)
+    placement = Placement(run, p["spaces"])
     record = RunRecord(
         run_id=run.run_id,
         seed=run.seed,
@@ -312,17 +284,12 @@ async def run_one(run: RunSpec) -> RunRecord:
     )
     try:
         if run.mode == "stale":
-            result, extra = await _drive_stale(run, p, faults)
+            result, injector, extra = await _drive_stale(run, p, placement, schedule)
             record.extra.update(extra)
         else:
-            coordinator = _coordinator(run, p, faults)
-            faults.start(coordinator)
-            try:
-                result = await coordinator.run()
-            finally:
-                await faults.stop()
-        _fill(record, result, faults)
-        record.checks = await _check(run, p, faults)  # type: ignore[assignment]
+            result, injector = await _drive(run, p, placement, schedule)
+        _fill(record, result, injector)
+        record.checks = await _check(run, p, placement)
         if run.mode == "stale":
             record.checks["stale_driver_fenced"] = record.extra.pop("stale_check")
         if result.status != "done":
@@ -335,46 +302,51 @@ async def run_one(run: RunSpec) -> RunRecord:
         record.outcome = "error"
         record.checks = {"run": {"valid": None, "detail": f"{type(e).__name__}: {e}"}}
     finally:
-        with contextlib.suppress(Exception):
-            for name in await faults._names():
-                await faults.backend.delete(name)
-        with contextlib.suppress(Exception):
-            await faults.backend.close()
+        await placement.delete()
         record.duration_s = round(time.monotonic() - t0, 3)
     return record
 
 
-def _fill(record: RunRecord, result: CoordinatorResult, faults: Faults) -> None:
+def _fill(record: RunRecord, result: CoordinatorResult, injector: Injector) -> None:
     recoveries: Counter[str] = Counter()
     for ev in result.events:
         data = ev.get("data") or {}
         if ev.get("event") == "driver_event" and data.get("event") == "recovery":
             recoveries[str(data.get("kind"))] += 1
-    crashed = sum(1 for c in result.exit_codes if c == -9)
-    fault_counts = {k: v for k, v in faults.counts.items() if k not in ("failpoint_armed",)}
-    # A driver that died of SIGKILL was either shot by the runner (random_kill) or killed
-    # itself at an armed failpoint.
-    fault_counts["failpoint"] = max(0, crashed - fault_counts.get("random_kill", 0))
-    record.faults = dict(sorted((k, v) for k, v in fault_counts.items() if v))
-    record.kills = crashed
+    got = injector.injected(result)
+    faults = dict(got.faults)
+    # A driver killed by SIGKILL was shot by the nemesis (random_kill) or died at its
+    # armed failpoint: count the two apart.
+    random_kills = sum(
+        1 for op in injector.nemesis.history if op.kind == "kill" and op.type == "ok"
+    )
+    faults.pop("kill", None)
+    faults["random_kill"] = random_kills
+    faults["failpoint"] = max(0, got.kills - random_kills)
+    record.faults = dict(sorted((k, v) for k, v in faults.items() if v))
+    record.kills = got.kills
     record.recoveries = dict(sorted(recoveries.items()))
-    record.attempts = result.attempts
-    record.resume_latencies_ms = [round(r.latency_ms, 1) for r in result.resumes]
+    record.attempts = got.attempts
+    record.resume_latencies_ms = [round(x, 1) for x in got.resume_latencies_ms]
+    record.resume_backoffs_ms = [round(x, 1) for x in got.resume_backoffs_ms]
     record.extra.update(
-        epochs=result.epochs, exit_codes=result.exit_codes, status=result.status, faults=faults.log
+        epochs=result.epochs,
+        exit_codes=result.exit_codes,
+        status=result.status,
+        nemesis=[op.to_json() for op in injector.nemesis.history],
     )
 
 
 async def _drive_stale(
-    run: RunSpec, p: dict[str, Path], faults: Faults
-) -> tuple[CoordinatorResult, dict[str, Any]]:
-    """A second coordinator takes over (a new epoch) while the first one's driver runs."""
-    calm = Faults(run, Schedule(run.seed, (), "manual"), p["spaces"])
-    first = _coordinator(run, p, calm, max_attempts=1)
+    run: RunSpec, p: dict[str, Path], placement: Placement, schedule: Schedule
+) -> tuple[CoordinatorResult, Injector, dict[str, Any]]:
+    """A second coordinator takes over (a new epoch) while the first one's driver runs
+    (a coordinator restarted on another machine, a partition): the old driver must be
+    fenced by the log and the Space, and never add to the log."""
+    first = _coordinator(run, p, placement, max_attempts=1)
     first_task = asyncio.create_task(first.run())
     delay = random.Random(f"{run.seed}:stale").uniform(0.0, 1.0)
-    # Wait until the first driver really works, then a little longer.
-    for _ in range(200):
+    for _ in range(200):  # until the first driver really works
         if first.current is not None and first.current.first_step_ms is not None:
             break
         if first_task.done():
@@ -382,22 +354,28 @@ async def _drive_stale(
         await asyncio.sleep(0.05)
     await asyncio.sleep(delay)
     old = first.current
-    second = _coordinator(run, p, faults, kill_orphans=False)
-    second_result = await second.run()
+    second_result, injector = await _drive(run, p, placement, schedule, kill_orphans=False)
     first_result = await first_task
     old_code = old.exit_code if old is not None else None
-    overlapped = (
+    second_start = min(
+        (e["unix_ms"] for e in second_result.events if e.get("event") == "launch"), default=None
+    )
+    overlapped = bool(
         old is not None
         and old.ended_ms is not None
-        and second.history
-        and (old.ended_ms > second.history[0].started_ms)
+        and second_start is not None
+        and old.ended_ms > second_start
     )
     if not overlapped:
         check = {"valid": True, "detail": f"old driver ended ({old_code}) before the takeover"}
-    elif old_code in (75,):
+    elif old_code == 75:
         check = {"valid": True, "detail": "old driver was fenced (exit 75)"}
     elif old_code == 0:
         check = {"valid": True, "detail": "old driver finished before being fenced"}
+    elif old_code not in (None, 78):
+        # e.g. halted (exit 1) because a Space fault hit its command: it stopped without
+        # recording anything, which no_stale_writes and the workspace checks confirm.
+        check = {"valid": True, "detail": f"old driver stopped (exit {old_code})"}
     else:
         check = {"valid": False, "detail": f"old driver exited {old_code} while superseded"}
     merged = CoordinatorResult(
@@ -409,36 +387,28 @@ async def _drive_stale(
         resumes=second_result.resumes,
         reason=second_result.reason,
     )
-    return merged, {
-        "stale_check": check,
-        "stale_overlapped": bool(overlapped),
-        "old_exit": old_code,
-    }
+    extra = {"stale_check": check, "stale_overlapped": overlapped, "old_exit": old_code}
+    return merged, injector, extra
 
 
 async def trace_hits(run: RunSpec) -> list[tuple[str, int]]:
     """The failpoint hits of one uninterrupted run (for ``exhaustive``)."""
-    from durable_spaces.chaos.schedule import read_trace
-
     await fresh_dirs(run)
     p = write_config(run)
     trace = p["root"] / "trace.txt"
-    faults = Faults(run, Schedule(run.seed, (), "manual"), p["spaces"])
+    placement = Placement(run, p["spaces"])
 
     def arm_trace(launch: Launch) -> None:
         launch.env["DS_FAILPOINT_TRACE"] = str(trace)
 
-    coordinator = _coordinator(run, p, faults)
-    coordinator.before_launch.append(arm_trace)
+    coordinator = _coordinator(run, p, placement, before_launch=[arm_trace])
     try:
         result = await coordinator.run()
         if result.status != "done":
             raise RuntimeError(f"the tracing run ended {result.status}: {result.reason}")
         return read_trace(trace)
     finally:
-        for name in await faults._names():
-            await faults.backend.delete(name)
-        await faults.backend.close()
+        await placement.delete()
 
 
 def exhaustive_schedules(spec: CampaignSpec, work_dir: Path) -> list[Schedule]:
