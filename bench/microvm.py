@@ -6,7 +6,8 @@ than KVM, so a figure without it means little):
 - fork of the image's booted base checkpoint to the daemon's first answer (``create``),
   and to a Space ready for use (token rotated, clock set);
 - cold boot of the same disk to the first answer (``restart``);
-- checkpoint: the guest's pause, the memory file and the frozen disk layer, per call;
+- checkpoint: the guest's pause, the memory file and the frozen disk layer, per call
+  (plain, and with the memory zstd-compressed);
 - restore of a checkpoint to the first answer and to ready;
 - a trivial wrapped call (``exec true`` with a key) on microvm against the same call on
   ``local`` (ratio).
@@ -102,6 +103,17 @@ async def main() -> None:
         _line("checkpoint: memory file", f"{_med(sizes) / 1e6:.0f} MB", acc)
         _line("checkpoint: frozen disk layer", f"{_med(layers) / 1e6:.2f} MB", acc)
 
+        zp, zs, zids = [], [], []
+        b.compress = True
+        for i in range(3):
+            await sp.write_file(f"z{i}", os.urandom(64 * 1024))
+            zids.append(await b.checkpoint(name))
+            zp.append(b.last["checkpoint_pause"])
+            zs.append(b.last["checkpoint_bytes"])
+        b.compress = False
+        _line("checkpoint (zstd): guest pause", f"{_med(zp) * 1000:.0f} ms", acc)
+        _line("checkpoint (zstd): memory file", f"{_med(zs) / 1e6:.0f} MB", acc)
+
         rfirst, rready = [], []
         for cid in ids[-3:]:
             t0 = time.perf_counter()
@@ -112,6 +124,9 @@ async def main() -> None:
             rfirst.append(b.last["restore"])
         _line("restore -> first answer", f"{_med(rfirst):.2f} s", acc)
         _line("restore -> ready + exec", f"{_med(rready):.2f} s", acc)
+        sp = await b.restore(name, zids[-1])
+        _line("restore (zstd) -> first answer", f"{b.last['restore']:.2f} s", acc)
+        assert (await sp.read_file("z2")) is not None
 
         vm_call = await _calls(sp, f"b{uuid.uuid4().hex[:6]}")
         await b.delete(name)

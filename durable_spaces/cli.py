@@ -164,18 +164,34 @@ def report_cmd(directory: Annotated[Path, typer.Argument(help="a campaign direct
 
 @app.command()
 def diff(
-    state_dir: Annotated[Path, typer.Argument(help="a session's state directory")],
-    entry_a: Annotated[str, typer.Argument()],
-    entry_b: Annotated[str, typer.Argument()],
+    state_dir: Annotated[Path, typer.Argument(help="a session's state directory (log.sqlite)")],
+    entry_a: Annotated[str, typer.Argument(help="the earlier entry id, e.g. e12")],
+    entry_b: Annotated[str, typer.Argument(help="the later entry id")],
+    backend: Annotated[str | None, typer.Option(help="Space backend (default: agent.json)")] = None,
+    backend_dir: Annotated[Path | None, typer.Option(help="the backend's state dir")] = None,
+    store: Annotated[Path | None, typer.Option(help="a DirectoryCheckpointStore")] = None,
+    conversation: Annotated[str | None, typer.Option(help="conversation id")] = None,
 ) -> None:
-    """Show how the workspace differs between two entries (not implemented yet)."""
-    raise _fail("diff is not implemented yet")
+    """Show how the workspace differs between two entries of a session's log."""
+    from durable_spaces.adapter.review import review_diff_main
+    from durable_spaces.errors import DurableSpacesError
+
+    try:
+        text = review_diff_main(
+            state_dir, backend, backend_dir, entry_a, entry_b,
+            store_dir=store, conversation_id=conversation,
+        )  # fmt: skip
+    except (DurableSpacesError, OSError, KeyError) as e:
+        raise _fail(str(e)) from None
+    typer.echo(text)
 
 
 @app.command()
-def driver() -> None:
-    """The driver entry (run by a coordinator per attempt; not implemented yet)."""
-    raise _fail("driver is not implemented yet")
+def agent() -> None:
+    """The campaign's scripted driver entry (a coordinator runs it once per attempt)."""
+    from durable_spaces.campaigns.agent import main as agent_main
+
+    raise typer.Exit(agent_main())
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from durable_spaces.adapter import image as img
@@ -64,6 +65,15 @@ if TYPE_CHECKING:
     from durable_spaces.adapter.harness import Harness, Tx
 
 WRAPPED = ("bash", "write", "edit")
+
+
+@dataclass(frozen=True)
+class ImageUpdate:
+    """What one commit adds to the image: the new pointer, its chain documents, blobs."""
+
+    pointer: dict[str, int]
+    chain: dict[str, object]
+    blobs: dict[str, bytes]
 
 
 def session_epoch(epoch: int | None) -> int:
@@ -185,19 +195,26 @@ class DurableSpaces:
     def load_state(self, harness: Harness, conv: str) -> SpaceState:
         return SpaceState.from_json(harness.conversation(conv).document(DOC))
 
-    def image_table(self, harness: Harness, conv: str) -> PathTable:
-        return img.table_from_json(harness.conversation(conv).document(IMAGE_DOC))
+    def image_table(self, harness: Harness, conv: str, as_of: str | None = None) -> PathTable:
+        pointer = harness.conversation(conv).document(IMAGE_DOC, as_of=as_of)
+        return img.read_image(pointer, lambda name: self.inherited(harness, conv, name))
 
-    def blob(self, harness: Harness, conv: str, sha: str) -> bytes | None:
-        """A blob of the image, looked up in the conversation and then its ancestors."""
+    @staticmethod
+    def inherited(harness: Harness, conv: str, name: str) -> Any:
+        """A write-once document of the conversation, else of its nearest ancestor."""
         cid: str | None = conv
         while cid is not None:
             c = harness.conversation(cid)
-            text = c.document(BLOB_DOC_PREFIX + sha)
-            if text is not None:
-                return img.decode_blob(text)
+            value = c.document(name)
+            if value is not None:
+                return value
             cid = c.parent_id
         return None
+
+    def blob(self, harness: Harness, conv: str, sha: str) -> bytes | None:
+        """A blob of the image, looked up in the conversation and then its ancestors."""
+        text = self.inherited(harness, conv, BLOB_DOC_PREFIX + sha)
+        return None if text is None else img.decode_blob(text)
 
     @staticmethod
     def _put_state(tx: Tx, conv: str, state: SpaceState) -> None:
@@ -208,21 +225,22 @@ class DurableSpaces:
         harness: Harness,
         conv: str,
         state: SpaceState,
-        table: PathTable | None = None,
-        blobs: dict[str, bytes] | None = None,
+        image: ImageUpdate | None = None,
     ) -> None:
         def build(tx: Tx) -> None:
-            for sha, data in (blobs or {}).items():
-                tx.put_document(conv, BLOB_DOC_PREFIX + sha, img.encode_blob(data))
-            if table is not None:
-                tx.put_document(conv, IMAGE_DOC, img.table_to_json(table), rewindable=True)
+            if image is not None:
+                for sha, data in image.blobs.items():
+                    tx.put_document(conv, BLOB_DOC_PREFIX + sha, img.encode_blob(data))
+                for name, value in image.chain.items():
+                    tx.put_document(conv, name, value)
+                tx.put_document(conv, IMAGE_DOC, image.pointer, rewindable=True)
             self._put_state(tx, conv, state)
 
         await harness.commit(build)
 
     async def _image_update(
         self, harness: Harness, conv: str, space: Space, new_table: PathTable
-    ) -> tuple[PathTable, dict[str, bytes]] | None:
+    ) -> ImageUpdate | None:
         old = self.image_table(harness, conv)
         delta = img.diff(old, new_table)
         if not delta:
@@ -230,7 +248,9 @@ class DurableSpaces:
         blobs = await img.read_new_blobs(
             space, delta, lambda sha: self.blob(harness, conv, sha) is not None
         )
-        return delta.apply(old), blobs
+        pointer = harness.conversation(conv).document(IMAGE_DOC)
+        new_pointer, chain = img.next_image(pointer, old, delta.apply(old))
+        return ImageUpdate(new_pointer, chain, blobs)
 
     # --- the pipeline's steps (each one commit) -----------------------------------------------
 
@@ -251,10 +271,7 @@ class DurableSpaces:
         update = None
         if table is not None:
             update = await self._image_update(harness, conv, space, table)
-        if update is None:
-            await self._commit(harness, conv, state)
-        else:
-            await self._commit(harness, conv, state, update[0], update[1])
+        await self._commit(harness, conv, state, update)
 
     def _mark(self, rec: CallRecord, conv: str, space: Space) -> None:
         rec.n += 1
@@ -296,10 +313,7 @@ class DurableSpaces:
                 update = await self._image_update(harness, conv, space, table)
         if switch is not None:
             state.mode, state.mode_reason = "checkpoint", switch
-        if update is None:
-            await self._commit(harness, conv, state)
-        else:
-            await self._commit(harness, conv, state, update[0], update[1])
+        await self._commit(harness, conv, state, update)
         hit("adapter.outcome_commit")
         if switch is not None:
             self.emit("mode", conv, rec, reason=switch)

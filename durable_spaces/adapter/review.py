@@ -34,9 +34,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from durable_spaces.adapter import image as img
 from durable_spaces.adapter.snapshots import CheckpointMissing, WorkspaceSnapshots, check_archive
-from durable_spaces.adapter.space import Space
+from durable_spaces.adapter.space import PathTable, Space
 from durable_spaces.adapter.state import DOC, IMAGE_DOC, SpaceState
 from durable_spaces.errors import ReviewError
 
@@ -92,7 +91,7 @@ async def workspace_at(
     except KeyError as e:
         raise ReviewError(str(e.args[0] if e.args else e)) from None
     state = SpaceState.from_json(raw)
-    table_json = conv.document(IMAGE_DOC, as_of=entry_id)
+    pointer = conv.document(IMAGE_DOC, as_of=entry_id)
     if state.mode == "checkpoint" and state.last_checkpoint is not None:
         data = await _checkpoint_bytes(harness, durable, conversation_id, state)
         return workspace_from_tar(data)
@@ -101,19 +100,20 @@ async def workspace_at(
             f"the image as of {entry_id} is stale ({state.image_stale}): the log does not "
             "know the workspace there"
         )
-    if table_json is None:
+    if pointer is None:
         return {}  # no wrapped call had committed an effect yet
-    return _workspace_from_image(harness, durable, conversation_id, table_json)
+    table = durable.image_table(harness, conversation_id, as_of=entry_id)
+    return _workspace_from_image(harness, durable, conversation_id, table)
 
 
 def _workspace_from_image(
     harness: Harness,
     durable: DurableSpaces,
     conversation_id: str,
-    table_json: Mapping[str, Mapping[str, object]],
+    table: PathTable,
 ) -> Workspace:
     out: Workspace = {}
-    for path, entry in sorted(img.table_from_json(table_json).items()):
+    for path, entry in sorted(table.items()):
         if entry.kind == "symlink":
             out[path] = SYMLINK + (entry.target or "").encode()
             continue

@@ -10,7 +10,7 @@ turns the tree into a raw image which becomes the qcow2 base.
 
 Everything lands in ``~/.cache/durable-spaces-microvm/<hash>/`` (``DS_MICROVM_CACHE``; kept
 apart from ``~/.cache/durable-spaces``, which other builders clear to time cold builds)
-where the hash covers this module (the recipe and the guest scripts), the kernel package,
+where the hash covers the recipe (``recipe()``: the guest scripts and settings), the kernel package,
 busybox, the daemon's sha256 and the QEMU version, so a rebuild happens only when an input
 changed; ``current`` beside it points at the newest build. The debootstrap tarball is
 shared with the docker image in ``~/.cache/durable-spaces`` (``DS_CACHE_DIR``).
@@ -227,9 +227,31 @@ def kernel_deb() -> pathlib.Path:
     return hits[-1]
 
 
+#: Bump when the build steps below change in a way the hashed recipe does not show.
+RECIPE_VERSION = 1
+
+
+def recipe() -> str:
+    """Everything of this module that ends up in the image (not its comments or docs)."""
+    return json.dumps(
+        [
+            RECIPE_VERSION,
+            INITRAMFS_INIT,
+            GUEST_INIT,
+            KERNEL_CMDLINE,
+            MODULES,
+            DISK_SIZE,
+            _TRIM,
+            USER_UID,
+            WORKSPACE,
+            GUEST_PORT,
+        ]
+    )
+
+
 def image_key(kdeb: pathlib.Path) -> str:
     return _h(
-        pathlib.Path(__file__).read_text(),
+        recipe(),
         kdeb.name,
         _sha256(busybox_static()),
         _sha256(daemon_binary()),
@@ -451,6 +473,9 @@ def build_image(force: bool = False) -> GuestImage:
 
 async def ensure_base_checkpoint(img: GuestImage, memory_mb: int = DEFAULT_MEMORY_MB) -> None:
     """Boot the image once and checkpoint the booted machine (what every Space forks)."""
+    from durable_spaces.backends.qemu_vm import choose_accel
+
+    choose_accel(img)  # probed (and cached) here, not in the first Space's create
     if img.base_checkpoint(memory_mb) is not None:
         _log(f"base checkpoint for {memory_mb} MiB is up to date")
         return

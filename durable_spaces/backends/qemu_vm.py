@@ -396,19 +396,30 @@ async def save_checkpoint(
             if resume:
                 await q.run("cont")
         pause = time.monotonic() - t0
-    # `cat` may still be flushing when QEMU reports completion: wait for its size to settle.
-    size = -1
-    for _ in range(200):
-        s = part.stat().st_size
-        if s == size and s > 0:
-            break
-        size = s
-        await asyncio.sleep(0.01)
+    # The writer (cat or zstd, a child of QEMU's shell) may still be flushing when QEMU
+    # reports completion: wait until no process has the file on its command line.
+    await _writers_done(part)
     with open(part, "rb") as f:
         os.fsync(f.fileno())
     part.chmod(0o400)
     part.replace(memory)
     return CheckpointFigures(pause, memory.stat().st_size)
+
+
+async def _writers_done(path: pathlib.Path, timeout: float = 60) -> None:
+    needle = str(path)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        busy = False
+        for proc in psutil.process_iter(["cmdline"]):
+            cmd = proc.info.get("cmdline") or []
+            if any(needle in c for c in cmd):
+                busy = True
+                break
+        if not busy:
+            return
+        await asyncio.sleep(0.005)
+    raise SpaceError(f"the memory writer for {path} did not finish")
 
 
 def create_overlay(path: pathlib.Path, backing: pathlib.Path) -> None:
@@ -512,8 +523,16 @@ async def _kvm_boot_test(img: GuestImage) -> Accel:
             await wait_health(port, KVM_PROBE_TIMEOUT, vm, run)
             return Accel("kvm", "a test boot under KVM reached the daemon")
         except SpaceUnavailableError as e:
-            tail = (str(e) + " " + log_tail(run)).replace("\n", " ")[-300:]
-            return Accel("tcg", f"a test boot under KVM failed ({tail})")
+            logs = log_tail(run, 200).replace("\n", " ")
+            said = (
+                logs
+                if logs.replace("qemu.log:", "").replace("console.log:", "").strip(" |")
+                else "nothing on the serial console"
+            )
+            what = (
+                "QEMU exited" if "exited" in str(e) else f"no answer in {KVM_PROBE_TIMEOUT:.0f} s"
+            )
+            return Accel("tcg", f"a test boot under KVM did not reach the daemon ({what}; {said})")
         finally:
             kill(vm.pid, vm.start)
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from durable_spaces.adapter.image import read_image
 from durable_spaces.adapter.log import Commit
 from durable_spaces.adapter.space import Space
 
@@ -46,7 +47,11 @@ class History:
         for c in commits:
             for op in c.ops:
                 kind = op.get("op")
-                if kind == "conversation" and op.get("parent_id") is None and h.conversation is None:
+                if (
+                    kind == "conversation"
+                    and op.get("parent_id") is None
+                    and h.conversation is None
+                ):
                     h.conversation = op["id"]
                 elif kind == "entry" and op.get("conversation_id") == h.conversation:
                     data = op.get("data", {})
@@ -163,18 +168,17 @@ def no_stale_writes(history: History, workspace: Mapping[str, bytes]) -> Verdict
 
 def image_equals_workspace(history: History, workspace: Mapping[str, bytes]) -> Verdict:
     """Transactional runs: the log's image equals the workspace (paths and content)."""
-    table = history.docs.get("cua.space.image")
     mode = (history.docs.get("cua.space") or {}).get("mode")
     if mode != "transactional":
         return {"valid": True, "detail": f"not transactional (mode {mode})"}
-    table = table or {}
+    table = read_image(history.docs.get("cua.space.image"), history.docs.get)
     if set(table) != set(workspace):
         return {
             "valid": False,
             "detail": f"image paths {sorted(table)} != workspace {sorted(workspace)}",
         }
     for p, e in table.items():
-        if e.get("kind") == "file" and e.get("sha256") != hashlib.sha256(workspace[p]).hexdigest():
+        if e.kind == "file" and e.sha256 != hashlib.sha256(workspace[p]).hexdigest():
             return {"valid": False, "detail": f"{p}: image sha differs from workspace"}
     return {"valid": True, "detail": f"{len(table)} paths"}
 
@@ -211,7 +215,9 @@ def merge(verdicts: Mapping[str, Verdict]) -> bool | None:
     return True
 
 
-def compose(checks: Mapping[str, Check]) -> Callable[[History, Mapping[str, bytes]], dict[str, Verdict]]:
+def compose(
+    checks: Mapping[str, Check],
+) -> Callable[[History, Mapping[str, bytes]], dict[str, Verdict]]:
     def run(history: History, workspace: Mapping[str, bytes]) -> dict[str, Verdict]:
         out: dict[str, Verdict] = {}
         for name, check in checks.items():

@@ -45,8 +45,17 @@ class Outcome:
         return all(v.get("valid") is True for v in self.verdicts.values())
 
 
-def setup(tmp: Path, backend: str, mode: str, *, calls: int = 6, seed: str = "7",
-          store: bool = True, sleep: float = 0.3, max_files: int | None = None) -> Path:
+def setup(
+    tmp: Path,
+    backend: str,
+    mode: str,
+    *,
+    calls: int = 6,
+    seed: str = "7",
+    store: bool = True,
+    sleep: float = 0.3,
+    max_files: int | None = None,
+) -> Path:
     AgentConfigFile(
         backend=backend,
         backend_dir=str(tmp / "spaces"),
@@ -60,8 +69,9 @@ def setup(tmp: Path, backend: str, mode: str, *, calls: int = 6, seed: str = "7"
     return tmp
 
 
-def drive(tmp: Path, attempts: list[Attempt], *, max_attempts: int = 12,
-          backend: str = "local") -> Outcome:
+def drive(
+    tmp: Path, attempts: list[Attempt], *, max_attempts: int = 12, backend: str = "local"
+) -> Outcome:
     out = Outcome()
     epoch = 0
     plan = list(attempts)
@@ -80,13 +90,16 @@ def drive(tmp: Path, attempts: list[Attempt], *, max_attempts: int = 12,
         )
         p = subprocess.run(
             [sys.executable, "-m", "durable_spaces.campaigns.agent"],
-            env=env, capture_output=True, text=True, timeout=120,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         out.codes.append(p.returncode)
         out.stderr.append(p.stderr[-2000:])
         for line in p.stdout.splitlines():
             if line.startswith("DS-EVENT "):
-                out.events.append(json.loads(line[len("DS-EVENT "):]))
+                out.events.append(json.loads(line[len("DS-EVENT ") :]))
         if p.returncode in (0, 78):
             break
     try:

@@ -63,7 +63,9 @@ MODE_STEPS = [
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("mode", "step"), MODE_STEPS)
-def test_kill_at_each_step_then_kill_in_recovery(tmp_path: Path, backend: str, mode: str, step: str) -> None:
+def test_kill_at_each_step_then_kill_in_recovery(
+    tmp_path: Path, backend: str, mode: str, step: str
+) -> None:
     _need(backend)
     setup(tmp_path, backend, mode)
     o = drive(
@@ -96,7 +98,9 @@ def test_command_exited_is_replayed_not_rerun(tmp_path: Path, backend: str) -> N
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_command_cut_off_by_new_epoch_checkpoint_restores_and_interrupts(tmp_path: Path, backend: str) -> None:
+def test_command_cut_off_by_new_epoch_checkpoint_restores_and_interrupts(
+    tmp_path: Path, backend: str
+) -> None:
     _need(backend)
     setup(tmp_path, backend, "checkpoint", sleep=5, seed="1", calls=2)
     o = drive(tmp_path, [Attempt("adapter.running:1"), Attempt()], backend=backend)
@@ -106,7 +110,9 @@ def test_command_cut_off_by_new_epoch_checkpoint_restores_and_interrupts(tmp_pat
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_command_cut_off_by_new_epoch_transactional_reverts_and_reruns(tmp_path: Path, backend: str) -> None:
+def test_command_cut_off_by_new_epoch_transactional_reverts_and_reruns(
+    tmp_path: Path, backend: str
+) -> None:
     _need(backend)
     setup(tmp_path, backend, "transactional", sleep=5, seed="1", calls=2)
     o = drive(tmp_path, [Attempt("adapter.running:1"), Attempt()], backend=backend)

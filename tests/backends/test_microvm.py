@@ -40,6 +40,7 @@ async def backend(
     finally:
         for name in await b.names():
             await b.delete(name)
+        await b.prune(set())  # memory files are large: leave none behind
         await b.close()
 
 
