@@ -22,4 +22,11 @@ for backend in local spacesd; do
   run "stale-$backend" --mode stale --backend "$backend" --runs 6 --calls 6 --seed-base ci-stale
   run "exhaustive-$backend" --mode exhaustive --backend "$backend" --calls 4 --seed-base ci-ex
 done
+# Real containers: restarts (kill + start), removals and daemon kills, both adapter modes.
+if why=$(python -c 'from durable_spaces.backends import unavailable_reason as u; import sys; r=u("docker"); print(r or ""); sys.exit(1 if r else 0)'); then
+  run "transactional-docker" --mode transactional --backend docker --runs 6 --calls 6 --seed-base ci-dtx --profile space
+  run "checkpoint-docker" --mode checkpoint --backend docker --runs 6 --calls 6 --seed-base ci-dcp --profile space
+else
+  echo "== docker campaigns skipped: $why"
+fi
 exit $status

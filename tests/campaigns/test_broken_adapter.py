@@ -1,0 +1,51 @@
+"""The lab must catch a broken adapter: a build that reruns a command its ledger says
+already exited (``DS_MUTANTS=rerun_exited``) applies a shell step twice. An exhaustive
+campaign must fail it, print a repro command, and that command must fail again; the same
+command on the correct build must pass."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _cli(args: list[str], cwd: Path, mutant: bool) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.pop("DS_MUTANTS", None)
+    if mutant:
+        env["DS_MUTANTS"] = "rerun_exited"
+    return subprocess.run(
+        [sys.executable, "-m", "durable_spaces.cli", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def test_rerun_of_an_exited_command_is_caught_and_reproduced(tmp_path: Path) -> None:
+    out = tmp_path / "campaign"
+    args = ["campaign", "--mode", "exhaustive", "--backend", "local", "--calls", "3",
+            "--seed-base", "mut1", "--jobs", "2", "--out", str(out), "--no-progress",
+            "--no-report"]  # fmt: skip
+    broken = _cli(args, tmp_path, mutant=True)
+    assert broken.returncode != 0, broken.stdout[-2000:]
+    lines = broken.stdout.splitlines()
+    summary = lines[-1]
+    assert summary.startswith("SUMMARY mode=exhaustive backend=local ")
+    assert " failed=0 " not in summary
+    repros = [ln for ln in lines if ln.startswith("REPRO ")]
+    assert repros and all("exactly_once" in ln for ln in repros), repros
+    command = shlex.split(repros[0].split(": ", 1)[1])
+    assert command[:2] == ["durable-spaces", "repro"]
+
+    again = _cli([*command[1:], "--state-dir", str(tmp_path / "repro-broken")], tmp_path, True)
+    assert again.returncode == 1, again.stdout[-2000:]
+    assert "outcome=failed" in again.stdout.splitlines()[-1]
+
+    fixed = _cli([*command[1:], "--state-dir", str(tmp_path / "repro-fixed")], tmp_path, False)
+    assert fixed.returncode == 0, fixed.stdout[-2000:]
