@@ -83,10 +83,10 @@ def main() -> int:
     state_dir = Path(os.environ.get("CUA_SESSION_STATE_DIR", "."))
     try:
         cfg = AgentConfigFile.load(state_dir)
-    except ConfigError as e:
+        durable, model = build(cfg)
+    except ConfigError as e:  # a malformed environment or configuration: permanent
         print(f"campaign agent: {e}", file=sys.stderr)
         return 78
-    durable, model = build(cfg)
 
     async def start(ctx: StartContext) -> SessionHandle:
         registry = Registry().install(CodingTools).install(durable.extension)
