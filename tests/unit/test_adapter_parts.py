@@ -1,0 +1,135 @@
+"""Unit tests of the adapter's parts that need no Space: the image chain, the state
+document's pruning, archive checks, the stream fence, and epoch parsing."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from typing import Any
+
+import pytest
+
+from durable_spaces.adapter import image as img
+from durable_spaces.adapter.calls import CallPipeline
+from durable_spaces.adapter.durable import session_epoch
+from durable_spaces.adapter.log import MemoryFence
+from durable_spaces.adapter.snapshots import check_archive
+from durable_spaces.adapter.space import PathEntry
+from durable_spaces.adapter.state import KEEP_CALLS, CallRecord, SpaceState
+from durable_spaces.errors import ConfigError, PathEscapeError
+
+
+def _file(n: int) -> PathEntry:
+    return PathEntry("file", 0o644, n, f"{n:064x}")
+
+
+def test_image_chain_reads_back_every_version_and_writes_deltas_not_tables() -> None:
+    docs: dict[str, Any] = {}
+    pointer = None
+    table: dict[str, PathEntry] = {}
+    versions = []
+    for i in range(40):
+        new = dict(table)
+        new[f"f{i % 7}.txt"] = _file(i)
+        if i % 5 == 4:
+            new.pop(f"f{(i + 3) % 7}.txt", None)
+        pointer, chain = img.next_image(pointer, table, new)
+        docs.update(chain)
+        versions.append((dict(pointer), new))
+        table = new
+        if pointer["v"] != pointer["full"]:
+            ((name, value),) = chain.items()
+            assert name.startswith("cua.space.image/delta/")
+            assert len(value["put"]) <= 1  # a delta holds the change, not the table
+    for p, want in versions:
+        assert img.read_image(p, docs.get) == want
+    fulls = [k for k in docs if "/full/" in k]
+    assert len(fulls) == 40 // img.FULL_EVERY + 1
+
+
+def test_image_chain_missing_link_is_an_error_not_a_smaller_image() -> None:
+    p1, c1 = img.next_image(None, {}, {"a": _file(1)})
+    p2, _c2 = img.next_image(p1, {"a": _file(1)}, {"a": _file(2)})
+    with pytest.raises(KeyError, match="delta 2"):
+        img.read_image(p2, {**c1}.get)
+
+
+def test_state_keeps_only_recent_calls_but_counts_all() -> None:
+    s = SpaceState()
+    for i in range(KEEP_CALLS + 5):
+        s.calls[f"c{i}"] = CallRecord(f"c{i}", "bash", s.next_order())
+    back = SpaceState.from_json(s.to_json())
+    assert list(back.calls) == [f"c{i}" for i in range(5, KEEP_CALLS + 5)]
+    assert back.calls_total == KEEP_CALLS + 5 and back.has_history
+    assert back.next_order() == KEEP_CALLS + 6
+
+
+def _tar(members: list[tarfile.TarInfo]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for m in members:
+            t.addfile(m, io.BytesIO(b"x" * m.size) if m.isfile() else None)
+    return buf.getvalue()
+
+
+def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    m = tarfile.TarInfo(name)
+    m.type = kind
+    m.linkname = link
+    m.size = 1 if kind == tarfile.REGTYPE else 0
+    return m
+
+
+@pytest.mark.parametrize(
+    "members",
+    [
+        [_member("../evil")],
+        [_member("/etc/evil")],
+        [_member("link", tarfile.SYMTYPE, "/etc"), _member("link/passwd")],
+        [_member("hard", tarfile.LNKTYPE, "../../etc/passwd")],
+        [_member("dev", tarfile.CHRTYPE)],
+    ],
+    ids=["dotdot", "absolute", "under-symlink", "hardlink-out", "device"],
+)
+def test_restore_refuses_archives_that_escape(members: list[tarfile.TarInfo]) -> None:
+    with pytest.raises(PathEscapeError):
+        check_archive(_tar(members))
+
+
+def test_restore_accepts_ordinary_archives_with_inner_symlinks() -> None:
+    check_archive(_tar([_member("./a.txt"), _member("./l", tarfile.SYMTYPE, "a.txt")]))
+
+
+class _Ctx:
+    def __init__(self) -> None:
+        self.out: list[str] = []
+        self.conversation_id = "c1"
+
+    def output(self, chunk: str) -> None:
+        self.out.append(chunk)
+
+
+class _Durable:
+    def __init__(self, fence: MemoryFence) -> None:
+        self.fence = fence
+
+
+def test_stream_fence_stops_forwarding_once_a_newer_epoch_exists() -> None:
+    fence = MemoryFence(1)
+    fence.check()
+    ctx = _Ctx()
+    pipe = CallPipeline(_Durable(fence), "bash", {}, ctx)  # type: ignore[arg-type]
+    pipe._forward(b"before\n")
+    fence.writer(2).check()  # a newer driver commits
+    pipe._fence_checked = 0.0  # the 200 ms throttle has passed
+    pipe._forward(b"after\n")
+    assert ctx.out == ["before\n"]
+
+
+@pytest.mark.parametrize("raw", ["x", "0", "-3"])
+def test_session_epoch_from_a_malformed_environment_is_a_clear_error(
+    raw: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CUA_SESSION_EPOCH", raw)
+    with pytest.raises(ConfigError, match="CUA_SESSION_EPOCH"):
+        session_epoch(None)
