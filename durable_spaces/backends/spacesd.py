@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -33,11 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from durable_spaces.backends.spacesd_daemon import (
+    PIDNS,
     DaemonState,
     LocalDaemon,
     free_port,
+    sweep_untracked,
     unshare_reason,
 )
+from durable_spaces.backends.spacesd_space import SpacesdSpace
 from durable_spaces.errors import (
     BackendUnavailableError,
     SpaceGoneError,
@@ -92,6 +96,21 @@ class _Probe:
     def gone(self) -> bool:
         st = self._daemon.read_state()
         return st is None or st.instance_id != self._instance
+
+
+class NamespacedSpace(SpacesdSpace):
+    """A Space whose daemon is pid 1 of its own PID namespace on this host: raising the
+    epoch also sweeps processes the daemon does not track (orphans of older commands)."""
+
+    daemon_pid = 0
+
+    async def advance_epoch(self, epoch: int) -> None:
+        await super().advance_epoch(epoch)
+        if self.daemon_pid <= 0:
+            return  # process-group fallback: the weaker, documented guarantee
+        procs = json.loads(await self._call("list_processes", False) or "[]")
+        tracked = {int(p["pid"]) for p in procs if p.get("state") == "PROCESS_STATE_RUNNING"}
+        await asyncio.to_thread(sweep_untracked, self.daemon_pid, tracked)
 
 
 class SpacesdBackend:
@@ -209,13 +228,11 @@ class SpacesdBackend:
         raise SpaceUnavailableError(f"cua-spacesd for Space {d.home.name!r} could not start")
 
     def _space(self, d: LocalDaemon, st: DaemonState) -> Any:
-        from durable_spaces.backends.spacesd_space import SpacesdSpace
-
         name = d.home.name
         sp = self._spaces.get(name)
         if sp is not None and sp.instance_id == st.instance_id and sp._url == _url(st):
             return sp
-        sp = SpacesdSpace(
+        sp = NamespacedSpace(
             name,
             str(d.work),
             st.instance_id,
@@ -224,6 +241,7 @@ class SpacesdBackend:
             _Probe(d, st.instance_id),
             sdk_home=self._sdk_home(),
         )
+        sp.daemon_pid = st.daemon_pid if st.isolation == PIDNS else 0
         self._spaces[name] = sp
         return sp
 

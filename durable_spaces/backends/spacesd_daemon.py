@@ -133,6 +133,52 @@ def _ns_members(ns: str) -> list[int]:
     return out
 
 
+def _ns_pid(pid: int) -> int | None:
+    """The pid of a host process inside its own (innermost) PID namespace."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def sweep_untracked(daemon_pid: int, tracked: set[int]) -> list[int]:
+    """SIGKILL every process in the daemon's PID namespace that no tracked command owns.
+
+    The daemon's ``AdvanceEpoch`` kills the commands it tracks, but a command's background
+    children outlive it (``sleep 100 &`` is reparented to pid 1, the daemon) and would
+    keep writing after a newer epoch restored the workspace. ``tracked`` holds the
+    in-namespace pids of the daemon's running commands (all of the new epoch, after an
+    advance); a process is owned when it or an ancestor below the daemon is one of them.
+    """
+    ns = _pid_ns(daemon_pid)
+    if ns is None:
+        return []
+    victims = []
+    for pid in _ns_members(ns):
+        if pid == daemon_pid:
+            continue
+        owned = False
+        try:
+            proc: psutil.Process | None = psutil.Process(pid)
+            while proc is not None and proc.pid != daemon_pid:
+                if _ns_pid(proc.pid) in tracked:
+                    owned = True
+                    break
+                proc = proc.parent()
+        except psutil.Error:
+            continue
+        if not owned:
+            victims.append(pid)
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return victims
+
+
 def _tree(pid: int) -> list[int]:
     try:
         return [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]

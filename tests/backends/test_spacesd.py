@@ -391,3 +391,30 @@ async def test_concurrent_lifecycle_calls_in_one_loop(backend: SpacesdBackend) -
     assert len({s.instance_id for s in spaces if s is not None}) == 1
     await asyncio.wait_for(asyncio.gather(backend.restart("same"), backend.create("other")), 60)
     assert await backend.names() == ["other", "same"]
+
+
+async def test_advance_epoch_kills_orphans_of_older_commands(tmp_path: Path) -> None:
+    """A background child of an older command (reparented to the daemon, which does not
+    track it) must not survive a newer epoch: it would write after a restore."""
+    from durable_spaces.backends.spacesd import SpacesdBackend
+
+    backend = SpacesdBackend(tmp_path / "spaces")
+    try:
+        space = await backend.create("orphans")
+        if getattr(space, "daemon_pid", 0) <= 0:
+            pytest.skip("unshare not permitted here: process-group fallback has no sweep")
+        await space.advance_epoch(1)
+        await space.exec(
+            ["sh", "-c", "(while true; do echo x >> bg.txt; sleep 0.05; done) & echo started"],
+            key="orphans:1@1",
+            epoch=1,
+        )
+        await asyncio.sleep(0.3)
+        await space.advance_epoch(2)
+        size = (Path(space.root) / "bg.txt").stat().st_size
+        await asyncio.sleep(0.5)
+        assert (Path(space.root) / "bg.txt").stat().st_size == size, "the orphan still writes"
+    finally:
+        for name in await backend.names():
+            await backend.delete(name)
+        await backend.close()

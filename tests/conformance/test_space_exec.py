@@ -276,8 +276,10 @@ async def test_stale_epochs_refused(space: Space, key: Key) -> None:
 async def test_advance_epoch_kills_older_processes(space: Space, key: Key) -> None:
     old, new = key("old"), key("new")
     await space.spawn(["sh", "-c", LOOP.format(c="c1", b="beat1")], key=old, epoch=1)
-    await space.spawn(["sh", "-c", LOOP.format(c="c2", b="beat2")], key=new, epoch=2)
+    # cua-spacesd raises its floor when a newer epoch arrives: on a slow machine (microvm
+    # under TCG) the epoch-2 spawn would kill this one before it ever wrote a beat.
     await _until(lambda: _lines(space, "beat1"))
+    await space.spawn(["sh", "-c", LOOP.format(c="c2", b="beat2")], key=new, epoch=2)
     await _until(lambda: _lines(space, "beat2"))
     await space.advance_epoch(2)
     assert (await space.exec_record(old)).state is not ExecState.RUNNING
