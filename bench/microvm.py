@@ -86,7 +86,10 @@ async def main() -> None:
         _line("restart (sync, kill, cold boot)", f"{boot_total:.2f} s", acc)
 
         sp = await b.find(name)
-        pauses, sizes, calls, layers = [], [], [], []
+        pauses: list[float] = []
+        sizes: list[float] = []
+        calls: list[float] = []
+        layers: list[float] = []
         ids = []
         for i in range(CHECKPOINTS):
             await sp.write_file(f"f{i}", os.urandom(64 * 1024))
@@ -97,7 +100,7 @@ async def main() -> None:
             pauses.append(b.last["checkpoint_pause"])
             sizes.append(b.last["checkpoint_bytes"])
             frozen = b.checkpoint_meta(cid).chain[-1]
-            layers.append(pathlib.Path(frozen).stat().st_size)
+            layers.append(float(pathlib.Path(frozen).stat().st_size))
         _line("checkpoint: guest pause", f"{_med(pauses) * 1000:.0f} ms", acc)
         _line("checkpoint: whole call", f"{_med(calls) * 1000:.0f} ms", acc)
         _line("checkpoint: memory file", f"{_med(sizes) / 1e6:.0f} MB", acc)

@@ -141,6 +141,11 @@ def write_config(run: RunSpec) -> dict[str, Path]:
         snapshots=_snapshots_kind(run),
         # Stale runs need a driver still busy when the next one takes over.
         sleep=0.4 if run.mode == "stale" else _sleep_for(seed),
+        # Auto runs get a small file limit now and then, so the switch to checkpoint mode
+        # happens mid-run (outcome and switch in one commit, then the checkpoint).
+        max_files=random.Random(f"{seed}:limit").choice([2, 3, 4, None])
+        if run.durable_mode == "auto"
+        else None,
     ).save(p["session"])
     return p
 
@@ -309,10 +314,12 @@ async def run_one(run: RunSpec) -> RunRecord:
 
 def _fill(record: RunRecord, result: CoordinatorResult, injector: Injector) -> None:
     recoveries: Counter[str] = Counter()
+    by_mode: Counter[str] = Counter()  # every recovery event carries the mode it was decided in
     for ev in result.events:
         data = ev.get("data") or {}
         if ev.get("event") == "driver_event" and data.get("event") == "recovery":
             recoveries[str(data.get("kind"))] += 1
+            by_mode[f"{data.get('mode')}/{data.get('kind')}"] += 1
     got = injector.injected(result)
     faults = dict(got.faults)
     # A driver killed by SIGKILL was shot by the nemesis (random_kill) or died at its
@@ -333,6 +340,7 @@ def _fill(record: RunRecord, result: CoordinatorResult, injector: Injector) -> N
         epochs=result.epochs,
         exit_codes=result.exit_codes,
         status=result.status,
+        recoveries_by_mode=dict(sorted(by_mode.items())),
         nemesis=[op.to_json() for op in injector.nemesis.history],
     )
 

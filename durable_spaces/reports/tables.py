@@ -62,8 +62,29 @@ def faults_table(records: Sequence[RunRecord]) -> pd.DataFrame:
 
 
 def recoveries_table(records: Sequence[RunRecord]) -> pd.DataFrame:
-    """Recoveries per kind (rows) and mode (columns), with a total."""
-    return _counts(records, "recoveries", "recovery")
+    """Recoveries per kind (rows) and the mode each was decided in (columns), with a total.
+
+    Records that carry ``extra["recoveries_by_mode"]`` ("<mode>/<kind>": n, from the
+    events themselves) are split by that mode (an auto campaign has both); others by the
+    campaign's mode."""
+    rows = []
+    for r in records:
+        split = r.extra.get("recoveries_by_mode")
+        if split:
+            for key, n in split.items():
+                mode, _, kind = str(key).partition("/")
+                rows.append({"mode": mode, "recovery": kind, "count": n})
+        else:
+            rows += [{"mode": r.mode, "recovery": k, "count": v} for k, v in r.recoveries.items()]
+    if not rows:
+        return pd.DataFrame(columns=["recovery"])
+    df = pd.DataFrame(rows)
+    table = df.pivot_table(
+        index="recovery", columns="mode", values="count", aggfunc="sum", fill_value=0
+    )
+    table["total"] = table.sum(axis=1)
+    table.columns.name = None
+    return table.reset_index().sort_values("recovery").reset_index(drop=True)
 
 
 def attempts_table(records: Sequence[RunRecord]) -> pd.DataFrame:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from durable_spaces.adapter.space import ExecState
+from durable_spaces.backends.microvm import MicrovmBackend
 
 pytestmark = [pytest.mark.microvm, pytest.mark.slow]
 
@@ -27,14 +28,14 @@ COUNTER = (
 @pytest.fixture
 async def backend(
     state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[object]:
+) -> AsyncIterator[MicrovmBackend]:
     from durable_spaces.backends import microvm
 
     reason = microvm.unavailable_reason()
     if reason is not None:
         pytest.skip(f"microvm backend cannot run here: {reason}")
     monkeypatch.setenv("CUA_HOME", str(tmp_path / "cua-home"))
-    b = microvm.MicrovmBackend(state_dir)
+    b = MicrovmBackend(state_dir)
     try:
         yield b
     finally:
@@ -49,7 +50,7 @@ def _name() -> str:
 
 
 async def _count(space: object) -> int:
-    return int((await space.read_file("count")).decode())  # type: ignore[attr-defined]
+    return int((await space.read_file("count")).decode())
 
 
 async def _wait_count(space: object, above: int = 0, timeout: float = 30) -> int:
@@ -67,40 +68,42 @@ async def _wait_count(space: object, above: int = 0, timeout: float = 30) -> int
         await asyncio.sleep(0.2)
 
 
-async def test_restore_brings_back_the_process_and_drops_later_files(backend: object) -> None:
+async def test_restore_brings_back_the_process_and_drops_later_files(
+    backend: MicrovmBackend,
+) -> None:
     b = backend
     name = _name()
-    sp = await b.create(name)  # type: ignore[attr-defined]
+    sp = await b.create(name)
     caps = await sp.capabilities()
     assert caps.kind == "microvm" and caps.machine_checkpoints and caps.exec_ledger
     r = await sp.exec(["bash", "-c", COUNTER], key=f"{name}:c:0@1", epoch=1)
     assert r.exit_code == 0
     await _wait_count(sp, 2)
-    cid = await b.checkpoint(name)  # type: ignore[attr-defined]
+    cid = await b.checkpoint(name)
     at_ckpt = await _count(sp)
     await sp.write_file("after.txt", b"written after the checkpoint")
     await _wait_count(sp, at_ckpt + 5)
 
-    sp = await b.restore(name, cid)  # type: ignore[attr-defined]
+    sp = await b.restore(name, cid)
     await sp.advance_epoch(2)  # what the adapter does next; the counter (epoch 1) dies now
     assert await sp.stat("after.txt") is None
     rec = await sp.exec_record(f"{name}:c:0@1")
     assert rec.state == ExecState.EXITED and rec.exit_code == 0
 
 
-async def test_restored_process_keeps_its_pid_and_counts_on(backend: object) -> None:
+async def test_restored_process_keeps_its_pid_and_counts_on(backend: MicrovmBackend) -> None:
     b = backend
     name = _name()
-    sp = await b.create(name)  # type: ignore[attr-defined]
+    sp = await b.create(name)
     # Started without the ledger: an epoch raise would not kill it, so it stays to be seen.
     r = await sp.exec(["bash", "-c", COUNTER], key=None, epoch=1)
     pid = int(r.output.split()[-1])
     await _wait_count(sp, 2)
-    cid = await b.checkpoint(name)  # type: ignore[attr-defined]
+    cid = await b.checkpoint(name)
     at_ckpt = await _count(sp)
     before_restore = await _wait_count(sp, at_ckpt + 5)
 
-    sp = await b.restore(name, cid)  # type: ignore[attr-defined]
+    sp = await b.restore(name, cid)
     first = await _count(sp)
     assert at_ckpt <= first < before_restore, (at_ckpt, first, before_restore)
     again = await _wait_count(sp, first)
@@ -111,21 +114,21 @@ async def test_restored_process_keeps_its_pid_and_counts_on(backend: object) -> 
     assert alive.exit_code == 0 and b"while" in alive.output, alive
 
 
-async def test_two_forks_run_at_once_and_diverge(backend: object) -> None:
+async def test_two_forks_run_at_once_and_diverge(backend: MicrovmBackend) -> None:
     b = backend
     src = _name()
-    sp = await b.create(src)  # type: ignore[attr-defined]
+    sp = await b.create(src)
     await sp.write_file("shared.txt", b"from the source")
     r = await sp.exec(["bash", "-c", COUNTER], key=None, epoch=1)
     pid = int(r.output.split()[-1])
     await _wait_count(sp, 1)
-    cid = await b.checkpoint(src)  # type: ignore[attr-defined]
+    cid = await b.checkpoint(src)
     await b.delete(src)  # forks do not need their source (only its checkpoint)
     fa, fb = _name(), _name()
-    a = await b.fork(cid, fa)  # type: ignore[attr-defined]
-    c = await b.fork(cid, fb)  # type: ignore[attr-defined]
+    a = await b.fork(cid, fa)
+    c = await b.fork(cid, fb)
     assert a.instance_id != c.instance_id
-    assert b.qemu_pid(fa) and b.qemu_pid(fb)  # type: ignore[attr-defined]
+    assert b.qemu_pid(fa) and b.qemu_pid(fb)
     await a.write_file("mine.txt", b"a")
     await c.write_file("mine.txt", b"c")
     assert await a.read_file("mine.txt") == b"a"
@@ -141,13 +144,11 @@ async def test_two_forks_run_at_once_and_diverge(backend: object) -> None:
 
 
 async def test_find_after_a_driver_restart_and_restart_keeps_the_disk(
-    backend: object, state_dir: Path
+    backend: MicrovmBackend, state_dir: Path
 ) -> None:
-    from durable_spaces.backends.microvm import MicrovmBackend
-
     b = backend
     name = _name()
-    sp = await b.create(name)  # type: ignore[attr-defined]
+    sp = await b.create(name)
     await sp.write_file("kept.txt", b"kept")
     done = await sp.exec(["sh", "-c", "echo done"], key=f"{name}:d:0@1", epoch=1)
     assert done.exit_code == 0
@@ -170,32 +171,32 @@ async def test_find_after_a_driver_restart_and_restart_keeps_the_disk(
     await other.close()
 
 
-async def test_prune_keeps_only_what_is_asked(backend: object) -> None:
+async def test_prune_keeps_only_what_is_asked(backend: MicrovmBackend) -> None:
     b = backend
     name = _name()
-    await b.create(name)  # type: ignore[attr-defined]
-    c1 = await b.checkpoint(name)  # type: ignore[attr-defined]
-    c2 = await b.checkpoint(name)  # type: ignore[attr-defined]
-    assert set(await b.checkpoints()) == {c1, c2}  # type: ignore[attr-defined]
-    assert await b.prune({c2}) == [c1]  # type: ignore[attr-defined]
-    assert await b.checkpoints() == [c2]  # type: ignore[attr-defined]
-    sp = await b.restore(name, c2)  # type: ignore[attr-defined]
+    await b.create(name)
+    c1 = await b.checkpoint(name)
+    c2 = await b.checkpoint(name)
+    assert set(await b.checkpoints()) == {c1, c2}
+    assert await b.prune({c2}) == [c1]
+    assert await b.checkpoints() == [c2]
+    sp = await b.restore(name, c2)
     assert (await sp.capabilities()).machine_checkpoints
 
 
 async def test_kill_daemon_keeps_the_machine_and_the_epoch_sweeps_orphans(
-    backend: object,
+    backend: MicrovmBackend,
 ) -> None:
     b = backend
     name = _name()
-    sp = await b.create(name)  # type: ignore[attr-defined]
+    sp = await b.create(name)
     ex = await sp.spawn(["sleep", "600"], key=f"{name}:s:0@1", epoch=1)
     pid = ex.pid
     await ex.detach()
-    qemu = b.qemu_pid(name)  # type: ignore[attr-defined]
-    await b.kill_daemon(name)  # type: ignore[attr-defined]
-    assert b.qemu_pid(name) == qemu  # type: ignore[attr-defined]  # the machine stayed up
-    sp = await b.find(name)  # type: ignore[attr-defined]
+    qemu = b.qemu_pid(name)
+    await b.kill_daemon(name)
+    assert b.qemu_pid(name) == qemu  # the machine stayed up
+    sp = await b.find(name)
     assert (await sp.exec_record(f"{name}:s:0@1")).state == ExecState.LOST
     # The command survived its daemon as an orphan of the guest's pid 1 ...
     alive = await sp.exec(["sh", "-c", "pgrep -x sleep"], key=None, epoch=1)
@@ -232,55 +233,55 @@ def _killed_child(state_dir: Path, point: str, *args: str) -> None:
 
 @pytest.mark.parametrize("point", ["microvm.checkpoint.stopped", "microvm.checkpoint.snapshot"])
 async def test_driver_killed_inside_a_checkpoint_leaves_a_usable_space(
-    backend: object, state_dir: Path, point: str
+    backend: MicrovmBackend, state_dir: Path, point: str
 ) -> None:
     b = backend
     name = _name()
-    sp = await b.create(name)  # type: ignore[attr-defined]
+    sp = await b.create(name)
     await sp.write_file("before.txt", b"1")
     await asyncio.to_thread(_killed_child, state_dir, point, "checkpoint", name)
-    sp = await b.find(name)  # type: ignore[attr-defined]  # continues the stopped guest
+    sp = await b.find(name)  # continues the stopped guest
     await sp.write_file("after.txt", b"2")
     assert await sp.read_file("before.txt") == b"1"
-    cid = await b.checkpoint(name)  # type: ignore[attr-defined]
+    cid = await b.checkpoint(name)
     await sp.write_file("later.txt", b"3")
-    await b.restart(name)  # type: ignore[attr-defined]  # cold boot of the recorded top
-    sp = await b.find(name)  # type: ignore[attr-defined]
+    await b.restart(name)  # cold boot of the recorded top
+    sp = await b.find(name)
     assert await sp.read_file("later.txt") == b"3"
-    sp = await b.restore(name, cid)  # type: ignore[attr-defined]
+    sp = await b.restore(name, cid)
     assert await sp.read_file("after.txt") == b"2"
     assert await sp.stat("later.txt") is None
 
 
 async def test_driver_killed_before_a_fork_got_its_token_is_finished_by_find(
-    backend: object, state_dir: Path
+    backend: MicrovmBackend, state_dir: Path
 ) -> None:
     b = backend
     src, dst = _name(), _name()
-    sp = await b.create(src)  # type: ignore[attr-defined]
+    sp = await b.create(src)
     await sp.write_file("x.txt", b"x")
-    cid = await b.checkpoint(src)  # type: ignore[attr-defined]
-    await b.delete(src)  # type: ignore[attr-defined]
+    cid = await b.checkpoint(src)
+    await b.delete(src)
     await asyncio.to_thread(_killed_child, state_dir, "microvm.start.resumed", "fork", dst, cid)
-    sp = await b.find(dst)  # type: ignore[attr-defined]
+    sp = await b.find(dst)
     assert await sp.read_file("x.txt") == b"x"  # the fork's own token works now
 
 
 async def test_restore_places_a_removed_space_again_and_retention_bounds_disk(
-    backend: object, state_dir: Path
+    backend: MicrovmBackend, state_dir: Path
 ) -> None:
     b = backend
-    b.keep_checkpoints = 2  # type: ignore[attr-defined]
+    b.keep_checkpoints = 2
     name = _name()
-    sp = await b.create(name)  # type: ignore[attr-defined]
+    sp = await b.create(name)
     old_instance = sp.instance_id
     ids = []
     for i in range(3):
         await sp.write_file("n.txt", str(i).encode())
-        ids.append(await b.checkpoint(name))  # type: ignore[attr-defined]
-    assert await b.checkpoints() == sorted(ids[1:])  # type: ignore[attr-defined]
-    await b.delete(name)  # type: ignore[attr-defined]  # the Space is lost
-    sp = await b.restore(name, ids[-1])  # type: ignore[attr-defined]
+        ids.append(await b.checkpoint(name))
+    assert await b.checkpoints() == sorted(ids[1:])
+    await b.delete(name)  # the Space is lost
+    sp = await b.restore(name, ids[-1])
     assert sp.instance_id != old_instance
     assert await sp.read_file("n.txt") == b"2"
-    assert (await b.find(name)) is not None  # type: ignore[attr-defined]
+    assert (await b.find(name)) is not None
