@@ -56,9 +56,12 @@ from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import (
     ConfigError,
     HaltError,
+    PathEscapeError,
     PermanentFailure,
+    SpaceError,
     SpaceUnavailableError,
     StaleEpochError,
+    UnsupportedNameError,
 )
 
 if TYPE_CHECKING:
@@ -185,10 +188,13 @@ class DurableSpaces:
                 if self.on_stale is not None:
                     self.on_stale(e)
                 raise
-            except SpaceUnavailableError as e:
-                # Never record "the Space vanished" as the tool's result: halt, and let
-                # the coordinator resume on a Space placed again.
-                raise HaltError(f"the Space is unreachable during {tool}: {e}") from e
+            except (PathEscapeError, UnsupportedNameError):
+                raise  # the model asked for a path the workspace refuses: a tool error
+            except SpaceError as e:
+                # The Space failed (unreachable, vanished, refused an RPC), not the tool:
+                # never record that as the call's result. Halt; the coordinator resumes
+                # and recovery decides what the call really did.
+                raise HaltError(f"the Space failed during {tool}: {e}") from e
 
     # --- state in the log -------------------------------------------------------------------
 
@@ -376,7 +382,13 @@ class DurableSpaces:
         if cid is None:
             raise PermanentFailure(f"call {rec.call_id} has no checkpoint before it")
         await self.raise_space_epoch(space)
-        space = await self.snapshots_for().restore(space, cid, self.epoch_for(space.name))
+        try:
+            space = await self.snapshots_for().restore(space, cid, self.epoch_for(space.name))
+        except CheckpointMissing as e:
+            raise PermanentFailure(
+                f"the checkpoint before call {rec.call_id} is gone ({e}); use a "
+                "CheckpointStore or mode transactional"
+            ) from e
         self._open[space.name] = space
         self.emit("restored", conv, rec, checkpoint=cid)
         return space

@@ -383,6 +383,8 @@ class SpacesdSpace:
             ),
         ):
             return self._down(msg)
+        if any(t in msg for t in ("(Cancelled)", "(Unavailable)", "operation was canceled")):
+            return self._down(msg)  # an RPC cut by the daemon going away (gRPC status)
         if isinstance(e, E.NotFound):
             if "process not found" in msg:
                 return self._down(msg)
@@ -601,7 +603,20 @@ class SpacesdSpace:
         # The daemon writes a temporary file and renames it over the path, so a symlink
         # at the last component is replaced, never followed.
         opts = cua.UploadOptions(permissions=(mode or 0) & 0o7777, create_parents=True)
+        boot = self._probe.boot_id()
         await self._call("upload", self._abs(rel), bytes(data), opts)
+        if self._probe.boot_id() != boot:
+            # The daemon restarted under this upload and the client retried it: the dead
+            # daemon's temporary file (".<name>.cua-XXXX.part") is left beside the path.
+            await self._remove_partials(rel)
+
+    async def _remove_partials(self, rel: str) -> None:
+        parent, leaf = posixpath.split(rel)
+        prefix = f".{leaf}.cua-"
+        with contextlib.suppress(OSError, SpaceError):
+            for name in await self.list_dir(parent or "."):
+                if name.startswith(prefix) and name.endswith(".part"):
+                    await self.remove(posixpath.join(parent, name) if parent else name)
 
     async def symlink(self, path: str, target: str) -> None:
         rel = await self._resolve(path, follow_last=False)

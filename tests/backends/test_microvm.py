@@ -11,6 +11,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,11 +50,11 @@ def _name() -> str:
     return f"mv-{uuid.uuid4().hex[:8]}"
 
 
-async def _count(space: object) -> int:
+async def _count(space: Any) -> int:
     return int((await space.read_file("count")).decode())
 
 
-async def _wait_count(space: object, above: int = 0, timeout: float = 30) -> int:
+async def _wait_count(space: Any, above: int = 0, timeout: float = 30) -> int:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
@@ -272,6 +273,7 @@ async def test_restore_places_a_removed_space_again_and_retention_bounds_disk(
 ) -> None:
     b = backend
     b.keep_checkpoints = 2
+    b.compress = False  # the other tests take compressed ones
     name = _name()
     sp = await b.create(name)
     old_instance = sp.instance_id
@@ -280,8 +282,29 @@ async def test_restore_places_a_removed_space_again_and_retention_bounds_disk(
         await sp.write_file("n.txt", str(i).encode())
         ids.append(await b.checkpoint(name))
     assert await b.checkpoints() == sorted(ids[1:])
+    # The checkpoint last restored from is never aged out (a crash loop restores it again).
+    sp = await b.restore(name, ids[1])
+    for _ in range(2):
+        await b.checkpoint(name)
+    assert ids[1] in await b.checkpoints()
+    await sp.write_file("n.txt", b"2")
+    ids.append(await b.checkpoint(name))
     await b.delete(name)  # the Space is lost
     sp = await b.restore(name, ids[-1])
     assert sp.instance_id != old_instance
     assert await sp.read_file("n.txt") == b"2"
     assert (await b.find(name)) is not None
+
+
+async def test_concurrent_operations_in_one_process_do_not_deadlock(
+    backend: MicrovmBackend,
+) -> None:
+    # A nemesis and a coordinator share one process and one event loop: a blocking file
+    # lock taken twice there once froze the loop for good.
+    b = backend
+    name = _name()
+    await b.create(name)
+    found, _ = await asyncio.wait_for(asyncio.gather(b.find(name), b.kill_daemon(name)), 120)
+    assert found is not None
+    again, _ = await asyncio.wait_for(asyncio.gather(b.find(name), b.checkpoint(name)), 120)
+    assert await again.exec(["true"], key=None, epoch=1) is not None
