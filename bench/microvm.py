@@ -61,7 +61,9 @@ async def main() -> None:
     from durable_spaces.backends.microvm import MicrovmBackend
 
     with tempfile.TemporaryDirectory(prefix="ds-bench-microvm-") as tmp:
-        b = MicrovmBackend(pathlib.Path(tmp) / "microvm")
+        # Plain memory files first (compression is measured on its own below), and no
+        # retention: the restores below reach back to older checkpoints.
+        b = MicrovmBackend(pathlib.Path(tmp) / "microvm", keep_checkpoints=0, compress=False)
         acc = b.accel.name
         print(f"# accelerator: {acc} ({b.accel.reason}); guest {b.memory_mb} MiB, 1 vCPU")
 

@@ -348,6 +348,10 @@ class DockerBackend:
                 await asyncio.to_thread(c.reload)
             except _not_found():  # deleted meanwhile
                 return None
+            except Exception as e:
+                if "marked for removal" in str(e):  # an `rm -f` is under way: it is gone
+                    return None
+                raise
         return await self._attach(name, c)
 
     async def _attach(self, name: str, c: Any) -> Any:

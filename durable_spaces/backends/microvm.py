@@ -38,8 +38,24 @@ Faults, as this backend implements them:
 
 Machine checkpoints (``checkpoint``/``restore``/``fork``/``prune``) live with the backend,
 outside the Space, on this machine: another machine cannot restore them (it needs
-workspace snapshots with a shared store). Each checkpoint adds one frozen layer to the
-Space's disk chain; a long chain reads a little slower (no block-commit is done).
+workspace snapshots with a shared store). Checkpoint files are immutable (0400) once
+written; ``keep_checkpoints`` bounds them per Space and ``prune(keep)`` removes the rest
+(and every disk layer no Space and no checkpoint refers to). Each checkpoint adds one
+frozen layer to the Space's disk chain; a long chain reads a little slower (no
+block-commit is done). ``restore`` of a Space that was removed places it again from the
+checkpoint (a new instance). After a restore the daemon's in-memory state, its ledger and
+its epoch floor are those of the checkpoint: the caller raises the epoch before anything
+runs.
+
+A driver killed half-way is finished by the next ``find``/``create``: a machine left
+stopped inside a checkpoint is continued (its disk top, if the snapshot switched it, is
+recorded), one left loading a restore is continued, and a fork that never got its own
+token is given it (``SpaceState.pending``).
+
+Checkpoints and Spaces refer to the image they were made from by absolute path. After
+``make microvm-image`` rebuilt the image (new hash), running Spaces keep working and cold
+boots use the new kernel, but restoring an older checkpoint is refused (another QEMU,
+kernel or base); the old image directory must stay until its Spaces are gone.
 """
 
 from __future__ import annotations

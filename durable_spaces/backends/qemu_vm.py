@@ -6,19 +6,22 @@ virtio-blk on a qcow2 overlay, user networking with the daemon's port forwarded 
 ``127.0.0.1`` only, the token passed through fw_cfg, QMP on a unix socket.
 
 Accelerator: KVM only when it really boots this kernel. ``/dev/kvm`` on these machines is
-PVM, a software hypervisor on which a stock kernel dies early, so a *boot test* decides
-(cached per image), not the presence of the device; otherwise TCG (``thread=multi``,
-``-cpu max``) with the reason logged. Under TCG the kernel cannot calibrate the TSC
-against the PIT (the emulated PIT is too jittery under load), so it is told the host's
-TSC frequency (``tsc_early_khz``; under TCG the guest TSC is the host's).
+PVM, a software hypervisor on which a stock kernel hangs early, so a *boot test* decides
+(cached beside the images, per QEMU, guest kernel and host kernel), not the presence of
+the device; otherwise TCG (``thread=multi``, ``-cpu max``) with the reason logged. Under
+TCG the kernel cannot calibrate the TSC against the PIT (the emulated PIT is too jittery
+under load), so it is told the host's TSC frequency (``tsc_early_khz``; under TCG the
+guest TSC is the host's).
 
 Checkpoint (``save_checkpoint``): ``stop`` (drains disk I/O), ``blockdev-snapshot-sync``
 freezes the current top layer and continues on a new one, ``migrate`` to
-``exec:cat > FILE`` (QEMU 7.2 has no ``file:`` target) writes the memory, ``cont``. The
-frozen layer and the memory file describe the same instant. A restore or a fork is the
-same command line on a new overlay over the frozen layer plus ``-incoming "exec:cat FILE"``.
-Both need the same QEMU binary, machine, devices and memory size, which is why the image
-hash covers the QEMU version and base checkpoints are kept per memory size and accelerator.
+``exec:cat > FILE`` (QEMU 7.2 has no ``file:`` target; ``zstd`` instead of ``cat`` for a
+``.zst`` file) writes the memory, ``cont``. The frozen layer and the memory file describe
+the same instant. A restore or a fork is the same command line on a new overlay over the
+frozen layer plus ``-incoming "exec:cat FILE"``; the machine comes up paused (it was
+stopped when saved) and is continued. Both need the same QEMU binary, machine, devices
+and memory size, which is why the image hash covers the QEMU version, base checkpoints
+are kept per memory size and record their accelerator, and checkpoints record all three.
 
 QEMU is started detached (its own session, stdin closed) so a driver that dies does not
 take the machine with it; pid and start time are returned so another process can find

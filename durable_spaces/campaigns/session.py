@@ -294,6 +294,12 @@ async def run_one(run: RunSpec) -> RunRecord:
         else:
             result, injector = await _drive(run, p, placement, schedule)
         _fill(record, result, injector)
+        if result.status == "done" and await placement.backend.find(placement.name) is None:
+            # A removal that landed as the last driver finished: what the next session
+            # would do is drive once more, rebuilding the Space before it reports done.
+            calm = Schedule(run.seed, (), "manual")
+            again, _ = await _drive(run, p, placement, calm)
+            record.extra["redriven_after_late_removal"] = again.status
         record.checks = await _check(run, p, placement)
         if run.mode == "stale":
             record.checks["stale_driver_fenced"] = record.extra.pop("stale_check")
