@@ -50,6 +50,7 @@ from durable_spaces.chaos.schedule import (
     exhaustive,
     read_trace,
 )
+from durable_spaces.errors import SpaceUnavailableError
 
 #: Failpoints a scripted call passes through (the campaign draws kills among these).
 POINTS = (
@@ -247,12 +248,20 @@ async def _check(run: RunSpec, p: dict[str, Path], placement: Placement) -> dict
     if not log.exists():
         return {"log": {"valid": None, "detail": "no log was written"}}
     history = load_history(str(log))
-    space = await placement.backend.find(placement.name)
-    if space is None:
-        return {
-            "space": {"valid": False, "detail": f"Space {placement.name} is gone after the run"}
-        }
-    workspace = await snapshot_workspace(space)
+    # A fault inflicted just as the run ended (a machine restart in flight) may still be
+    # settling: read the workspace once the Space answers again.
+    for attempt in range(6):
+        space = await placement.backend.find(placement.name)
+        if space is None:
+            detail = f"Space {placement.name} is gone after the run"
+            return {"space": {"valid": False, "detail": detail}}
+        try:
+            workspace = await snapshot_workspace(space)
+            break
+        except SpaceUnavailableError:
+            if attempt == 5:
+                raise
+            await asyncio.sleep(0.5 * (attempt + 1))
     verdicts: dict[str, Any] = dict(check_all(history, workspace))
     verdicts["same_as_uninterrupted"] = same_as_uninterrupted(history, model_seed(run), run.calls)
     if any(v.get("valid") is not True for v in verdicts.values()):
