@@ -421,7 +421,7 @@ class DurableSpaces:
             return "transactional"
         state.mode, state.mode_reason = "checkpoint", reason
         await self._commit(harness, conv, state)
-        self.emit("mode", conv, None, reason=reason)
+        self.emit("mode", conv, None, mode="transactional", reason=reason)
         return "checkpoint"
 
     async def _auto_violation(self, space: Space) -> str | None:
@@ -508,7 +508,7 @@ class DurableSpaces:
                 self.limits.exclude,
             )
             hit("recovery.reimaged")
-            self.emit("reimaged", conv, None, instance=space.instance_id)
+            self.emit("reimaged", conv, None, mode="transactional", instance=space.instance_id)
         else:
             cid = state.last_checkpoint
             if cid is None:
@@ -528,7 +528,7 @@ class DurableSpaces:
                 ) from e
             self._open[space.name] = space
             hit("recovery.restored")
-            self.emit("restored", conv, None, checkpoint=cid, rebuilt=True)
+            self.emit("restored", conv, None, mode="checkpoint", checkpoint=cid, rebuilt=True)
             # Effects recorded only in the lost Space are unknown now: their calls are
             # recovered as such (write/edit rerun, bash interrupted).
         state.instance = space.instance_id
@@ -559,9 +559,17 @@ class DurableSpaces:
 
     # --- events -------------------------------------------------------------------------------
 
-    def emit(self, kind: RecoveryKind, conv: str, rec: CallRecord | None, **detail: Any) -> None:
-        state_mode = rec.mode if rec is not None else "auto"
-        ev = RecoveryEvent(kind, state_mode, rec.call_id if rec else None, conv, detail)
+    def emit(
+        self,
+        kind: RecoveryKind,
+        conv: str,
+        rec: CallRecord | None,
+        mode: str | None = None,
+        **detail: Any,
+    ) -> None:
+        """Record a recovery decision; every event says the mode it was decided in."""
+        mode = mode or (rec.mode if rec is not None else self.mode)
+        ev = RecoveryEvent(kind, mode, rec.call_id if rec else None, conv, detail)
         self.events.append(ev)
         if self.on_recovery is not None:
             self.on_recovery(ev)
