@@ -50,7 +50,7 @@ def _session() -> ModuleType:
 
 
 Mode = Annotated[str | None, typer.Option(help="CRASH_MODE: transactional, auto, checkpoint, "
-                                          "stale, exhaustive, redrive")]  # fmt: skip
+                                          "stale, exhaustive, server")]  # fmt: skip
 Backend = Annotated[str | None, typer.Option(help="CRASH_BACKEND: local, spacesd, docker, microvm")]
 DurableMode = Annotated[str | None, typer.Option(help="CRASH_DURABLE_MODE: the adapter's mode")]
 Calls = Annotated[int | None, typer.Option(help="CRASH_CALLS: scripted calls per run")]

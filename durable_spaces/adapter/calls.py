@@ -106,6 +106,7 @@ class CallPipeline:
         else:
             outcome = await self._file_effect(space)
             hit("adapter.file_op")
+            hit("adapter.mid_call")
         if event is not None:
             self.d.emit(event, self.conv, rec, tool=self.tool)
         return await self._finish(space, rec, outcome)
@@ -121,7 +122,7 @@ class CallPipeline:
         )
         hit("adapter.spawn")
         # "running": the command is still going a moment after it started.
-        running = asyncio.get_running_loop().call_later(RUNNING_MARK, hit, "adapter.running")
+        running = asyncio.get_running_loop().call_later(RUNNING_MARK, _running_mark)
         try:
             async for chunk in execution.output():
                 self._forward(chunk)
@@ -231,6 +232,11 @@ class CallPipeline:
         self.d.emit("interrupted", self.conv, rec, tool=self.tool)
         self.d.record_result_entry(self.ctx, rec.call_id)
         return _result(outcome)
+
+
+def _running_mark() -> None:
+    hit("adapter.running")
+    hit("adapter.mid_call")  # the effect may have happened; its outcome is not recorded
 
 
 async def _settled_record(space: Space, key: str, timeout: float = 10.0) -> ExecRecord:

@@ -53,6 +53,13 @@ class Model(Protocol):
 
 _BASH = re.compile(r"^(?:sleep [0-9.]+ && )?printf '%s\\n' '([^'\n]*)' >> ([A-Za-z0-9_.-]+)$")
 JOURNAL = "journal.txt"
+#: Starts a heartbeat "server" outside the workspace and prints its pid.
+SERVER_COMMAND = (
+    "sh -c 'echo $$ > /tmp/ds-server.pid; "
+    "while :; do date +%s > /tmp/ds-server.b && mv /tmp/ds-server.b /tmp/ds-server.beat; "
+    "sleep 0.2; done' >/dev/null 2>&1 & "
+    "sleep 0.3; echo ds-server pid $(cat /tmp/ds-server.pid)"
+)
 
 
 def implied_workspace(entries: Sequence[Entry]) -> dict[str, str]:
@@ -90,13 +97,26 @@ class ScriptedModel:
     writes carries a token ``s<step>-<hex>``, so a step applied twice is visible. It never
     emits a call that fails on the implied workspace. After ``steps`` results it answers
     ``"done"``.
+
+    ``server=True`` makes step 0 start a long-lived process outside the workspace (a
+    heartbeat loop writing ``/tmp/ds-server.beat``, its pid in ``/tmp/ds-server.pid``):
+    what machine checkpoints must bring back after a restore.
     """
 
-    def __init__(self, seed: int | str, steps: int, *, files: int = 4, sleep: float = 0.0) -> None:
+    def __init__(
+        self,
+        seed: int | str,
+        steps: int,
+        *,
+        files: int = 4,
+        sleep: float = 0.0,
+        server: bool = False,
+    ) -> None:
         self.seed = seed
         self.steps = steps
         self.files = files
         self.sleep = sleep
+        self.server = server
         self.requests = 0  # how many times it was asked (a crash makes it ask again)
 
     async def generate(
@@ -110,6 +130,8 @@ class ScriptedModel:
 
     def call(self, step: int, files: dict[str, str]) -> ToolCall:
         """The tool call of ``step`` given the implied workspace ``files``."""
+        if self.server and step == 0:
+            return ToolCall(f"call-server-{self.seed}", "bash", {"command": SERVER_COMMAND})
         rng = random.Random(f"{self.seed}:{step}")
         token = f"s{step}-{rng.getrandbits(32):08x}"
         editable = sorted(p for p in files if p != JOURNAL and files[p])

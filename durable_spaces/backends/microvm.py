@@ -31,8 +31,9 @@ Faults, as this backend implements them:
   ``LOST``.
 - ``kill_daemon``: SIGKILL of the daemon inside the guest. The guest's pid 1 (a bash loop,
   ``/sbin/cua-init``) starts a new one at once. Commands that were running SURVIVE as
-  orphans of pid 1 and read ``LOST``; ``advance_epoch`` sweeps such orphans (as docker
-  does) because the daemon only kills the commands it tracks.
+  orphans of pid 1 and read ``LOST``; with ``sweep_orphans`` ``advance_epoch`` kills such
+  orphans (as docker does) because the daemon only kills the commands it tracks. It is
+  off by default: a process an agent left running is machine state that checkpoints keep.
 - ``delete``: SIGKILL of QEMU and removal of the Space's files and of disk layers no
   checkpoint needs.
 
@@ -261,7 +262,7 @@ def _make_space_class() -> type[Any]:
         async def advance_epoch(self, epoch: int) -> None:
             before = await self.current_epoch()
             await super().advance_epoch(epoch)
-            if epoch > before:
+            if epoch > before and self._backend.sweep_orphans:
                 code, out = await self.root_run(_SWEEP)
                 if code not in (0, None):
                     raise self._down(f"sweeping stray processes failed: {out[-200:]!r}")
@@ -309,7 +310,16 @@ class MicrovmBackend:
         memory_mb: int = DEFAULT_MEMORY_MB,
         keep_checkpoints: int | None = None,
         compress: bool | None = None,
+        sweep_orphans: bool | None = None,
     ) -> None:
+        if sweep_orphans is None:
+            sweep_orphans = os.environ.get("DS_MICROVM_SWEEP_ORPHANS", "") not in ("", "0")
+        #: Kill processes the daemon does not track when the epoch rises. Off by default:
+        #: on a machine-checkpointed Space a process left running (a server) is state that
+        #: checkpoints keep and restores bring back, and a restore replaces the whole
+        #: machine, so no stray writer outlives it. On for transactional use, where a
+        #: stray writer from an older epoch could change the workspace after a revert.
+        self.sweep_orphans = sweep_orphans
         if compress is None:
             compress = os.environ.get("DS_MICROVM_COMPRESS", "1") not in ("", "0")
         #: zstd the memory files (about a quarter of the size, a longer pause).
@@ -422,6 +432,7 @@ class MicrovmBackend:
         token, the guest clock set."""
         home = self._home(name)
         sock = self._qmp_sock(name)
+        qemu_vm.kill_strays(sock)
         for attempt in range(3):
             argv = qemu_vm.qemu_argv(
                 self.spec,
@@ -434,6 +445,7 @@ class MicrovmBackend:
             )
             t0 = time.monotonic()
             vm = qemu_vm.launch(argv, home, sock)
+            hit("microvm.start.spawned")  # a machine not recorded yet: kill_strays' case
             st.pid, st.pid_start = vm.pid, vm.start
             st.boot = secrets.token_hex(6)
             st.booted = time.time()

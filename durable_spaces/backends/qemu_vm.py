@@ -195,6 +195,24 @@ def launch(
     return VmProcess(p.pid, start)
 
 
+def kill_strays(qmp_sock: pathlib.Path) -> list[int]:
+    """SIGKILL every QEMU serving ``qmp_sock`` (unique per Space) and wait until gone.
+
+    A driver killed between starting QEMU and recording its pid leaves a machine nobody
+    knows; a second QEMU on the same disk would be refused its write lock (and two
+    machines on one ledger would break it), so the next start removes it first."""
+    needle = f"unix:{qmp_sock},"
+    found: list[tuple[int, float]] = []
+    for proc in psutil.process_iter(["cmdline", "create_time"]):
+        cmd = proc.info.get("cmdline") or []
+        if cmd and "qemu-system" in cmd[0] and any(needle in c for c in cmd):
+            found.append((proc.pid, float(proc.info.get("create_time") or 0.0)))
+    for pid, start in found:
+        log.warning("killing a stray QEMU %d of %s", pid, qmp_sock)
+        kill(pid, start)
+    return [pid for pid, _ in found]
+
+
 def reap() -> None:
     _popens[:] = [p for p in _popens if p.poll() is None]
 

@@ -45,6 +45,7 @@ class AgentConfigFile:
     snapshots: str = "workspace"  # workspace | sandbox
     sleep: float = 0.05
     max_files: int | None = None  # transactional limit (None: the default 1000)
+    server: bool = False  # step 0 starts a long-lived process (the "server" mode)
 
     def save(self, state_dir: Path) -> None:
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -76,7 +77,7 @@ def build(cfg: AgentConfigFile) -> tuple[DurableSpaces, ScriptedModel]:
         mode=cfg.mode,  # type: ignore[arg-type]
         transactional=limits,
     )
-    return durable, ScriptedModel(cfg.seed, cfg.calls, sleep=cfg.sleep)
+    return durable, ScriptedModel(cfg.seed, cfg.calls, sleep=cfg.sleep, server=cfg.server)
 
 
 def main() -> int:

@@ -65,6 +65,11 @@ class History:
         return h
 
 
+def is_server_command(command: str) -> bool:
+    """The scripted "server" start (a heartbeat loop that writes only under /tmp)."""
+    return "/tmp/ds-server.pid" in command and ">> " not in command
+
+
 def interpret_append(command: str) -> tuple[str, str] | None:
     """(path, line) appended by a scripted bash command; None if it is not one."""
     m = _APPEND.match(command.strip())
@@ -96,6 +101,8 @@ def expected_workspace(history: History) -> tuple[dict[str, str], list[str]]:
                 continue
             files[args["path"]] = before.replace(args["old_text"], args["new_text"], 1)
         elif name == "bash":
+            if is_server_command(args.get("command", "")):
+                continue  # a process outside the workspace: no workspace effect
             parsed = interpret_append(args.get("command", ""))
             if parsed is None:
                 problems.append(f"bash {tc['id']} is not an appending command")

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import random
+import re
 import shutil
 import sys
 import time
@@ -58,6 +59,7 @@ POINTS = (
     "adapter.start_mark",
     "adapter.spawn",
     "adapter.running",
+    "adapter.mid_call",
     "adapter.exit",
     "adapter.file_op",
     "adapter.outcome_commit",
@@ -140,13 +142,15 @@ def write_config(run: RunSpec) -> dict[str, Path]:
         calls=run.calls,
         store_dir=str(p["store"]),
         snapshots=_snapshots_kind(run),
-        # Stale runs need a driver still busy when the next one takes over.
-        sleep=0.4 if run.mode == "stale" else _sleep_for(seed),
+        # Stale runs need a driver still busy when the next one takes over; server runs a
+        # command still running when its driver is killed mid-call (so it is restored).
+        sleep={"stale": 0.4, "server": 4.0}.get(run.mode, _sleep_for(seed)),
         # Auto runs get a small file limit now and then, so the switch to checkpoint mode
         # happens mid-run (outcome and switch in one commit, then the checkpoint).
         max_files=random.Random(f"{seed}:limit").choice([2, 3, 4, None])
         if run.durable_mode == "auto"
         else None,
+        server=run.mode == "server",
     ).save(p["session"])
     return p
 
@@ -215,11 +219,39 @@ async def _drive(
             await inject
 
 
-def same_as_uninterrupted(history: History, seed: str, calls: int) -> dict[str, Any]:
+async def server_survives(history: History, space: Any) -> dict[str, Any]:
+    """The process started at step 0 is alive after the run, with the pid it started with
+    (a machine restore brings back the same process, not a new one), and still beating."""
+    started = next(
+        (r.get("content", "") for r in history.results if "ds-server pid" in r.get("content", "")),
+        "",
+    )
+    m = re.search(r"ds-server pid (\d+)", started)
+    if m is None:
+        return {"valid": False, "detail": "the server's start has no committed result"}
+    probe = (
+        "p=$(cat /tmp/ds-server.pid) && kill -0 $p && b=$(cat /tmp/ds-server.beat) && "
+        'echo "$p $(( $(date +%s) - b ))"'
+    )
+    res = await space.exec(["sh", "-c", probe], key=None, epoch=await space.current_epoch())
+    out = res.output.decode(errors="replace").split()
+    if res.exit_code != 0 or len(out) != 2:
+        return {"valid": False, "detail": f"server not running: {res.output[-200:]!r}"}
+    pid, age = int(out[0]), int(out[1])
+    if pid != int(m.group(1)):
+        return {"valid": False, "detail": f"server pid {pid} is not the one started ({m.group(1)})"}
+    if age > 3:
+        return {"valid": False, "detail": f"server alive but its last beat is {age} s old"}
+    return {"valid": True, "detail": f"server pid {pid} alive, beat {age} s ago"}
+
+
+def same_as_uninterrupted(
+    history: History, seed: str, calls: int, server: bool = False
+) -> dict[str, Any]:
     """A run with no interrupted call asked for exactly the calls of an uninterrupted run."""
     if any(r.get("status") == "interrupted" for r in history.results):
         return {"valid": True, "detail": "has interrupted calls: not comparable"}
-    model = ScriptedModel(seed, calls)
+    model = ScriptedModel(seed, calls, server=server)
     files: dict[str, str] = {}
     want = []
     for step in range(calls):
@@ -263,7 +295,11 @@ async def _check(run: RunSpec, p: dict[str, Path], placement: Placement) -> dict
                 raise
             await asyncio.sleep(0.5 * (attempt + 1))
     verdicts: dict[str, Any] = dict(check_all(history, workspace))
-    verdicts["same_as_uninterrupted"] = same_as_uninterrupted(history, model_seed(run), run.calls)
+    verdicts["same_as_uninterrupted"] = same_as_uninterrupted(
+        history, model_seed(run), run.calls, server=run.mode == "server"
+    )
+    if run.mode == "server":
+        verdicts["server_survives"] = await server_survives(history, space)
     if any(v.get("valid") is not True for v in verdicts.values()):
         (p["root"] / "workspace.json").write_text(
             json.dumps({k: v.decode(errors="replace") for k, v in workspace.items()}, indent=1)
@@ -271,11 +307,26 @@ async def _check(run: RunSpec, p: dict[str, Path], placement: Placement) -> dict
     return verdicts
 
 
+def server_schedule(run: RunSpec) -> Schedule:
+    """Kill a driver right after a machine checkpoint, then the next one in the middle of
+    a call (its outcome unknown), so the one after restores that checkpoint: the server
+    started at step 0 must come back with it, same pid, still beating."""
+    rng = random.Random(f"{run.seed}:server")
+    after = Failpoint("adapter.checkpoint", rng.randint(2, max(2, run.calls - 2)))
+    return Schedule(
+        run.seed,
+        (AttemptPlan(failpoint=after), AttemptPlan(failpoint=Failpoint("adapter.mid_call", 1))),
+        "server",
+    )
+
+
 def schedule_of(run: RunSpec) -> Schedule:
     if run.schedule is not None:
         return run.schedule
     if run.mode == "exhaustive":
         return exhaustive_schedule(run)
+    if run.mode == "server":
+        return server_schedule(run)
     return Schedule.draw(run.seed, POINTS, run.calls, run.profile)
 
 

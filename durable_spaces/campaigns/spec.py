@@ -16,7 +16,7 @@ from typing import Any
 from durable_spaces.chaos.schedule import PROFILES, Schedule
 from durable_spaces.errors import ConfigError
 
-MODES = ("transactional", "auto", "checkpoint", "stale", "exhaustive", "redrive")
+MODES = ("transactional", "auto", "checkpoint", "stale", "exhaustive", "server")
 BACKENDS = ("local", "spacesd", "docker", "microvm")
 DURABLE_MODES = ("transactional", "checkpoint", "auto")
 
@@ -65,11 +65,18 @@ class CampaignSpec:
         if self.durable_mode is not None:
             _choice("CRASH_DURABLE_MODE", self.durable_mode, DURABLE_MODES)
         _choice("profile", self.profile, tuple(PROFILES))
+        if self.mode == "server" and self.backend != "microvm":
+            raise ConfigError(
+                "CRASH_MODE=server needs CRASH_BACKEND=microvm: only whole-machine "
+                "checkpoints bring a process back after a restore"
+            )
 
     @property
     def adapter_mode(self) -> str:
         if self.durable_mode is not None:
             return self.durable_mode
+        if self.mode == "server":
+            return "checkpoint"  # processes survive only whole-machine checkpoints
         return self.mode if self.mode in DURABLE_MODES else "transactional"
 
     @staticmethod
@@ -139,7 +146,8 @@ class RunSpec:
             "durable-spaces", "repro", "--mode", self.mode, "--backend", self.backend,
             "--seed", self.seed, "--calls", str(self.calls),
         ]  # fmt: skip
-        if self.durable_mode != CampaignSpec(mode=self.mode, jobs=1).adapter_mode:
+        default = CampaignSpec(mode=self.mode, backend=self.backend, jobs=1).adapter_mode
+        if self.durable_mode != default:
             parts += ["--durable-mode", self.durable_mode]
         if self.profile != "default":
             parts += ["--profile", self.profile]

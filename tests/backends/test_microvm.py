@@ -185,7 +185,7 @@ async def test_prune_keeps_only_what_is_asked(backend: MicrovmBackend) -> None:
     assert (await sp.capabilities()).machine_checkpoints
 
 
-async def test_kill_daemon_keeps_the_machine_and_the_epoch_sweeps_orphans(
+async def test_kill_daemon_keeps_the_machine_and_orphans_are_swept_when_asked(
     backend: MicrovmBackend,
 ) -> None:
     b = backend
@@ -202,9 +202,17 @@ async def test_kill_daemon_keeps_the_machine_and_the_epoch_sweeps_orphans(
     # The command survived its daemon as an orphan of the guest's pid 1 ...
     alive = await sp.exec(["sh", "-c", "pgrep -x sleep"], key=None, epoch=1)
     assert alive.exit_code == 0, alive
-    # ... until the epoch rises: then every process the new daemon does not own is swept.
+    # By default an orphan is machine state (a server an agent left running): it stays.
     await sp.advance_epoch(2)
-    gone = await sp.exec(["sh", "-c", "pgrep -x sleep"], key=None, epoch=2)
+    kept = await sp.exec(["sh", "-c", "pgrep -x sleep"], key=None, epoch=2)
+    assert kept.exit_code == 0, kept
+    # With sweep_orphans, every process the new daemon does not own is swept.
+    b.sweep_orphans = True
+    try:
+        await sp.advance_epoch(3)
+    finally:
+        b.sweep_orphans = False
+    gone = await sp.exec(["sh", "-c", "pgrep -x sleep"], key=None, epoch=3)
     assert gone.exit_code == 1, (pid, gone)
 
 
@@ -215,6 +223,8 @@ b = MicrovmBackend(sys.argv[1])
 op, name = sys.argv[2], sys.argv[3]
 if op == "checkpoint":
     asyncio.run(b.checkpoint(name))
+elif op == "create":
+    asyncio.run(b.create(name))
 elif op == "fork":
     asyncio.run(b.fork(sys.argv[4], name))
 """
@@ -308,3 +318,26 @@ async def test_concurrent_operations_in_one_process_do_not_deadlock(
     assert found is not None
     again, _ = await asyncio.wait_for(asyncio.gather(b.find(name), b.checkpoint(name)), 120)
     assert await again.exec(["true"], key=None, epoch=1) is not None
+
+
+async def test_driver_killed_before_recording_its_machine_leaves_no_second_machine(
+    backend: MicrovmBackend, state_dir: Path
+) -> None:
+    import psutil
+
+    b = backend
+    name = _name()
+    await asyncio.to_thread(_killed_child, state_dir, "microvm.start.spawned", "create", name)
+    sock = str(b._qmp_sock(name))
+    strays = [
+        p for p in psutil.process_iter(["cmdline"]) if sock in " ".join(p.info["cmdline"] or [])
+    ]
+    assert strays, "the killed driver's QEMU should still be running"
+    sp = await b.find(name)  # boots the Space's disk, after removing the stray machine
+    assert sp is not None
+    await sp.write_file("ok.txt", b"ok")
+    assert await sp.read_file("ok.txt") == b"ok"
+    left = [
+        p for p in psutil.process_iter(["cmdline"]) if sock in " ".join(p.info["cmdline"] or [])
+    ]
+    assert [p.pid for p in left] == [b.qemu_pid(name)]
