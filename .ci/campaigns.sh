@@ -29,4 +29,12 @@ if why=$(python -c 'from durable_spaces.backends import unavailable_reason as u;
 else
   echo "== docker campaigns skipped: $why"
 fi
+# QEMU guests with whole-machine checkpoints: restarts and removals, and a server process
+# that must survive a driver killed after a machine checkpoint and the restore.
+if why=$(python -c 'from durable_spaces.backends import unavailable_reason as u; import sys; r=u("microvm"); print(r or ""); sys.exit(1 if r else 0)'); then
+  run "checkpoint-microvm" --mode checkpoint --backend microvm --runs 4 --calls 5 --seed-base ci-mcp --profile space
+  run "server-microvm" --mode server --backend microvm --runs 2 --calls 5 --seed-base ci-msv
+else
+  echo "== microvm campaigns skipped: $why"
+fi
 exit $status
