@@ -52,6 +52,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from durable_spaces.backends import spacesd_space
 from durable_spaces.errors import (
     BackendUnavailableError,
     SpaceError,
@@ -147,29 +148,8 @@ def _free_port() -> int:
 
 
 async def wait_http_health(port: int, timeout: float = BOOT_TIMEOUT) -> float:
-    """Poll the daemon's ``GET /health`` on loopback until it answers 2xx; return the
-    seconds waited. Cheap (no SDK, no token), so it can poll every 20 ms."""
-    t0 = time.monotonic()
-    req = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    last: Exception | str = "no answer"
-    while time.monotonic() - t0 < timeout:
-        try:
-            r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 2)
-            try:
-                w.write(req)
-                await w.drain()
-                head = await asyncio.wait_for(r.readline(), 2)
-            finally:
-                w.close()
-                with contextlib.suppress(Exception):
-                    await w.wait_closed()
-            if head.startswith(b"HTTP/1.1 2"):
-                return time.monotonic() - t0
-            last = head.decode(errors="replace").strip() or "empty answer"
-        except (TimeoutError, OSError) as e:
-            last = e
-        await asyncio.sleep(0.02)
-    raise SpaceUnavailableError(f"cua-spacesd on 127.0.0.1:{port} did not answer: {last}")
+    """Seconds until the container's daemon answers its health check."""
+    return await spacesd_space.wait_http_health(port, timeout)
 
 
 class DockerBackend:

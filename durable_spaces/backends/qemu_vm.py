@@ -252,34 +252,18 @@ def log_tail(run_dir: pathlib.Path, n: int = 800) -> str:
 async def wait_health(
     port: int, timeout: float, vm: VmProcess | None = None, run_dir: pathlib.Path | None = None
 ) -> float:
-    """Poll the daemon's ``GET /health`` (204) through the forward; seconds waited.
+    """Poll the daemon's ``GET /health`` through the forward; seconds waited. User
+    networking accepts the host connection even while nothing listens in the guest, so
+    only an HTTP answer counts. Gives up at once when QEMU has exited."""
+    from durable_spaces.backends.spacesd_space import wait_http_health
 
-    user networking accepts the host connection even while nothing listens in the guest,
-    so only an HTTP answer counts. Gives up at once when QEMU has exited."""
-    t0 = time.monotonic()
-    req = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    last: object = "no answer"
-    while time.monotonic() - t0 < timeout:
+    def qemu_exited() -> str | None:
         if vm is not None and not alive(vm.pid, vm.start):
             tail = log_tail(run_dir) if run_dir else ""
-            raise SpaceUnavailableError(f"QEMU exited before the daemon answered: {tail}")
-        try:
-            r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 2)
-            try:
-                w.write(req)
-                await w.drain()
-                head = await asyncio.wait_for(r.readline(), 2)
-            finally:
-                w.close()
-                with contextlib.suppress(Exception):
-                    await w.wait_closed()
-            if head.startswith(b"HTTP/1.1 2"):
-                return time.monotonic() - t0
-            last = head.decode(errors="replace").strip() or "empty answer"
-        except (TimeoutError, OSError) as e:
-            last = e
-        await asyncio.sleep(0.05)
-    raise SpaceUnavailableError(f"cua-spacesd on 127.0.0.1:{port} did not answer: {last}")
+            return f"QEMU exited before the daemon answered: {tail}"
+        return None
+
+    return await wait_http_health(port, timeout, interval=0.05, give_up=qemu_exited)
 
 
 class Qmp:

@@ -41,7 +41,8 @@ import json
 import os
 import posixpath
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -729,3 +730,39 @@ class SpacesdSpace:
             if len(rec) > 66:
                 out[rec[66:].decode("utf-8", "surrogateescape")] = rec[:64].decode()
         return out
+
+
+async def wait_http_health(
+    port: int,
+    timeout: float,
+    *,
+    interval: float = 0.02,
+    give_up: Callable[[], str | None] | None = None,
+) -> float:
+    """Poll a daemon's ``GET /health`` on loopback until it answers 2xx; return the seconds
+    waited. Cheap (no SDK, no token). Only an HTTP answer counts: a port forward may accept
+    the connection while nothing listens behind it. ``give_up`` returns a reason to stop
+    at once (the machine behind the port died)."""
+    t0 = time.monotonic()
+    req = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    last: object = "no answer"
+    while time.monotonic() - t0 < timeout:
+        if give_up is not None and (why := give_up()) is not None:
+            raise SpaceUnavailableError(why)
+        try:
+            r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 2)
+            try:
+                w.write(req)
+                await w.drain()
+                head = await asyncio.wait_for(r.readline(), 2)
+            finally:
+                w.close()
+                with contextlib.suppress(Exception):
+                    await w.wait_closed()
+            if head.startswith(b"HTTP/1.1 2"):
+                return time.monotonic() - t0
+            last = head.decode(errors="replace").strip() or "empty answer"
+        except (TimeoutError, OSError) as e:
+            last = e
+        await asyncio.sleep(interval)
+    raise SpaceUnavailableError(f"cua-spacesd on 127.0.0.1:{port} did not answer: {last}")

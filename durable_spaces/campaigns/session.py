@@ -374,6 +374,11 @@ async def run_one(run: RunSpec) -> RunRecord:
         record.checks = {"run": {"valid": None, "detail": f"{type(e).__name__}: {e}"}}
     finally:
         await placement.delete()
+        if record.outcome == "ok":
+            # A consistent run's log stays for the report; its Spaces' state (machine
+            # checkpoints are ~100 MB each) and checkpoint store go.
+            for key in ("spaces", "store"):
+                shutil.rmtree(p[key], ignore_errors=True)
         record.duration_s = round(time.monotonic() - t0, 3)
     return record
 
