@@ -133,6 +133,7 @@ class DurableSpaces:
         self._caps: dict[str, Capabilities] = {}
         self._tooling: dict[str, str | None] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._boot: dict[str, str] = {}  # machine boot ids seen (whole-machine Spaces)
 
     def bind(self, conversation_id: str, name: str) -> None:
         """Use the Space ``name`` for this conversation (a Space placed by a coordinator,
@@ -233,6 +234,9 @@ class DurableSpaces:
         state: SpaceState,
         image: ImageUpdate | None = None,
     ) -> None:
+        if state.space is not None and state.space in self._boot:
+            state.boot = self._boot[state.space]
+
         def build(tx: Tx) -> None:
             if image is not None:
                 for sha, data in image.blobs.items():
@@ -390,6 +394,8 @@ class DurableSpaces:
                 "CheckpointStore or mode transactional"
             ) from e
         self._open[space.name] = space
+        if space.name in self._boot:
+            await self.guest_boot(space)
         self.emit("restored", conv, rec, checkpoint=cid)
         return space
 
@@ -496,10 +502,54 @@ class DurableSpaces:
         self._open[name] = space
         if lost and state.has_history:
             space = await self._rebuild(harness, conv, state, space)
+        elif state.has_history and (await self.capabilities(space)).machine_checkpoints:
+            space = await self._after_machine_crash(harness, conv, state, space)
+        return space
+
+    async def guest_boot(self, space: Space) -> str | None:
+        """The Space machine's kernel boot id: a crash-restart changes it; a restore of a
+        machine checkpoint brings back the checkpoint's."""
+        res = await space.exec(
+            ["cat", "/proc/sys/kernel/random/boot_id"],
+            key=None,
+            epoch=self.epoch_for(space.name),
+            cwd="/",
+        )
+        boot = res.output.decode(errors="replace").strip() if res.exit_code == 0 else None
+        if boot:
+            self._boot[space.name] = boot
+        return boot
+
+    async def _after_machine_crash(
+        self, harness: Harness, conv: str, state: SpaceState, space: Space
+    ) -> Space:
+        """A machine with its own kernel (microVM) that was killed and booted again keeps
+        only what reached its disk: writes of calls whose outcome the log holds may be
+        gone. When its boot id is not the one the log last saw, bring back what the log
+        implies (the newest checkpoint, or the image) and treat the calls in flight as
+        unknown."""
+        boot = await self.guest_boot(space)
+        if boot is None or state.boot is None or boot == state.boot:
+            return space
+        if state.mode == "checkpoint" and state.last_checkpoint is not None:
+            await self.raise_space_epoch(space)
+            space = await self.snapshots.restore(
+                space, state.last_checkpoint, self.epoch_for(space.name)
+            )
+            self._open[space.name] = space
+            await self.guest_boot(space)
+            self.emit("restored", conv, None, mode="checkpoint", reason="machine restarted")
+        else:
+            await self.revert(harness, conv, space, None)
+        for rec in state.calls.values():
+            if rec.checkpoint is None and state.mode == "checkpoint":
+                rec.instance = None  # its effects may be gone with the crash: unknown
+        await self._commit(harness, conv, state)
         return space
 
     async def _rebuild(self, harness: Harness, conv: str, state: SpaceState, space: Space) -> Space:
         """A Space placed again (or a fork's new Space): bring back what the log implies."""
+        self._boot.pop(space.name, None)  # a new machine: its boot id is learned anew
         if state.mode == "transactional":
             await img.apply(
                 space,

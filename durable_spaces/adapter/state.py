@@ -54,6 +54,7 @@ class SpaceState:
     instance: str | None = None  # Space instance the workspace is consistent with
     last_checkpoint: str | None = None
     image_stale: str | None = None  # why the image cannot be trusted (explicit transactional)
+    boot: str | None = None  # the machine's boot id at the last commit (whole-machine Spaces)
     calls: dict[str, CallRecord] = field(default_factory=dict)
     calls_total: int = 0  # wrapped calls ever started (orders are 1..calls_total)
 
@@ -69,6 +70,7 @@ class SpaceState:
             "instance": self.instance,
             "last_checkpoint": self.last_checkpoint,
             "image_stale": self.image_stale,
+            "boot": self.boot,
             "calls": {c.call_id: c.to_json() for c in recent},
             "calls_total": self.calls_total,
         }
