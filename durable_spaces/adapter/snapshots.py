@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from durable_spaces.adapter.space import Space, SpaceBackend
-from durable_spaces.errors import PathEscapeError, SpaceError
+from durable_spaces.errors import PathEscapeError, SpaceError, SpaceGoneError
 
 
 @runtime_checkable
@@ -251,7 +251,9 @@ class SandboxSnapshots:
         await self.backend.restore(space.name, checkpoint_id)  # type: ignore[attr-defined]
         new = await self.backend.find(space.name)
         if new is None:
-            raise CheckpointMissing(f"restore of {checkpoint_id} left no Space")
+            # Removed while it was being restored: a lost Space (the next drive places it
+            # again from the checkpoint), not a missing checkpoint.
+            raise SpaceGoneError(f"Space {space.name} vanished while {checkpoint_id} was restored")
         # The restored daemon has the checkpoint's older floor: raise it before anything.
         await new.advance_epoch(epoch)
         return new
