@@ -235,10 +235,19 @@ def kill(pid: int, start: float, timeout: float = 10.0) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout
-    while alive(pid, start):
+    while alive(pid, start) or _exiting(pid):
         if time.monotonic() > deadline:
             raise SpaceError(f"QEMU {pid} survived SIGKILL")
         time.sleep(0.005)
+
+
+def _exiting(pid: int) -> bool:
+    """A killed multi-threaded QEMU can read as a zombie while its other threads are still
+    exiting and holding its files (the disk's write lock): wait for the last thread."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/task")) > 1
+    except OSError:
+        return False
 
 
 def log_tail(run_dir: pathlib.Path, n: int = 800) -> str:
