@@ -234,7 +234,9 @@ class LocalDaemon:
             return None
 
     def _write_state(self, st: DaemonState) -> None:
-        tmp = self.state_path.with_suffix(".tmp")
+        # A temporary name of its own: two processes may record the same Space at once
+        # (a driver and the coordinator's placement), and must not rename each other's.
+        tmp = self.state_path.with_name(f".state.{os.getpid()}.{secrets.token_hex(4)}.tmp")
         with open(tmp, "w") as f:
             json.dump(asdict(st), f)
             f.flush()
