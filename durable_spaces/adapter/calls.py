@@ -78,7 +78,7 @@ class CallPipeline:
             instance=space.instance_id,
         )
         if mode == "transactional":
-            table = await space.scan(".", self.d.limits.exclude)
+            table = await self.d.scan_for_start(space)
             if (why := self.d.limits.violation(table)) is not None:
                 return ToolResult.error(
                     f"refused before the call: {why}; transactional mode cannot keep this "

@@ -134,6 +134,7 @@ class DurableSpaces:
         self._tooling: dict[str, str | None] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._boot: dict[str, str] = {}  # machine boot ids seen (whole-machine Spaces)
+        self._scans: dict[str, PathTable] = {}  # auto's scan at this call's boundary
 
     def bind(self, conversation_id: str, name: str) -> None:
         """Use the Space ``name`` for this conversation (a Space placed by a coordinator,
@@ -408,6 +409,7 @@ class DurableSpaces:
         self, harness: Harness, conv: str, state: SpaceState, space: Space
     ) -> str:
         """The mode of the next call (auto checks every condition at the call boundary)."""
+        self._scans.pop(space.name, None)  # only a scan taken at this boundary counts
         if state.mode is None:
             if self.mode != "auto":
                 chosen, why = self.mode, f"mode={self.mode} was asked for"
@@ -441,7 +443,13 @@ class DurableSpaces:
         if self._tooling[space.name] is not None:
             return self._tooling[space.name]
         table = await space.scan(".", self.limits.exclude)
+        self._scans[space.name] = table  # the call's start mark reuses it
         return limits_allow(table, self.limits).reason
+
+    async def scan_for_start(self, space: Space) -> PathTable:
+        """The workspace at a call's start: the scan auto mode just took, else a new one."""
+        table = self._scans.pop(space.name, None)
+        return table if table is not None else await space.scan(".", self.limits.exclude)
 
     # --- Spaces and epochs --------------------------------------------------------------------
 
