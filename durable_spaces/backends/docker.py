@@ -82,25 +82,7 @@ _NAME_OK = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 # Kills, as root inside the container, every process that is neither pid 1, nor under the
 # current daemon, nor a `docker exec` session (those hang off pid 0). What remains of a
 # killed daemon's commands and background leftovers of finished ones hang off pid 1.
-_SWEEP = r"""
-d=$(pgrep -P 1 -x cua-spacesd | head -n1)
-[ -n "$d" ] || exit 3
-ps -eo pid=,ppid= | awk -v d="$d" '
-  { pp[$1] = $2 }
-  END {
-    for (p in pp) {
-      if (p == 1 || p == d) continue
-      q = pp[p]; orphan = 0
-      while (q != "" && q != 0) {
-        if (q == d) break
-        if (q == 1) { orphan = 1; break }
-        q = pp[q]
-      }
-      if (orphan) print p
-    }
-  }' | xargs -r kill -9 2>/dev/null
-exit 0
-"""
+_SWEEP = spacesd_space.orphan_sweep_script("pgrep -P 1 -x cua-spacesd | head -n1")
 
 
 def _not_found() -> type[Exception]:

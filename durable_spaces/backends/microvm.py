@@ -79,7 +79,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from durable_spaces.adapter.space import Capabilities
-from durable_spaces.backends import qemu_vm
+from durable_spaces.backends import qemu_vm, spacesd_space
 from durable_spaces.backends.microvm_image import (
     DEFAULT_MEMORY_MB,
     WORKSPACE,
@@ -105,25 +105,7 @@ _FILE_OPS = frozenset({"download", "make_dir", "remove", "stat", "list_dir", "mo
 
 # Kills, as root in the guest, every process that is neither pid 1 nor under the current
 # daemon: what remains of a killed daemon's commands, and background leftovers.
-_SWEEP = r"""
-d=$(cat /run/cua/daemon.pid 2>/dev/null)
-[ -n "$d" ] || exit 3
-ps -eo pid=,ppid= | awk -v d="$d" '
-  { pp[$1] = $2 }
-  END {
-    for (p in pp) {
-      if (p == 1 || p == d) continue
-      q = pp[p]; orphan = 0
-      while (q != "" && q != 0) {
-        if (q == d) break
-        if (q == 1) { orphan = 1; break }
-        q = pp[q]
-      }
-      if (orphan) print p
-    }
-  }' | xargs -r kill -9 2>/dev/null
-exit 0
-"""
+_SWEEP = spacesd_space.orphan_sweep_script("cat /run/cua/daemon.pid 2>/dev/null")
 
 
 def unavailable_reason(image_dir: str | os.PathLike[str] | None = None) -> str | None:

@@ -766,3 +766,30 @@ async def wait_http_health(
             last = e
         await asyncio.sleep(interval)
     raise SpaceUnavailableError(f"cua-spacesd on 127.0.0.1:{port} did not answer: {last}")
+
+
+def orphan_sweep_script(daemon_pid: str) -> str:
+    """A guest shell script that SIGKILLs every process hanging off pid 1 rather than off
+    the daemon (``daemon_pid`` is a shell expression giving its pid): what remains of a
+    killed daemon's commands and background leftovers of finished ones. The daemon's own
+    ``AdvanceEpoch`` only kills the commands it tracks."""
+    return (
+        f"d=$({daemon_pid})\n"
+        + r"""[ -n "$d" ] || exit 3
+ps -eo pid=,ppid= | awk -v d="$d" '
+  { pp[$1] = $2 }
+  END {
+    for (p in pp) {
+      if (p == 1 || p == d) continue
+      q = pp[p]; orphan = 0
+      while (q != "" && q != 0) {
+        if (q == d) break
+        if (q == 1) { orphan = 1; break }
+        q = pp[q]
+      }
+      if (orphan) print p
+    }
+  }' | xargs -r kill -9 2>/dev/null
+exit 0
+"""
+    )
