@@ -14,6 +14,7 @@ share command keys).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -68,6 +69,8 @@ if TYPE_CHECKING:
     from durable_spaces.adapter.harness import Harness, Tx
 
 WRAPPED = ("bash", "write", "edit")
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -355,6 +358,25 @@ class DurableSpaces:
         state.last_checkpoint = cid
         await self._commit(harness, conv, state)
         hit("adapter.checkpoint_commit")
+        await self.prune_checkpoints(harness, space)
+
+    async def prune_checkpoints(self, harness: Harness, space: Space) -> None:
+        """After a checkpoint commit: drop the Space's machine checkpoints that no
+        conversation of the log (this one or a fork) records any more. A crash between a
+        checkpoint and its commit leaves one nobody records; this is where it goes."""
+        prune = getattr(self.snapshots_for(), "prune", None)
+        if prune is None:
+            return
+        recorded: set[str] = set()
+        for c in harness.conversations():
+            recorded |= SpaceState.from_json(c.document(DOC)).checkpoints()
+        try:
+            removed = await prune(space, recorded)
+        except OSError as e:  # retention is housekeeping: the call's result stands
+            logger.warning("could not prune checkpoints of %s: %s", space.name, e)
+            return
+        if removed:
+            logger.debug("pruned checkpoints of %s: %s", space.name, removed)
 
     async def commit_interrupted(self, harness: Harness, conv: str, rec: CallRecord) -> None:
         state = self.load_state(harness, conv)

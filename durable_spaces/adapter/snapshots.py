@@ -258,6 +258,15 @@ class SandboxSnapshots:
         await new.advance_epoch(epoch)
         return new
 
+    async def prune(self, space: Space, recorded: set[str]) -> list[str]:
+        """Delete the Space's checkpoints that no recorded checkpoint refers to: a machine
+        checkpoint holds the guest's memory (tens of MB), so unreferenced ones must go.
+        ``recorded`` is every checkpoint the log still names, forks included."""
+        prune_space = getattr(self.backend, "prune_space", None)
+        if prune_space is None:
+            return []
+        return list(await prune_space(space.name, recorded))
+
 
 def _q(s: str) -> str:
     import shlex

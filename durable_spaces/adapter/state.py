@@ -90,6 +90,13 @@ class SpaceState:
     def has_history(self) -> bool:
         return self.calls_total > 0 or bool(self.calls)
 
+    def checkpoints(self) -> set[str]:
+        """Every checkpoint id this document records (the ones recovery may restore)."""
+        ids = {self.last_checkpoint}
+        for c in self.calls.values():
+            ids.update((c.checkpoint, c.before))
+        return {i for i in ids if i is not None}
+
     def next_order(self) -> int:
         self.calls_total = max(self.calls_total, *(c.order for c in self.calls.values()), 0) + 1
         return self.calls_total

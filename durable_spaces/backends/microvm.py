@@ -40,8 +40,11 @@ Faults, as this backend implements them:
 Machine checkpoints (``checkpoint``/``restore``/``fork``/``prune``) live with the backend,
 outside the Space, on this machine: another machine cannot restore them (it needs
 workspace snapshots with a shared store). Checkpoint files are immutable (0400) once
-written; ``keep_checkpoints`` bounds them per Space and ``prune(keep)`` removes the rest
-(and every disk layer no Space and no checkpoint refers to). Each checkpoint adds one
+written. ``prune_space(name, keep)`` deletes a Space's checkpoints not in ``keep`` (the
+adapter passes every checkpoint its log still records, after each checkpoint commit) and
+never the one a living Space was restored or forked from; ``prune(keep)`` does the same
+for all Spaces; ``keep_checkpoints`` is an optional age bound for callers without a log.
+Disk layers go when no Space and no checkpoint refers to them. Each checkpoint adds one
 frozen layer to the Space's disk chain; a long chain reads a little slower (no
 block-commit is done). ``restore`` of a Space that was removed places it again from the
 checkpoint (a new instance). After a restore the daemon's in-memory state, its ledger and
@@ -133,7 +136,8 @@ class SpaceState:
     pid_start: float = 0.0
     boot: str = ""  # changes whenever the daemon (or the machine) is started anew
     booted: float = 0.0
-    #: The checkpoint this machine was last restored from (kept by the retention).
+    #: The checkpoint this machine was last restored or forked from (never pruned while
+    #: this Space lives).
     restored_from: str = ""
     #: Token file of the checkpoint being restored while its token is still the one in
     #: guest memory (a driver killed before the rotation leaves it set: find() finishes).
@@ -275,10 +279,10 @@ class MicrovmBackend:
     ``image_dir``: a built image (default ``~/.cache/durable-spaces-microvm/current``);
     ``memory_mb``: guest memory (a base checkpoint must exist for it);
     ``keep_checkpoints``: keep only this many newest checkpoints per Space, plus the one
-    the Space was last restored from (``DS_MICROVM_KEEP_CHECKPOINTS``, default 4; 0 keeps
-    all until ``prune``). Each one holds the guest's memory, so a long checkpoint-mode run
-    needs a bound; the adapter only ever restores the newest recorded one, and a crash
-    loop that keeps restoring the same checkpoint cannot age it out.
+    the Space was last restored from (``DS_MICROVM_KEEP_CHECKPOINTS``, default 0: keep
+    all until pruned). The adapter prunes by its log (``prune_space``), which is exact: an
+    age bound could drop a checkpoint a fork's log still needs. Set it only when driving
+    the backend without the adapter.
     ``compress``: zstd the memory files (``DS_MICROVM_COMPRESS``, default on): about 45 MB
     instead of 120 MB for 512 MiB, for a pause of about 0.45 s instead of 0.14 s (TCG).
     """
@@ -307,7 +311,7 @@ class MicrovmBackend:
         #: zstd the memory files (about a quarter of the size, a longer pause).
         self.compress = compress
         if keep_checkpoints is None:
-            keep_checkpoints = int(os.environ.get("DS_MICROVM_KEEP_CHECKPOINTS", "4"))
+            keep_checkpoints = int(os.environ.get("DS_MICROVM_KEEP_CHECKPOINTS", "0"))
         self.keep_checkpoints = keep_checkpoints
         reason = unavailable_reason(image_dir)
         if reason is not None:
@@ -517,9 +521,11 @@ class MicrovmBackend:
             f.write(secrets.token_hex(32))  # the same length as every token: fw_cfg size
         return SpaceState(instance_id=secrets.token_hex(8), port=free_port(), created=time.time())
 
-    async def _fork_into(self, name: str, source: _Source) -> Any:
-        """A new Space ``name`` as a fork of ``source`` (caller holds the lock)."""
+    async def _fork_into(self, name: str, source: _Source, origin: str = "") -> Any:
+        """A new Space ``name`` as a fork of ``source`` (caller holds the lock); ``origin``
+        is the checkpoint id it came from (kept from pruning while the Space lives)."""
         st = self._init_space(name)
+        st.restored_from = origin
         async with self._lock("pool"):
             st.chain = [*source.chain, self._new_layer(source.chain[-1])]
             self._write(name, st)
@@ -654,7 +660,9 @@ class MicrovmBackend:
 
     async def checkpoints(self) -> list[str]:
         return sorted(
-            p.name for p in (self.state_dir / "checkpoints").iterdir() if (p / "meta.json").exists()
+            p.name
+            for p in (self.state_dir / "checkpoints").iterdir()
+            if _CKPT_OK.match(p.name) and (p / "meta.json").exists()
         )
 
     async def checkpoint(self, name: str) -> str:
@@ -728,7 +736,7 @@ class MicrovmBackend:
         async with self._lock(name):
             st = self._read(name)
             if st is None:
-                sp = await self._fork_into(name, source)
+                sp = await self._fork_into(name, source, checkpoint_id)
                 await self._gc()
                 return sp
             self._kill(name)
@@ -748,22 +756,53 @@ class MicrovmBackend:
         async with self._lock(new_name):
             if self._read(new_name) is not None:
                 raise SpaceError(f"a Space {new_name!r} already exists")
-            return await self._fork_into(new_name, source)
+            return await self._fork_into(new_name, source, checkpoint_id)
 
     async def prune(self, keep: set[str]) -> list[str]:
         """Delete every checkpoint not in ``keep`` and the disk layers nothing refers to;
         returns the ids removed."""
-        removed = [cid for cid in await self.checkpoints() if cid not in keep]
-        for cid in removed:
+        return await self._prune(keep, space=None)
+
+    async def prune_space(self, name: str, keep: set[str]) -> list[str]:
+        """Delete Space ``name``'s checkpoints not in ``keep`` (the ones no recorded
+        checkpoint refers to), except one a living Space was restored or forked from;
+        returns the ids removed. Other Spaces' checkpoints are not touched."""
+        return await self._prune(keep, space=name)
+
+    async def _prune(self, keep: set[str], space: str | None) -> list[str]:
+        in_use = {st.restored_from for st in self._states() if st.restored_from}
+        removed = []
+        for cid in await self.checkpoints():
+            if cid in keep or (space is not None and cid in in_use):
+                continue
+            if space is not None:
+                try:
+                    if self.checkpoint_meta(cid).space != space:
+                        continue
+                except (SpaceError, OSError, ValueError, TypeError):
+                    continue  # being pruned by someone else, or not ours to judge
             self._remove_checkpoint(cid)
+            removed.append(cid)
         await self._gc()
         return removed
+
+    def _states(self) -> list[SpaceState]:
+        out = []
+        for p in (self.state_dir / "spaces").iterdir():
+            st = self._read(p.name) if _NAME_OK.match(p.name) else None
+            if st is not None:
+                out.append(st)
+        return out
 
     def _remove_checkpoint(self, cid: str) -> None:
         d = self._ckpt_dir(cid)
         trash = d.with_name(d.name + ".del")
         with contextlib.suppress(OSError):
-            d.rename(trash)
+            d.rename(trash)  # atomic: from here on nobody lists or restores it
+        self._remove_trash(trash)
+
+    @staticmethod
+    def _remove_trash(trash: pathlib.Path) -> None:
         with contextlib.suppress(OSError):
             for f in trash.iterdir():
                 f.chmod(0o600)
@@ -796,6 +835,8 @@ class MicrovmBackend:
                 if st is not None:
                     used.update(st.chain)
             for p in (self.state_dir / "checkpoints").iterdir():
+                if not _CKPT_OK.match(p.name):
+                    continue  # being written (.part) or deleted (.del)
                 with contextlib.suppress(OSError, ValueError, TypeError):
                     used.update(json.loads((p / "meta.json").read_text())["chain"])
             cutoff = time.time() - 5  # a layer being created right now has no owner yet
@@ -805,6 +846,8 @@ class MicrovmBackend:
             for p in (self.state_dir / "checkpoints").glob("*.part"):
                 if p.stat().st_mtime < cutoff - 600:
                     shutil.rmtree(p, ignore_errors=True)
+            for p in (self.state_dir / "checkpoints").glob("*.del"):
+                self._remove_trash(p)  # a prune killed half-way
 
     # --- helpers for tests and benchmarks ---------------------------------------------------
 

@@ -55,6 +55,7 @@ def setup(
     store: bool = True,
     sleep: float = 0.3,
     max_files: int | None = None,
+    snapshots: str = "workspace",
 ) -> Path:
     AgentConfigFile(
         backend=backend,
@@ -65,6 +66,7 @@ def setup(
         store_dir=str(tmp / "store") if store else None,
         sleep=sleep,
         max_files=max_files,
+        snapshots=snapshots,
     ).save(tmp / "state")
     return tmp
 

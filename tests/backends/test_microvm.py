@@ -185,6 +185,30 @@ async def test_prune_keeps_only_what_is_asked(backend: MicrovmBackend) -> None:
     assert (await sp.capabilities()).machine_checkpoints
 
 
+async def test_prune_space_spares_other_spaces_and_a_living_fork_source(
+    backend: MicrovmBackend,
+) -> None:
+    b = backend
+    a, f = _name(), _name()
+    await b.create(a)
+    a1 = await b.checkpoint(a)
+    a2 = await b.checkpoint(a)
+    await b.fork(a1, f)  # f's Space runs from a1: a1 must outlive a's pruning
+    f1 = await b.checkpoint(f)
+    assert await b.prune_space(a, {a2}) == []
+    assert set(await b.checkpoints()) == {a1, a2, f1}
+    await b.delete(f)
+    assert await b.prune_space(a, {a2}) == [a1]
+    assert set(await b.checkpoints()) == {a2, f1}  # f's own are not a's to prune
+    # A prune killed between its rename and its delete leaves a trash directory: it is
+    # never listed or restored, and the next prune removes it.
+    d = b.state_dir / "checkpoints" / f1
+    d.rename(d.with_name(f1 + ".del"))
+    assert await b.checkpoints() == [a2]
+    await b.prune_space(a, {a2})
+    assert not d.with_name(f1 + ".del").exists()
+
+
 async def test_kill_daemon_keeps_the_machine_and_orphans_are_swept_when_asked(
     backend: MicrovmBackend,
 ) -> None:
