@@ -90,6 +90,7 @@ class CallPipeline:
                 state.last_checkpoint = await self.d.snapshots_for().checkpoint(
                     space, f"{self.ctx.call_id}-before", self.d.epoch_for(space.name)
                 )
+                await self.d.require_same_machine(space)
             rec.before = state.last_checkpoint
             await self.d.commit_start(self.ctx.harness, self.conv, state, rec, space, None)
         hit("adapter.start_mark")

@@ -284,6 +284,7 @@ class DurableSpaces:
         state.space = space.name
         update = None
         if table is not None:
+            await self.require_same_machine(space)  # the scan saw this machine's disk
             update = await self._image_update(harness, conv, space, table)
         await self._commit(harness, conv, state, update)
 
@@ -324,6 +325,7 @@ class DurableSpaces:
             elif why is not None:
                 state.image_stale = why
             else:
+                await self.require_same_machine(space)
                 update = await self._image_update(harness, conv, space, table)
         if switch is not None:
             state.mode, state.mode_reason = "checkpoint", switch
@@ -351,6 +353,7 @@ class DurableSpaces:
         self, harness: Harness, conv: str, rec: CallRecord, space: Space
     ) -> None:
         cid = await self.snapshots_for().checkpoint(space, rec.call_id, self.epoch_for(space.name))
+        await self.require_same_machine(space)  # the checkpoint holds this boot's state
         hit("adapter.checkpoint")
         state = self.load_state(harness, conv)
         rec.checkpoint = cid
@@ -538,17 +541,39 @@ class DurableSpaces:
 
     async def guest_boot(self, space: Space) -> str | None:
         """The Space machine's kernel boot id: a crash-restart changes it; a restore of a
-        machine checkpoint brings back the checkpoint's."""
+        machine checkpoint brings back the checkpoint's. Remembered as the one this driver
+        is bound to."""
+        boot = await self._read_boot(space)
+        if boot:
+            self._boot[space.name] = boot
+        return boot
+
+    async def _read_boot(self, space: Space) -> str | None:
         res = await space.exec(
             ["cat", "/proc/sys/kernel/random/boot_id"],
             key=None,
             epoch=self.epoch_for(space.name),
             cwd="/",
         )
-        boot = res.output.decode(errors="replace").strip() if res.exit_code == 0 else None
-        if boot:
-            self._boot[space.name] = boot
-        return boot
+        return res.output.decode(errors="replace").strip() or None if res.exit_code == 0 else None
+
+    async def require_same_machine(self, space: Space) -> None:
+        """Before a commit that vouches for a whole-machine Space's state (a checkpoint, a
+        scan): its kernel must not have crashed and booted again since this driver bound
+        to it. Such a restart fails nothing (the daemon comes back and answers) but loses
+        what had not reached the guest's disk, so the state about to be committed may be
+        torn (a file extended with zeros). Halt without committing; the next driver sees
+        the boot id differ from the log's and brings back what the log implies."""
+        bound = self._boot.get(space.name)
+        if bound is None:
+            return  # not a whole-machine Space (or its boot id is not known yet)
+        now = await self._read_boot(space)
+        if now != bound:
+            raise SpaceUnavailableError(
+                f"the machine of Space {space.name} booted again while this driver ran "
+                f"(boot id {bound[:8]} -> {(now or '?')[:8]}): writes that had not reached "
+                "its disk are lost"
+            )
 
     async def _after_machine_crash(
         self, harness: Harness, conv: str, state: SpaceState, space: Space

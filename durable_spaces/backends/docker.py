@@ -129,11 +129,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def wait_http_health(port: int, timeout: float = BOOT_TIMEOUT) -> float:
-    """Seconds until the container's daemon answers its health check."""
-    return await spacesd_space.wait_http_health(port, timeout)
-
-
 class DockerBackend:
     """Docker containers as Spaces. ``state_dir`` holds each Space's token and port."""
 
@@ -321,7 +316,7 @@ class DockerBackend:
         from durable_spaces.backends.docker_space import DockerSpace
 
         port = self._published_port(c)
-        self.last_boot_seconds = await wait_http_health(port)
+        self.last_boot_seconds = await self._await_daemon(c)
         space = self._spaces.get(name)
         if space is not None and space.container_id == c.id and space.port == port:
             return space
@@ -339,6 +334,17 @@ class DockerBackend:
         await space.require_exec_ledger()
         self._spaces[name] = space
         return space
+
+    async def _await_daemon(self, c: Any) -> float:
+        """Seconds until container ``c``'s daemon answers its health check; gives up at
+        once when the container stops meanwhile (a removal racing a restart must not
+        wait out the whole boot timeout)."""
+        from durable_spaces.backends.docker_space import ContainerProbe
+
+        stopped = ContainerProbe(self, c.id).machine_stopped
+        return await spacesd_space.wait_http_health(
+            self._published_port(c), BOOT_TIMEOUT, give_up=stopped
+        )
 
     def _require(self, name: str) -> Any:
         c = self._container(name)
@@ -363,7 +369,7 @@ class DockerBackend:
                 return c
 
         c = await asyncio.to_thread(sync)
-        await wait_http_health(self._published_port(c))
+        await self._await_daemon(c)
 
     async def kill_daemon(self, name: str) -> None:
         """SIGKILL the daemon inside the container; ``supervise`` starts a new one.
@@ -396,7 +402,7 @@ class DockerBackend:
             if time.monotonic() > deadline:
                 raise SpaceUnavailableError(f"the daemon of {name!r} did not come back")
             await asyncio.sleep(0.02)
-        self.last_boot_seconds = await wait_http_health(self._published_port(c))
+        self.last_boot_seconds = await self._await_daemon(c)
 
     @staticmethod
     def _daemon_pid(c: Any) -> int | None:

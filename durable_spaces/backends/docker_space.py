@@ -94,6 +94,16 @@ class ContainerProbe:
             pass
         return None
 
+    def machine_stopped(self) -> str | None:
+        """Why a wait for the daemon should stop now: the container is no longer running
+        (killed or removed meanwhile). None while it runs or when the engine cannot tell."""
+        try:
+            if self._init_alive() or self._refresh_init():
+                return None
+        except Exception:
+            return None
+        return "the container stopped (killed or removed) before its daemon answered"
+
     def gone(self) -> bool:
         """Asked on error paths and before connecting, so one engine request is cheap."""
         if not self._gone:

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,8 @@ class Attempt:
     failpoint: str = ""  # DS_FAILPOINTS for this attempt ("" = none)
     epoch: int | None = None  # None: previous + 1
     before: Callable[[Path], Awaitable[None]] | None = None  # a fault before launching
+    #: A fault while the driver runs, given the failpoint trace file to wait on.
+    during: Callable[[Path, Path], Awaitable[None]] | None = None
 
 
 @dataclass
@@ -90,16 +93,26 @@ def drive(
             CUA_SESSION_HEARTBEAT_SECS="5",
             DS_FAILPOINTS=a.failpoint,
         )
-        p = subprocess.run(
+        trace = tmp / f"trace-{epoch}"
+        if a.during is not None:
+            env["DS_FAILPOINT_TRACE"] = str(trace)
+        p = subprocess.Popen(
             [sys.executable, "-m", "durable_spaces.campaigns.agent"],
             env=env,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=120,
         )
+        fault = None
+        if a.during is not None:
+            fault = threading.Thread(target=asyncio.run, args=(a.during(tmp, trace),))
+            fault.start()
+        stdout, stderr = p.communicate(timeout=120)
+        if fault is not None:
+            fault.join(timeout=120)
         out.codes.append(p.returncode)
-        out.stderr.append(p.stderr[-2000:])
-        for line in p.stdout.splitlines():
+        out.stderr.append(stderr[-2000:])
+        for line in stdout.splitlines():
             if line.startswith("DS-EVENT "):
                 out.events.append(json.loads(line[len("DS-EVENT ") :]))
         if p.returncode in (0, 78):

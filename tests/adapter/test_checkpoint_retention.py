@@ -49,3 +49,4 @@ def test_only_recorded_checkpoints_remain(tmp_path: Path) -> None:
     # only the ones the log's newest state names are kept.
     assert set(on_disk) == recorded
     assert len(on_disk) < 9
+

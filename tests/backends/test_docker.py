@@ -259,3 +259,16 @@ async def test_orphans_are_reaped_by_pid1(backend: DockerBackend) -> None:
     res = await space.exec(["ps", "-eo", "stat="], key=None, epoch=0)
     states = res.output.decode().split()
     assert states and not any(s.startswith("Z") for s in states)
+
+
+async def test_waiting_for_a_daemon_stops_when_its_container_stops(backend: DockerBackend) -> None:
+    """A removal racing a restart: the wait for the restarted daemon gives up as soon as
+    the container is gone, instead of waiting out the whole boot timeout (it held a
+    campaign's next attempt for 30 s)."""
+    name = _name()
+    await backend.create(name)
+    c = await asyncio.to_thread(backend._container, name)
+    assert c is not None
+    await asyncio.to_thread(c.kill)
+    with pytest.raises(SpaceUnavailableError, match="container stopped"):
+        await backend._await_daemon(c)
