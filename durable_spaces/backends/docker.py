@@ -337,13 +337,13 @@ class DockerBackend:
 
     async def _await_daemon(self, c: Any) -> float:
         """Seconds until container ``c``'s daemon answers its health check; gives up at
-        once when the container stops meanwhile (a removal racing a restart must not
-        wait out the whole boot timeout)."""
+        once when the container is removed meanwhile (a removal racing a restart must not
+        wait out the whole boot timeout; a restart racing this wait is waited for)."""
         from durable_spaces.backends.docker_space import ContainerProbe
 
-        stopped = ContainerProbe(self, c.id).machine_stopped
+        removed = ContainerProbe(self, c.id).removed
         return await spacesd_space.wait_http_health(
-            self._published_port(c), BOOT_TIMEOUT, give_up=stopped
+            self._published_port(c), BOOT_TIMEOUT, give_up=removed
         )
 
     def _require(self, name: str) -> Any:

@@ -20,6 +20,7 @@ back to the container's start time from the API, which misses a daemon-only rest
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -34,6 +35,10 @@ if TYPE_CHECKING:
 _FILE_OPS = frozenset({"download", "make_dir", "remove", "stat", "list_dir", "move_path"})
 
 
+#: How often a wait for a daemon asks the engine whether its container was removed.
+REMOVED_POLL = 0.25
+
+
 class ContainerProbe:
     """``DaemonProbe`` for one container instance (its id changes when it is recreated)."""
 
@@ -44,6 +49,7 @@ class ContainerProbe:
         self._init_start = 0.0
         self._remote_started: str | None = None
         self._gone = False  # once gone, always gone: the id is never reused
+        self._removed_asked = 0.0
 
     def _inspect(self) -> dict[str, Any] | None:
         try:
@@ -94,15 +100,21 @@ class ContainerProbe:
             pass
         return None
 
-    def machine_stopped(self) -> str | None:
-        """Why a wait for the daemon should stop now: the container is no longer running
-        (killed or removed meanwhile). None while it runs or when the engine cannot tell."""
-        try:
-            if self._init_alive() or self._refresh_init():
-                return None
-        except Exception:
+    def removed(self) -> str | None:
+        """Why a wait for the daemon should stop now: the container was removed (or is
+        being removed). One merely stopped is waited for: someone may be restarting it.
+        Asks the engine at most every ``REMOVED_POLL`` seconds."""
+        now = time.monotonic()
+        if now - self._removed_asked < REMOVED_POLL:
             return None
-        return "the container stopped (killed or removed) before its daemon answered"
+        self._removed_asked = now
+        try:
+            state = self._inspect()
+        except Exception:
+            return None  # the engine cannot tell: keep waiting
+        if state is None or state.get("Status") in ("removing", "dead"):
+            return "the container was removed before its daemon answered"
+        return None
 
     def gone(self) -> bool:
         """Asked on error paths and before connecting, so one engine request is cheap."""

@@ -37,9 +37,7 @@ def test_only_recorded_checkpoints_remain(tmp_path: Path) -> None:
 
     if (why := unavailable_reason("microvm")) is not None:
         pytest.skip(f"backend microvm unavailable: {why}")
-    setup(
-        tmp_path, "microvm", "checkpoint", calls=7, sleep=0.0, seed="3", snapshots="sandbox"
-    )
+    setup(tmp_path, "microvm", "checkpoint", calls=7, sleep=0.0, seed="3", snapshots="sandbox")
     o = drive(tmp_path, [Attempt("adapter.checkpoint:3"), Attempt()], backend="microvm")
     assert o.codes[-1] == 0, o.stderr
     assert o.valid, o.verdicts
@@ -49,4 +47,3 @@ def test_only_recorded_checkpoints_remain(tmp_path: Path) -> None:
     # only the ones the log's newest state names are kept.
     assert set(on_disk) == recorded
     assert len(on_disk) < 9
-

@@ -261,7 +261,9 @@ async def test_orphans_are_reaped_by_pid1(backend: DockerBackend) -> None:
     assert states and not any(s.startswith("Z") for s in states)
 
 
-async def test_waiting_for_a_daemon_stops_when_its_container_stops(backend: DockerBackend) -> None:
+async def test_waiting_for_a_daemon_stops_when_its_container_is_removed(
+    backend: DockerBackend,
+) -> None:
     """A removal racing a restart: the wait for the restarted daemon gives up as soon as
     the container is gone, instead of waiting out the whole boot timeout (it held a
     campaign's next attempt for 30 s)."""
@@ -269,6 +271,27 @@ async def test_waiting_for_a_daemon_stops_when_its_container_stops(backend: Dock
     await backend.create(name)
     c = await asyncio.to_thread(backend._container, name)
     assert c is not None
-    await asyncio.to_thread(c.kill)
-    with pytest.raises(SpaceUnavailableError, match="container stopped"):
+    await asyncio.to_thread(c.remove, force=True)
+    with pytest.raises(SpaceUnavailableError, match="removed"):
         await backend._await_daemon(c)
+
+
+async def test_waiting_for_a_daemon_waits_out_a_restart_by_someone_else(
+    backend: DockerBackend,
+) -> None:
+    """A stopped container is not a removed one: a check that finds the container while a
+    restart kills and starts it waits for the new daemon (an eager give-up ended a
+    campaign run as an error)."""
+    name = _name()
+    await backend.create(name)
+    c = await asyncio.to_thread(backend._container, name)
+    assert c is not None
+    await asyncio.to_thread(c.kill)
+
+    async def start_later() -> None:
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(c.start)
+
+    starter = asyncio.create_task(start_later())
+    assert await backend._await_daemon(c) > 0.5
+    await starter
