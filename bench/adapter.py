@@ -47,6 +47,8 @@ from durable_spaces.adapter.image import ImageLimits
 from durable_spaces.adapter.log import Commit, Op, SqliteStorage
 from durable_spaces.adapter.snapshots import (
     DirectoryCheckpointStore,
+    SandboxSnapshots,
+    Snapshots,
     WorkspaceSnapshots,
 )
 from durable_spaces.adapter.space import Space, SpaceBackend
@@ -154,9 +156,16 @@ class Setup:
 async def setup(backend: SpaceBackend, tmp: Path, mode: str, size: int) -> Setup:
     store = tmp / "store"
     storage = CountingStorage(SqliteStorage(tmp / "log.sqlite"))
+    # A backend that checkpoints whole machines (microvm) is measured with those, as auto
+    # mode would use them; the others with workspace tars kept in a store.
+    snapshots: Snapshots = (
+        SandboxSnapshots(backend)
+        if callable(getattr(backend, "checkpoint", None))
+        else WorkspaceSnapshots(backend, store=DirectoryCheckpointStore(store))
+    )
     durable = durable_spaces(
         backend,
-        snapshots=WorkspaceSnapshots(backend, store=DirectoryCheckpointStore(store)),
+        snapshots=snapshots,
         mode=mode,  # type: ignore[arg-type]
         epoch=1,
         transactional=ImageLimits(max_files=1100),
