@@ -2,8 +2,9 @@
 
 Modeled on Pi Durable's rules (see ../shared/reference), in Python's terms:
 
-- Every mutation is ONE ``storage.append(ops)``; the in-memory state is only ever changed by
-  replaying committed ops (``_apply``), on open and right after each append returns. So the
+- Every mutation is ONE ``storage.append(ops)``; the in-memory state (``LogState``, in
+  ``adapter.log_state``; this module is the scheduler over it) is only ever changed by
+  replaying committed ops, on open and right after each append returns. So the
   state a reader sees is always a prefix of the log, and a crash loses at most the commit in
   flight. Build + append + apply run without an ``await`` in between, which is what keeps
   ids and ordering consistent in one event loop (no lock needed).
@@ -31,11 +32,12 @@ import json
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from durable_spaces.adapter.env import ExecutionEnv, LocalDirEnv
 from durable_spaces.adapter.log import Op, Storage
+from durable_spaces.adapter.log_state import AgentConfig, Entry, LogState, Tx
 from durable_spaces.adapter.models import Model
 from durable_spaces.adapter.tools import Registry, Tool, ToolContext, ToolResult
 from durable_spaces.chaos.failpoints import hit
@@ -52,139 +54,12 @@ OUTPUT_KEEP_CHARS = 64 * 1024
 
 
 @dataclass(frozen=True)
-class Entry:
-    """An immutable transcript entry, with the seq of the commit that stored it."""
-
-    id: str
-    conversation_id: str
-    kind: str
-    data: dict[str, Any]
-    seq: int
-
-
-@dataclass(frozen=True)
-class AgentConfig:
-    """Which model (a key of ``Harness.open(models=...)``) answers, with what system prompt
-    and which tools (None: every registered tool). ``max_turns`` bounds model requests per
-    submission (None: unbounded)."""
-
-    model: str
-    system: str | None = None
-    tools: list[str] | None = None
-    max_turns: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "system": self.system,
-            "tools": self.tools,
-            "max_turns": self.max_turns,
-        }
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> AgentConfig:
-        return cls(d["model"], d.get("system"), d.get("tools"), d.get("max_turns"))
-
-
-@dataclass(frozen=True)
 class Settled:
     """How a submission ended: ``answer`` is the final assistant text."""
 
     status: Literal["done", "failed"]
     answer: str | None = None
     error: str | None = None
-
-
-@dataclass
-class _Doc:
-    rewindable: bool
-    versions: list[tuple[int, Any]]  # (commit seq, value); only the last for `latest` docs
-
-
-@dataclass
-class _Conv:
-    id: str
-    parent_id: str | None
-    fork_entry_id: str | None
-    agent: AgentConfig
-    seq: int
-    entries: list[Entry] = field(default_factory=list)
-    docs: dict[str, _Doc] = field(default_factory=dict)
-
-
-class Tx:
-    """One atomic commit being built. Ids are allocated here, so they are in the log."""
-
-    def __init__(self, harness: Harness) -> None:
-        self._h = harness
-        self.ops: list[Op] = []
-        self._next = dict(harness._counters)
-        self._new_convs: set[str] = set()
-
-    def _id(self, prefix: str) -> str:
-        self._next[prefix] = self._next.get(prefix, 0) + 1
-        return f"{prefix}{self._next[prefix]}"
-
-    def _check_conv(self, conversation_id: str) -> None:
-        if conversation_id not in self._h._convs and conversation_id not in self._new_convs:
-            raise KeyError(f"no conversation {conversation_id!r}")
-
-    def entry(self, conversation_id: str, kind: str, data: dict[str, Any]) -> str:
-        """Append an entry of ``kind`` (yours or a built-in one); returns its id."""
-        self._check_conv(conversation_id)
-        eid = self._id("e")
-        self.ops.append(
-            {
-                "op": "entry",
-                "id": eid,
-                "conversation_id": conversation_id,
-                "kind": kind,
-                "data": data,
-            }
-        )
-        return eid
-
-    def put_document(
-        self, conversation_id: str, name: str, value: Any, rewindable: bool = False
-    ) -> None:
-        """Set a JSON document; a rewindable one keeps every version (readable as of an
-        entry, copied as of the fork entry into a fork)."""
-        self._check_conv(conversation_id)
-        self.ops.append(
-            {
-                "op": "doc",
-                "conversation_id": conversation_id,
-                "name": name,
-                "value": value,
-                "rewindable": rewindable,
-            }
-        )
-
-    # -- internal ops ---------------------------------------------------------------------
-
-    def _conversation(
-        self, agent: AgentConfig, parent_id: str | None = None, fork_entry_id: str | None = None
-    ) -> str:
-        cid = self._id("c")
-        self._new_convs.add(cid)
-        self.ops.append(
-            {
-                "op": "conversation",
-                "id": cid,
-                "parent_id": parent_id,
-                "fork_entry_id": fork_entry_id,
-                "agent": agent.to_json(),
-            }
-        )
-        return cid
-
-    def _task(self, task_id: str | None = None, **fields: Any) -> str:
-        tid = task_id or self._id("t")
-        self.ops.append({"op": "task", "id": tid, **fields})
-        return tid
-
-    def _submission(self, sid: str, **fields: Any) -> None:
-        self.ops.append({"op": "submission", "id": sid, **fields})
 
 
 class Submission:
@@ -195,7 +70,7 @@ class Submission:
         self.id = sid
 
     def _s(self) -> dict[str, Any]:
-        return self._h._subs[self.id]
+        return self._h.state.subs[self.id]
 
     @property
     def request_id(self) -> str | None:
@@ -245,31 +120,31 @@ class Conversation:
 
     @property
     def parent_id(self) -> str | None:
-        return self._h._convs[self.id].parent_id
+        return self._h.state.convs[self.id].parent_id
 
     @property
     def fork_entry_id(self) -> str | None:
-        return self._h._convs[self.id].fork_entry_id
+        return self._h.state.convs[self.id].fork_entry_id
 
     @property
     def agent(self) -> AgentConfig:
-        return self._h._convs[self.id].agent
+        return self._h.state.convs[self.id].agent
 
     def entries(self) -> list[Entry]:
         """Visible entries: the parent's up to the fork entry, then this conversation's."""
-        return self._h._visible(self.id)
+        return self._h.state.visible(self.id)
 
     def document(self, name: str, as_of: str | None = None, default: Any = None) -> Any:
         """Latest value of a document, or (rewindable ones) its value as of entry ``as_of``."""
-        return self._h._document(self.id, name, as_of, default)
+        return self._h.state.document(self.id, name, as_of, default)
 
     def documents(self) -> list[str]:
-        return sorted(self._h._convs[self.id].docs)
+        return sorted(self._h.state.convs[self.id].docs)
 
     def submissions(self) -> list[Submission]:
         return [
             Submission(self._h, s)
-            for s, v in self._h._subs.items()
+            for s, v in self._h.state.subs.items()
             if v["conversation_id"] == self.id
         ]
 
@@ -295,6 +170,11 @@ class Conversation:
 class Harness:
     """Durable conversations over a ``Storage``. Create with ``await Harness.open(...)``."""
 
+    @property
+    def last_seq(self) -> int:
+        """The seq of the newest commit applied."""
+        return self.state.last_seq
+
     def __init__(
         self,
         storage: Storage,
@@ -307,18 +187,11 @@ class Harness:
         self.registry = registry
         self._env_factory = env or _local_env_factory(os.getcwd())
         self._envs: dict[str, ExecutionEnv] = {}
-        self._counters: dict[str, int] = {}
-        self._convs: dict[str, _Conv] = {}
-        self._entries: dict[str, Entry] = {}
-        self._order: dict[str, int] = {}  # entry id -> position in the log
-        self._subs: dict[str, dict[str, Any]] = {}
-        self._requests: dict[str, str] = {}
-        self._tasks: dict[str, dict[str, Any]] = {}
+        self.state = LogState()
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._drivers: dict[str, asyncio.Task[None]] = {}
         self._fatal: BaseException | None = None
         self._closed = False
-        self.last_seq = 0
 
     @classmethod
     async def open(
@@ -340,7 +213,7 @@ class Harness:
 
     async def root(self, agent: AgentConfig | None = None) -> Conversation:
         """The root conversation, created (with ``agent``) on first call only."""
-        for c in self._convs.values():
+        for c in self.state.convs.values():
             if c.parent_id is None:
                 return Conversation(self, c.id)
         if agent is None:
@@ -349,18 +222,18 @@ class Harness:
         return Conversation(self, cid)
 
     def conversation(self, conversation_id: str) -> Conversation:
-        if conversation_id not in self._convs:
+        if conversation_id not in self.state.convs:
             raise KeyError(f"no conversation {conversation_id!r}")
         return Conversation(self, conversation_id)
 
     def conversations(self) -> list[Conversation]:
-        return [Conversation(self, c) for c in self._convs]
+        return [Conversation(self, c) for c in self.state.convs]
 
     def entry(self, entry_id: str) -> Entry:
-        return self._entries[entry_id]
+        return self.state.entries[entry_id]
 
     def submission(self, submission_id: str) -> Submission:
-        if submission_id not in self._subs:
+        if submission_id not in self.state.subs:
             raise KeyError(f"no submission {submission_id!r}")
         return Submission(self, submission_id)
 
@@ -368,7 +241,7 @@ class Harness:
         """Committed task states (copies), in creation order."""
         return [
             copy.deepcopy(t)
-            for t in self._tasks.values()
+            for t in self.state.tasks.values()
             if conversation_id is None or t["conversation_id"] == conversation_id
         ]
 
@@ -392,7 +265,7 @@ class Harness:
     def resume(self) -> None:
         """Schedule every unfinished submission from its committed state (background
         asyncio tasks; one driver per conversation, submissions in admission order)."""
-        for s in self._subs.values():
+        for s in self.state.subs.values():
             if s["state"] in ("queued", "active"):
                 self._ensure_driver(s["conversation_id"])
 
@@ -445,7 +318,7 @@ class Harness:
     def _commit(self, build: Callable[[Tx], Any]) -> Any:
         if self._fatal is not None:
             raise self._fatal
-        tx = Tx(self)
+        tx = Tx(self.state)
         result = build(tx)
         if tx.ops:
             ops = json.loads(json.dumps(tx.ops))  # what a storage stores: plain JSON
@@ -458,123 +331,26 @@ class Harness:
         return result
 
     def _apply(self, seq: int, ops: list[Op]) -> None:
-        """Materialize one committed commit (on open and after each append)."""
-        self.last_seq = max(self.last_seq, seq)
-        settled: list[str] = []
-        for op in ops:
-            kind = op["op"]
-            if kind == "conversation":
-                self._convs[op["id"]] = _Conv(
-                    op["id"],
-                    op.get("parent_id"),
-                    op.get("fork_entry_id"),
-                    AgentConfig.from_json(op["agent"]),
-                    seq,
-                )
-            elif kind == "entry":
-                e = Entry(op["id"], op["conversation_id"], op["kind"], op["data"], seq)
-                self._convs[e.conversation_id].entries.append(e)
-                self._entries[e.id] = e
-                self._order[e.id] = len(self._order)
-            elif kind == "doc":
-                docs = self._convs[op["conversation_id"]].docs
-                doc = docs.setdefault(op["name"], _Doc(bool(op["rewindable"]), []))
-                doc.rewindable = bool(op["rewindable"])
-                if doc.rewindable:
-                    doc.versions.append((seq, op["value"]))
-                else:
-                    doc.versions = [(seq, op["value"])]
-            elif kind == "submission":
-                fields = {k: v for k, v in op.items() if k != "op"}
-                s = self._subs.setdefault(op["id"], {})
-                s.update(fields)
-                if s.get("request_id") is not None:
-                    self._requests[s["request_id"]] = op["id"]
-                if s.get("state") in ("done", "failed"):
-                    settled.append(op["id"])
-            elif kind == "task":
-                self._tasks.setdefault(op["id"], {}).update(
-                    {k: v for k, v in op.items() if k != "op"}
-                )
-            else:
-                raise ValueError(f"unknown op {kind!r} in commit {seq}")
-            oid = op.get("id")
-            if isinstance(oid, str) and oid[1:].isdigit():
-                n = int(oid[1:])
-                if n > self._counters.get(oid[0], 0):
-                    self._counters[oid[0]] = n
-        for sid in settled:
+        """Materialize one committed commit; wake the waiters of what it settled."""
+        for sid in self.state.apply(seq, ops):
             for fut in self._waiters.pop(sid, []):
                 if not fut.done():
                     fut.set_result(None)
 
-    # -- reading state --------------------------------------------------------------------
-
-    def _visible(self, cid: str) -> list[Entry]:
-        c = self._convs[cid]
-        base: list[Entry] = []
-        if c.parent_id is not None:
-            parent = self._visible(c.parent_id)
-            ids = [e.id for e in parent]
-            base = parent[: ids.index(c.fork_entry_id) + 1] if c.fork_entry_id in ids else []
-        return base + c.entries
-
-    def _is_visible(self, cid: str, entry: Entry) -> bool:
-        """Whether ``entry`` is in ``cid``'s visible transcript (without building it)."""
-        c = self._convs[cid]
-        if entry.conversation_id == cid:
-            return True
-        if c.parent_id is None or c.fork_entry_id is None:
-            return False
-        fork_at = self._entries[c.fork_entry_id]
-        return self._order[entry.id] <= self._order[fork_at.id] and self._is_visible(
-            c.parent_id, entry
-        )
-
-    def _document(self, cid: str, name: str, as_of: str | None, default: Any) -> Any:
-        c = self._convs[cid]
-        if as_of is not None:
-            entry = self._entries.get(as_of)
-            if entry is None or not self._is_visible(cid, entry):
-                raise KeyError(f"entry {as_of!r} is not visible in conversation {cid!r}")
-            if entry.conversation_id != cid:
-                # An entry inherited from the parent: the parent knew the state then.
-                assert c.parent_id is not None
-                return self._document(c.parent_id, name, as_of, default)
-        doc = c.docs.get(name)
-        if doc is None:
-            return default
-        versions = doc.versions
-        if as_of is not None and doc.rewindable:
-            at = self._entries[as_of].seq
-            versions = [v for v in versions if v[0] <= at]
-        return copy.deepcopy(versions[-1][1]) if versions else default
-
-    def _rewindable_at(self, cid: str, entry: Entry) -> list[str]:
-        c = self._convs[cid]
-        if entry.conversation_id != cid:
-            assert c.parent_id is not None
-            return self._rewindable_at(c.parent_id, entry)
-        return sorted(
-            n
-            for n, d in c.docs.items()
-            if d.rewindable and any(s <= entry.seq for s, _ in d.versions)
-        )
-
     # -- admitting and forking ------------------------------------------------------------
 
     def _submit(self, cid: str, content: str, request_id: str | None) -> Submission:
-        if cid not in self._convs:
+        if cid not in self.state.convs:
             raise KeyError(f"no conversation {cid!r}")
-        if request_id is not None and request_id in self._requests:
-            sub = Submission(self, self._requests[request_id])
+        if request_id is not None and request_id in self.state.requests:
+            sub = Submission(self, self.state.requests[request_id])
             if sub.conversation_id != cid:
                 raise ValueError(f"request_id {request_id!r} belongs to another conversation")
             self._ensure_driver(cid)
             return sub
         busy = any(
             s["conversation_id"] == cid and s["state"] in ("queued", "active")
-            for s in self._subs.values()
+            for s in self.state.subs.values()
         )
 
         def build(tx: Tx) -> str:
@@ -599,11 +375,14 @@ class Harness:
         return eid
 
     def _fork(self, cid: str, entry_id: str, agent: AgentConfig | None) -> Conversation:
-        entry = self._entries.get(entry_id)
-        if entry is None or not self._is_visible(cid, entry):
+        entry = self.state.entries.get(entry_id)
+        if entry is None or not self.state.is_visible(cid, entry):
             raise KeyError(f"entry {entry_id!r} is not visible in conversation {cid!r}")
-        docs = {n: self._document(cid, n, entry_id, None) for n in self._rewindable_at(cid, entry)}
-        config = agent or self._convs[cid].agent
+        docs = {
+            n: self.state.document(cid, n, entry_id, None)
+            for n in self.state.rewindable_at(cid, entry)
+        }
+        config = agent or self.state.convs[cid].agent
 
         def build(tx: Tx) -> str:
             fid = tx._conversation(config, cid, entry_id)
@@ -625,17 +404,19 @@ class Harness:
             self._abort(e)
 
     def _next_submission(self, cid: str) -> str | None:
-        for sid, s in self._subs.items():
+        for sid, s in self.state.subs.items():
             if s["conversation_id"] == cid and s["state"] in ("queued", "active"):
                 return sid
         return None
 
     def _sub_tasks(self, sid: str, kind: str) -> list[dict[str, Any]]:
-        return [t for t in self._tasks.values() if t["submission_id"] == sid and t["kind"] == kind]
+        return [
+            t for t in self.state.tasks.values() if t["submission_id"] == sid and t["kind"] == kind
+        ]
 
     async def _step(self, sid: str) -> None:
         """One committed step of a submission, chosen from committed state only."""
-        s = self._subs[sid]
+        s = self.state.subs[sid]
         cid = s["conversation_id"]
         if s["state"] == "queued":
 
@@ -670,7 +451,7 @@ class Harness:
 
     async def _generate(self, s: dict[str, Any], gen: dict[str, Any], turn: int) -> None:
         cid, sid = s["conversation_id"], gen["submission_id"]
-        agent = self._convs[cid].agent
+        agent = self.state.convs[cid].agent
         model = self.models.get(agent.model)
         error: str | None = None
         if model is None:  # a setup error of this process, not an outcome to record
@@ -681,7 +462,9 @@ class Harness:
             error = f"more than {agent.max_turns} model requests"
         if error is None:
             try:
-                msg = await model.generate(self._visible(cid), self._tools_for(agent), agent.system)
+                msg = await model.generate(
+                    self.state.visible(cid), self._tools_for(agent), agent.system
+                )
             except FATAL:
                 raise
             except Exception as e:
@@ -859,3 +642,15 @@ def _local_env_factory(root: str) -> EnvFactory:
         return LocalDirEnv(root)
 
     return factory
+
+
+__all__ = [
+    "FATAL",
+    "AgentConfig",
+    "Conversation",
+    "Entry",
+    "Harness",
+    "Settled",
+    "Submission",
+    "Tx",
+]
