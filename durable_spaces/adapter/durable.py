@@ -364,8 +364,9 @@ class DurableSpaces:
         await self.prune_checkpoints(harness, space)
 
     async def prune_checkpoints(self, harness: Harness, space: Space) -> None:
-        """After a checkpoint commit: drop the Space's machine checkpoints that no
-        conversation of the log (this one or a fork) records any more. A crash between a
+        """After a checkpoint commit: drop the Space's checkpoints that no conversation of
+        the log (this one or a fork) records any more (machine checkpoints; the Space's
+        copies of workspace tars when a store keeps them all). A crash between a
         checkpoint and its commit leaves one nobody records; this is where it goes."""
         prune = getattr(self.snapshots_for(), "prune", None)
         if prune is None:
@@ -374,8 +375,10 @@ class DurableSpaces:
         for c in harness.conversations():
             recorded |= SpaceState.from_json(c.document(DOC)).checkpoints()
         try:
-            removed = await prune(space, recorded)
-        except OSError as e:  # retention is housekeeping: the call's result stands
+            removed = await prune(space, recorded, self.epoch_for(space.name))
+        except (OSError, SpaceError) as e:  # housekeeping: the call's result stands
+            if isinstance(e, SpaceUnavailableError):
+                raise  # the Space went away: a halt, as anywhere else
             logger.warning("could not prune checkpoints of %s: %s", space.name, e)
             return
         if removed:

@@ -134,10 +134,17 @@ class WorkspaceSnapshots:
         spaces: SpaceBackend | None = None,
         root: str | None = None,
         store: CheckpointStore | None = None,
+        prune_every: int = 8,
     ) -> None:
         self.spaces = spaces
         self.root = root
         self.store = store
+        #: With a store, the copies inside the Space are only a fast path for recovery:
+        #: every ``prune_every``-th prune call deletes the ones the log no longer records
+        #: (one command; 0: never). Without a store they are the only copies (review and
+        #: forks read them), so they are all kept.
+        self.prune_every = prune_every
+        self._prune_calls: dict[str, int] = {}
 
     def can_rebuild(self) -> bool:
         return self.store is not None
@@ -169,6 +176,24 @@ class WorkspaceSnapshots:
         # The copy inside the Space is the tee'd stream of the same tar: no upload back.
         await self._sh(space, f"mv -f {_q(tmp)} {_q(d)}/{cid}.tar", epoch)
         return cid
+
+    async def prune(self, space: Space, recorded: set[str], epoch: int) -> list[str]:
+        """Delete the Space's copies of checkpoints the log no longer records (and tars
+        left pending by killed drivers), when a store holds every checkpoint anyway."""
+        if self.store is None or not self.prune_every:
+            return []
+        n = self._prune_calls[space.name] = self._prune_calls.get(space.name, 0) + 1
+        if n % self.prune_every:
+            return []
+        keep = "|".join(_q(f"{cid}.tar") for cid in sorted(recorded)) or "''"
+        out = await self._sh(
+            space,
+            f"cd {_q(self._dir(space))} 2>/dev/null || exit 0; "
+            f"for f in *.tar .pending-*.tar; do [ -e \"$f\" ] || continue; "
+            f"case \"$f\" in {keep}) ;; *) rm -f -- \"$f\" && echo \"$f\";; esac; done",
+            epoch,
+        )
+        return [n.removesuffix(".tar") for n in out.decode(errors="replace").split()]
 
     async def _keep(self, space: Space, checkpoint_id: str, data: bytes, epoch: int) -> None:
         d = self._dir(space)
@@ -258,7 +283,7 @@ class SandboxSnapshots:
         await new.advance_epoch(epoch)
         return new
 
-    async def prune(self, space: Space, recorded: set[str]) -> list[str]:
+    async def prune(self, space: Space, recorded: set[str], epoch: int) -> list[str]:
         """Delete the Space's checkpoints that no recorded checkpoint refers to: a machine
         checkpoint holds the guest's memory (tens of MB), so unreferenced ones must go.
         ``recorded`` is every checkpoint the log still names, forks included."""

@@ -1,0 +1,81 @@
+"""Workspace checkpoints (tars): the Space's copies are pruned by the log when a store
+keeps every tar; without a store they are the only copies and are all kept."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
+from durable_spaces.adapter.harness import AgentConfig, Conversation, Harness
+from durable_spaces.adapter.log import MemoryStorage
+from durable_spaces.adapter.models import ScriptedModel
+from durable_spaces.adapter.review import workspace_at
+from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
+from durable_spaces.adapter.state import DOC, SpaceState
+from durable_spaces.adapter.tools import CodingTools, Registry
+from durable_spaces.backends import open_backend
+
+
+@dataclass
+class Run:
+    harness: Harness
+    durable: DurableSpaces
+    root: Conversation
+    checkpoints_dir: Path
+
+    def recorded(self) -> set[str]:
+        return SpaceState.from_json(self.root.document(DOC)).checkpoints()
+
+    async def first_call_is_reviewable(self) -> bool:
+        first = next(e for e in self.root.entries() if e.kind == "tool_result")
+        ws = await workspace_at(self.harness, self.durable, self.root.id, first.id)
+        return isinstance(ws, dict)
+
+
+@asynccontextmanager
+async def session(tmp: Path, store: bool, leftover: bool = False) -> AsyncIterator[Run]:
+    """Nine scripted steps in checkpoint mode on a local Space (``leftover``: a tar a
+    killed driver left pending is there before the first call)."""
+    backend = open_backend("local", tmp / "spaces")
+    snaps = WorkspaceSnapshots(
+        backend,
+        store=DirectoryCheckpointStore(tmp / "store") if store else None,
+        prune_every=1,
+    )
+    durable = durable_spaces(backend, snapshots=snaps, mode="checkpoint", epoch=1)
+    reg = Registry().install(CodingTools).install(durable.extension)
+    h = await Harness.open(
+        MemoryStorage(), models={"s": ScriptedModel(3, 9)}, registry=reg, env=durable.env
+    )
+    try:
+        root = await h.root(AgentConfig(model="s"))
+        space = await durable.space(root.id)
+        ckpts = Path(space.root).parent / ".ds-checkpoints"
+        if leftover:
+            ckpts.mkdir(exist_ok=True)
+            (ckpts / ".pending-call-killed.tar").write_bytes(b"left by a killed driver")
+        assert (await (await root.submit("go", request_id="r1")).wait()).status == "done"
+        yield Run(h, durable, root, ckpts)
+    finally:
+        await h.close()
+        for name in await backend.names():
+            await backend.delete(name)
+        await backend.close()
+
+
+async def test_copies_in_the_space_are_pruned_when_a_store_keeps_them(tmp_path: Path) -> None:
+    async with session(tmp_path, store=True, leftover=True) as run:
+        in_space = {p.name.removesuffix(".tar") for p in run.checkpoints_dir.iterdir()}
+        assert in_space == run.recorded()  # the pending leftover is gone too
+        assert len(list((tmp_path / "store").glob("*.tar"))) > len(in_space)
+        assert await run.first_call_is_reviewable()  # read from the store
+
+
+async def test_without_a_store_every_copy_in_the_space_is_kept(tmp_path: Path) -> None:
+    async with session(tmp_path, store=False) as run:
+        in_space = list(run.checkpoints_dir.iterdir())
+        assert len(in_space) > len(run.recorded())  # the only copies: review reads them
+        assert await run.first_call_is_reviewable()
