@@ -371,14 +371,19 @@ class DurableSpaces:
         prune = getattr(self.snapshots_for(), "prune", None)
         if prune is None:
             return
-        recorded: set[str] = set()
-        for c in harness.conversations():
-            recorded |= SpaceState.from_json(c.document(DOC)).checkpoints()
+
+        def recorded() -> set[str]:
+            # Asked only when the provider prunes this time (not on every call).
+            ids: set[str] = set()
+            for c in harness.conversations():
+                ids |= SpaceState.from_json(c.document(DOC)).checkpoints()
+            return ids
+
         try:
             removed = await prune(space, recorded, self.epoch_for(space.name))
+        except SpaceUnavailableError:
+            raise  # the Space went away: a halt, as anywhere else
         except (OSError, SpaceError) as e:  # housekeeping: the call's result stands
-            if isinstance(e, SpaceUnavailableError):
-                raise  # the Space went away: a halt, as anywhere else
             logger.warning("could not prune checkpoints of %s: %s", space.name, e)
             return
         if removed:

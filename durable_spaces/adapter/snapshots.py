@@ -19,6 +19,7 @@ import os
 import posixpath
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -177,20 +178,21 @@ class WorkspaceSnapshots:
         await self._sh(space, f"mv -f {_q(tmp)} {_q(d)}/{cid}.tar", epoch)
         return cid
 
-    async def prune(self, space: Space, recorded: set[str], epoch: int) -> list[str]:
+    async def prune(self, space: Space, recorded: Callable[[], set[str]], epoch: int) -> list[str]:
         """Delete the Space's copies of checkpoints the log no longer records (and tars
-        left pending by killed drivers), when a store holds every checkpoint anyway."""
+        left pending by killed drivers), when a store holds every checkpoint anyway.
+        ``recorded()`` is only asked when this call prunes."""
         if self.store is None or not self.prune_every:
             return []
         n = self._prune_calls[space.name] = self._prune_calls.get(space.name, 0) + 1
         if n % self.prune_every:
             return []
-        keep = "|".join(_q(f"{cid}.tar") for cid in sorted(recorded)) or "''"
+        keep = "|".join(_q(f"{cid}.tar") for cid in sorted(recorded())) or "''"
         out = await self._sh(
             space,
             f"cd {_q(self._dir(space))} 2>/dev/null || exit 0; "
-            f"for f in *.tar .pending-*.tar; do [ -e \"$f\" ] || continue; "
-            f"case \"$f\" in {keep}) ;; *) rm -f -- \"$f\" && echo \"$f\";; esac; done",
+            f'for f in *.tar .pending-*.tar; do [ -e "$f" ] || continue; '
+            f'case "$f" in {keep}) ;; *) rm -f -- "$f" && echo "$f";; esac; done',
             epoch,
         )
         return [n.removesuffix(".tar") for n in out.decode(errors="replace").split()]
@@ -283,14 +285,14 @@ class SandboxSnapshots:
         await new.advance_epoch(epoch)
         return new
 
-    async def prune(self, space: Space, recorded: set[str], epoch: int) -> list[str]:
+    async def prune(self, space: Space, recorded: Callable[[], set[str]], epoch: int) -> list[str]:
         """Delete the Space's checkpoints that no recorded checkpoint refers to: a machine
         checkpoint holds the guest's memory (tens of MB), so unreferenced ones must go.
-        ``recorded`` is every checkpoint the log still names, forks included."""
+        ``recorded()`` is every checkpoint the log still names, forks included."""
         prune_space = getattr(self.backend, "prune_space", None)
         if prune_space is None:
             return []
-        return list(await prune_space(space.name, recorded))
+        return list(await prune_space(space.name, recorded()))
 
 
 def _q(s: str) -> str:

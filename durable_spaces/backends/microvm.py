@@ -830,10 +830,8 @@ class MicrovmBackend:
         """Remove pool layers that no Space chain and no checkpoint refers to."""
         async with self._lock("pool"):
             used: set[str] = set()
-            for p in (self.state_dir / "spaces").iterdir():
-                st = self._read(p.name) if _NAME_OK.match(p.name) else None
-                if st is not None:
-                    used.update(st.chain)
+            for st in self._states():
+                used.update(st.chain)
             for p in (self.state_dir / "checkpoints").iterdir():
                 if not _CKPT_OK.match(p.name):
                     continue  # being written (.part) or deleted (.del)

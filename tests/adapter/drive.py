@@ -74,6 +74,24 @@ def setup(
     return tmp
 
 
+AGENT = [sys.executable, "-m", "durable_spaces.campaigns.agent"]
+
+
+def driver_env(
+    tmp: Path, epoch: int, *, failpoints: str = "", heartbeat: int = 5
+) -> dict[str, str]:
+    """The environment a coordinator gives a driver of ``tmp``'s session at ``epoch``."""
+    env = dict(os.environ)
+    env.update(
+        CUA_SESSION_NAME=SESSION,
+        CUA_SESSION_EPOCH=str(epoch),
+        CUA_SESSION_STATE_DIR=str(tmp / "state"),
+        CUA_SESSION_HEARTBEAT_SECS=str(heartbeat),
+        DS_FAILPOINTS=failpoints,
+    )
+    return env
+
+
 def drive(
     tmp: Path, attempts: list[Attempt], *, max_attempts: int = 12, backend: str = "local"
 ) -> Outcome:
@@ -85,19 +103,12 @@ def drive(
         epoch = a.epoch if a.epoch is not None else epoch + 1
         if a.before is not None:
             asyncio.run(a.before(tmp))
-        env = dict(os.environ)
-        env.update(
-            CUA_SESSION_NAME=SESSION,
-            CUA_SESSION_EPOCH=str(epoch),
-            CUA_SESSION_STATE_DIR=str(tmp / "state"),
-            CUA_SESSION_HEARTBEAT_SECS="5",
-            DS_FAILPOINTS=a.failpoint,
-        )
+        env = driver_env(tmp, epoch, failpoints=a.failpoint)
         trace = tmp / f"trace-{epoch}"
         if a.during is not None:
             env["DS_FAILPOINT_TRACE"] = str(trace)
         p = subprocess.Popen(
-            [sys.executable, "-m", "durable_spaces.campaigns.agent"],
+            AGENT,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -5,30 +5,18 @@ halts the driver without recording anything."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from drive import SESSION, check, cleanup, setup
+from drive import AGENT, check, cleanup, driver_env, setup
 
 from durable_spaces.adapter.log import SqliteStorage
 
-AGENT = [sys.executable, "-m", "durable_spaces.campaigns.agent"]
-
 
 def _env(tmp: Path, epoch: int) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        CUA_SESSION_NAME=SESSION,
-        CUA_SESSION_EPOCH=str(epoch),
-        CUA_SESSION_STATE_DIR=str(tmp / "state"),
-        CUA_SESSION_HEARTBEAT_SECS="1",
-        DS_FAILPOINTS="",
-    )
-    return env
+    return driver_env(tmp, epoch, heartbeat=1)
 
 
 @pytest.mark.parametrize("backend", ["local", pytest.param("spacesd", marks=pytest.mark.spacesd)])
