@@ -53,6 +53,10 @@ class StorageLockedError(LogError):
     """Another process already owns this storage (one owner at a time)."""
 
 
+class ForeignDatabaseError(LogError):
+    """The file at a log path is another program's SQLite database; it is left untouched."""
+
+
 # --- Spaces ----------------------------------------------------------------------------
 
 
@@ -114,6 +118,18 @@ class ReviewError(DurableSpacesError):
 
 class ConfigError(DurableSpacesError, ValueError):
     """A malformed environment or option; names the variable and what was wrong."""
+
+
+# --- the chaos lab -----------------------------------------------------------------------
+
+
+class RecordError(DurableSpacesError, ValueError):
+    """A run record file is not a record: not JSON, the wrong shape, a field of the wrong
+    type. Names the file and the field; a report skips such a file and counts it."""
+
+
+class LooseModeWarning(UserWarning):
+    """A log file or directory of ours was readable by others; its mode was tightened."""
 
 
 class TornTailWarning(UserWarning):
