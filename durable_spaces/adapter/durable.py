@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from durable_spaces.adapter import image as img
 from durable_spaces.adapter.calls import CallPipeline
 from durable_spaces.adapter.image import ImageLimits
-from durable_spaces.adapter.log import Fence
+from durable_spaces.adapter.log import Fence, check_epoch
 from durable_spaces.adapter.modes import (
     Mode,
     kind_allows,
@@ -32,6 +32,7 @@ from durable_spaces.adapter.modes import (
     tooling_present,
 )
 from durable_spaces.adapter.recovery import RecoveryEvent, RecoveryKind, RecoveryListener
+from durable_spaces.adapter.session_env import parse_epoch
 from durable_spaces.adapter.snapshots import (
     CheckpointMissing,
     Snapshots,
@@ -83,16 +84,13 @@ class ImageUpdate:
 
 
 def session_epoch(epoch: int | None) -> int:
+    """The adapter's epoch: the one given (an int 1..2**63-1), else ``CUA_SESSION_EPOCH``
+    parsed as strictly as the driver does (``ConfigError`` naming it)."""
     if epoch is not None:
+        if check_epoch(epoch) < 1:
+            raise ConfigError(f"epoch must be >= 1, not {epoch}")
         return epoch
-    raw = os.environ.get("CUA_SESSION_EPOCH", "1")
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"CUA_SESSION_EPOCH must be an integer, got {raw!r}") from None
-    if value < 1:
-        raise ConfigError(f"CUA_SESSION_EPOCH must be >= 1, got {value}")
-    return value
+    return parse_epoch("CUA_SESSION_EPOCH", os.environ.get("CUA_SESSION_EPOCH", "1"))
 
 
 class DurableSpaces:
