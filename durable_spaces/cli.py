@@ -5,6 +5,11 @@
 ``exhaustive_schedules(spec: CampaignSpec, work_dir: Path) -> list[Schedule]``),
 imported only when used so ``report`` works without any backend installed.
 Options left out fall back to the ``CRASH_*`` variables, then to the defaults.
+
+Bad input ends in one line, ``durable-spaces: error: <what>``, and exit 2 (a bad
+argument, as click's own usage errors) or 1 (a failure to do what was asked), never a
+traceback: ``_OneLineErrors`` flattens click's multi-line usage errors and turns the
+package's typed errors into that line too.
 """
 
 from __future__ import annotations
@@ -12,29 +17,112 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import math
+import os
+import re
 import shutil
+import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
-from durable_spaces.errors import ConfigError
+from durable_spaces.errors import ConfigError, DurableSpacesError
 
 SESSION_MODULE = "durable_spaces.campaigns.session"
+#: A week: a run that needs longer is wedged (the default is 900 s).
+MAX_RUN_TIMEOUT_S = 7 * 24 * 3600.0
+#: Schedules are a few KB; a bigger (or endless, /dev/zero) file is not one.
+MAX_SCHEDULE_BYTES = 16 << 20
+_ENTRY = re.compile(r"e[1-9][0-9]{0,17}", re.ASCII)
+_CONVERSATION = re.compile(r"c[1-9][0-9]{0,17}", re.ASCII)
+
+
+#: click's exceptions as this typer raises them (newer typers vendor their own click).
+_click_errors: Any = sys.modules[typer.BadParameter.__module__]
+class _Never(Exception):
+    """Stands in for click's NoArgsIsHelpError where click has none (before 8.2)."""
+
+
+_NO_ARGS_IS_HELP: type[Exception] = getattr(_click_errors, "NoArgsIsHelpError", _Never)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+class _OneLineErrors(TyperGroup):
+    """Every error a user can cause as one ``durable-spaces: error: ...`` line."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _NO_ARGS_IS_HELP as e:
+            e.show()  # type: ignore[attr-defined]  # the help text itself, as before
+            code = e.exit_code  # type: ignore[attr-defined]
+        except _click_errors.ClickException as e:
+            hint = " (see --help)" if isinstance(e, _click_errors.UsageError) else ""
+            typer.echo(f"durable-spaces: error: {_one_line(e.format_message())}{hint}", err=True)
+            code = e.exit_code
+        except typer.Abort:
+            typer.echo("durable-spaces: error: aborted", err=True)
+            code = 1
+        except (DurableSpacesError, OSError) as e:
+            typer.echo(f"durable-spaces: error: {_one_line(str(e))}", err=True)
+            code = 1
+        else:
+            code = rv if isinstance(rv, int) else 0
+        if not standalone_mode:
+            return code
+        sys.exit(code)
+
 
 app = typer.Typer(
     name="durable-spaces",
     help="Keep a Space consistent with its durable log; the chaos lab that proves it.",
     no_args_is_help=True,
     add_completion=False,
+    cls=_OneLineErrors,
 )
 
 
 def _fail(msg: str, code: int = 2) -> typer.Exit:
-    typer.echo(f"durable-spaces: {msg}", err=True)
+    typer.echo(f"durable-spaces: error: {_one_line(msg)}", err=True)
     return typer.Exit(code)
+
+
+def _usable_dir(option: str, path: Path) -> Path:
+    """``path`` as an absolute directory we can write: made (with parents) if missing;
+    ``_fail`` if it is a file, a dangling symlink, or cannot be made or written."""
+    path = path.absolute()
+    if path.exists() and not path.is_dir():
+        raise _fail(f"{option} {path} exists and is not a directory")
+    if path.is_symlink() and not path.exists():
+        raise _fail(f"{option} {path} is a dangling symbolic link")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _fail(f"{option} {path} cannot be created: {e.strerror or e}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise _fail(f"{option} {path} is not writable")
+    return path
+
+
+def _run_timeout(value: float) -> float:
+    if not math.isfinite(value) or not 0 < value <= MAX_RUN_TIMEOUT_S:
+        raise _fail(f"--run-timeout must be more than 0 and at most {MAX_RUN_TIMEOUT_S:g} s")
+    return value
 
 
 def _session() -> ModuleType:
@@ -85,13 +173,18 @@ def campaign(
         )  # fmt: skip
     except ConfigError as e:
         raise _fail(str(e)) from None
+    run_timeout = _run_timeout(run_timeout)
     if out is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         out = Path("campaigns-out") / f"{spec.mode}-{spec.backend}-{spec.seed_base}-{stamp}"
-    if (out / "runs").is_dir() and any((out / "runs").iterdir()):
+    out = _usable_dir("--out", out)  # absolute: drivers refuse a relative state dir
+    runs_dir = out / "runs"
+    if runs_dir.is_symlink() or (runs_dir.exists() and not runs_dir.is_dir()):
+        raise _fail(f"{runs_dir} is not a directory of run records")
+    if runs_dir.is_dir() and any(runs_dir.iterdir()):
         if not force:
             raise _fail(f"{out} already holds runs (pass --force to replace them)")
-        shutil.rmtree(out / "runs")
+        shutil.rmtree(runs_dir)
     session = _session()
     schedules = None
     if spec.mode == "exhaustive":
@@ -123,19 +216,28 @@ def repro(
     state_dir: Annotated[Path | None, typer.Option(help="where the run keeps its state")] = None,
 ) -> None:
     """Run one campaign run alone, from its seed (and schedule); exit 1 if it fails."""
-    from durable_spaces.campaigns.spec import CampaignSpec, RunSpec
+    from durable_spaces.campaigns.spec import CampaignSpec, RunSpec, check_seed
     from durable_spaces.chaos.schedule import Schedule
 
     try:
+        check_seed("--seed", seed)
         cs = CampaignSpec.from_env(mode=mode, backend=backend, calls=calls,
                                    durable_mode=durable_mode, profile=profile, jobs=1)  # fmt: skip
-        sched = Schedule.load(schedule) if schedule is not None else None
-    except (ConfigError, OSError, ValueError, KeyError) as e:
+    except ConfigError as e:
         raise _fail(str(e)) from None
+    sched = None
+    if schedule is not None:
+        if not schedule.is_file() or schedule.stat().st_size > MAX_SCHEDULE_BYTES:
+            raise _fail(f"--schedule {schedule} is not a schedule file (a JSON file)")
+        try:
+            sched = Schedule.load(schedule)
+            check_seed("the schedule's seed", sched.seed)
+        except (ConfigError, OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise _fail(f"--schedule {schedule} is not a schedule file: {e}") from None
     if state_dir is None:
-        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in seed)
-        state_dir = Path("campaigns-out") / "repro" / f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}"
-    state_dir.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        state_dir = Path("campaigns-out") / "repro" / f"{seed}-{stamp}"
+    state_dir = _usable_dir("--state-dir", state_dir)
     run = RunSpec(
         run_id="repro", seed=seed, mode=cs.mode, backend=cs.backend, calls=cs.calls,
         durable_mode=cs.adapter_mode, profile=cs.profile, state_dir=str(state_dir),
@@ -152,12 +254,21 @@ def repro(
 
 @app.command("report")
 def report_cmd(directory: Annotated[Path, typer.Argument(help="a campaign directory")]) -> None:
-    """Write report.md and report.html (tables and plots) into a campaign directory."""
-    if not (directory / "runs").is_dir():
-        raise _fail(f"{directory} is not a campaign directory (no runs/)")
+    """Write report.md and report.html (tables and plots) into a campaign directory.
+    A run record that cannot be read is skipped with a warning line naming it."""
+    if not directory.is_dir():
+        what = "does not exist" if not directory.exists() else "is not a directory"
+        raise _fail(f"{directory} {what}; give a campaign directory (one with runs/)")
+    if directory.joinpath("runs").is_symlink() or not (directory / "runs").is_dir():
+        raise _fail(f"{directory} is not a campaign directory (no runs/ directory)")
     from durable_spaces.reports.render import render_report
 
     rep = render_report(directory)
+    for path, why in rep.skipped:
+        typer.echo(f"durable-spaces: warning: skipped {path}: {_one_line(why)}", err=True)
+    if rep.skipped:
+        n = len(rep.skipped)
+        typer.echo(f"durable-spaces: warning: skipped {n} of {n + rep.runs} run records", err=True)
     typer.echo(str(rep.markdown))
     typer.echo(str(rep.html))
 
@@ -174,15 +285,32 @@ def diff(
 ) -> None:
     """Show how the workspace differs between two entries of a session's log."""
     from durable_spaces.adapter.review import review_diff_main
-    from durable_spaces.errors import DurableSpacesError
 
+    for what, eid in (("ENTRY_A", entry_a), ("ENTRY_B", entry_b)):
+        if not _ENTRY.fullmatch(eid):
+            raise _fail(f"{what} must be an entry id like e12, got {eid!r}")
+    if conversation is not None and not _CONVERSATION.fullmatch(conversation):
+        raise _fail(f"--conversation must be a conversation id like c1, got {conversation!r}")
+    if not state_dir.is_dir():
+        raise _fail(f"STATE_DIR {state_dir} is not a directory")
+    log = state_dir / "log.sqlite"
+    if log.is_symlink() or not log.is_file():
+        raise _fail(f"STATE_DIR {state_dir} holds no log (log.sqlite)")
+    for option, d in (("--backend-dir", backend_dir), ("--store", store)):
+        if d is not None and not d.is_dir():  # opening a backend would create it
+            raise _fail(f"{option} {d} is not a directory")
+    if backend is not None:
+        from durable_spaces.campaigns.spec import BACKENDS
+
+        if backend not in BACKENDS:
+            raise _fail(f"--backend={backend!r} is not one of: {', '.join(BACKENDS)}")
     try:
         text = review_diff_main(
             state_dir, backend, backend_dir, entry_a, entry_b,
             store_dir=store, conversation_id=conversation,
         )  # fmt: skip
     except (DurableSpacesError, OSError, KeyError) as e:
-        raise _fail(str(e)) from None
+        raise _fail(str(e), 1) from None
     typer.echo(text)
 
 

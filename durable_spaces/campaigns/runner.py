@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
 import os
 import signal
 import subprocess
@@ -38,10 +39,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.shrink import ShrinkResult, shrink
-from durable_spaces.campaigns.spec import CampaignSpec, RunSpec
+from durable_spaces.campaigns.spec import MAX_JOBS, CampaignSpec, RunSpec
 from durable_spaces.campaigns.summary import Summary
 from durable_spaces.campaigns.worker import error_record
 from durable_spaces.chaos.schedule import Schedule
+from durable_spaces.errors import ConfigError
 
 __all__ = ["CampaignResult", "CampaignSpec", "RunSpec", "run_campaign", "run_one_ref"]
 
@@ -167,6 +169,26 @@ def _progress(enabled: bool) -> Progress:
     )
 
 
+def _check_args(
+    out_dir: str | Path, jobs: int | None, run_timeout_s: float | None, shrink_budget: int
+) -> Path:
+    """``out_dir`` made absolute (drivers refuse a relative state dir), or ``ConfigError``."""
+    if jobs is not None and (type(jobs) is not int or not 1 <= jobs <= MAX_JOBS):
+        raise ConfigError(f"jobs must be an integer in 1..{MAX_JOBS}, not {jobs!r}")
+    if run_timeout_s is not None and (
+        not isinstance(run_timeout_s, int | float) or not 0 < run_timeout_s < math.inf
+    ):
+        raise ConfigError(
+            f"run_timeout_s must be a positive number of seconds or None, not {run_timeout_s!r}"
+        )
+    if type(shrink_budget) is not int or shrink_budget < 0:
+        raise ConfigError(f"shrink_budget must be an integer >= 0, not {shrink_budget!r}")
+    out = Path(out_dir).absolute()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out_dir {out} exists and is not a directory")
+    return out
+
+
 def run_campaign(
     spec: CampaignSpec,
     run_one: RunOneRef,
@@ -184,13 +206,14 @@ def run_campaign(
 
     ``run_one`` is a module-level ``async def run_one(run: RunSpec) -> RunRecord`` (or its
     ``"module:function"`` name). ``schedules`` given: one run per schedule (exhaustive
-    mode), instead of ``spec.runs`` runs drawn from ``<seed_base>-<i>``.
+    mode), instead of ``spec.runs`` runs drawn from ``<seed_base>-<i>``. Bad arguments
+    raise ``ConfigError`` before anything is created.
     """
-    out = Path(out_dir)
+    out = _check_args(out_dir, jobs, run_timeout_s, shrink_budget)
     for sub in ("runs", "schedules", "logs", "state"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     ref = run_one_ref(run_one)
-    jobs = max(1, jobs or spec.jobs)
+    jobs = jobs or spec.jobs
     started = time.time()
     meta: dict[str, Any] = {"spec": spec.to_json(), "run_one": ref, "jobs": jobs,
                             "started_unix": started}  # fmt: skip
