@@ -44,6 +44,8 @@ _CONVERSATION = re.compile(r"c[1-9][0-9]{0,17}", re.ASCII)
 
 #: click's exceptions as this typer raises them (newer typers vendor their own click).
 _click_errors: Any = sys.modules[typer.BadParameter.__module__]
+
+
 class _Never(Exception):
     """Stands in for click's NoArgsIsHelpError where click has none (before 8.2)."""
 

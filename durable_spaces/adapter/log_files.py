@@ -14,6 +14,9 @@ is found there is checked before it is used:
   program's file never has its mode changed. Tightening rather than refusing: a log
   copied under a permissive umask must not stop a session for good, and ``chmod 600`` is
   exactly what an operator would do about it.
+
+SQLite's files need one more care (``hold``): a descriptor of a database file is never
+closed while a SQLite connection of this process may hold POSIX locks on it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import errno
 import fcntl
 import os
 import stat
+import threading
 import warnings
 from pathlib import Path
 
@@ -119,19 +123,104 @@ def tighten(fd: int, path: Path, what: str, mode: int = FILE_MODE) -> None:
 
 def check_sidecar(path: Path, what: str) -> None:
     """A sidecar SQLite creates by name (``-wal``, ``-shm``): absent, or a private regular
-    file; a symlink or anything else there is refused before SQLite can follow it."""
+    file; a symlink or anything else there is refused before SQLite can follow it.
+
+    Looked at through an ``O_PATH`` descriptor only: closing a real descriptor of a file
+    would drop every POSIX lock this process holds on it, SQLite's WAL-index locks
+    included (an ``O_PATH`` one holds no locks to drop)."""
     try:
-        st = os.lstat(path)
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return
-    if not stat.S_ISREG(st.st_mode):
-        raise LogError(f"{what} {path} is {_kind(st.st_mode)}; refusing to use the log")
-    if stat.S_IMODE(st.st_mode) & ~FILE_MODE:
-        fd, _ = open_file(path, os.O_RDONLY, what=what)
+    except OSError as e:
+        raise refusal(path, e, what) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise LogError(f"{what} {path} is {_kind(st.st_mode)}; refusing to use the log")
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & ~FILE_MODE:
+            try:
+                os.chmod(f"/proc/self/fd/{fd}", mode & FILE_MODE)  # the inode fd names
+            except OSError as e:
+                raise LogError(
+                    f"{what} {path} is mode {mode:04o} and cannot be made private: {e.strerror}"
+                ) from None
+            warnings.warn(
+                f"{what} {path} was mode {mode:04o}; tightened to {mode & FILE_MODE:04o}",
+                LooseModeWarning,
+                stacklevel=2,
+            )
+    finally:
+        os.close(fd)
+
+
+class _Held:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.count = 1
+        self.extra: list[int] = []
+
+
+_HELD: dict[tuple[int, int], _Held] = {}
+_HELD_LOCK = threading.Lock()
+
+
+def hold(path: Path, what: str) -> int:
+    """A read-only descriptor of the regular file ``path`` (never through a symlink),
+    shared by every holder of the same file in this process; give it back with
+    ``unhold``.
+
+    Why shared: POSIX record locks belong to a process and an inode, and closing *any*
+    descriptor of the file drops all of them. SQLite locks its database that way, so a
+    descriptor of ours opened and closed beside a live connection of this process would
+    silently unlock it (another process then checkpoints and deletes the WAL under it:
+    lost commits). One descriptor per file, closed when its last holder is done (after
+    the holders closed their connections), never drops a lock that is still wanted."""
+    with _HELD_LOCK:
         try:
-            tighten(fd, path, what)
-        finally:
-            os.close(fd)
+            st = os.lstat(path)
+        except FileNotFoundError:
+            raise LogError(f"{what} {path} does not exist") from None
+        held = _HELD.get((st.st_dev, st.st_ino))
+        if held is not None and stat.S_ISREG(st.st_mode):
+            held.count += 1
+            return held.fd
+        fd, _ = open_file(path, os.O_RDONLY, what=what)
+        return _adopt_locked(fd)
+
+
+def adopt(fd: int) -> int:
+    """Make an open descriptor a held one (as if from ``hold``); returns the held one."""
+    with _HELD_LOCK:
+        return _adopt_locked(fd)
+
+
+def _adopt_locked(fd: int) -> int:
+    st = os.fstat(fd)
+    key = (st.st_dev, st.st_ino)
+    held = _HELD.get(key)
+    if held is None:
+        _HELD[key] = _Held(fd)
+        return fd
+    held.extra.append(fd)  # a second descriptor of a held file: never close it early
+    held.count += 1
+    return held.fd
+
+
+def unhold(fd: int) -> None:
+    """Give back a descriptor from ``hold``; the last holder's return closes it."""
+    with _HELD_LOCK:
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino)
+        held = _HELD.get(key)
+        if held is None or held.fd != fd:
+            raise LogError(f"descriptor {fd} was not held")
+        held.count -= 1
+        if held.count == 0:
+            del _HELD[key]
+            for f in (held.fd, *held.extra):
+                os.close(f)
 
 
 def private_dir(path: Path, what: str) -> None:

@@ -19,10 +19,13 @@ from typing import Literal
 from durable_spaces.adapter.log_core import Commit, Fence, Op, check_epoch, dumps_ops
 from durable_spaces.adapter.log_files import (
     OwnerLock,
+    adopt,
     check_sidecar,
     fsync_dir,
+    hold,
     open_file,
     tighten,
+    unhold,
 )
 from durable_spaces.chaos import failpoints
 from durable_spaces.errors import (
@@ -81,12 +84,12 @@ def _inspect_sqlite(path: Path) -> Literal["missing", "ours", "legacy"]:
         if not path.parent.is_dir():
             raise LogError(f"log {path}: its directory {path.parent} does not exist") from None
         return "missing"
-    fd, _ = open_file(path, os.O_RDONLY, what="log")
+    fd = hold(path, "log")  # never a close beside a live connection: see ``hold``
     try:
         size = os.fstat(fd).st_size
         head = os.pread(fd, 100, 0)
     finally:
-        os.close(fd)
+        unhold(fd)
     if size == 0:
         raise CorruptLogError(
             f"{path} is an empty file, not a SQLite log (durable-spaces creates a log whole, "
@@ -186,7 +189,10 @@ def _create_sqlite(path: Path) -> None:
             os.unlink(tmp)
         fsync_dir(path.parent)
     finally:
-        os.close(fd)
+        # the file may be the log now, opened by another thread of this process: unlock
+        # the creators waiting on it, and close it only as a held descriptor (``hold``)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        unhold(adopt(fd))
 
 
 def _same_file(conn: sqlite3.Connection, fd: int, path: Path) -> None:
@@ -260,13 +266,14 @@ class SqliteStorage:
         self.fence = fence
         self._mutex = threading.Lock()
         self._conn: sqlite3.Connection | None = None
+        self._fd: int | None = None
         state = _inspect_sqlite(self.path)  # refuses what is not ours before any write
         self._owner = OwnerLock(self.path, exclusive=exclusive)
         try:
             if state == "missing":
                 _create_sqlite(self.path)
                 state = _inspect_sqlite(self.path)  # whatever creator won, judged the same way
-            fd, _ = open_file(self.path, os.O_RDONLY, what="log")
+            fd = hold(self.path, "log")  # kept until close(), after the connection's
             try:
                 for suffix in ("-wal", "-shm"):
                     check_sidecar(Path(f"{self.path}{suffix}"), f"log {suffix[1:]} file")
@@ -282,9 +289,10 @@ class SqliteStorage:
                 except BaseException:
                     conn.close()
                     raise
-                self._conn = conn
-            finally:
-                os.close(fd)
+            except BaseException:
+                unhold(fd)
+                raise
+            self._conn, self._fd = conn, fd
         except sqlite3.DatabaseError as e:
             self._owner.release()
             raise CorruptLogError(f"{self.path} is not a usable SQLite log: {e}") from e
@@ -403,6 +411,9 @@ class SqliteStorage:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+            if self._fd is not None:  # only after the connection: see ``hold``
+                unhold(self._fd)
+                self._fd = None
             self._owner.release()
 
     def __enter__(self) -> SqliteStorage:

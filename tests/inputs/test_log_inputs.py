@@ -34,7 +34,6 @@ from durable_spaces.errors import (
     LooseModeWarning,
 )
 
-Opener = Callable[[Path], object]
 KINDS: dict[str, tuple[str, Callable[[Path], SqliteStorage | JsonlStorage]]] = {
     "sqlite": ("log.sqlite", lambda p: SqliteStorage(p)),
     "sqlite-fenced": ("log.sqlite", lambda p: open_fenced_sqlite(p, 3)[0]),
@@ -64,8 +63,8 @@ def _reads(path: Path, kind: str, commits: int = 2) -> None:
 
 
 def _quiet() -> warnings.catch_warnings[list[warnings.WarningMessage]]:
-    w = warnings.catch_warnings(record=True)
-    return w
+    """Record (and so silence) warnings: an old log's loose modes are tightened noisily."""
+    return warnings.catch_warnings(record=True)
 
 
 # --- symlinks: the log and every sidecar -----------------------------------------------
@@ -205,66 +204,38 @@ def test_a_foreign_file_keeps_its_loose_mode(tmp_path: Path) -> None:
 # --- another program's SQLite database ----------------------------------------------------
 
 
-def _foreign_rollback(p: Path) -> None:
+def _db(p: Path, *sql: str) -> None:
+    """Another program's database: ``sql`` run in it, committed, closed."""
     c = sqlite3.connect(p)
-    c.execute("CREATE TABLE users (name TEXT)")
-    c.execute("INSERT INTO users VALUES ('ada')")
+    for stmt in sql:
+        c.execute(stmt)
     c.commit()
     c.close()
 
 
-def _foreign_wal(p: Path) -> None:
-    c = sqlite3.connect(p)
-    c.execute("PRAGMA journal_mode=WAL")
-    c.execute("CREATE TABLE users (name TEXT)")
-    c.execute("INSERT INTO users VALUES ('ada')")
-    c.commit()
-    c.close()
-
-
-def _foreign_app_id(p: Path) -> None:
-    c = sqlite3.connect(p)
-    c.execute("PRAGMA journal_mode=WAL")
-    c.execute("PRAGMA application_id=1234")
-    c.execute(
-        "CREATE TABLE cua_commits (seq INTEGER PRIMARY KEY, epoch INTEGER, ops TEXT NOT NULL)"
-    )
-    c.commit()
-    c.close()
-
-
-def _foreign_lookalike(p: Path) -> None:
-    """Our two table names, but other columns: not ours either."""
-    c = sqlite3.connect(p)
-    c.execute("PRAGMA journal_mode=WAL")
-    c.execute("CREATE TABLE cua_commits (seq INTEGER PRIMARY KEY, body BLOB)")
-    c.execute("CREATE TABLE cua_fence (id INTEGER PRIMARY KEY, floor INTEGER NOT NULL)")
-    c.execute("PRAGMA user_version=1")
-    c.commit()
-    c.close()
+USERS = ("CREATE TABLE users (name TEXT)", "INSERT INTO users VALUES ('ada')")
+WAL = "PRAGMA journal_mode=WAL"
+COMMITS = "CREATE TABLE cua_commits (seq INTEGER PRIMARY KEY, epoch INTEGER, ops TEXT NOT NULL)"
 
 
 def _ours_plus_a_table(p: Path) -> None:
     _legacy(p)
-    c = sqlite3.connect(p)
-    c.execute("CREATE TABLE extra (x)")
-    c.commit()
-    c.close()
+    _db(p, "CREATE TABLE extra (x)")
 
 
-def _empty_wal_db(p: Path) -> None:
-    c = sqlite3.connect(p)
-    c.execute("PRAGMA journal_mode=WAL")
-    c.close()
-
-
-FOREIGN = {
-    "rollback-journal": _foreign_rollback,
-    "wal": _foreign_wal,
-    "other-application-id": _foreign_app_id,
-    "lookalike-columns": _foreign_lookalike,
+FOREIGN: dict[str, Callable[[Path], None]] = {
+    "rollback-journal": lambda p: _db(p, *USERS),
+    "wal": lambda p: _db(p, WAL, *USERS),
+    "other-application-id": lambda p: _db(p, WAL, "PRAGMA application_id=1234", COMMITS),
+    "lookalike-columns": lambda p: _db(  # our two table names, other columns
+        p,
+        WAL,
+        "CREATE TABLE cua_commits (seq INTEGER PRIMARY KEY, body BLOB)",
+        "CREATE TABLE cua_fence (id INTEGER PRIMARY KEY, floor INTEGER NOT NULL)",
+        "PRAGMA user_version=1",
+    ),
     "our-tables-plus-one": _ours_plus_a_table,
-    "no-tables": _empty_wal_db,
+    "no-tables": lambda p: _db(p, WAL),
 }
 
 
@@ -526,3 +497,76 @@ def test_the_largest_epoch_is_stored_and_read_back(tmp_path: Path) -> None:
     s.append([{"n": 0}])
     assert fence.floor() == 2**63 - 1 and s.load()[0].epoch == 2**63 - 1
     s.close()
+
+
+# --- the whole-file creation under concurrency ------------------------------------------------
+
+CREATE_AND_APPEND = """
+import sys, time
+from durable_spaces.adapter.log import open_fenced_sqlite
+start = float(sys.argv[2])
+while time.time() < start:
+    pass
+s, f = open_fenced_sqlite(sys.argv[1], 1)
+s.append([{"pid": int(sys.argv[3])}])
+s.close()
+"""
+
+
+def test_concurrent_creators_of_a_new_log_all_open_the_same_one(tmp_path: Path) -> None:
+    """A new log is built under a temporary name and linked into place: creators racing
+    for it never see each other's half-made file, and exactly one file results."""
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "log.sqlite"
+    start = time.time() + 1.5
+    procs = [
+        subprocess.Popen([sys.executable, "-c", CREATE_AND_APPEND, str(path), str(start), str(i)])
+        for i in range(6)
+    ]
+    assert [p.wait(60) for p in procs] == [0] * 6
+    s = SqliteStorage(path)
+    assert sorted(c.ops[0]["pid"] for c in s.load()) == list(range(6))
+    s.close()
+    assert sorted(os.listdir(tmp_path)) == ["log.sqlite", "log.sqlite.lock"]
+
+
+READ_ALL = """
+import json, sys
+from durable_spaces.adapter.log import open_fenced_sqlite
+s, _ = open_fenced_sqlite(sys.argv[1], 1)
+print(json.dumps([c.ops[0]["who"] for c in s.load()]))
+s.close()
+"""
+APPEND_ONE = """
+import sys
+from durable_spaces.adapter.log import open_fenced_sqlite
+s, _ = open_fenced_sqlite(sys.argv[1], 1)
+s.append([{"who": "child"}])
+s.close()
+"""
+
+
+def test_checking_a_log_again_in_the_same_process_keeps_sqlites_locks(tmp_path: Path) -> None:
+    """POSIX locks die with *any* close of the file in the process: the checks of a second
+    open must not unlock the first one's connection (a process alone on the WAL then
+    checkpoints and deletes it at close, and the first one's next commits vanish)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "log.sqlite"
+    first, _ = open_fenced_sqlite(path, 1)
+    first.append([{"who": "first"}])
+    for _ in range(3):
+        again, _ = open_fenced_sqlite(path, 1)  # its checks open the file too
+        again.close()
+    subprocess.run([sys.executable, "-c", APPEND_ONE, str(path)], check=True, timeout=60)
+    first.append([{"who": "first, again"}])
+    # what another process reads now (as if this one were SIGKILLed before closing)
+    read = subprocess.run(
+        [sys.executable, "-c", READ_ALL, str(path)], check=True, timeout=60, capture_output=True
+    )
+    first.close()
+    assert json.loads(read.stdout) == ["first", "child", "first, again"]
