@@ -1,6 +1,6 @@
 """``run_durable_session``: the process a coordinator launches for each drive attempt.
 
-Contract with the coordinator (DESIGN.md "The driver entry and the coordinator"):
+Contract with the coordinator (README.md, "The adapter in code"):
 
 - environment: ``CUA_SESSION_NAME``, ``CUA_SESSION_EPOCH`` (1..2**63-1, ASCII digits),
   ``CUA_SESSION_STATE_DIR`` (absolute; the fenced SQLite log lives there),
