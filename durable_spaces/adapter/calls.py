@@ -147,10 +147,11 @@ class CallPipeline:
             self.ctx.output(chunk.decode(errors="replace"))
 
     async def _file_effect(self, space: Space) -> dict[str, Any]:
+        hit("adapter.before_file_op")  # a driver paused here must never write after a takeover
         path = str(self.args.get("path", ""))
         if self.tool == "write":
             content = str(self.args.get("content", ""))
-            await space.write_file(path, content.encode())
+            await space.write_file(path, content.encode(), epoch=self.d.epoch_for(space.name))
             return {"status": "ok", "content": f"wrote {len(content.encode())} bytes to {path}"}
         old, new = str(self.args.get("old_text", "")), str(self.args.get("new_text", ""))
         st = await space.stat(path)
@@ -161,7 +162,9 @@ class CallPipeline:
         if count != 1:
             why = "not found" if count == 0 else f"found {count} times"
             return {"status": "error", "content": f"edit: old_text {why} in {path}"}
-        await space.write_file(path, text.replace(old, new, 1).encode(), st.mode)
+        await space.write_file(
+            path, text.replace(old, new, 1).encode(), st.mode, epoch=self.d.epoch_for(space.name)
+        )
         return {"status": "ok", "content": f"edited {path}"}
 
     # --- after the effect -------------------------------------------------------------------

@@ -402,7 +402,11 @@ class DurableSpaces:
         """Transactional: make the workspace equal to the image again."""
         table = self.image_table(harness, conv)
         await img.apply(
-            space, table, lambda sha: self._need_blob(harness, conv, sha), self.limits.exclude
+            space,
+            table,
+            lambda sha: self._need_blob(harness, conv, sha),
+            self.limits.exclude,
+            epoch=self.epoch_for(space.name),
         )
         self.emit("reverted", conv, rec)
 
@@ -619,6 +623,7 @@ class DurableSpaces:
                 self.image_table(harness, conv),
                 lambda sha: self._need_blob(harness, conv, sha),
                 self.limits.exclude,
+                epoch=self.epoch_for(space.name),
             )
             hit("recovery.reimaged")
             self.emit("reimaged", conv, None, mode="transactional", instance=space.instance_id)

@@ -207,11 +207,21 @@ class Space(Protocol):
 
     async def read_file(self, path: str) -> bytes: ...
 
-    async def write_file(self, path: str, data: bytes, mode: int | None = None) -> None:
-        """Create or replace a regular file (parents created). Never follows a symlink."""
+    # Every mutation carries the caller's epoch and is refused (``StaleEpochError``,
+    # nothing changed) when the Space's floor is above it, checked atomically with the
+    # change: a driver paused mid-call and continued after a newer one took over can
+    # never touch the workspace again. A mutation above the floor may raise it (the real
+    # daemon treats a newer epoch as an advance); callers raise the floor first.
+
+    async def write_file(
+        self, path: str, data: bytes, mode: int | None = None, *, epoch: int
+    ) -> None:
+        """Create or replace a regular file (parents created), atomically (a crash leaves
+        the old file or the new, and no temporary in the workspace). Never follows a
+        symlink. ``mode`` None keeps an existing file's mode (0644 for a new one)."""
         ...
 
-    async def symlink(self, path: str, target: str) -> None:
+    async def symlink(self, path: str, target: str, *, epoch: int) -> None:
         """Create (or replace) a symlink at ``path``; ``target`` is stored verbatim."""
         ...
 
@@ -221,7 +231,7 @@ class Space(Protocol):
 
     async def list_dir(self, path: str = ".") -> list[str]: ...
 
-    async def remove(self, path: str, recursive: bool = False) -> None:
+    async def remove(self, path: str, recursive: bool = False, *, epoch: int) -> None:
         """Remove a file, symlink (not its target) or, with ``recursive``, a directory.
         Missing paths are not an error."""
         ...

@@ -9,7 +9,13 @@ processes, for tests and for machines without the real daemon. Layout of a Space
         ledger.jsonl   one line per key, fsynced before the command is spawned
         epoch          the floor, replaced atomically under ``lock`` (flock)
         lock
+        staging/       temporaries of file writes (renamed into work/, never left there)
         cmds/<id>/     meta.json (supervisor pid + create time, epoch), output, status
+
+File operations that change the workspace are fenced like commands: the floor is read
+under ``lock`` in the same section that makes the change, and ``advance_epoch`` holds
+``lock`` from its kill to the new floor, so a stale writer's change lands wholly before a
+takeover or not at all.
 
 A command runs under ``local_supervisor.py`` in its own session and process group. The
 supervisor does not depend on its caller: a SIGKILLed driver leaves it running, and the
@@ -56,7 +62,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +82,7 @@ from durable_spaces.adapter.space import (
 )
 from durable_spaces.backends import local_fs
 from durable_spaces.backends.local_supervisor import format_spec
+from durable_spaces.chaos import mutants
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import (
     ConfigError,
@@ -605,13 +612,35 @@ class LocalSpace:
         self._check()
         return local_fs.read_file(self.root, path)
 
-    async def write_file(self, path: str, data: bytes, mode: int | None = None) -> None:
-        self._check()
-        local_fs.write_file(self.root, path, data, mode)
+    def _mutate_sync(self, epoch: int, op: Callable[[], None]) -> None:
+        """A file operation, fenced: under the lock ``advance_epoch`` holds from its kill
+        to the new floor, so it lands wholly before a takeover or is refused."""
+        hit("space.mutate")  # issued: a driver paused here is continued into the check
+        with self._locked():
+            floor = self._floor()
+            if epoch < floor and not mutants.active("unfenced_mutations"):
+                raise StaleEpochError(epoch, floor, f"Space {self.name}")
+            op()
 
-    async def symlink(self, path: str, target: str) -> None:
+    async def _mutate(self, epoch: int, op: Callable[[], None]) -> None:
         self._check()
-        local_fs.symlink(self.root, path, target)
+        await asyncio.to_thread(self._mutate_sync, epoch, op)
+
+    @property
+    def _staging(self) -> str:
+        return str(self._d / "staging")
+
+    async def write_file(
+        self, path: str, data: bytes, mode: int | None = None, *, epoch: int
+    ) -> None:
+        await self._mutate(
+            epoch, lambda: local_fs.write_file(self.root, path, data, mode, self._staging)
+        )
+
+    async def symlink(self, path: str, target: str, *, epoch: int) -> None:
+        await self._mutate(
+            epoch, lambda: local_fs.symlink(self.root, path, target, self._staging)
+        )
 
     async def stat(self, path: str) -> FileStat | None:
         self._check()
@@ -621,9 +650,8 @@ class LocalSpace:
         self._check()
         return local_fs.list_dir(self.root, path)
 
-    async def remove(self, path: str, recursive: bool = False) -> None:
-        self._check()
-        local_fs.remove(self.root, path, recursive)
+    async def remove(self, path: str, recursive: bool = False, *, epoch: int) -> None:
+        await self._mutate(epoch, lambda: local_fs.remove(self.root, path, recursive))
 
     def _scan_sync(self, root: str, exclude: Sequence[str]) -> PathTable:
         with self._scan_lock:
@@ -635,6 +663,26 @@ class LocalSpace:
 
     async def close(self) -> None:
         _reap()
+
+
+def _space_procs(d: Path, instance: str) -> list[psutil.Process]:
+    """Every live process of the Space: recorded supervisors with their trees, and any
+    process carrying the Space's mark."""
+    procs: dict[int, psutil.Process] = {}
+    for meta_path in (d / "cmds").glob("*/meta.json"):
+        meta = _read_json(meta_path)
+        if meta is None or not _alive(meta["pid"], meta["ctime"]):
+            continue
+        with contextlib.suppress(psutil.Error):
+            p = psutil.Process(meta["pid"])
+            for q in [p, *p.children(recursive=True)]:
+                procs[q.pid] = q
+    me = os.getpid()
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if p.pid != me and p.environ().get("DS_SPACE") == instance:
+                procs[p.pid] = p
+    return list(procs.values())
 
 
 def _kill_space(d: Path, instance: str, below_epoch: int | None = None) -> None:
@@ -753,6 +801,23 @@ class LocalBackend:
 
     async def restart(self, name: str) -> None:
         await asyncio.to_thread(self._restart_sync, name)
+
+    def _signal_sync(self, name: str, sig: int) -> None:
+        space = self._open(name)
+        if space is None:
+            raise SpaceGoneError(f"Space {name} does not exist")
+        for p in _space_procs(space._d, space.instance_id):
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(sig)
+
+    async def pause(self, name: str) -> None:
+        """Freeze the Space's machine: every process of it is SIGSTOPped (the stand-in has
+        no daemon: its file operations run in the caller and are not frozen)."""
+        await asyncio.to_thread(self._signal_sync, name, signal.SIGSTOP)
+
+    async def resume(self, name: str) -> None:
+        with contextlib.suppress(SpaceGoneError):
+            await asyncio.to_thread(self._signal_sync, name, signal.SIGCONT)
 
     async def kill_daemon(self, name: str) -> None:
         """The local stand-in has no daemon: its "daemon" is the Space's process tree, so

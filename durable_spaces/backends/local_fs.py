@@ -91,14 +91,32 @@ def read_file(root: str, path: str) -> bytes:
         return f.read()
 
 
-def write_file(root: str, path: str, data: bytes, mode: int | None = None) -> None:
-    """Write a sibling temp file then rename it over ``path``: atomic, and a symlink at
+@contextlib.contextmanager
+def _staging(staging: str | None, dfd: int) -> Iterator[int]:
+    """Where temporaries are made: ``staging`` (a directory beside the workspace, on the
+    same filesystem, so a crash between create and rename leaves nothing in the
+    workspace), else the target's own directory."""
+    if staging is None:
+        yield dfd
+        return
+    os.makedirs(staging, mode=0o700, exist_ok=True)
+    sfd = os.open(staging, _DIR_FLAGS)
+    try:
+        yield sfd
+    finally:
+        os.close(sfd)
+
+
+def write_file(
+    root: str, path: str, data: bytes, mode: int | None = None, staging: str | None = None
+) -> None:
+    """Write a temporary file then rename it over ``path``: atomic, and a symlink at
     ``path`` is replaced by the file instead of being written through."""
     parts = _parts(root, path)
     if not parts:
         raise IsADirectoryError(path)
     name = parts[-1]
-    with _dir(root, parts[:-1], create=True) as dfd:
+    with _dir(root, parts[:-1], create=True) as dfd, _staging(staging, dfd) as sfd:
         if mode is None:
             try:
                 old = os.lstat(name, dir_fd=dfd)
@@ -110,31 +128,31 @@ def write_file(root: str, path: str, data: bytes, mode: int | None = None) -> No
             tmp,
             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
             0o600,
-            dir_fd=dfd,
+            dir_fd=sfd,
         )
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 os.fchmod(f.fileno(), mode & 0o7777)
-            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            os.rename(tmp, name, src_dir_fd=sfd, dst_dir_fd=dfd)
         except BaseException:
             with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dfd)
+                os.unlink(tmp, dir_fd=sfd)
             raise
 
 
-def symlink(root: str, path: str, target: str) -> None:
+def symlink(root: str, path: str, target: str, staging: str | None = None) -> None:
     parts = _parts(root, path)
     if not parts:
         raise IsADirectoryError(path)
-    with _dir(root, parts[:-1], create=True) as dfd:
+    with _dir(root, parts[:-1], create=True) as dfd, _staging(staging, dfd) as sfd:
         tmp = f".ds-tmp-{uuid.uuid4().hex[:12]}"
-        os.symlink(target, tmp, dir_fd=dfd)
+        os.symlink(target, tmp, dir_fd=sfd)
         try:
-            os.rename(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
+            os.rename(tmp, parts[-1], src_dir_fd=sfd, dst_dir_fd=dfd)
         except BaseException:
             with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dfd)
+                os.unlink(tmp, dir_fd=sfd)
             raise
 
 
