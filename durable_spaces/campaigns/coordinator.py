@@ -292,6 +292,9 @@ class Coordinator:
         self._resumes: list[Resume] = []
         self._subscribers: list[asyncio.Queue[Attempt | None]] = []
         self._background: set[asyncio.Task[int]] = set()
+        #: Set once the loop has decided how the session ends (before abandoned drivers
+        #: are waited for): whoever keeps a driver paused must continue it now.
+        self.settled = asyncio.Event()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.state_dir / "drivers").mkdir(exist_ok=True)
 
@@ -300,8 +303,8 @@ class Coordinator:
     def kill_current(self, reason: str = "nemesis") -> int | None:
         """SIGKILL the running driver now; its pid, or None when none is running."""
         a = self.current
-        if a is None or not a.alive:
-            return None
+        if a is None or not a.alive or a.abandoned_ms is not None:
+            return None  # an abandoned driver is its pauser's (and the fence's) business
         if a.killed_ms is None:
             a.killed_by, a.killed_ms = reason, _now_ms()
         try:
@@ -350,6 +353,7 @@ class Coordinator:
                     await self._stop_current("timeout")
                     result = self._result("exhausted", f"timeout after {self.timeout_secs}s")
         finally:
+            self.settled.set()
             await self._stop_current("coordinator_exit")
             await self._reap_abandoned()
             for q in self._subscribers:
