@@ -33,7 +33,13 @@ class ImageLimits:
     exclude: tuple[str, ...] = ()
 
     def violation(self, table: PathTable) -> str | None:
-        """Why ``table`` is over the limits, or None."""
+        """Why ``table`` cannot be the image (over the limits, or holding what the image
+        cannot represent), or None."""
+        bad = sorted(p for p, e in table.items() if e.kind == "unsupported")
+        if bad:
+            shown = ", ".join(f"{p!r} ({table[p].target})" for p in bad[:3])
+            more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+            return f"the workspace holds what the image cannot represent: {shown}{more}"
         files = sum(1 for e in table.values() if e.kind == "file")
         size = sum(e.size for e in table.values() if e.kind == "file")
         if files > self.max_files:
@@ -125,7 +131,9 @@ async def apply(
     d = diff(current, target)
     for p in d.delete:
         hit("image.apply_op")
-        await space.remove(p, epoch=epoch)
+        # An unsupported entry may stand for a whole tree (a bad directory name, a tree
+        # too deep to scan): it goes whole.
+        await space.remove(p, recursive=current[p].kind == "unsupported", epoch=epoch)
     # Files that replace a directory (or vice versa) need the old path gone first.
     for p, e in sorted(d.put.items()):
         hit("image.apply_op")  # a revert paused here must never resume after a takeover

@@ -71,6 +71,7 @@ import psutil
 from durable_spaces.adapter.space import (
     EXEC_LEDGER,
     OUTPUT_TAIL_BYTES,
+    BoundedOutput,
     Capabilities,
     ExecRecord,
     ExecResult,
@@ -208,6 +209,7 @@ class LocalExecution:
         reattached: bool = False,
         replay: ExecResult | None = None,
         epoch: int | None = None,
+        keep_output: int | None = None,
     ) -> None:
         self.key = key
         self.epoch = epoch
@@ -219,7 +221,7 @@ class LocalExecution:
         self._ctime = ctime
         self._popen = popen
         self._replay = replay
-        self._collected: list[bytes] = []
+        self._collected = BoundedOutput(keep_output)
         self._gen: AsyncIterator[bytes] | None = None
         self._detached = False
         self._lost = False
@@ -228,7 +230,7 @@ class LocalExecution:
         if self._gen is None:
             self._gen = self._follow()
         async for chunk in self._gen:
-            self._collected.append(chunk)
+            self._collected.add(chunk)
             yield chunk
 
     async def _follow(self) -> AsyncIterator[bytes]:
@@ -315,8 +317,9 @@ class LocalExecution:
             key=self.key,
             exit_code=status.get("exit_code"),
             signal=status.get("signal"),
-            output=b"".join(self._collected),
+            output=self._collected.value(),
             reattached=self.reattached,
+            output_bytes=self._collected.total,
         )
 
     async def detach(self) -> None:
@@ -469,13 +472,22 @@ class LocalSpace:
             return cwd  # the "machine" is this host: any absolute cwd is inside it
         return os.path.join(self.root, confine(self.root, cwd))
 
-    def _existing(self, key: str, line: dict[str, Any]) -> LocalExecution:
+    def _existing(
+        self, key: str, line: dict[str, Any], keep_output: int | None = None
+    ) -> LocalExecution:
         rec = self._record(key, line)
         cmd_dir = self._d / "cmds" / line["cmd"]
         if rec.state is ExecState.RUNNING:
             meta = _read_json(cmd_dir / "meta.json") or {}
             return LocalExecution(
-                self, key, cmd_dir, rec.pid, meta["ctime"], reattached=True, epoch=rec.epoch
+                self,
+                key,
+                cmd_dir,
+                rec.pid,
+                meta["ctime"],
+                reattached=True,
+                epoch=rec.epoch,
+                keep_output=keep_output,
             )
         # Exited: the recorded outcome. Lost: nothing runs again; exit_code None = unknown.
         result = ExecResult(
@@ -495,6 +507,7 @@ class LocalSpace:
         cwd: str | None,
         env: Mapping[str, str] | None,
         stdin: bytes | None,
+        keep_output: int | None = None,
     ) -> LocalExecution:
         _reap()
         with self._locked():
@@ -504,7 +517,7 @@ class LocalSpace:
             if key is not None:
                 line = self._ledger_line(key)
                 if line is not None:
-                    return self._existing(key, line)
+                    return self._existing(key, line, keep_output)
                 cmd_id = "k-" + hashlib.sha256(key.encode()).hexdigest()[:32]
                 self._append_ledger(
                     {"key": key, "epoch": epoch, "cmd": cmd_id, "argv": argv, "t": time.time()}
@@ -539,7 +552,9 @@ class LocalSpace:
                 popen.stdin.write(format_spec(self._cwd(cwd), argv, cenv))
                 popen.stdin.close()
         hit("space.local.spawned")
-        return LocalExecution(self, key, cmd_dir, popen.pid, ctime, popen=popen, epoch=epoch)
+        return LocalExecution(
+            self, key, cmd_dir, popen.pid, ctime, popen=popen, epoch=epoch, keep_output=keep_output
+        )
 
     async def spawn(
         self,
@@ -550,6 +565,7 @@ class LocalSpace:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         stdin: bytes | None = None,
+        keep_output: int | None = None,
     ) -> LocalExecution:
         """See ``Space.spawn``. A key whose record is ``lost`` is not run again either: it
         comes back replayed with ``exit_code=None`` (outcome unknown)."""
@@ -558,7 +574,9 @@ class LocalSpace:
         if not argv:
             raise ValueError("empty argv")
         self._check()
-        return await asyncio.to_thread(self._spawn_sync, list(argv), key, epoch, cwd, env, stdin)
+        return await asyncio.to_thread(
+            self._spawn_sync, list(argv), key, epoch, cwd, env, stdin, keep_output
+        )
 
     async def exec(
         self,

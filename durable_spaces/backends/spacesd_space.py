@@ -56,6 +56,8 @@ import cua
 
 from durable_spaces.adapter.space import (
     EXEC_LEDGER,
+    MAX_SCAN_DEPTH,
+    BoundedOutput,
     Capabilities,
     ExecRecord,
     ExecResult,
@@ -64,8 +66,9 @@ from durable_spaces.adapter.space import (
     OutputCallback,
     PathEntry,
     PathTable,
-    check_name,
     confine,
+    name_problem,
+    unsupported,
 )
 from durable_spaces.chaos import mutants
 from durable_spaces.chaos.failpoints import hit
@@ -244,6 +247,7 @@ class SpacesdExecution:
         replayed: bool,
         lost: bool,
         on_output: OutputCallback | None = None,
+        keep_output: int | None = None,
     ) -> None:
         self.key = key
         self.pid: int | None = int(proc.pid()) or None
@@ -254,8 +258,9 @@ class SpacesdExecution:
         self._proc = proc
         self._boot = boot
         self._on_output = on_output
-        self._out = bytearray()
-        self._stdout = bytearray()
+        self._out = BoundedOutput(keep_output)
+        #: Only helpers that parse their stdout (unbounded) keep it apart.
+        self._stdout: bytearray | None = bytearray() if keep_output is None else None
         self._exit: Any = None
         self._done = False
         self._pending: asyncio.Future[Any] | None = None
@@ -296,8 +301,8 @@ class SpacesdExecution:
             data = bytes(ev.data)
             if not data:
                 continue
-            self._out += data
-            if ev.kind == cua.ProcessEventKind.STDOUT:
+            self._out.add(data)
+            if ev.kind == cua.ProcessEventKind.STDOUT and self._stdout is not None:
                 self._stdout += data
             if self._on_output is not None:
                 self._on_output(data)
@@ -313,14 +318,15 @@ class SpacesdExecution:
             pass
         code, sig, extra = _exit_fields(self._exit, self._lost)
         if extra:
-            self._out += extra
+            self._out.add(extra)
         return ExecResult(
             key=self.key,
             exit_code=code,
             signal=sig,
-            output=bytes(self._out),
+            output=self._out.value(),
             replayed=self.replayed,
             reattached=self.reattached,
+            output_bytes=self._out.total,
         )
 
     async def detach(self) -> None:
@@ -335,8 +341,8 @@ class SpacesdExecution:
                 raise self._space._map(e) from None
 
     def stdout(self) -> bytes:
-        """Only stdout (for helpers that parse it)."""
-        return bytes(self._stdout)
+        """Only stdout (for helpers that parse it; empty when ``keep_output`` bounded it)."""
+        return bytes(self._stdout or b"")
 
 
 class RecordedExecution:
@@ -544,6 +550,7 @@ class SpacesdSpace:
         env: Mapping[str, str] | None = None,
         on_output: OutputCallback | None = None,
         stdin: bool = False,
+        keep_output: int | None = None,
     ) -> SpacesdExecution | RecordedExecution:
         if not argv:
             raise ValueError("empty argv")
@@ -577,6 +584,7 @@ class SpacesdSpace:
             replayed=prior in (ExecState.EXITED, ExecState.LOST),
             lost=prior == ExecState.LOST,
             on_output=on_output,
+            keep_output=keep_output,
         )
 
     async def exec(
@@ -635,13 +643,18 @@ class SpacesdSpace:
             return None
 
     async def _resolve(self, path: str, *, follow_last: bool) -> str:
+        return (await self._resolve_stat(path, follow_last=follow_last))[0]
+
+    async def _resolve_stat(self, path: str, *, follow_last: bool) -> tuple[str, Any | None]:
         """Workspace-relative ``path``, after checking that no existing component is a
         symlink (inside-pointing or not, like the local backend: the adapter never needs
         to go through one). With ``follow_last=False`` the last component is not checked
-        (lstat semantics: it is replaced, removed or described, never followed)."""
+        (lstat semantics: it is replaced, removed or described, never followed). Also the
+        last component's lstat when it was looked at (None: missing or not looked at)."""
         rel = confine(self.root, path)
         parts = [] if rel == "." else rel.split("/")
         check = parts if follow_last else parts[:-1]
+        last = None
         for i in range(len(check)):
             here = "/".join(parts[: i + 1])
             st = await self._lstat(here)
@@ -649,12 +662,19 @@ class SpacesdSpace:
                 break  # nothing below a missing component exists yet
             if st.kind == "symlink":
                 raise PathEscapeError(f"refusing to go through the symlink {here!r} ({path!r})")
-        return rel
+            if i == len(parts) - 1:
+                last = st
+        return rel, last
 
     # --- files -------------------------------------------------------------------------
 
     async def read_file(self, path: str) -> bytes:
-        rel = await self._resolve(path, follow_last=True)
+        rel, st = await self._resolve_stat(path, follow_last=True)
+        if rel != "." and st is None:
+            raise FileNotFoundError(errno.ENOENT, f"no such file: {path!r}")
+        if st is None or st.kind != "file":
+            # A FIFO would block the daemon's read forever; a directory is not a file.
+            raise IsADirectoryError(errno.EISDIR, f"not a regular file: {path!r}")
         return bytes(await self._call("download", self._abs(rel)))
 
     async def write_file(
@@ -764,7 +784,10 @@ class SpacesdSpace:
             name = prefix + name_b.decode("utf-8", "surrogateescape")
             if any(name == x or name.startswith(x + "/") for x in excl):
                 continue
-            check_name(name)
+            cut = _unrepresentable(name)
+            if cut is not None:  # as local_fs: one entry where the image stops
+                table[cut[0]] = unsupported(cut[1])
+                continue
             if typ == b"l":
                 tgt = target.decode("utf-8", "surrogateescape")
                 table[name] = PathEntry(kind="symlink", mode=0o777, target=tgt)
@@ -806,6 +829,19 @@ class SpacesdSpace:
             if len(rec) > 66:
                 out[rec[66:].decode("utf-8", "surrogateescape")] = rec[:64].decode()
         return out
+
+
+def _unrepresentable(name: str) -> tuple[str, str] | None:
+    """Where a listed path leaves what the image can hold (a bad name, too deep): the
+    path up to there and why; None when all of it is representable."""
+    parts = name.split("/")
+    for i, part in enumerate(parts):
+        if i >= MAX_SCAN_DEPTH:
+            return "/".join(parts[:MAX_SCAN_DEPTH]), f"deeper than {MAX_SCAN_DEPTH} levels"
+        why = name_problem(part)
+        if why is not None:
+            return "/".join(parts[: i + 1]), why
+    return None
 
 
 async def wait_http_health(

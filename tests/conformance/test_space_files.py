@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from durable_spaces.adapter.space import ExecResult, PathEntry, Space
-from durable_spaces.errors import PathEscapeError, UnsupportedNameError
+from durable_spaces.errors import PathEscapeError
 
 EPOCH = 1  # as in conftest.py
 Sh = Callable[..., Awaitable[ExecResult]]
@@ -142,16 +142,38 @@ async def test_scan_sees_every_change(space: Space, sh: Sh) -> None:
 
 
 @pytest.mark.parametrize("bad", ["back\\slash", "new\nline", "dir\\x/f"])
-async def test_scan_refuses_unrepresentable_names(space: Space, sh: Sh, bad: str) -> None:
+async def test_scan_reports_unrepresentable_names(space: Space, sh: Sh, bad: str) -> None:
+    """Never raises (a command that made such a name must not wedge every later scan):
+    the name comes back as one ``unsupported`` entry where the image stops, and a
+    recursive remove takes it away."""
     await space.write_file("ok", b"ok", epoch=EPOCH)
     r = await space.exec(
         ["sh", "-c", 'mkdir -p "$(dirname "$1")" && touch "$1"', "sh", bad], key=None, epoch=EPOCH
     )
     assert r.exit_code == 0, r.output
-    with pytest.raises(UnsupportedNameError):
-        await space.scan()
     top = bad.split("/")[0]
+    table = await space.scan()
+    assert set(table) == {"ok", top}
+    assert table[top].kind == "unsupported" and table[top].target
     assert set(await space.scan(exclude=[top])) == {"ok"}
+    await space.remove(top, recursive=True, epoch=EPOCH)
+    assert set(await space.scan()) == {"ok"}
+
+
+async def test_scan_of_a_tree_deeper_than_it_descends(space: Space, sh: Sh) -> None:
+    """A tree a command made deeper than ``MAX_SCAN_DEPTH`` is one ``unsupported`` entry at
+    that depth (no recursion error, no fd exhaustion), and can be removed."""
+    from durable_spaces.adapter.space import MAX_SCAN_DEPTH
+
+    deep = "/".join(["d"] * (MAX_SCAN_DEPTH + 40))
+    r = await sh(f"mkdir -p '{deep}' && echo x > '{deep}/f' && echo y > 'ok'")
+    assert r.exit_code == 0, r.output
+    table = await space.scan()
+    cut = "/".join(["d"] * MAX_SCAN_DEPTH)
+    assert set(table) == {"ok", cut}, sorted(table)[:3]
+    assert table[cut].kind == "unsupported"
+    await space.remove("d", recursive=True, epoch=EPOCH)
+    assert set(await space.scan()) == {"ok"}
 
 
 async def test_scan_rehashes_only_changed_files(space: Space) -> None:
