@@ -373,6 +373,8 @@ mkdir out && tar xzf ws.tgz -C out
 (cd src && sha256sum sub/*.txt) > sums
 (cd out/src && sha256sum --quiet -c ../../sums)
 mv src/sub/f3.txt src/moved.txt
+cp -a src/sub/f4.txt src/copied.txt
+sed -i 's/line/LINE/' src/sub/f5.txt
 test "$(cat src/link)" = "line 1"
 find . -name '*.txt' | wc -l
 """
@@ -399,7 +401,7 @@ def test_shell_workspace_and_clean_unmount(tmp_path: Path) -> None:
     try:
         run = subprocess.run(["bash", "-c", _SCRIPT], cwd=m.root, capture_output=True, text=True)
         assert run.returncode == 0, run.stderr
-        assert run.stdout.split()[-1] == "40"
+        assert run.stdout.split()[-1] == "41"
         m.fs.cut()  # nothing was fsynced: the workspace is the empty durable image
         assert os.listdir(m.root) == []
         run = subprocess.run(["bash", "-c", _SCRIPT], cwd=m.root, capture_output=True, text=True)
@@ -578,6 +580,7 @@ def test_cli_round_trip(tmp_path: Path) -> None:
     finally:
         subprocess.run([*py, "unmount", state], check=True)
     assert not os.path.ismount(tmp_path / "m")
+    assert not os.path.exists(state)  # the temp state dir mount() made is gone
     bad = subprocess.run(
         [*py, "mount", str(tmp_path / "nope"), str(tmp_path / "m")], capture_output=True, text=True
     )

@@ -24,6 +24,7 @@ from durable_spaces.chaos.powerfs.supervisor import LOG, SOCKET
 from durable_spaces.errors import ConfigError
 
 _MOUNT_TIMEOUT_S = 120.0
+_TEMP_MARK = "temporary"  # in a state dir mount() made itself
 
 
 def unavailable() -> str | None:
@@ -158,6 +159,8 @@ class PowerFS:
                 if not _alive(self.pid):
                     break
                 time.sleep(0.1)
+        if os.path.exists(os.path.join(self.state_dir, _TEMP_MARK)):
+            shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def __enter__(self) -> PowerFS:
         return self
@@ -212,8 +215,12 @@ def mount(
     _check_dirs(b, m)
     if not isinstance(seed, int | str) or isinstance(seed, bool):
         raise ConfigError(f"powerfs seed must be an int or a str, not {seed!r}")
-    sd = Path(state_dir) if state_dir is not None else Path(tempfile.mkdtemp(prefix="powerfs-"))
-    sd.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if state_dir is None:  # a temp dir of ours: whoever unmounts removes it
+        sd = Path(tempfile.mkdtemp(prefix="powerfs-"))
+        (sd / _TEMP_MARK).touch()
+    else:
+        sd = Path(state_dir)
+        sd.mkdir(mode=0o700, parents=True, exist_ok=True)
     cmd = [
         sys.executable,
         "-m",

@@ -9,9 +9,10 @@ image: it models a write the disk was part-way through when the power went.
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from durable_spaces.chaos.powerfs.ops import PowerOps
+if TYPE_CHECKING:  # ops loads libfuse; boundary() must work without it
+    from durable_spaces.chaos.powerfs.ops import PowerOps
 
 SECTOR = 512
 

@@ -281,13 +281,18 @@ class PowerOps(mfusepy.Operations):
             return 0
         with self.mutex:
             ino = self.dirs[fh]
+            # a descriptor of our own: a readdir on fh shares its offset
+            fd = os.open(f"/proc/self/fd/{fh}", os.O_RDONLY | os.O_DIRECTORY)
             try:
-                node = self.image.sync_dir(self.image.by_live.get(ino), fh, meta=not datasync)
-            except CycleError:
-                for d in self.image.sync_tree(self.live):
-                    self.volatile.synced_dir(d, with_meta=True)
-                self.counters["tree_syncs"] += 1
-                node = self.image.sync_dir(self.image.by_live.get(ino), fh, meta=not datasync)
+                try:
+                    node = self.image.sync_dir(self.image.by_live.get(ino), fd, meta=not datasync)
+                except CycleError:
+                    for d in self.image.sync_tree(self.live):
+                        self.volatile.synced_dir(d, with_meta=True)
+                    self.counters["tree_syncs"] += 1
+                    node = self.image.sync_dir(self.image.by_live.get(ino), fd, meta=not datasync)
+            finally:
+                os.close(fd)
             self.image.by_live[ino] = node
             self.volatile.synced_dir(ino, with_meta=not datasync)
             self.counters["dir_fsyncs"] += 1
