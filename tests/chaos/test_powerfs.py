@@ -8,6 +8,7 @@ a layer broken on purpose and require the check to fail.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import json
 import os
@@ -116,6 +117,20 @@ def test_fdatasync_keeps_data_but_not_mode(mnt: Mnt) -> None:
     fsync_path(p)
     mnt.fs.cut()
     assert stat.S_IMODE(p.stat().st_mode) == 0o600
+
+
+def test_sync_and_xattrs_are_not_durability_calls(mnt: Mnt) -> None:
+    p = durable_file(mnt, "a", b"old")
+    write(p, b"new")
+    fd = os.open(p, os.O_RDONLY)  # syncfs(2) of the mount: not forwarded to a FUSE server
+    assert ctypes.CDLL(None, use_errno=True).syncfs(fd) == 0
+    os.close(fd)
+    assert mnt.fs.stats().pending_bytes == 3
+    with pytest.raises(OSError) as e:
+        os.setxattr(p, "user.k", b"v")
+    assert e.value.errno == errno.EOPNOTSUPP
+    mnt.fs.cut()
+    assert p.read_bytes() == b"old"
 
 
 def test_o_dsync_writes_are_durable(mnt: Mnt) -> None:
@@ -237,6 +252,12 @@ def test_cross_directory_rename_is_durable_per_directory(mnt: Mnt) -> None:
     mnt.fs.cut()
     assert os.listdir(mnt.root / "dst") == []
     assert os.listdir(mnt.root / "src") == ["f"]  # src/g was never made durable
+    (mnt.root / "src" / "d").mkdir()
+    fsync_path(mnt.root / "src")
+    os.rename(mnt.root / "src" / "d", mnt.root / "dst" / "d")
+    fsync_path(mnt.root / "dst")  # a directory has one durable name: the move is whole
+    mnt.fs.cut()
+    assert (os.listdir(mnt.root / "src"), os.listdir(mnt.root / "dst")) == (["f"], ["d"])
 
 
 def test_unlink_is_undone_without_dir_fsync(mnt: Mnt) -> None:
@@ -497,7 +518,9 @@ def test_sqlite_wal_across_cuts(tmp_path: Path, synchronous: str) -> None:
             lost += max(0, (acked[-1] if acked else 0) - len(got))
             total = max(total, acked[-1] if acked else 0)
         assert total >= 200, total  # a few hundred commits went through the cuts
-        print(f"{synchronous}: {total} commits acknowledged, {lost} lost to cuts")
+        torn = [t for c in m.fs.stats().dropped for t in c.torn]
+        assert torn, "no write was torn: the test would not see a torn WAL frame"
+        print(f"{synchronous}: {total} commits, {lost} lost to cuts, {len(torn)} torn writes")
     finally:
         m.close()
 
