@@ -118,17 +118,20 @@ class PowerOps(mfusepy.Operations):
                 gid = -1  # a set-group-id directory decides the group
             os.chown(path, uid, gid, follow_symlinks=False)
 
-    def _sync_file(self, fh: int, *, meta: bool) -> None:
-        ino = self.files[fh].ino
-        rfd = os.open(f"/proc/self/fd/{fh}", os.O_RDONLY)  # fh may be write-only
-        try:
-            node = self.image.sync_file(
-                self.image.by_live.get(ino), rfd, self.volatile.get(ino), meta=meta
-            )
-        finally:
-            os.close(rfd)
+    def sync_data(self, ino: int, fd: int, *, meta: bool) -> None:
+        """Make live inode ``ino`` (readable at ``fd``) durable; the caller holds mutex."""
+        node = self.image.sync_file(
+            self.image.by_live.get(ino), fd, self.volatile.get(ino), meta=meta
+        )
         self.image.by_live[ino] = node
         self.volatile.synced_data(ino, with_meta=meta)
+
+    def _sync_file(self, fh: int, *, meta: bool) -> None:
+        rfd = os.open(f"/proc/self/fd/{fh}", os.O_RDONLY)  # fh may be write-only
+        try:
+            self.sync_data(self.files[fh].ino, rfd, meta=meta)
+        finally:
+            os.close(rfd)
         self.counters["fsyncs" if meta else "fdatasyncs"] += 1
 
     # --- mount life ------------------------------------------------------------------

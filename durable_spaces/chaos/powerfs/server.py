@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import threading
 from typing import Any
@@ -48,18 +49,14 @@ def sync_all(ops: PowerOps) -> None:
         for dirpath, _, files in os.walk(ops.live):
             for name in files:
                 path = os.path.join(dirpath, name)
-                ino = os.lstat(path).st_ino
-                if ino not in pending or not os.path.isfile(path) or os.path.islink(path):
+                st = os.lstat(path)
+                if st.st_ino not in pending or not stat.S_ISREG(st.st_mode):
                     continue
                 fd = os.open(path, os.O_RDONLY)
                 try:
-                    node = ops.image.sync_file(
-                        ops.image.by_live.get(ino), fd, ops.volatile.get(ino), meta=True
-                    )
+                    ops.sync_data(st.st_ino, fd, meta=True)
                 finally:
                     os.close(fd)
-                ops.image.by_live[ino] = node
-                ops.volatile.synced_data(ino, with_meta=True)
 
 
 class _Control:
