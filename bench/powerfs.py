@@ -9,6 +9,11 @@ same disk: ``write+fsync`` (append ``--size`` bytes and fsync, ``--count`` times
 one ``cut()`` takes (drop, lay the live tree out again, remount). Figures are per second;
 the ratio is raw over powerfs (how many times slower the layer is). On a shared machine
 expect tens of percent of noise.
+
+An fsync through powerfs copies the synced bytes into the backing dir but does not fsync
+the backing dir for real (the layer simulates the power loss of the mount, not of the
+host), so ``write+fsync`` can beat the raw disk: read it as the layer's cost per call,
+not as the disk's.
 """
 
 from __future__ import annotations

@@ -345,6 +345,7 @@ def test_open_files_fail_fast_at_a_cut_and_locks_are_local(mnt: Mnt) -> None:
             "import fcntl, os, sys, time\n"
             f"fd = os.open({str(mnt.root / 'lock')!r}, os.O_RDWR)\n"
             "fcntl.lockf(fd, fcntl.LOCK_EX)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
             "print('locked', flush=True)\n"
             "while True:\n"
             "    try:\n"
@@ -363,6 +364,8 @@ def test_open_files_fail_fast_at_a_cut_and_locks_are_local(mnt: Mnt) -> None:
         fd = os.open(mnt.root / "lock", os.O_RDWR)
         with pytest.raises(BlockingIOError):
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         t0 = time.monotonic()
         mnt.fs.cut()
         assert time.monotonic() - t0 < 30
