@@ -68,7 +68,11 @@ def _sync_level(flags: int) -> int:
 
 
 class PowerOps(mfusepy.Operations):
-    """The operations of one boot of the mount."""
+    """The operations of one boot of the mount.
+
+    mfusepy registers every attribute named like a libfuse operation: no attribute here may
+    be called ``lock``, ``flock``, ``flush``, ``access``, ... unless it implements it.
+    """
 
     use_ns = True
 
