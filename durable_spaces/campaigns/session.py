@@ -229,7 +229,8 @@ async def _drive(
     coordinator = _coordinator(run, p, placement, **kw)
     if seen is not None:
         seen.append(coordinator)
-    injector = Injector(coordinator, schedule, _nemesis(coordinator, placement))
+    traces = p["root"] / "traces" / coordinator.id[:8]
+    injector = Injector(coordinator, schedule, _nemesis(coordinator, placement), traces)
     inject = asyncio.create_task(injector.run())
     try:
         return await coordinator.run(), injector
@@ -434,6 +435,7 @@ def _fill(record: RunRecord, result: CoordinatorResult, injector: Injector) -> N
         status=result.status,
         recoveries_by_mode=dict(sorted(by_mode.items())),
         nemesis=[op.to_json() for op in injector.nemesis.history],
+        interleaving=injector.realized,
     )
 
 
