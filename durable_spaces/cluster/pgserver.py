@@ -25,6 +25,7 @@ import os
 import pwd
 import re
 import secrets
+import shlex
 import shutil
 import socket
 import subprocess
@@ -101,11 +102,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _cleanup(base: Path, argv_stop: list[str] | None) -> None:
-    """Finalizer: stop a server still running, remove the directory."""
-    if argv_stop is not None and (base / "data" / "postmaster.pid").exists():
+def _cleanup(base: Path, argv_stop: list[str], remove: bool) -> None:
+    """Finalizer: stop a server still running; remove the directory if we made it."""
+    if (base / "data" / "postmaster.pid").exists():
         subprocess.run(argv_stop, cwd=base, capture_output=True, timeout=60, check=False)
-    shutil.rmtree(base, ignore_errors=True)
+    if remove:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 class PgServer:
@@ -126,6 +128,7 @@ class PgServer:
         self.tcp = tcp
         self.durable = durable
         self.user = user if user is not None else _run_as()
+        made = base_dir is None
         if base_dir is None:
             # Not under the caller's tmp dir: pytest's is 0700 root, which the server's
             # user could not traverse. /tmp is world-traversable.
@@ -136,11 +139,10 @@ class PgServer:
         if len(str(self.base)) > 80:  # the socket path must fit sockaddr_un (107 bytes)
             raise ConfigError(f"PgServer base_dir {self.base} is too long for a unix socket")
         self.port = _free_port() if tcp else 5432  # without tcp it only names the socket
-        self._password = secrets.token_urlsafe(18) if tcp else ""
         self._initialised = (self.data_dir / "PG_VERSION").exists()
-        self._finalizer = weakref.finalize(
-            self, _cleanup, self.base, self._cmd(self._ctl("stop", "-m", "immediate"))
-        )
+        self._password = self._load_password() if tcp else ""
+        stop = self._cmd(self._ctl("stop", "-m", "immediate"))
+        self._finalizer = weakref.finalize(self, _cleanup, self.base, stop, made)
 
     def __repr__(self) -> str:  # no password
         return f"PgServer(base={str(self.base)!r}, port={self.port}, tcp={self.tcp})"
@@ -207,7 +209,13 @@ class PgServer:
         self.init()
         if self.running():
             return
-        self._exec(self._ctl("start", "-w", "-t", "60", "-l", str(self.log_path)), "pg_ctl start")
+        # Where it listens is given at each start, so a data dir opened again by a new
+        # PgServer (another port) agrees with its URL.
+        listen = shlex.quote("127.0.0.1" if self.tcp else "")  # pg_ctl -o goes via sh
+        opts = f"-c port={self.port} -c listen_addresses={listen}"
+        opts += f" -c unix_socket_directories={shlex.quote(str(self.base))}"
+        argv = self._ctl("start", "-w", "-t", "60", "-l", str(self.log_path), "-o", opts)
+        self._exec(argv, "pg_ctl start")
 
     def stop(self, mode: str = "fast") -> None:
         """Stop, keeping the data dir: ``fast`` (roll back open transactions, checkpoint),
@@ -234,7 +242,7 @@ class PgServer:
         return r.returncode == 0
 
     def close(self) -> None:
-        """Stop the server and remove its directory."""
+        """Stop the server; remove its directory unless the caller gave ``base_dir``."""
         self._finalizer()
 
     # -- databases -----------------------------------------------------------------------
@@ -260,9 +268,6 @@ class PgServer:
 
     def _conf(self) -> str:
         lines = {
-            "listen_addresses": "'127.0.0.1'" if self.tcp else "''",
-            "port": str(self.port),
-            "unix_socket_directories": f"'{self.base}'",
             "max_connections": "60",
             "shared_buffers": "16MB",
             "log_min_messages": "warning",
@@ -281,9 +286,27 @@ class PgServer:
         """``argv`` as the server's user (PostgreSQL refuses to run as root)."""
         if self.user is None:
             return list(argv)
-        if shutil.which("runuser"):
-            return ["runuser", "-u", self.user, "--", *argv]
-        return ["setpriv", f"--reuid={self.user}", f"--regid={self.user}", "--init-groups", *argv]
+        runuser, setpriv = shutil.which("runuser"), shutil.which("setpriv")
+        if runuser:
+            return [runuser, "-u", self.user, "--", *argv]
+        if setpriv:
+            pw = pwd.getpwnam(self.user)
+            ids = [f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups"]
+            return [setpriv, *ids, *argv]
+        raise DatabaseServerError("running as root without runuser or setpriv")
+
+    def _load_password(self) -> str:
+        """The loopback password: kept in the private dir (root's, mode 0600) so a data
+        dir opened again still matches it."""
+        f = self.base / ".password"
+        if self._initialised and f.exists():
+            return f.read_text().strip()
+        if self._initialised:
+            raise ConfigError(f"{self.data_dir} was initialised without tcp=True")
+        password = secrets.token_urlsafe(18)
+        f.write_text(password)
+        f.chmod(0o600)
+        return password
 
     def _own(self, path: Path) -> None:
         os.chmod(path, 0o700 if path.is_dir() else 0o600)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
+import tempfile
 from pathlib import Path
 
 import psutil
@@ -87,3 +89,46 @@ def test_missing_binaries_give_a_reason_naming_the_setup_script(
     assert pgserver.find_binaries() is None
     reason = pgserver.unavailable_reason()
     assert reason is not None and "images/postgres/ci-setup.sh" in reason
+
+
+def test_a_new_server_object_reopens_a_callers_data_dir_and_leaves_it_in_place() -> None:
+    base = Path(tempfile.mkdtemp(prefix="ds-pg-reopen-"))  # not pytest's 0700 root tmp
+    try:
+        first = PgServer(base, tcp=True)
+        first.start()
+        with psycopg.connect(first.url(tcp=True), autocommit=True) as c:
+            c.execute("CREATE TABLE t (v int)")
+            c.execute("INSERT INTO t VALUES (7)")
+        first.close()
+        assert (base / "data" / "PG_VERSION").exists()  # the caller's dir stays
+        again = PgServer(base, tcp=True)  # another port, the same password
+        with again, psycopg.connect(again.url(tcp=True)) as c:
+            assert c.execute("SELECT v FROM t").fetchall() == [(7,)]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_socket_only_data_dir_is_not_opened_on_tcp() -> None:
+    # initdb --auth=trust trusts loopback too: opening it on tcp would need no password
+    base = Path(tempfile.mkdtemp(prefix="ds-pg-sock-"))
+    try:
+        with PgServer(base):
+            pass
+        with pytest.raises(ConfigError, match="without tcp=True"):
+            PgServer(base, tcp=True)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs as root only: checks the drop to a user")
+def test_without_runuser_setpriv_runs_it_as_nobody(monkeypatch: pytest.MonkeyPatch) -> None:
+    if pgserver.shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is not installed")
+    real_which = pgserver.shutil.which
+    monkeypatch.setattr(
+        pgserver.shutil, "which", lambda name: None if name == "runuser" else real_which(name)
+    )
+    with PgServer(user="nobody") as pg:  # nobody's group is nogroup: ids, not names
+        assert psutil.Process(postmaster_pid(pg)).username() == "nobody"
+        with psycopg.connect(pg.url()) as c:
+            assert c.execute("SELECT 1").fetchone() == (1,)

@@ -50,11 +50,13 @@ def test_a_call_made_while_the_database_is_down_completes_when_it_is_back(
     s.create_session("a")
     s.claim_session("c1", 600, "a")
     private_pg.stop("fast")
-    threading.Timer(1.0, private_pg.start).start()
+    later = threading.Timer(1.0, private_pg.start)
+    later.start()
     t0 = time.monotonic()
     d = s.begin_drive("a", "c1")  # blocks, reconnecting, until the server is back
     assert time.monotonic() - t0 >= 0.9
     assert d.epoch == 1
+    later.join(60)  # pg_ctl start -w may still be waiting when the server already answers
     s.close()
 
 
