@@ -17,31 +17,18 @@ Guarantees:
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
 from durable_spaces.cluster.database import Conn
-from durable_spaces.cluster.records import Run, check_name, check_ttl
+from durable_spaces.cluster.records import Run, check_json, check_name, check_ttl
 from durable_spaces.cluster.statements import Statements, one, record
 from durable_spaces.errors import (
     ClaimLostError,
     ClusterConflictError,
-    ConfigError,
     UnknownRecordError,
 )
-
-
-def _json(what: str, value: Any) -> dict[str, Any]:
-    """``value`` as it will read back from jsonb (tuples become lists, keys strings)."""
-    if not isinstance(value, dict):
-        raise ConfigError(f"{what} must be a JSON object (a dict)")
-    try:
-        out: dict[str, Any] = json.loads(json.dumps(value, allow_nan=False))
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{what} is not JSON: {e}") from e
-    return out
 
 
 class RunQueueStatements(Statements):
@@ -63,7 +50,7 @@ class RunQueueStatements(Statements):
 
     def enqueue_run(self, run_id: str, campaign: str, spec: dict[str, Any]) -> Run:
         args = check_name("run id", run_id), check_name("campaign", campaign)
-        return self._call(self._enqueue_run_txn, *args, _json("run spec", spec))
+        return self._call(self._enqueue_run_txn, *args, check_json("run spec", spec))
 
     def _dequeue_run_txn(
         self, conn: Conn, worker: str, ttl: float, campaign: str | None
@@ -172,7 +159,7 @@ class RunQueueStatements(Statements):
     def finish_run(self, run_id: str, worker: str, result: dict[str, Any]) -> Run:
         """Store the run's record (once) and mark it done."""
         args = check_name("run id", run_id), check_name("worker", worker)
-        return self._call(self._finish_run_txn, *args, _json("run record", result))
+        return self._call(self._finish_run_txn, *args, check_json("run record", result))
 
     def _run_txn(self, conn: Conn, run_id: str) -> Run | Exception:
         row = conn.execute("SELECT * FROM ds.runs WHERE id = %s", (run_id,)).fetchone()

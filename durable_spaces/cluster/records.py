@@ -14,6 +14,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -47,6 +48,17 @@ def check_ttl(what: str, value: object) -> float:
     if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
         raise ConfigError(f"{what} {value!r}: must be a positive number of seconds")
     return float(value)
+
+
+def check_json(what: str, value: object) -> dict[str, Any]:
+    """``value`` as it will read back from jsonb (tuples become lists, keys strings)."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{what} must be a JSON object (a dict)")
+    try:
+        out: dict[str, Any] = json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{what} is not JSON: {e}") from e
+    return out
 
 
 def check_int(what: str, value: object) -> int:

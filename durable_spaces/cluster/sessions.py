@@ -42,6 +42,11 @@ _ENDS = ("done", "failed")
 
 class SessionStatements(LeaseStatements):
     def _create_session_txn(self, conn: Conn, name: str, space: str | None) -> Session | Exception:
+        if (
+            space is not None
+            and not conn.execute("SELECT 1 FROM ds.spaces WHERE name = %s", (space,)).fetchone()
+        ):
+            return UnknownRecordError(f"no durable space {space!r}: create_space it first")
         row = conn.execute(
             "INSERT INTO ds.sessions (name, space) VALUES (%s, %s)"
             " ON CONFLICT DO NOTHING RETURNING *",

@@ -26,7 +26,7 @@ from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
 from durable_spaces.cluster.database import Conn, Database
-from durable_spaces.cluster.records import Event, check_name
+from durable_spaces.cluster.records import Event, check_json, check_name
 from durable_spaces.errors import ClusterError
 
 R = TypeVar("R")
@@ -88,6 +88,7 @@ class Statements:
     ) -> None:
         """Append a caller's own event (a driver's exit, say). Never put a token in it."""
         check_name("event kind", kind)
+        detail = check_json("event detail", detail)
         self._call(self._event_txn, kind, session=session, space=space, host=host, **detail)
 
     def _events_txn(

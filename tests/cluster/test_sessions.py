@@ -11,7 +11,7 @@ import pytest
 from racing import race
 
 from durable_spaces.cluster.store import ClusterStore
-from durable_spaces.errors import ClaimLostError, ConfigError
+from durable_spaces.errors import ClaimLostError, ConfigError, UnknownRecordError
 
 OpenStore = Callable[..., ClusterStore]
 
@@ -154,3 +154,15 @@ def test_finish_is_stored_once_and_a_finished_session_cannot_be_claimed(
     assert s.claim_session("c2", 60, "a") is None
     with pytest.raises(ConfigError, match="done or failed"):
         s.finish_session("a", "c1", "running")
+
+
+def test_a_session_on_an_unknown_space_and_bad_event_details_are_typed_errors(
+    stores: OpenStore,
+) -> None:
+    s = stores()
+    with pytest.raises(UnknownRecordError, match="create_space it first"):
+        s.create_session("a", "nope")
+    with pytest.raises(ConfigError, match="event detail is not JSON"):
+        s.record_event("driver_exit", session="a", code=object())
+    s.record_event("driver_exit", session="a", code=-9)
+    assert s.events("driver_exit")[0].detail == {"code": -9}
