@@ -268,6 +268,7 @@ class Coordinator:
         kill_orphans: bool = True,
         timeout_secs: float | None = None,
         cwd: str | Path | None = None,
+        epoch_source: Callable[[int], Awaitable[int]] | None = None,
     ) -> None:
         self.argv = list(argv)
         self.state_dir = Path(state_dir)
@@ -283,6 +284,10 @@ class Coordinator:
         self.kill_orphans = kill_orphans
         self.timeout_secs = timeout_secs
         self.cwd = cwd
+        #: Where epochs come from when not from the state file: called with the highest
+        #: fenced floor seen, it returns the next epoch, already durable (a cluster's
+        #: database: ``max(previous + 1, lease token)``).
+        self.epoch_source = epoch_source
         #: Tells this coordinator's drivers apart from another's (even in one process).
         self.id = uuid.uuid4().hex
         self.current: Attempt | None = None
@@ -408,7 +413,7 @@ class Coordinator:
             return delay * 1000
 
         while len(self.history) + place_failures < self.max_attempts:
-            epoch = self._issue_epoch()
+            epoch = await self._next_epoch()
             launch = Launch(len(self.history), epoch, self._driver_env(epoch))
             for hook in self.before_launch:
                 r = hook(launch)
@@ -468,6 +473,13 @@ class Coordinator:
         )
 
     # -- pieces --------------------------------------------------------------------------
+
+    async def _next_epoch(self) -> int:
+        if self.epoch_source is not None:
+            epoch = await self.epoch_source(self._floor_seen)
+            failpoints.hit("coordinator.epoch_issued")
+            return epoch
+        return self._issue_epoch()
 
     def _issue_epoch(self) -> int:
         """Persist the next epoch before anything runs under it (see the module doc)."""
