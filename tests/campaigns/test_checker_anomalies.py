@@ -250,7 +250,8 @@ def test_resurrected_process_and_the_servers_exemption() -> None:
     listing = ProcessListing(
         "namespace",
         (
-            Proc(1, 0, "cua-spacesd serve"),
+            Proc(1, 0, "/bin/cua-spacesd serve"),
+            Proc(5, 1, "/bin/cua-spacesd fs-as --user cua"),  # the daemon's own helper
             Proc(7, 1, "sh -c probe"),
             Proc(8, 7, "cat /proc/9/stat"),
             Proc(20, 1, "sh -c echo $$ > /tmp/ds-server.pid; while :; do ...; done"),

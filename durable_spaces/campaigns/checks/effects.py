@@ -184,7 +184,8 @@ def workspace_equals_log(inputs: Inputs) -> Verdict:
     if implied.problems:
         return unknown("; ".join(implied.problems[:5]))
     found = diagnose(implied, inputs.workspace.nodes, inputs.status)
-    return judge(found, f"{len(implied.files)} files as the log implies")
+    notes = "".join(f"; {n}" for n in inputs.workspace.notes + inputs.notes)
+    return judge(found, f"{len(implied.files)} files as the log implies{notes}")
 
 
 def exactly_once(inputs: Inputs) -> Verdict:

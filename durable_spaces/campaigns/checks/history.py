@@ -102,10 +102,3 @@ class History:
                 if isinstance(rec, dict) and isinstance(rec.get("instance"), str):
                     out.add(rec["instance"])
         return out
-
-    def status(self, call_id: str) -> str | None:
-        """The committed result status of a call (None: no result committed)."""
-        for r in self.results:
-            if r.get("call_id") == call_id:
-                return str(r.get("status"))
-        return None

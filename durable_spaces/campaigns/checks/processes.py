@@ -14,7 +14,8 @@ How the processes are listed, per backend:
   recorded, is a leftover.
 - elsewhere a ledger-less command in the Space lists ``/proc`` there (spacesd runs in
   its own PID namespace, docker and microvm are machines of their own). The listing's
-  own process, its descendants and its ancestors (the daemon, pid 1) are not counted. A
+  own process, its descendants, its ancestors (the daemon, pid 1) and the daemon's
+  helpers (processes of the daemon's own binary) are not counted. A
   spacesd without a PID namespace (the process-group fallback) sees the whole host:
   the check is then unknown.
 
@@ -105,10 +106,15 @@ def leftovers(listing: ProcessListing, server: bool) -> list[Proc]:
     while q is not None and q in by_pid and q not in machinery:
         machinery.add(q)
         q = by_pid[q].ppid
+    # The daemon's own helpers (e.g. cua-spacesd's ``fs-as`` for file operations) run
+    # its binary; the workload's commands never do.
+    parent = by_pid.get(by_pid[listing.probe].ppid) if listing.probe in by_pid else None
+    daemon = parent.cmd.split(" ", 1)[0] if parent is not None else None
+    helpers = {p.pid for p in listing.procs if daemon and p.cmd.split(" ", 1)[0] == daemon}
     roots = {listing.probe} if listing.probe is not None else set()
     if server and listing.server_pid is not None:
         roots.add(listing.server_pid)
-    skip = machinery | _descendants(listing.procs, roots) | {1}
+    skip = machinery | helpers | _descendants(listing.procs, roots) | {1}
     return [p for p in listing.procs if p.pid not in skip]
 
 

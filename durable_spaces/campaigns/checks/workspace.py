@@ -59,10 +59,7 @@ class Workspace:
     source: str  # where it was read: "host:<root>", "tar:<root>", "kept:<file>"
     #: Sub-second file times are known (a host walk, or a tar with pax times).
     fine_times: bool = True
-    notes: list[str] = field(default_factory=list)
-
-    def files(self) -> dict[str, bytes]:
-        return {p: n.data or b"" for p, n in self.nodes.items() if n.kind == "file"}
+    notes: list[str] = field(default_factory=list)  # what could not be read
 
 
 def _kind(mode: int) -> str:
