@@ -157,11 +157,16 @@ def test_stale_commit(tmp_path: Path) -> None:
     assert a["witness"] == [high - 1, stale]  # the first commit of epoch 2, then the stale one
 
 
+def _sql(log: Path, statement: str) -> None:
+    """Damage the stored log the way no adapter code path would."""
+    with sqlite3.connect(log) as db:
+        db.execute(statement)
+
+
 def test_fence_below_commit(tmp_path: Path) -> None:
     s = scene(tmp_path)
     s.t.close()
-    with sqlite3.connect(s.log) as db:
-        db.execute("UPDATE cua_fence SET floor = 0")
+    _sql(s.log, "UPDATE cua_fence SET floor = 0")
     a = _only(s.anomalies("no_stale_writes"), "fence_below_commit")
     assert a["witness"] == [1]
 
@@ -200,8 +205,7 @@ def test_stale_write_bounded_by_the_done_event(tmp_path: Path) -> None:
     time.sleep(0.1)
     (s.root / "f0.txt").write_text(F0)  # a stale writer, after the end
     time.sleep(0.1)
-    with sqlite3.connect(s.log) as db:  # the log file written again without a commit
-        db.execute("UPDATE cua_fence SET floor = 2")
+    _sql(s.log, "UPDATE cua_fence SET floor = 2")  # the log written again, no commit
     s.launches = [LaunchRecord(1, pid=100)]
     assert s.verdicts()["no_stale_writes"]["valid"] is True  # the log's mtime is too late
     s.launches = [LaunchRecord(1, pid=100, done_ms=done)]
@@ -276,7 +280,6 @@ def test_error_result_and_unfinished(tmp_path: Path) -> None:
 def test_missing_commit(tmp_path: Path) -> None:
     s = scene(tmp_path)
     s.t.close()
-    with sqlite3.connect(s.log) as db:
-        db.execute("DELETE FROM cua_commits WHERE seq = 4")
+    _sql(s.log, "DELETE FROM cua_commits WHERE seq = 4")
     a = _only(s.anomalies("log_intact"), "missing_commit")
     assert a["witness"] == [3, 5]

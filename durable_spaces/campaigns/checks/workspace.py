@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from durable_spaces.adapter.space import Space
+from durable_spaces.adapter.space import ExecResult, Space
 from durable_spaces.errors import SpaceError
 
 #: Space kinds whose workspace is a directory of this host (``Capabilities.kind``).
@@ -259,31 +259,20 @@ async def stream_tar(space: Space) -> Workspace:
     """Tar the workspace inside the Space (ledger-less, at the Space's own floor)."""
     epoch = await space.current_epoch()
     root = shlex.quote(space.root)
+
+    async def sh(script: str) -> ExecResult:
+        return await space.exec(["sh", "-c", script], key=None, epoch=epoch, cwd="/")
+
     fine = True
-    res = await space.exec(
-        ["sh", "-c", f"tar -cf - --numeric-owner --format=posix -C {root} . 2>/dev/null"],
-        key=None,
-        epoch=epoch,
-        cwd="/",
-    )
+    res = await sh(f"tar -cf - --numeric-owner --format=posix -C {root} . 2>/dev/null")
     if res.exit_code != 0:  # a tar without pax support: whole seconds only
         fine = False
-        res = await space.exec(
-            ["sh", "-c", f"tar -cf - --numeric-owner -C {root} . 2>/dev/null"],
-            key=None,
-            epoch=epoch,
-            cwd="/",
-        )
+        res = await sh(f"tar -cf - --numeric-owner -C {root} . 2>/dev/null")
     if res.exit_code != 0:
         raise SpaceError(f"tar of the workspace {space.root} failed (exit {res.exit_code})")
     ws = parse_tar(res.output, f"tar:{space.root}")
     ws.fine_times = ws.fine_times and fine
-    socks = await space.exec(
-        ["sh", "-c", f"cd {root} && find . -type s -print0 2>/dev/null"],
-        key=None,
-        epoch=epoch,
-        cwd="/",
-    )
+    socks = await sh(f"cd {root} && find . -type s -print0 2>/dev/null")
     if socks.exit_code != 0:
         ws.notes.append("sockets could not be listed (find failed)")
     for raw in socks.output.split(b"\0"):
