@@ -19,10 +19,12 @@ export CRASH_MODE CRASH_BACKEND CRASH_RUNS CRASH_CALLS CRASH_SEED_BASE
 setup:
 	$(PIP) install -q -e '.[test]'
 
-# Debian packages, a running dockerd, the docker Space image and the microvm guest.
+# Debian packages, a running dockerd, the docker Space image, the microvm guest, and
+# FUSE for the power-loss filesystem.
 system-deps:
 	bash images/space/ci-setup.sh
 	bash images/microvm/ci-setup.sh
+	sh images/powerfs/ci-setup.sh
 
 # The README's test command: the whole suite, in parallel.
 test: setup system-deps

@@ -87,6 +87,11 @@ class BackendUnavailableError(SpaceError):
 # --- the adapter and the driver ---------------------------------------------------------
 
 
+class ToolArgumentError(DurableSpacesError, ValueError):
+    """A wrapped tool was called with arguments it cannot take (missing, wrong type, out
+    of range): the model sees it as the tool's error; nothing ran."""
+
+
 class PermanentFailure(DurableSpacesError):
     """Retrying cannot help: the driver exits 78 and the coordinator stops."""
 

@@ -8,11 +8,16 @@ right moments of a ``Coordinator``'s run, through a composed nemesis:
 - before each launch after a driver died by SIGKILL (a failpoint, a random kill, a
   stall): the previous attempt's ``after_kill`` Space faults, awaited, so they land
   between the death and ``place_space()``;
-- during each attempt: its random-time kills and timed Space faults, measured from the
-  launch; one whose attempt has already ended is skipped (not counted).
+- during each attempt: its random-time kills, pauses and timed Space faults, measured
+  from the launch; one whose attempt has already ended is skipped (not counted);
+- a pause failpoint stops the driver itself: it is watched for, and the pause op (the
+  takeover and the later SIGCONT) starts the moment the driver is seen stopped.
 
-What happened is read back from the nemesis history and the attempts, never from the
-schedule: a planned fault that did not land is not counted.
+A fault is never cut half-way: once its op is invoked it runs to its end (shielded), and
+``finish()`` (after the coordinator's run) continues paused drivers and waits for every
+op in flight; ops still waiting for their moment are cancelled and recorded as such
+(``cancelled``). What happened is read back from the nemesis history and the attempts,
+never from the schedule: a planned fault that did not land is not counted.
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ import asyncio
 import contextlib
 import signal
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from durable_spaces.campaigns.coordinator import Attempt, Coordinator, CoordinatorResult, Launch
-from durable_spaces.chaos.nemesis import Composed
-from durable_spaces.chaos.schedule import Schedule
+from durable_spaces.chaos.nemesis import Composed, DriverPauser, Op, is_stopped
+from durable_spaces.chaos.schedule import DriverPause, Schedule
 
 
 @dataclass
@@ -49,7 +56,32 @@ class Injector:
         self.nemesis = nemesis
         self._attempts = coordinator.attempts()  # subscribe before the first launch
         self._tasks: set[asyncio.Task[None]] = set()
+        self._in_flight: set[asyncio.Future[Op]] = set()
+        #: Ops whose moment never came (the run ended first), as data for the record.
+        self.cancelled: list[dict[str, object]] = []
         coordinator.before_launch.append(self._before_launch)
+
+    async def _invoke(self, kind: str, value: dict[str, object]) -> Op:
+        """Invoke an op that must not be cut half-way: shielded from cancellation, and
+        awaited by ``finish()`` however the run ends."""
+        fut = asyncio.ensure_future(self.nemesis.inflict(kind, value))
+        self._in_flight.add(fut)
+        fut.add_done_callback(self._in_flight.discard)
+        return await asyncio.shield(fut)
+
+    async def finish(self) -> None:
+        """After the coordinator's run: continue paused drivers, let every op in flight end,
+        cancel (and record) the ones still waiting."""
+        for nem in self.nemesis.routes.values():
+            if isinstance(nem, DriverPauser):
+                nem.release()
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self._in_flight:
+            await asyncio.gather(*self._in_flight, return_exceptions=True)
 
     async def _before_launch(self, launch: Launch) -> None:
         launch.env.update(self.schedule.plan(launch.index).env())
@@ -59,33 +91,68 @@ class Injector:
         if prev.exit_code == -signal.SIGKILL:
             for f in self.schedule.plan(prev.index).faults:
                 if f.trigger == "after_kill":
-                    await self.nemesis.inflict(f.kind, {"epoch": prev.epoch, "after": "kill"})
+                    value: dict[str, object] = {"epoch": prev.epoch, "after": "kill"}
+                    if f.duration_s is not None:
+                        value["duration_s"] = f.duration_s
+                    await self._invoke(f.kind, value)
 
-    async def _at(self, attempt: Attempt, delay: float, kind: str) -> None:
+    async def _at(
+        self, attempt: Attempt, delay: float, kind: str, extra: Mapping[str, object] | None = None
+    ) -> None:
+        value: dict[str, object] = {"epoch": attempt.epoch, "at_s": delay, **(extra or {})}
         try:
             await asyncio.wait_for(attempt.done.wait(), delay)
             return  # the attempt ended first: skip
         except TimeoutError:
             pass
+        except asyncio.CancelledError:
+            self.cancelled.append({"kind": kind, **value})
+            raise
+        if attempt.alive and attempt.abandoned_ms is None:
+            await self._invoke(kind, value)
+
+    async def _self_stop(self, attempt: Attempt, pause: DriverPause) -> None:
+        """The attempt's pause failpoint stops the driver itself: take over from there."""
+        try:
+            while attempt.alive and not is_stopped(attempt.pid):
+                await asyncio.sleep(0.02)
+        except asyncio.CancelledError:
+            self.cancelled.append({"kind": "pause", "epoch": attempt.epoch, "at": "failpoint"})
+            raise
         if attempt.alive:
-            await self.nemesis.inflict(kind, {"epoch": attempt.epoch, "at_s": delay})
+            await self._invoke(
+                "pause",
+                {
+                    "epoch": attempt.epoch,
+                    "self_stopped": True,
+                    "takeover": pause.takeover,
+                    "resume_s": pause.resume_s,
+                },
+            )
+
+    def _start(self, coro: Any) -> None:
+        t = asyncio.create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
 
     async def run(self) -> None:
-        """Until the coordinator's run ends; pending timed faults are cancelled then."""
-        try:
-            async for a in self._attempts:
-                plan = self.schedule.plan(a.index)
-                timed = [(d, "kill") for d in plan.kill_after_s]
-                timed += [(f.at_s, f.kind) for f in plan.faults if f.at_s is not None]
-                for delay, kind in timed:
-                    t = asyncio.create_task(self._at(a, delay, kind))
-                    self._tasks.add(t)
-                    t.add_done_callback(self._tasks.discard)
-        finally:
-            for t in list(self._tasks):
-                t.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
+        """Schedule each attempt's faults as it is launched, until the coordinator's run
+        ends (``finish()`` then settles what is pending)."""
+        async for a in self._attempts:
+            plan = self.schedule.plan(a.index)
+            for d in plan.kill_after_s:
+                self._start(self._at(a, d, "kill"))
+            for f in plan.faults:
+                if f.at_s is not None:
+                    extra = {} if f.duration_s is None else {"duration_s": f.duration_s}
+                    self._start(self._at(a, f.at_s, f.kind, extra))
+            for p in plan.pauses:
+                if p.at_s is None:
+                    if plan.failpoint is not None and plan.failpoint.action == "pause":
+                        self._start(self._self_stop(a, p))
+                    continue
+                extra = {"takeover": p.takeover, "resume_s": p.resume_s}
+                self._start(self._at(a, p.at_s, "pause", extra))
 
     def injected(self, result: CoordinatorResult) -> Injected:
         """Kills are drivers that died by SIGKILL (failpoint, nemesis or stall), not the

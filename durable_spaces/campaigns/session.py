@@ -22,6 +22,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import sys
 import time
 from collections import Counter
@@ -33,12 +34,21 @@ from durable_spaces.backends import open_backend
 from durable_spaces.campaigns.agent import AgentConfigFile
 from durable_spaces.campaigns.checker import History, LaunchRecord, Workload, check_all, collect
 from durable_spaces.campaigns.checks.kept import keep
-from durable_spaces.campaigns.coordinator import Coordinator, CoordinatorResult, Launch
+from durable_spaces.campaigns.coordinator import Attempt, Coordinator, CoordinatorResult, Launch
 from durable_spaces.campaigns.inject import Injector
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.spec import CampaignSpec, RunSpec
-from durable_spaces.chaos.nemesis import Composed, DriverKiller, Nemesis, SpaceNemesis, compose
+from durable_spaces.chaos.nemesis import (
+    Composed,
+    DriverKiller,
+    DriverPauser,
+    Nemesis,
+    SpaceNemesis,
+    compose,
+    is_stopped,
+)
 from durable_spaces.chaos.schedule import (
+    PAUSE_POINTS,
     AttemptPlan,
     Failpoint,
     Schedule,
@@ -178,7 +188,8 @@ class Placement:
 def _nemesis(coordinator: Coordinator, placement: Placement) -> Composed:
     routes: dict[Any, Nemesis] = {
         "kill": DriverKiller(coordinator),
-        ("daemon_kill", "space_restart", "space_remove"): SpaceNemesis(
+        "pause": DriverPauser(coordinator),
+        ("daemon_kill", "space_restart", "space_remove", "space_pause"): SpaceNemesis(
             placement.backend, placement.name
         ),
     }
@@ -190,9 +201,9 @@ def _coordinator(run: RunSpec, p: dict[str, Path], placement: Placement, **kw: A
         AGENT_ARGV,
         p["session"],
         run.run_id,
-        stall_secs=60.0,
+        stall_secs=kw.pop("stall_secs", 60.0),
         heartbeat_secs=2.0,
-        backoff=(0.05, 0.4, 2.0),
+        backoff=kw.pop("backoff", (0.05, 0.4, 2.0)),
         max_attempts=kw.pop("max_attempts", 24),
         place_space=placement.place_space,
         env={"CUA_SESSION_SPACE": placement.name},
@@ -202,9 +213,17 @@ def _coordinator(run: RunSpec, p: dict[str, Path], placement: Placement, **kw: A
 
 
 async def _drive(
-    run: RunSpec, p: dict[str, Path], placement: Placement, schedule: Schedule, **kw: Any
+    run: RunSpec,
+    p: dict[str, Path],
+    placement: Placement,
+    schedule: Schedule,
+    *,
+    seen: list[Coordinator] | None = None,
+    **kw: Any,
 ) -> tuple[CoordinatorResult, Injector]:
     coordinator = _coordinator(run, p, placement, **kw)
+    if seen is not None:
+        seen.append(coordinator)
     injector = Injector(coordinator, schedule, _nemesis(coordinator, placement))
     inject = asyncio.create_task(injector.run())
     try:
@@ -213,6 +232,7 @@ async def _drive(
         inject.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await inject
+        await injector.finish()  # every fault in flight lands whole before the check
 
 
 async def server_survives(history: History, space: Any) -> dict[str, Any]:
@@ -397,19 +417,71 @@ async def _drive_stale(
 ) -> tuple[CoordinatorResult, Injector, dict[str, Any]]:
     """A second coordinator takes over (a new epoch) while the first one's driver runs
     (a coordinator restarted on another machine, a partition): the old driver must be
-    fenced by the log and the Space, and never add to the log."""
-    first = _coordinator(run, p, placement, max_attempts=1)
+    fenced by the log and the Space, and never add to the log.
+
+    In most runs the old driver is *paused* first: it stops itself (SIGSTOP) at a drawn
+    pause point, with a Space mutation ahead of it or in flight; the takeover starts at
+    once, and the old driver is continued ``resume_s`` after the new one's first step (or
+    when the session ends). It must then change nothing and exit fenced."""
+    rng = random.Random(f"{run.seed}:stale")
+    delay = rng.uniform(0.0, 1.0)
+    pause: Failpoint | None = None
+    crash: Failpoint | None = None
+    resume_s = 0.0
+    if rng.random() < STALE_PAUSE_P:
+        unreachable = {
+            "local": {"space.mutate_started"},  # local writes in-process, not by command
+        }.get(run.backend, set()) | {
+            "transactional": {"snapshots.restore"},
+            "checkpoint": {"image.apply_op"},
+        }.get(run.durable_mode or "", set())
+        points = [x for x in PAUSE_POINTS if x not in unreachable]
+        if rng.random() < 0.5:
+            # The old driver is itself a resumer: the one before it died mid-call, so it
+            # pauses inside recovery (a revert, a restore) with the call's fate decided.
+            crash = Failpoint(rng.choice(CRASH_BEFORE_PAUSE), 1)
+            points = [x for x in points if x in RECOVERY_PAUSE_POINTS]
+        pause = Failpoint(rng.choice(sorted(points)), 1 if crash else rng.randint(1, 2), "pause")
+        resume_s = round(rng.uniform(0.0, 1.5), 3)
+
+    def arm(launch: Launch) -> None:
+        fp = crash if crash is not None and launch.index == 0 else pause
+        launch.env["DS_FAILPOINTS"] = fp.spec() if fp is not None else ""
+
+    # The old driver's own coordinator must not replace it while it is stopped: it is
+    # the one that lost contact, and has no newer epoch to give.
+    first = _coordinator(
+        run,
+        p,
+        placement,
+        max_attempts=2 if crash is not None else 1,
+        stall_secs=3600.0,
+        backoff=(0.05, 0.05, 1.0),
+        before_launch=[arm],
+    )
     first_task = asyncio.create_task(first.run())
-    delay = random.Random(f"{run.seed}:stale").uniform(0.0, 1.0)
-    for _ in range(200):  # until the first driver really works
-        if first.current is not None and first.current.first_step_ms is not None:
+    for _ in range(400):  # until the first driver really works (or stopped itself)
+        cur = first.current
+        if cur is not None and (
+            (pause is None and cur.first_step_ms is not None) or is_stopped(cur.pid)
+        ):
             break
-        if first_task.done():
+        if first_task.done() or (cur is not None and cur.first_step_ms and pause is None):
             break
         await asyncio.sleep(0.05)
-    await asyncio.sleep(delay)
     old = first.current
-    second_result, injector = await _drive(run, p, placement, schedule, kill_orphans=False)
+    paused = old is not None and old.alive and is_stopped(old.pid)
+    if not paused:
+        await asyncio.sleep(delay)
+    taking: list[Coordinator] = []
+    second = asyncio.create_task(
+        _drive(run, p, placement, schedule, kill_orphans=False, seen=taking)
+    )
+    if paused and old is not None:
+        await _resume_after_takeover(old, taking, second, resume_s)
+    second_result, injector = await second
+    if old is not None and old.alive and is_stopped(old.pid):
+        os.kill(old.pid, signal.SIGCONT)
     first_result = await first_task
     old_code = old.exit_code if old is not None else None
     second_start = min(
@@ -425,9 +497,9 @@ async def _drive_stale(
         check = {"valid": True, "detail": f"old driver ended ({old_code}) before the takeover"}
     elif old_code == 75:
         check = {"valid": True, "detail": "old driver was fenced (exit 75)"}
-    elif old_code == 0:
+    elif old_code == 0 and not paused:
         check = {"valid": True, "detail": "old driver finished before being fenced"}
-    elif old_code not in (None, 78):
+    elif old_code not in (None, 0, 78):
         # e.g. halted (exit 1) because a Space fault hit its command: it stopped without
         # recording anything, which no_stale_writes and the workspace checks confirm.
         check = {"valid": True, "detail": f"old driver stopped (exit {old_code})"}
@@ -442,8 +514,44 @@ async def _drive_stale(
         resumes=second_result.resumes,
         reason=second_result.reason,
     )
-    extra = {"stale_check": check, "stale_overlapped": overlapped, "old_exit": old_code}
+    extra = {
+        "stale_check": check,
+        "stale_overlapped": overlapped,
+        "old_exit": old_code,
+        "stale_pause": None
+        if pause is None
+        else {
+            **pause.to_json(),
+            "paused": paused,
+            "after_crash": None if crash is None else crash.spec(),
+        },
+    }
     return merged, injector, extra
+
+
+#: How often the old driver of a ``stale`` run is paused (else it simply runs on).
+STALE_PAUSE_P = 0.7
+#: Where the driver before a recovery-pausing old driver dies (the call's fate unknown).
+CRASH_BEFORE_PAUSE = ("adapter.mid_call", "adapter.file_op", "adapter.start_mark")
+#: Pause points on a resumer's path: the Space is being brought back to the log.
+RECOVERY_PAUSE_POINTS = ("recovery.start", "image.apply_op", "snapshots.restore", "space.mutate")
+
+
+async def _resume_after_takeover(
+    old: Attempt, taking: list[Coordinator], second: asyncio.Task[Any], resume_s: float
+) -> None:
+    """SIGCONT a paused old driver ``resume_s`` after a newer driver's first step, or as
+    soon as the takeover's session ends."""
+    while not second.done():
+        if any(a.first_step_ms for c in taking for a in c.history):
+            break
+        await asyncio.sleep(0.02)
+    if not second.done():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(second), resume_s)
+    if old.alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(old.pid, signal.SIGCONT)
 
 
 async def trace_hits(run: RunSpec) -> list[tuple[str, int]]:

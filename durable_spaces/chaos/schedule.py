@@ -4,11 +4,17 @@ A schedule is data (JSON round-trip), so a failing run's schedule can be saved, 
 replayed without the seed. It is drawn once per run from ``random.Random(seed)`` (seed
 strings look like ``"<seed_base>-<run_index>"``), attempt by attempt:
 
-- an optional failpoint to arm in that attempt's driver (``DS_FAILPOINTS="name:n"``);
+- an optional failpoint to arm in that attempt's driver (``DS_FAILPOINTS="name:n"``), whose
+  action is a kill or a pause (the driver stops itself there: SIGSTOP);
 - random-time SIGKILLs of the driver by the runner (delays from the attempt's launch);
-- Space faults (``daemon_kill``, ``space_restart``, ``space_remove``) at a time after the
-  launch or on a trigger (``"after_kill"``: right after this attempt's driver died, before
-  the next one is placed).
+- driver pauses: SIGSTOP at a time (or the failpoint's own pause), optionally with a
+  takeover (the coordinator gives up on the paused driver and launches the next epoch),
+  and SIGCONT ``resume_s`` after the next driver's first step (or after the pause, without
+  a takeover): the stale driver a kill can never make;
+- Space faults (``daemon_kill``, ``space_restart``, ``space_remove``, ``space_pause``: the
+  whole machine frozen for ``duration_s``) at a time after the launch or on a trigger
+  (``"after_kill"``: right after this attempt's driver died, before the next one is
+  placed).
 
 Only the first ``profile.faulty_attempts`` attempts carry faults; later attempts are
 clean, so every run can finish and be checked. ``exhaustive`` builds the systematic
@@ -28,21 +34,67 @@ from typing import Any
 from durable_spaces.errors import ConfigError
 
 #: Space faults a schedule can carry (the driver kill is "kill", counted separately).
-FAULT_KINDS = ("daemon_kill", "space_restart", "space_remove")
+FAULT_KINDS = ("daemon_kill", "space_restart", "space_remove", "space_pause")
 #: Triggers a Space fault may wait for instead of a time.
 TRIGGERS = ("after_kill",)
+#: Failpoints where a driver is paused with a Space mutation ahead of it or in flight: a
+#: continued stale driver would change the workspace there if the Space did not fence it.
+PAUSE_POINTS = (
+    "adapter.start_mark",
+    "adapter.before_file_op",
+    "adapter.spawn",
+    "adapter.outcome_commit",
+    "space.mutate",
+    "space.mutate_started",
+    "image.apply_op",
+    "snapshots.restore",
+    "recovery.start",
+)
 
 
 @dataclass(frozen=True)
 class Failpoint:
-    """Kill the driver at the ``n``-th hit of ``name`` (1-based)."""
+    """Kill (or pause) the driver at the ``n``-th hit of ``name`` (1-based)."""
 
     name: str
     n: int = 1
+    action: str = "kill"  # or "pause"
 
     def spec(self) -> str:
         """The ``DS_FAILPOINTS`` form."""
-        return f"{self.name}:{self.n}"
+        return f"{self.name}:{self.n}" + ("" if self.action == "kill" else f":{self.action}")
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name, "n": self.n}
+        if self.action != "kill":
+            d["action"] = self.action
+        return d
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> Failpoint:
+        return Failpoint(str(d["name"]), int(d["n"]), str(d.get("action", "kill")))
+
+
+@dataclass(frozen=True)
+class DriverPause:
+    """SIGSTOP the driver ``at_s`` after its launch (None: it stops itself at the
+    attempt's pause failpoint), then SIGCONT: ``resume_s`` after the next driver's first
+    step when ``takeover`` (the coordinator gives up on it meanwhile), else ``resume_s``
+    after the pause."""
+
+    at_s: float | None
+    resume_s: float
+    takeover: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {"at_s": self.at_s, "resume_s": self.resume_s, "takeover": self.takeover}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> DriverPause:
+        at = d.get("at_s")
+        return DriverPause(
+            None if at is None else float(at), float(d["resume_s"]), bool(d.get("takeover"))
+        )
 
 
 @dataclass(frozen=True)
@@ -52,10 +104,14 @@ class SpaceFault:
     kind: str
     at_s: float | None = None
     trigger: str | None = None
+    #: How long a ``space_pause`` keeps the machine frozen.
+    duration_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
             raise ValueError(f"unknown Space fault kind {self.kind!r}")
+        if (self.kind == "space_pause") != (self.duration_s is not None):
+            raise ValueError("a space_pause (and only it) needs duration_s")
         if (self.at_s is None) == (self.trigger is None):
             raise ValueError("a Space fault needs exactly one of at_s and trigger")
         if self.trigger is not None and self.trigger not in TRIGGERS:
@@ -67,7 +123,16 @@ class SpaceFault:
             d["at_s"] = self.at_s
         else:
             d["trigger"] = self.trigger
+        if self.duration_s is not None:
+            d["duration_s"] = self.duration_s
         return d
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> SpaceFault:
+        dur = d.get("duration_s")
+        return SpaceFault(
+            str(d["kind"]), d.get("at_s"), d.get("trigger"), None if dur is None else float(dur)
+        )
 
 
 @dataclass(frozen=True)
@@ -77,34 +142,36 @@ class AttemptPlan:
     failpoint: Failpoint | None = None
     kill_after_s: tuple[float, ...] = ()
     faults: tuple[SpaceFault, ...] = ()
+    pauses: tuple[DriverPause, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return self.failpoint is None and not self.kill_after_s and not self.faults
+        return (
+            self.failpoint is None and not self.kill_after_s and not self.faults and not self.pauses
+        )
 
     def env(self) -> dict[str, str]:
         """Environment for the attempt's driver (arms its failpoint, or disarms)."""
         return {"DS_FAILPOINTS": self.failpoint.spec() if self.failpoint else ""}
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "failpoint": None
-            if self.failpoint is None
-            else {"name": self.failpoint.name, "n": self.failpoint.n},
+        d: dict[str, Any] = {
+            "failpoint": None if self.failpoint is None else self.failpoint.to_json(),
             "kill_after_s": list(self.kill_after_s),
             "faults": [f.to_json() for f in self.faults],
         }
+        if self.pauses:
+            d["pauses"] = [p.to_json() for p in self.pauses]
+        return d
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> AttemptPlan:
         fp = d.get("failpoint")
         return AttemptPlan(
-            failpoint=None if fp is None else Failpoint(str(fp["name"]), int(fp["n"])),
+            failpoint=None if fp is None else Failpoint.from_json(fp),
             kill_after_s=tuple(float(x) for x in d.get("kill_after_s", ())),
-            faults=tuple(
-                SpaceFault(str(f["kind"]), f.get("at_s"), f.get("trigger"))
-                for f in d.get("faults", ())
-            ),
+            faults=tuple(SpaceFault.from_json(f) for f in d.get("faults", ())),
+            pauses=tuple(DriverPause.from_json(p) for p in d.get("pauses", ())),
         )
 
 
@@ -123,12 +190,24 @@ class Profile:
     fault_delay_s: tuple[float, float] = (0.05, 1.5)
     #: Attempts that may carry faults; later ones are clean so the run can finish.
     faulty_attempts: int = 4
+    #: A drawn failpoint pauses the driver there instead of killing it.
+    p_pause_failpoint: float = 0.0
+    #: A timed pause of the driver (SIGSTOP) in an attempt.
+    p_pause: float = 0.0
+    #: A pause comes with a takeover (the next epoch launched while it sleeps).
+    p_takeover: float = 0.8
+    #: SIGCONT this long after the next driver's first step (or after the pause).
+    resume_s: tuple[float, float] = (0.0, 2.0)
+    #: The whole Space frozen for a while.
+    p_space_pause: float = 0.0
+    space_pause_s: tuple[float, float] = (0.2, 2.0)
 
     def p_fault(self, kind: str) -> float:
         return {
             "daemon_kill": self.p_daemon_kill,
             "space_restart": self.p_space_restart,
             "space_remove": self.p_space_remove,
+            "space_pause": self.p_space_pause,
         }[kind]
 
 
@@ -145,8 +224,22 @@ PROFILES: dict[str, Profile] = {
         p_space_restart=0.0,
         p_space_remove=0.0,
     ),
-    # Space faults more often (daemon kills, machine restarts, lost Spaces)
-    "space": Profile(p_daemon_kill=0.3, p_space_restart=0.3, p_space_remove=0.2),
+    # Space faults more often (daemon kills, machine restarts, lost Spaces, frozen machines)
+    "space": Profile(
+        p_daemon_kill=0.3, p_space_restart=0.3, p_space_remove=0.2, p_space_pause=0.15
+    ),
+    # Paused drivers: at failpoints and at random times, most taken over while they sleep
+    # and continued after the newer driver started (the stale writer), plus frozen Spaces.
+    "pause": Profile(
+        p_failpoint=0.7,
+        p_pause_failpoint=0.6,
+        p_random_kill=0.2,
+        p_pause=0.4,
+        p_daemon_kill=0.05,
+        p_space_restart=0.05,
+        p_space_remove=0.05,
+        p_space_pause=0.2,
+    ),
     # nothing goes wrong: a baseline run
     "calm": Profile(
         p_failpoint=0.0,
@@ -255,23 +348,45 @@ class Schedule:
         rng = random.Random(seed)
         pts = sorted(points)  # order of the caller's list must not change the draw
         plans: list[AttemptPlan] = []
+        # Every draw below is guarded so a probability of 0 consumes no randomness: the
+        # profiles without pauses draw exactly the schedules they drew before pauses.
         for _ in range(prof.faulty_attempts):
             fp = None
+            pauses: list[DriverPause] = []
             if pts and rng.random() < prof.p_failpoint:
                 fp = Failpoint(rng.choice(pts), rng.randint(1, max(1, calls)))
+                if prof.p_pause_failpoint and rng.random() < prof.p_pause_failpoint:
+                    ppts = sorted(PAUSE_POINTS)
+                    fp = Failpoint(rng.choice(ppts), rng.randint(1, max(1, calls)), "pause")
+                    pauses.append(DriverPause(None, round(rng.uniform(*prof.resume_s), 3)))
             kills: tuple[float, ...] = ()
             if rng.random() < prof.p_random_kill:
                 kills = (round(rng.uniform(*prof.kill_delay_s), 3),)
+            if prof.p_pause and rng.random() < prof.p_pause:
+                pauses.append(
+                    DriverPause(
+                        round(rng.uniform(*prof.kill_delay_s), 3),
+                        round(rng.uniform(*prof.resume_s), 3),
+                        rng.random() < prof.p_takeover,
+                    )
+                )
             faults: list[SpaceFault] = []
             for kind in FAULT_KINDS:
-                if rng.random() < prof.p_fault(kind):
+                p_kind = prof.p_fault(kind)
+                if kind == "space_pause" and not p_kind:
+                    continue
+                if rng.random() < p_kind:
+                    dur = (
+                        round(rng.uniform(*prof.space_pause_s), 3)
+                        if kind == "space_pause"
+                        else None
+                    )
                     if rng.random() < prof.p_after_kill and (fp is not None or kills):
-                        faults.append(SpaceFault(kind, trigger="after_kill"))
+                        faults.append(SpaceFault(kind, trigger="after_kill", duration_s=dur))
                     else:
-                        faults.append(
-                            SpaceFault(kind, at_s=round(rng.uniform(*prof.fault_delay_s), 3))
-                        )
-            plans.append(AttemptPlan(fp, kills, tuple(faults)))
+                        at = round(rng.uniform(*prof.fault_delay_s), 3)
+                        faults.append(SpaceFault(kind, at_s=at, duration_s=dur))
+            plans.append(AttemptPlan(fp, kills, tuple(faults), tuple(pauses)))
         return Schedule(seed, tuple(plans), "drawn").trimmed()
 
 

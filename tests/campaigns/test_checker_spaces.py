@@ -44,7 +44,7 @@ def test_the_workspace_and_leftover_processes_of_a_real_space(tmp_path: Path, ba
             await space.advance_epoch(1)
             res = await space.exec(["sh", "-c", TREE], key=None, epoch=1)
             assert res.exit_code == 0, res.output
-            await space.write_file("w.txt", b"w\n")  # through the daemon (its helpers run)
+            await space.write_file("w.txt", b"w\n", epoch=1)  # through the daemon (its helpers run)
             has_socket = (
                 await space.exec(["sh", "-c", "test -S sock"], key=None, epoch=1)
             ).exit_code == 0
