@@ -13,16 +13,27 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 OUTCOMES = ("ok", "failed", "error")
 
 
 class Check(TypedDict):
-    """One checker's verdict: ``valid`` True, False, or None (unknown)."""
+    """One checker's verdict: ``valid`` True, False, or None (unknown), and the named
+    anomalies that make it false (``{"name", "path", "witness", "detail"}``; records
+    written before anomalies existed have none)."""
 
     valid: bool | None
     detail: str
+    anomalies: NotRequired[list[dict[str, Any]]]
+
+
+def _check(c: Mapping[str, Any]) -> Check:
+    check = Check(valid=c.get("valid"), detail=str(c.get("detail", "")))
+    anomalies = c.get("anomalies")
+    if isinstance(anomalies, list):
+        check["anomalies"] = [dict(a) for a in anomalies if isinstance(a, Mapping)]
+    return check
 
 
 def merge_valid(values: Iterable[bool | None]) -> bool | None:
@@ -83,10 +94,7 @@ class RunRecord:
     def from_json(d: Mapping[str, Any]) -> RunRecord:
         known = {f.name for f in fields(RunRecord)}
         kw = {k: v for k, v in d.items() if k in known}
-        kw["checks"] = {
-            k: Check(valid=c.get("valid"), detail=str(c.get("detail", "")))
-            for k, c in dict(d.get("checks") or {}).items()
-        }
+        kw["checks"] = {k: _check(c) for k, c in dict(d.get("checks") or {}).items()}
         return RunRecord(**kw)
 
     def save(self, directory: str | Path) -> Path:

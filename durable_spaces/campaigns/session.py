@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import random
 import re
@@ -27,20 +26,14 @@ import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from durable_spaces.adapter.models import ScriptedModel
 from durable_spaces.adapter.space import space_name
 from durable_spaces.backends import open_backend
 from durable_spaces.campaigns.agent import AgentConfigFile
-from durable_spaces.campaigns.checker import (
-    History,
-    check_all,
-    load_history,
-    snapshot_workspace,
-)
+from durable_spaces.campaigns.checker import History, LaunchRecord, Workload, check_all, collect
+from durable_spaces.campaigns.checks.kept import keep
 from durable_spaces.campaigns.coordinator import Attempt, Coordinator, CoordinatorResult, Launch
 from durable_spaces.campaigns.inject import Injector
 from durable_spaces.campaigns.record import RunRecord
@@ -86,6 +79,8 @@ POINTS = (
 )
 
 AGENT_ARGV = (sys.executable, "-m", "durable_spaces.campaigns.agent")
+#: ``1``: keep every run's checker inputs in ``<run>/kept`` (``durable-spaces ... --keep``).
+KEEP_ENV = "CRASH_KEEP"
 RUN_TIMEOUT_S = 240.0
 
 
@@ -267,65 +262,43 @@ async def server_survives(history: History, space: Any) -> dict[str, Any]:
     return {"valid": True, "detail": f"server pid {pid} alive, beat {age} s ago"}
 
 
-def same_as_uninterrupted(
-    history: History, seed: str, calls: int, server: bool = False
+def _workload(session_dir: Path) -> Workload:
+    cfg = AgentConfigFile.load(session_dir)
+    return Workload(seed=cfg.seed, calls=cfg.calls, sleep=cfg.sleep, server=cfg.server)
+
+
+async def _check(
+    run: RunSpec, p: dict[str, Path], placement: Placement, events: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """A run with no interrupted call asked for exactly the calls of an uninterrupted run."""
-    if any(r.get("status") == "interrupted" for r in history.results):
-        return {"valid": True, "detail": "has interrupted calls: not comparable"}
-    model = ScriptedModel(seed, calls, server=server)
-    files: dict[str, str] = {}
-    want = []
-    for step in range(calls):
-        tc = model.call(step, files)
-        want.append(tc.id)
-        _apply(files, tc.name, tc.args)
-    got = [r.get("call_id") for r in history.results]
-    if got == want:
-        return {"valid": True, "detail": f"{len(got)} calls as uninterrupted"}
-    return {"valid": False, "detail": f"calls {got} != uninterrupted {want}"}
-
-
-def _apply(files: dict[str, str], name: str, args: Mapping[str, Any]) -> None:
-    from durable_spaces.campaigns.checker import interpret_append
-
-    if name == "write":
-        files[args["path"]] = args["content"]
-    elif name == "edit":
-        files[args["path"]] = files[args["path"]].replace(args["old_text"], args["new_text"], 1)
-    elif name == "bash" and (parsed := interpret_append(args["command"])):
-        files[parsed[0]] = files.get(parsed[0], "") + parsed[1] + "\n"
-
-
-async def _check(run: RunSpec, p: dict[str, Path], placement: Placement) -> dict[str, Any]:
+    """Every check of ``checker`` on the raw log, the raw workspace and the launch
+    history ``events``; the inputs are kept in ``<run>/kept`` when ``CRASH_KEEP=1`` (the
+    CLI's ``--keep``) or when a check is not valid."""
     log = p["session"] / "log.sqlite"
     if not log.exists():
-        return {"log": {"valid": None, "detail": "no log was written"}}
-    history = load_history(str(log))
+        return {"log": {"valid": None, "detail": "no log was written", "anomalies": []}}
+    workload = _workload(p["session"])
+    launches = LaunchRecord.from_events(events)
     # A fault inflicted just as the run ended (a machine restart in flight) may still be
     # settling: read the workspace once the Space answers again.
     for attempt in range(6):
         space = await placement.backend.find(placement.name)
         if space is None:
             detail = f"Space {placement.name} is gone after the run"
-            return {"space": {"valid": False, "detail": detail}}
+            return {"space": {"valid": False, "detail": detail, "anomalies": []}}
         try:
-            workspace = await snapshot_workspace(space)
+            inputs = await collect(space, log, workload=workload, launches=launches)
             break
         except SpaceUnavailableError:
             if attempt == 5:
                 raise
             await asyncio.sleep(0.5 * (attempt + 1))
-    verdicts: dict[str, Any] = dict(check_all(history, workspace))
-    verdicts["same_as_uninterrupted"] = same_as_uninterrupted(
-        history, model_seed(run), run.calls, server=run.mode == "server"
-    )
+    verdicts: dict[str, Any] = dict(check_all(inputs))
     if run.mode == "server":
-        verdicts["server_survives"] = await server_survives(history, space)
-    if any(v.get("valid") is not True for v in verdicts.values()):
-        (p["root"] / "workspace.json").write_text(
-            json.dumps({k: v.decode(errors="replace") for k, v in workspace.items()}, indent=1)
-        )
+        verdicts["server_survives"] = await server_survives(inputs.history, space)
+    if os.environ.get(KEEP_ENV) == "1" or any(
+        v.get("valid") is not True for v in verdicts.values()
+    ):
+        keep(p["root"], inputs)
     return verdicts
 
 
@@ -376,13 +349,15 @@ async def run_one(run: RunSpec) -> RunRecord:
         else:
             result, injector = await _drive(run, p, placement, schedule)
         _fill(record, result, injector)
+        events = list(result.events)  # the launch history the checker reads
         if result.status == "done" and await placement.backend.find(placement.name) is None:
             # A removal that landed as the last driver finished: what the next session
             # would do is drive once more, rebuilding the Space before it reports done.
             calm = Schedule(run.seed, (), "manual")
             again, _ = await _drive(run, p, placement, calm)
             record.extra["redriven_after_late_removal"] = again.status
-        record.checks = await _check(run, p, placement)
+            events += again.events
+        record.checks = await _check(run, p, placement, events)
         if run.mode == "stale":
             record.checks["stale_driver_fenced"] = record.extra.pop("stale_check")
         if result.status != "done":
