@@ -39,6 +39,7 @@ from durable_spaces.campaigns.inject import Injector
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.spec import CampaignSpec, RunSpec
 from durable_spaces.chaos.nemesis import (
+    TAKEOVER_WAIT_S,
     Composed,
     DriverKiller,
     DriverPauser,
@@ -544,7 +545,8 @@ async def _resume_after_takeover(
 ) -> None:
     """SIGCONT a paused old driver ``resume_s`` after a newer driver's first step, or as
     soon as the takeover's session ends."""
-    while not second.done():
+    deadline = time.monotonic() + TAKEOVER_WAIT_S  # it may hold what the newer one needs
+    while not second.done() and time.monotonic() < deadline:
         if any(a.first_step_ms for c in taking for a in c.history):
             break
         await asyncio.sleep(0.02)
