@@ -19,10 +19,13 @@ export CRASH_MODE CRASH_BACKEND CRASH_RUNS CRASH_CALLS CRASH_SEED_BASE
 setup:
 	$(PIP) install -q -e '.[test]'
 
-# Debian packages, a running dockerd, the docker Space image and the microvm guest.
+# Debian packages, a running dockerd, the docker Space image, the microvm guest, FUSE
+# for the power-loss filesystem, and PostgreSQL for the cluster state.
 system-deps:
 	bash images/space/ci-setup.sh
 	bash images/microvm/ci-setup.sh
+	sh images/powerfs/ci-setup.sh
+	sh images/postgres/ci-setup.sh
 
 # The README's test command: the whole suite, in parallel.
 test: setup system-deps

@@ -19,7 +19,9 @@ for backend in local spacesd; do
   run "transactional-$backend" --mode transactional --backend "$backend" --runs 12 --calls 6 --seed-base ci-tx
   run "auto-$backend" --mode auto --backend "$backend" --runs 8 --calls 6 --seed-base ci-auto
   run "checkpoint-$backend" --mode checkpoint --backend "$backend" --runs 12 --calls 6 --seed-base ci-cp --profile space
-  run "stale-$backend" --mode stale --backend "$backend" --runs 6 --calls 6 --seed-base ci-stale
+  run "stale-$backend" --mode stale --backend "$backend" --runs 8 --calls 6 --seed-base ci-stale
+  # Paused drivers taken over while they sleep, continued after; frozen Spaces.
+  run "pause-$backend" --mode transactional --backend "$backend" --runs 8 --calls 6 --seed-base ci-pause --profile pause
   run "exhaustive-$backend" --mode exhaustive --backend "$backend" --calls 4 --seed-base ci-ex
 done
 # Real containers: restarts (kill + start), removals and daemon kills, both adapter modes.

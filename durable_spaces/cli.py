@@ -145,6 +145,13 @@ Backend = Annotated[str | None, typer.Option(help="CRASH_BACKEND: local, spacesd
 DurableMode = Annotated[str | None, typer.Option(help="CRASH_DURABLE_MODE: the adapter's mode")]
 Calls = Annotated[int | None, typer.Option(help="CRASH_CALLS: scripted calls per run")]
 Profile = Annotated[str | None, typer.Option(help="fault profile (CRASH_PROFILE)")]
+Keep = Annotated[bool, typer.Option(help="keep each run's workspace tar and raw log (CRASH_KEEP)")]
+
+
+def _keep(keep: bool) -> None:
+    """Runs read CRASH_KEEP (workers inherit this process's environment)."""
+    if keep:
+        os.environ["CRASH_KEEP"] = "1"
 
 
 @app.command()
@@ -163,6 +170,7 @@ def campaign(
     run_timeout: Annotated[float, typer.Option(help="seconds before a run is killed")] = 900.0,
     report: Annotated[bool, typer.Option(help="write report.md/html at the end")] = True,
     progress: Annotated[bool, typer.Option(help="live progress bar on stderr")] = True,
+    keep: Keep = False,
 ) -> None:
     """Run a crash campaign; SUMMARY is the last line; exit 1 if any run failed."""
     from durable_spaces.campaigns.runner import run_campaign
@@ -187,6 +195,7 @@ def campaign(
         if not force:
             raise _fail(f"{out} already holds runs (pass --force to replace them)")
         shutil.rmtree(runs_dir)
+    _keep(keep)
     session = _session()
     schedules = None
     if spec.mode == "exhaustive":
@@ -216,6 +225,7 @@ def repro(
     profile: Profile = None,
     schedule: Annotated[Path | None, typer.Option(help="an explicit schedule JSON")] = None,
     state_dir: Annotated[Path | None, typer.Option(help="where the run keeps its state")] = None,
+    keep: Keep = False,
 ) -> None:
     """Run one campaign run alone, from its seed (and schedule); exit 1 if it fails."""
     from durable_spaces.campaigns.spec import CampaignSpec, RunSpec, check_seed
@@ -245,6 +255,7 @@ def repro(
         durable_mode=cs.adapter_mode, profile=cs.profile, state_dir=str(state_dir),
         schedule=sched,
     )  # fmt: skip
+    _keep(keep)
     session = _session()
     rec = asyncio.run(session.run_one(run))
     rec.save(state_dir)
@@ -273,6 +284,26 @@ def report_cmd(directory: Annotated[Path, typer.Argument(help="a campaign direct
         typer.echo(f"durable-spaces: warning: skipped {n} of {n + rep.runs} run records", err=True)
     typer.echo(str(rep.markdown))
     typer.echo(str(rep.html))
+
+
+@app.command("check")
+def check_cmd(
+    run_dir: Annotated[Path, typer.Argument(help="a run's directory kept with --keep")],
+) -> None:
+    """Re-run the checker offline on a kept run; exit 1 if a check is not valid."""
+    from durable_spaces.campaigns.checker import check_all, merge
+    from durable_spaces.campaigns.checks.kept import load
+    from durable_spaces.errors import DurableSpacesError
+
+    try:
+        verdicts = check_all(load(run_dir))
+    except (DurableSpacesError, OSError) as e:
+        raise _fail(str(e)) from None
+    typer.echo(json.dumps(verdicts, indent=2, sort_keys=True))
+    valid = merge(verdicts)
+    failing = ",".join(sorted(k for k, v in verdicts.items() if v["valid"] is not True)) or "-"
+    typer.echo(f"CHECK {run_dir} valid={valid} failing={failing}")
+    raise typer.Exit(0 if valid is True else 1)
 
 
 @app.command()

@@ -91,6 +91,11 @@ class BackendUnavailableError(SpaceError):
 # --- the adapter and the driver ---------------------------------------------------------
 
 
+class ToolArgumentError(DurableSpacesError, ValueError):
+    """A wrapped tool was called with arguments it cannot take (missing, wrong type, out
+    of range): the model sees it as the tool's error; nothing ran."""
+
+
 class PermanentFailure(DurableSpacesError):
     """Retrying cannot help: the driver exits 78 and the coordinator stops."""
 
@@ -118,6 +123,54 @@ class ReviewError(DurableSpacesError):
 
 class ConfigError(DurableSpacesError, ValueError):
     """A malformed environment or option; names the variable and what was wrong."""
+
+
+# --- the cluster store (durable_spaces/cluster) ---------------------------------------
+
+
+class ClusterError(DurableSpacesError):
+    """The cluster's shared state (PostgreSQL) refused a transition or could not be used."""
+
+
+class ClusterUnavailableError(ClusterError):
+    """PostgreSQL could not be reached (or kept failing) for longer than the store's bound."""
+
+
+class ClusterConflictError(ClusterError):
+    """The transition conflicts with what is stored: placing a generation that is not the
+    one waiting, a run id queued again with another spec, a schema newer than this code."""
+
+
+class UnknownRecordError(ClusterError, LookupError):
+    """No host, durable space, session or run of that name is stored."""
+
+
+class LeaseLostError(ClusterError):
+    """A lease token that is not the space's current one (superseded by a newer
+    acquisition, released, or another session's): the drive holding it must stop."""
+
+    def __init__(self, space: str, session: str, token: int, current: int, why: str) -> None:
+        self.space = space
+        self.session = session
+        self.token = token
+        self.current = current
+        super().__init__(
+            f"lease token {token} of session {session} on space {space} is refused: {why}"
+        )
+
+
+class ClaimLostError(ClusterError):
+    """A coordinator's claim on a session, or a worker's on a run, is no longer its own
+    (taken over after it lapsed, or the record is finished)."""
+
+
+class HostLostError(ClusterError):
+    """The host was declared lost (its heartbeat was too old); its Spaces are being placed
+    elsewhere. Its agent must drop what it provided and register again."""
+
+
+class DatabaseServerError(DurableSpacesError):
+    """The private PostgreSQL server could not be initialised, started or stopped."""
 
 
 # --- the chaos lab -----------------------------------------------------------------------

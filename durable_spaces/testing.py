@@ -13,9 +13,15 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from durable_spaces.adapter.models import ScriptedModel, implied_workspace
+from durable_spaces.adapter.models import (
+    AssistantMessage,
+    ScriptedModel,
+    ToolCall,
+    implied_workspace,
+)
 
 __all__ = [
+    "CallListModel",
     "FakeOpenAIServer",
     "ScriptedModel",
     "fake_openai_server",
@@ -23,6 +29,23 @@ __all__ = [
     "text_reply",
     "tool_call_reply",
 ]
+
+
+class CallListModel:
+    """A model that asks for the given tool calls, one per step (step ``n`` is the number of
+    results in the transcript, so a resumed run asks for the same next call), then answers
+    ``"done"``. For testing a tool's handling of exactly the arguments a test chooses,
+    however malformed."""
+
+    def __init__(self, calls: Sequence[tuple[str, Any]]) -> None:
+        self.calls = list(calls)
+
+    async def generate(self, messages: Sequence[Any], tools: Sequence[Any], system: Any) -> Any:
+        step = sum(1 for e in messages if e.kind == "tool_result")
+        if step >= len(self.calls):
+            return AssistantMessage("done")
+        name, args = self.calls[step]
+        return AssistantMessage(f"step {step}", [ToolCall(f"call-{step}", name, args)])
 
 
 def _completion(message: dict[str, Any], finish: str) -> dict[str, Any]:

@@ -21,8 +21,17 @@ from typing import TYPE_CHECKING, Any
 
 from durable_spaces.adapter import image as img
 from durable_spaces.adapter.recovery import RecoveryKind
-from durable_spaces.adapter.space import ExecRecord, ExecResult, ExecState, Space
+from durable_spaces.adapter.space import (
+    MAX_SCAN_DEPTH,
+    ExecRecord,
+    ExecResult,
+    ExecState,
+    Space,
+    confine,
+    name_problem,
+)
 from durable_spaces.adapter.state import CallRecord, SpaceState
+from durable_spaces.adapter.tool_args import BashArgs, EditArgs, ToolArgs, WriteArgs
 from durable_spaces.adapter.tools import ToolContext, ToolResult
 from durable_spaces.chaos import mutants
 from durable_spaces.chaos.failpoints import hit
@@ -33,12 +42,18 @@ if TYPE_CHECKING:
 
 STREAM_FENCE_INTERVAL = 0.2
 RUNNING_MARK = 0.05
+#: A wrapped command's output kept for its result (head and tail; the rest counted), and
+#: the most it streams live: the log must not grow by what a command prints.
+OUTPUT_KEEP_BYTES = 1 << 20
+#: Exit status of coreutils ``timeout`` when the time ran out.
+TIMED_OUT = 124
 
 
 class CallPipeline:
-    """Runs one wrapped call (``tool`` is bash, write or edit) for a ``DurableSpaces``."""
+    """Runs one wrapped call (``tool`` is bash, write or edit) for a ``DurableSpaces``;
+    ``args`` are already checked (``tool_args.parse``)."""
 
-    def __init__(self, durable: DurableSpaces, tool: str, args: dict[str, Any], ctx: ToolContext):
+    def __init__(self, durable: DurableSpaces, tool: str, args: ToolArgs, ctx: ToolContext):
         self.d = durable
         self.tool = tool
         self.args = args
@@ -46,6 +61,7 @@ class CallPipeline:
         self.conv = ctx.conversation_id
         self._fence_checked = 0.0
         self._fence_ok = True
+        self._streamed = 0
 
     # --- entry ----------------------------------------------------------------------------
 
@@ -62,9 +78,31 @@ class CallPipeline:
 
     # --- a call that has not started before -------------------------------------------------
 
+    def _name_problem(self, space: Space) -> str | None:
+        """Why the image could not hold the file this write/edit names (checked before it
+        is written: written first and refused after, it would leave the workspace ahead
+        of the log)."""
+        if isinstance(self.args, BashArgs):
+            return None
+        rel = confine(space.root, self.args.path)
+        for part in rel.split("/"):
+            if (why := name_problem(part)) is not None:
+                return f"{self.args.path!r}: {why}"
+        if rel.count("/") >= MAX_SCAN_DEPTH:
+            return f"{self.args.path!r}: deeper than {MAX_SCAN_DEPTH} levels"
+        return None
+
     async def _fresh(self, state: SpaceState, space: Space) -> ToolResult:
-        mode = await self.d.decide_mode(self.ctx.harness, self.conv, state, space)
+        name_issue = self._name_problem(space)
+        mode = await self.d.decide_mode(
+            self.ctx.harness, self.conv, state, space, checkpoint_for=name_issue
+        )
         state = self.d.load_state(self.ctx.harness, self.conv)
+        if mode == "transactional" and name_issue is not None:
+            return ToolResult.error(
+                f"refused before the call: {name_issue}; the transactional image cannot "
+                "hold this name: rename it, or use mode='checkpoint'"
+            )
         if mode == "transactional" and state.image_stale:
             return ToolResult.error(
                 f"the workspace image is stale ({state.image_stale}); transactional mode "
@@ -103,7 +141,7 @@ class CallPipeline:
     ) -> ToolResult:
         if self.tool == "bash":
             res = await self._run_bash(space, rec)
-            outcome = _bash_outcome(res)
+            outcome = self._bash_outcome(res)
         else:
             outcome = await self._file_effect(space)
             hit("adapter.file_op")
@@ -112,14 +150,23 @@ class CallPipeline:
             self.d.emit(event, self.conv, rec, tool=self.tool)
         return await self._finish(space, rec, outcome)
 
+    def _argv(self) -> list[str]:
+        assert isinstance(self.args, BashArgs)
+        argv = ["bash", "-c", self.args.command]
+        if self.args.timeout is not None:
+            # The limit lives in the Space with the command (coreutils ``timeout``), so a
+            # reattached or replayed command keeps it, and it holds with no driver alive.
+            argv = ["timeout", "-k", "5", f"{self.args.timeout:g}", *argv]
+        return argv
+
     async def _run_bash(self, space: Space, rec: CallRecord, reattach: bool = False) -> ExecResult:
         assert rec.key is not None
-        command = str(self.args.get("command", ""))
         execution = await space.spawn(
-            ["bash", "-c", command],
+            self._argv(),
             key=rec.key,
             epoch=self.d.epoch_for(space.name),
             cwd=self.d.cwd or space.root,
+            keep_output=OUTPUT_KEEP_BYTES,
         )
         hit("adapter.spawn")
         # "running": the command is still going a moment after it started.
@@ -134,7 +181,12 @@ class CallPipeline:
         return res
 
     def _forward(self, chunk: bytes) -> None:
-        """Live output, unless the fence says a newer driver exists (checked <= 5/s)."""
+        """Live output, unless the fence says a newer driver exists (checked <= 5/s), and
+        at most ``OUTPUT_KEEP_BYTES`` of it (the harness commits what it streams)."""
+        if self._streamed >= OUTPUT_KEEP_BYTES:
+            return
+        chunk = chunk[: OUTPUT_KEEP_BYTES - self._streamed]
+        self._streamed += len(chunk)
         now = time.monotonic()
         if self.d.fence is not None and now - self._fence_checked >= STREAM_FENCE_INTERVAL:
             self._fence_checked = now
@@ -145,24 +197,34 @@ class CallPipeline:
                 self._fence_ok = False
         if self._fence_ok:
             self.ctx.output(chunk.decode(errors="replace"))
+            if self._streamed >= OUTPUT_KEEP_BYTES:
+                self.ctx.output("\n[live output stops here; the result keeps its end]\n")
 
     async def _file_effect(self, space: Space) -> dict[str, Any]:
-        path = str(self.args.get("path", ""))
-        if self.tool == "write":
-            content = str(self.args.get("content", ""))
-            await space.write_file(path, content.encode())
-            return {"status": "ok", "content": f"wrote {len(content.encode())} bytes to {path}"}
-        old, new = str(self.args.get("old_text", "")), str(self.args.get("new_text", ""))
+        hit("adapter.before_file_op")  # a driver paused here must never write after a takeover
+        epoch = self.d.epoch_for(space.name)
+        if isinstance(self.args, WriteArgs):
+            path, data = self.args.path, self.args.content.encode()
+            await space.write_file(path, data, epoch=epoch)
+            return {"status": "ok", "content": f"wrote {len(data)} bytes to {path}"}
+        assert isinstance(self.args, EditArgs)
+        path = self.args.path
         st = await space.stat(path)
         if st is None or st.kind != "file":
             return {"status": "error", "content": f"edit: {path} does not exist"}
-        text = (await space.read_file(path)).decode(errors="replace")
-        count = text.count(old) if old else 0
+        # Bytes in, bytes out: a file that is not UTF-8 keeps every byte the edit does not
+        # replace (decoding it with replacement characters would corrupt them).
+        data = await space.read_file(path)
+        old, new = self.args.old_text.encode(), self.args.new_text.encode()
+        count = data.count(old)
         if count != 1:
             why = "not found" if count == 0 else f"found {count} times"
             return {"status": "error", "content": f"edit: old_text {why} in {path}"}
-        await space.write_file(path, text.replace(old, new, 1).encode(), st.mode)
+        await space.write_file(path, data.replace(old, new, 1), st.mode, epoch=epoch)
         return {"status": "ok", "content": f"edited {path}"}
+
+    def _bash_outcome(self, res: ExecResult) -> dict[str, Any]:
+        return bash_outcome(res, self.args.timeout if isinstance(self.args, BashArgs) else None)
 
     # --- after the effect -------------------------------------------------------------------
 
@@ -192,7 +254,7 @@ class CallPipeline:
             if record.state is ExecState.RUNNING and not older:
                 res = await self._run_bash(space, rec)
                 self.d.emit("reattached", self.conv, rec, tool=self.tool)
-                return await self._finish(space, rec, _bash_outcome(res))
+                return await self._finish(space, rec, self._bash_outcome(res))
             if mutants.active("rerun_exited") and record.state is ExecState.EXITED:
                 record = ExecRecord(rec.key, ExecState.UNKNOWN)  # the defect: forget it ran
             if record.state is ExecState.EXITED and (
@@ -202,7 +264,7 @@ class CallPipeline:
                     rec.key, record.exit_code, record.signal, record.output_tail, replayed=True
                 )
                 self.d.emit("replayed", self.conv, rec, tool=self.tool)
-                return await self._finish(space, rec, _bash_outcome(res))
+                return await self._finish(space, rec, self._bash_outcome(res))
             if record.state is ExecState.UNKNOWN:
                 await self.d.restart_mark(self.ctx.harness, self.conv, rec, space)
                 hit("adapter.start_mark")
@@ -236,8 +298,10 @@ class CallPipeline:
 
 
 def _running_mark() -> None:
-    hit("adapter.running")
-    hit("adapter.mid_call")  # the effect may have happened; its outcome is not recorded
+    # From a timer: whether these are hit depends on how long the command ran, so they
+    # are not logical positions of the run (see chaos/failpoints.py).
+    hit("adapter.running", timer=True)
+    hit("adapter.mid_call", timer=True)  # the effect may have happened, not recorded
 
 
 async def _settled_record(space: Space, key: str, timeout: float = 10.0) -> ExecRecord:
@@ -250,12 +314,25 @@ async def _settled_record(space: Space, key: str, timeout: float = 10.0) -> Exec
     return record
 
 
-def _bash_outcome(res: ExecResult) -> dict[str, Any]:
+def bash_outcome(res: ExecResult, timeout: float | None = None) -> dict[str, Any]:
+    """The recorded outcome of a wrapped command (its output already bounded)."""
     text = res.output.decode(errors="replace")
     code = res.exit_code
     status = "ok" if code == 0 else "error"
-    tail = f"\n[exit code {code}]" if code is not None else f"\n[killed by signal {res.signal}]"
-    return {"status": status, "content": (text + tail).lstrip("\n"), "exit_code": code}
+    if timeout is not None and code in (TIMED_OUT, 128 + 9):
+        tail = f"\n[killed: timed out after {timeout:g} s]"
+    elif code is not None:
+        tail = f"\n[exit code {code}]"
+    else:
+        tail = f"\n[killed by signal {res.signal}]"
+    outcome: dict[str, Any] = {
+        "status": status,
+        "content": (text + tail).lstrip("\n"),
+        "exit_code": code,
+    }
+    if res.omitted:
+        outcome["output_omitted_bytes"] = res.omitted
+    return outcome
 
 
 def _result(outcome: dict[str, Any]) -> ToolResult:

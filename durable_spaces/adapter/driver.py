@@ -44,6 +44,7 @@ from durable_spaces.adapter.session_env import (
     parse_seconds,
     parse_space,
 )
+from durable_spaces.chaos import mutants
 from durable_spaces.errors import (
     ConfigError,
     HaltError,
@@ -251,11 +252,13 @@ async def _wait_or_fenced(
     """The submission's result, or None as soon as the log's fence refuses this epoch."""
     task = asyncio.ensure_future(waiting)
     try:
+        poll = not mutants.active("no_fence_poll")
         while not task.done():
             if fenced.is_set():
                 return None
             try:
-                fence.check()
+                if poll:
+                    fence.check()
             except StaleEpochError:
                 return None
             await asyncio.wait({task}, timeout=0.2)

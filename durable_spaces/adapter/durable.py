@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from durable_spaces.adapter import image as img
+from durable_spaces.adapter import tool_args
 from durable_spaces.adapter.calls import CallPipeline
 from durable_spaces.adapter.image import ImageLimits
 from durable_spaces.adapter.log import Fence, check_epoch
@@ -63,6 +64,7 @@ from durable_spaces.errors import (
     SpaceError,
     SpaceUnavailableError,
     StaleEpochError,
+    ToolArgumentError,
     UnsupportedNameError,
 )
 
@@ -180,13 +182,17 @@ class DurableSpaces:
     # --- calls ------------------------------------------------------------------------------
 
     async def run_call(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        try:
+            parsed = tool_args.parse(tool, args)
+        except ToolArgumentError as e:
+            return ToolResult.error(f"{tool}: {e}")  # nothing ran, nothing to recover
         name = self.name_for(ctx.conversation_id)
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
             if self.on_call is not None:
                 self.on_call(tool, ctx.call_id)
             try:
-                return await CallPipeline(self, tool, args, ctx).run()
+                return await CallPipeline(self, tool, parsed, ctx).run()
             except StaleEpochError as e:
                 if self.on_stale is not None:
                     self.on_stale(e)
@@ -400,7 +406,11 @@ class DurableSpaces:
         """Transactional: make the workspace equal to the image again."""
         table = self.image_table(harness, conv)
         await img.apply(
-            space, table, lambda sha: self._need_blob(harness, conv, sha), self.limits.exclude
+            space,
+            table,
+            lambda sha: self._need_blob(harness, conv, sha),
+            self.limits.exclude,
+            epoch=self.epoch_for(space.name),
         )
         self.emit("reverted", conv, rec)
 
@@ -437,9 +447,16 @@ class DurableSpaces:
         return self.snapshots
 
     async def decide_mode(
-        self, harness: Harness, conv: str, state: SpaceState, space: Space
+        self,
+        harness: Harness,
+        conv: str,
+        state: SpaceState,
+        space: Space,
+        checkpoint_for: str | None = None,
     ) -> str:
-        """The mode of the next call (auto checks every condition at the call boundary)."""
+        """The mode of the next call (auto checks every condition at the call boundary;
+        ``checkpoint_for`` is a reason the next call itself gives, e.g. a file name the
+        image cannot hold)."""
         self._scans.pop(space.name, None)  # only a scan taken at this boundary counts
         if state.mode is None:
             if self.mode != "auto":
@@ -453,7 +470,7 @@ class DurableSpaces:
             if state.mode != self.load_state(harness, conv).mode:
                 await self._commit(harness, conv, state)
             return state.mode
-        reason = await self._auto_violation(space)
+        reason = checkpoint_for or await self._auto_violation(space)
         if reason is None:
             if self.load_state(harness, conv).mode != "transactional":
                 await self._commit(harness, conv, state)
@@ -617,6 +634,7 @@ class DurableSpaces:
                 self.image_table(harness, conv),
                 lambda sha: self._need_blob(harness, conv, sha),
                 self.limits.exclude,
+                epoch=self.epoch_for(space.name),
             )
             hit("recovery.reimaged")
             self.emit("reimaged", conv, None, mode="transactional", instance=space.instance_id)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -115,7 +116,11 @@ class LocalDirEnv:
         return CommandResult(code, b"".join(chunks))
 
     async def read_file(self, path: str) -> bytes:
-        with open(self._path(path), "rb") as f:
+        # Non-blocking and checked: opening a FIFO for reading would wait for a writer.
+        fd = os.open(self._path(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise IsADirectoryError(f"not a regular file: {path!r}")
             return f.read()
 
     async def write_file(self, path: str, data: bytes) -> None:

@@ -545,7 +545,8 @@ class Harness:
             on_output=flusher.add,
         )
         try:
-            result = await tool.execute(dict(task["args"]), ctx)
+            args = task["args"]  # whatever the model sent: the tool checks it
+            result = await tool.execute(dict(args) if isinstance(args, dict) else args, ctx)
             if not isinstance(result, ToolResult):
                 result = ToolResult.error(f"tool returned {type(result).__name__}, not ToolResult")
         except FATAL:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from durable_spaces.adapter.space import PathEntry, PathTable, Space
+from durable_spaces.chaos.failpoints import hit
 
 DEFAULT_MAX_FILES = 1000
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
@@ -32,7 +33,13 @@ class ImageLimits:
     exclude: tuple[str, ...] = ()
 
     def violation(self, table: PathTable) -> str | None:
-        """Why ``table`` is over the limits, or None."""
+        """Why ``table`` cannot be the image (over the limits, or holding what the image
+        cannot represent), or None."""
+        bad = sorted(p for p, e in table.items() if e.kind == "unsupported")
+        if bad:
+            shown = ", ".join(f"{p!r} ({table[p].target})" for p in bad[:3])
+            more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+            return f"the workspace holds what the image cannot represent: {shown}{more}"
         files = sum(1 for e in table.values() if e.kind == "file")
         size = sum(e.size for e in table.values() if e.kind == "file")
         if files > self.max_files:
@@ -114,23 +121,30 @@ async def apply(
     target: Mapping[str, PathEntry],
     blob: Callable[[str], bytes],
     exclude: Sequence[str] = (),
+    *,
+    epoch: int,
 ) -> Delta:
     """Make the workspace equal to ``target``: write back what is missing or differs,
-    delete what the image lacks. Returns what was changed."""
+    delete what the image lacks. Returns what was changed. Every change carries
+    ``epoch``: a driver paused here and continued after a takeover changes nothing more."""
     current = await space.scan(".", exclude)
     d = diff(current, target)
     for p in d.delete:
-        await space.remove(p)
+        hit("image.apply_op")
+        # An unsupported entry may stand for a whole tree (a bad directory name, a tree
+        # too deep to scan): it goes whole.
+        await space.remove(p, recursive=current[p].kind == "unsupported", epoch=epoch)
     # Files that replace a directory (or vice versa) need the old path gone first.
     for p, e in sorted(d.put.items()):
+        hit("image.apply_op")  # a revert paused here must never resume after a takeover
         cur = current.get(p)
         if e.kind == "symlink":
-            await space.symlink(p, e.target or "")
+            await space.symlink(p, e.target or "", epoch=epoch)
         elif cur is not None and cur.kind == "file" and cur.sha256 == e.sha256:
-            await space.write_file(p, await space.read_file(p), e.mode)
+            await space.write_file(p, await space.read_file(p), e.mode, epoch=epoch)
         else:
             assert e.sha256 is not None
-            await space.write_file(p, blob(e.sha256), e.mode)
+            await space.write_file(p, blob(e.sha256), e.mode, epoch=epoch)
     return d
 
 

@@ -43,6 +43,8 @@ _NEXT_SEQ = "SELECT COALESCE(MAX(seq), 0) + 1 FROM cua_commits"
 #: ``PRAGMA application_id`` of every SQLite log this package creates ("DSlg").
 APPLICATION_ID = 0x44536C67
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+#: What link(2) answers on a filesystem without hard links (FUSE without link, vfat).
+_NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV, errno.EMLINK)
 _SCHEMA = {
     "cua_commits": "CREATE TABLE cua_commits ("
     " seq INTEGER PRIMARY KEY, epoch INTEGER, ops TEXT NOT NULL)",
@@ -181,7 +183,7 @@ def _create_sqlite(path: Path) -> None:
         except FileExistsError:
             pass  # an older version created it meanwhile: _inspect_sqlite judges it
         except OSError as e:
-            if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            if e.errno not in _NO_HARD_LINKS:
                 raise
             if not os.path.lexists(path):  # no hard links here: rename (not atomic-exclusive)
                 os.rename(tmp, path)

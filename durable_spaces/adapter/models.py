@@ -64,7 +64,7 @@ SERVER_COMMAND = (
 
 def implied_workspace(entries: Sequence[Entry]) -> dict[str, str]:
     """The files a scripted run's committed transcript implies: every call whose result is
-    ``ok`` applied once, in order (writes, whole-line edits, journal appends)."""
+    ``ok`` applied once, in order (writes, line-inserting edits, journal appends)."""
     calls: dict[str, dict[str, Any]] = {}
     files: dict[str, str] = {}
     for e in entries:
@@ -89,12 +89,16 @@ def implied_workspace(entries: Sequence[Entry]) -> dict[str, str]:
 
 
 class ScriptedModel:
-    """A deterministic agent: writes, whole-line edits and appending shell commands.
+    """A deterministic agent: writes, line-inserting edits and appending shell commands.
 
     Step ``n`` (the number of tool results in the transcript) draws from
     ``random.Random(f"{seed}:{n}")`` against the workspace implied by the ``ok`` results so
     far, so after a crash it asks for exactly what it would have asked for. Every line it
-    writes carries a token ``s<step>-<hex>``, so a step applied twice is visible. It never
+    writes carries a token ``s<step>-<hex>``, so a step applied twice is visible: an
+    append leaves its line twice, an edit (``old_text`` a line, ``new_text`` that line
+    followed by a token line) its token line twice. A write applied twice in a row leaves
+    the same file as once, by construction; applied again after a later call changed the
+    file, it brings an earlier version back (the campaign checker reports both). It never
     emits a call that fails on the implied workspace. After ``steps`` results it answers
     ``"done"``.
 
@@ -149,8 +153,10 @@ class ScriptedModel:
                 if files[path].count(line + "\n") == 1
             ]
             if candidates:
+                # The line stays and a token line follows it: the edit still applies
+                # after it was applied, so applying it twice leaves its token twice.
                 old = rng.choice(candidates)
-                args = {"path": path, "old_text": old, "new_text": f"{token}-e\n"}
+                args = {"path": path, "old_text": old, "new_text": f"{old}{token}-e\n"}
                 return ToolCall(cid, "edit", args)
         prefix = f"sleep {self.sleep:g} && " if self.sleep > 0 else ""
         command = f"{prefix}printf '%s\\n' '{token}' >> {JOURNAL}"

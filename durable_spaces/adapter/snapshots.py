@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from durable_spaces.adapter.space import Space, SpaceBackend
+from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import PathEscapeError, SpaceError, SpaceGoneError
 
 
@@ -243,6 +244,7 @@ class WorkspaceSnapshots:
             data = await self._fetch(source, checkpoint_id, max(1, await source.current_epoch()))
             await self._keep(space, checkpoint_id, data, epoch)
         check_archive(data)
+        hit("snapshots.restore")  # a restore paused here must never land after a takeover
         root = _q(space.root)
         await self._sh(
             space,
@@ -270,12 +272,15 @@ class SandboxSnapshots:
         return True  # the checkpoint lives with the backend, outside the Space
 
     async def checkpoint(self, space: Space, call_id: str, epoch: int) -> str:
-        return str(await self.backend.checkpoint(space.name))  # type: ignore[attr-defined]
+        return str(await self.backend.checkpoint(space.name, epoch))  # type: ignore[attr-defined]
 
     async def restore(
         self, space: Space, checkpoint_id: str, epoch: int, source: Space | None = None
     ) -> Space:
-        await self.backend.restore(space.name, checkpoint_id)  # type: ignore[attr-defined]
+        hit("snapshots.restore")
+        # Fenced by the backend against its host floor; the restored guest is raised to
+        # that floor before anyone else can reach it.
+        await self.backend.restore(space.name, checkpoint_id, epoch)  # type: ignore[attr-defined]
         new = await self.backend.find(space.name)
         if new is None:
             # Removed while it was being restored: a lost Space (the next drive places it

@@ -58,6 +58,8 @@ class ExecResult:
 
     ``replayed``: the key had already exited, nothing ran, this is the recorded outcome.
     ``reattached``: the key was running; this call waited for that same process.
+    ``output_bytes``: how much output there was in all (more than ``len(output)`` when a
+    ``keep_output`` bound dropped the middle).
     """
 
     key: str | None
@@ -66,10 +68,51 @@ class ExecResult:
     output: bytes = b""
     replayed: bool = False
     reattached: bool = False
+    output_bytes: int | None = None
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
+
+    @property
+    def omitted(self) -> int:
+        """Bytes of output not kept."""
+        return 0 if self.output_bytes is None else max(0, self.output_bytes - len(self.output))
+
+
+class BoundedOutput:
+    """A command's output, kept to at most ``cap`` bytes (its head and its tail, where the
+    start and the end of a log usually matter) while every byte is counted: a command
+    that prints 100 MB must cost neither 100 MB of memory nor of log. ``cap`` None keeps
+    everything (helpers that parse their output: scans, tars)."""
+
+    def __init__(self, cap: int | None = None) -> None:
+        self.cap = cap
+        self.total = 0
+        self._head = bytearray()
+        self._tail = bytearray()
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        if self.cap is None:
+            self._head += chunk
+            return
+        room = self.cap // 4 - len(self._head)  # a quarter for the head, the rest the tail
+        if room > 0:
+            self._head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self._tail += chunk
+            keep = self.cap - len(self._head)
+            if len(self._tail) > keep:
+                del self._tail[: len(self._tail) - keep]
+
+    def value(self) -> bytes:
+        kept = len(self._head) + len(self._tail)
+        if self.total <= kept:
+            return bytes(self._head + self._tail)
+        marker = f"\n[... {self.total - kept} bytes of output omitted ...]\n".encode()
+        return bytes(self._head) + marker + bytes(self._tail)
 
 
 class Execution(Protocol):
@@ -108,9 +151,15 @@ class FileStat:
 
 @dataclass(frozen=True)
 class PathEntry:
-    """One row of the workspace's path table: what the transactional image stores."""
+    """One row of the workspace's path table: what the transactional image stores.
 
-    kind: str  # "file" | "symlink"
+    A scan also reports what the image cannot hold, as kind ``"unsupported"`` with the
+    reason in ``target`` (a name with a backslash or newline, a directory deeper than
+    ``MAX_SCAN_DEPTH``): the image refuses such a table (``ImageLimits.violation``), auto
+    mode switches to checkpoints for it, and a revert removes it. Raising instead would
+    wedge every later call of a workspace a command made unrepresentable."""
+
+    kind: str  # "file" | "symlink" | "unsupported"
     mode: int = 0o644
     size: int = 0
     sha256: str | None = None  # files
@@ -173,10 +222,12 @@ class Space(Protocol):
         epoch: int,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
+        keep_output: int | None = None,
     ) -> Execution:
         """Start ``argv`` under idempotency ``key`` (recorded durably before the process
         starts). A key already running is reattached; one already exited is replayed;
         neither runs again. ``key=None`` runs without the ledger (scans, tar).
+        ``keep_output`` bounds what ``wait()`` returns (``BoundedOutput``); None keeps all.
         Raises ``StaleEpochError`` when ``epoch`` is below the Space's floor."""
         ...
 
@@ -207,11 +258,21 @@ class Space(Protocol):
 
     async def read_file(self, path: str) -> bytes: ...
 
-    async def write_file(self, path: str, data: bytes, mode: int | None = None) -> None:
-        """Create or replace a regular file (parents created). Never follows a symlink."""
+    # Every mutation carries the caller's epoch and is refused (``StaleEpochError``,
+    # nothing changed) when the Space's floor is above it, checked atomically with the
+    # change: a driver paused mid-call and continued after a newer one took over can
+    # never touch the workspace again. A mutation above the floor may raise it (the real
+    # daemon treats a newer epoch as an advance); callers raise the floor first.
+
+    async def write_file(
+        self, path: str, data: bytes, mode: int | None = None, *, epoch: int
+    ) -> None:
+        """Create or replace a regular file (parents created), atomically (a crash leaves
+        the old file or the new, and no temporary in the workspace). Never follows a
+        symlink. ``mode`` None keeps an existing file's mode (0644 for a new one)."""
         ...
 
-    async def symlink(self, path: str, target: str) -> None:
+    async def symlink(self, path: str, target: str, *, epoch: int) -> None:
         """Create (or replace) a symlink at ``path``; ``target`` is stored verbatim."""
         ...
 
@@ -221,15 +282,16 @@ class Space(Protocol):
 
     async def list_dir(self, path: str = ".") -> list[str]: ...
 
-    async def remove(self, path: str, recursive: bool = False) -> None:
+    async def remove(self, path: str, recursive: bool = False, *, epoch: int) -> None:
         """Remove a file, symlink (not its target) or, with ``recursive``, a directory.
         Missing paths are not an error."""
         ...
 
     async def scan(self, root: str = ".", exclude: Sequence[str] = ()) -> PathTable:
         """The workspace (under ``root``) as a path table. Re-hashes only files whose
-        size, mtime, inode or ctime changed since this Space's last scan. Raises
-        ``UnsupportedNameError`` for names with a backslash or newline."""
+        size, mtime, inode or ctime changed since this Space's last scan. Names the image
+        cannot represent come back as ``unsupported`` entries (see ``PathEntry``); a tree
+        deeper than ``MAX_SCAN_DEPTH`` is one ``unsupported`` entry at that depth."""
         ...
 
     async def close(self) -> None:
@@ -305,7 +367,23 @@ def confine(root: str, path: str) -> str:
     return rel
 
 
+#: Directory levels a scan descends; below, a tree is one ``unsupported`` entry.
+MAX_SCAN_DEPTH = 128
+
+
+def name_problem(rel: str) -> str | None:
+    """Why the image cannot represent the name ``rel``, or None."""
+    if "\\" in rel or "\n" in rel:
+        return "a backslash or newline in the name"
+    return None
+
+
+def unsupported(reason: str) -> PathEntry:
+    return PathEntry(kind="unsupported", mode=0, target=reason)
+
+
 def check_name(rel: str) -> None:
     """Refuse names the image cannot represent."""
-    if "\\" in rel or "\n" in rel:
-        raise UnsupportedNameError(f"unsupported file name (backslash or newline): {rel!r}")
+    why = name_problem(rel)
+    if why is not None:
+        raise UnsupportedNameError(f"unsupported file name ({why}): {rel!r}")

@@ -46,7 +46,8 @@ class SpaceExecutionEnv:
         return await (await self.durable.space(self.conversation_id)).read_file(path)
 
     async def write_file(self, path: str, data: bytes) -> None:
-        await (await self.durable.space(self.conversation_id)).write_file(path, data)
+        space = await self.durable.space(self.conversation_id)
+        await space.write_file(path, data, epoch=self.durable.epoch_for(space.name))
 
     async def exists(self, path: str) -> bool:
         space = await self.durable.space(self.conversation_id)

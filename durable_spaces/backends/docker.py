@@ -371,6 +371,26 @@ class DockerBackend:
         c = await asyncio.to_thread(sync)
         await self._await_daemon(c)
 
+    async def pause(self, name: str) -> None:
+        """Freeze the container (``docker pause``: the cgroup freezer, daemon included)."""
+
+        def sync() -> None:
+            with self._lock(name):
+                c = self._require(name)
+                if c.status == "running":
+                    c.pause()
+
+        await asyncio.to_thread(sync)
+
+    async def resume(self, name: str) -> None:
+        def sync() -> None:
+            with self._lock(name):
+                c = self._container(name)
+                if c is not None and c.status == "paused":
+                    c.unpause()
+
+        await asyncio.to_thread(sync)
+
     async def kill_daemon(self, name: str) -> None:
         """SIGKILL the daemon inside the container; ``supervise`` starts a new one.
         Commands survive as orphans until the next epoch raise (see the module doc)."""

@@ -9,7 +9,13 @@ processes, for tests and for machines without the real daemon. Layout of a Space
         ledger.jsonl   one line per key, fsynced before the command is spawned
         epoch          the floor, replaced atomically under ``lock`` (flock)
         lock
+        staging/       temporaries of file writes (renamed into work/, never left there)
         cmds/<id>/     meta.json (supervisor pid + create time, epoch), output, status
+
+File operations that change the workspace are fenced like commands: the floor is read
+under ``lock`` in the same section that makes the change, and ``advance_epoch`` holds
+``lock`` from its kill to the new floor, so a stale writer's change lands wholly before a
+takeover or not at all.
 
 A command runs under ``local_supervisor.py`` in its own session and process group. The
 supervisor does not depend on its caller: a SIGKILLed driver leaves it running, and the
@@ -56,7 +62,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +71,7 @@ import psutil
 from durable_spaces.adapter.space import (
     EXEC_LEDGER,
     OUTPUT_TAIL_BYTES,
+    BoundedOutput,
     Capabilities,
     ExecRecord,
     ExecResult,
@@ -76,6 +83,7 @@ from durable_spaces.adapter.space import (
 )
 from durable_spaces.backends import local_fs
 from durable_spaces.backends.local_supervisor import format_spec
+from durable_spaces.chaos import mutants
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import (
     ConfigError,
@@ -201,6 +209,7 @@ class LocalExecution:
         reattached: bool = False,
         replay: ExecResult | None = None,
         epoch: int | None = None,
+        keep_output: int | None = None,
     ) -> None:
         self.key = key
         self.epoch = epoch
@@ -212,7 +221,7 @@ class LocalExecution:
         self._ctime = ctime
         self._popen = popen
         self._replay = replay
-        self._collected: list[bytes] = []
+        self._collected = BoundedOutput(keep_output)
         self._gen: AsyncIterator[bytes] | None = None
         self._detached = False
         self._lost = False
@@ -221,7 +230,7 @@ class LocalExecution:
         if self._gen is None:
             self._gen = self._follow()
         async for chunk in self._gen:
-            self._collected.append(chunk)
+            self._collected.add(chunk)
             yield chunk
 
     async def _follow(self) -> AsyncIterator[bytes]:
@@ -308,8 +317,9 @@ class LocalExecution:
             key=self.key,
             exit_code=status.get("exit_code"),
             signal=status.get("signal"),
-            output=b"".join(self._collected),
+            output=self._collected.value(),
             reattached=self.reattached,
+            output_bytes=self._collected.total,
         )
 
     async def detach(self) -> None:
@@ -462,13 +472,22 @@ class LocalSpace:
             return cwd  # the "machine" is this host: any absolute cwd is inside it
         return os.path.join(self.root, confine(self.root, cwd))
 
-    def _existing(self, key: str, line: dict[str, Any]) -> LocalExecution:
+    def _existing(
+        self, key: str, line: dict[str, Any], keep_output: int | None = None
+    ) -> LocalExecution:
         rec = self._record(key, line)
         cmd_dir = self._d / "cmds" / line["cmd"]
         if rec.state is ExecState.RUNNING:
             meta = _read_json(cmd_dir / "meta.json") or {}
             return LocalExecution(
-                self, key, cmd_dir, rec.pid, meta["ctime"], reattached=True, epoch=rec.epoch
+                self,
+                key,
+                cmd_dir,
+                rec.pid,
+                meta["ctime"],
+                reattached=True,
+                epoch=rec.epoch,
+                keep_output=keep_output,
             )
         # Exited: the recorded outcome. Lost: nothing runs again; exit_code None = unknown.
         result = ExecResult(
@@ -488,6 +507,7 @@ class LocalSpace:
         cwd: str | None,
         env: Mapping[str, str] | None,
         stdin: bytes | None,
+        keep_output: int | None = None,
     ) -> LocalExecution:
         _reap()
         with self._locked():
@@ -497,7 +517,7 @@ class LocalSpace:
             if key is not None:
                 line = self._ledger_line(key)
                 if line is not None:
-                    return self._existing(key, line)
+                    return self._existing(key, line, keep_output)
                 cmd_id = "k-" + hashlib.sha256(key.encode()).hexdigest()[:32]
                 self._append_ledger(
                     {"key": key, "epoch": epoch, "cmd": cmd_id, "argv": argv, "t": time.time()}
@@ -532,7 +552,9 @@ class LocalSpace:
                 popen.stdin.write(format_spec(self._cwd(cwd), argv, cenv))
                 popen.stdin.close()
         hit("space.local.spawned")
-        return LocalExecution(self, key, cmd_dir, popen.pid, ctime, popen=popen, epoch=epoch)
+        return LocalExecution(
+            self, key, cmd_dir, popen.pid, ctime, popen=popen, epoch=epoch, keep_output=keep_output
+        )
 
     async def spawn(
         self,
@@ -543,6 +565,7 @@ class LocalSpace:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         stdin: bytes | None = None,
+        keep_output: int | None = None,
     ) -> LocalExecution:
         """See ``Space.spawn``. A key whose record is ``lost`` is not run again either: it
         comes back replayed with ``exit_code=None`` (outcome unknown)."""
@@ -551,7 +574,9 @@ class LocalSpace:
         if not argv:
             raise ValueError("empty argv")
         self._check()
-        return await asyncio.to_thread(self._spawn_sync, list(argv), key, epoch, cwd, env, stdin)
+        return await asyncio.to_thread(
+            self._spawn_sync, list(argv), key, epoch, cwd, env, stdin, keep_output
+        )
 
     async def exec(
         self,
@@ -605,13 +630,35 @@ class LocalSpace:
         self._check()
         return local_fs.read_file(self.root, path)
 
-    async def write_file(self, path: str, data: bytes, mode: int | None = None) -> None:
-        self._check()
-        local_fs.write_file(self.root, path, data, mode)
+    def _mutate_sync(self, epoch: int, op: Callable[[], None]) -> None:
+        """A file operation, fenced: under the lock ``advance_epoch`` holds from its kill
+        to the new floor, so it lands wholly before a takeover or is refused."""
+        hit("space.mutate")  # issued: a driver paused here is continued into the check
+        with self._locked():
+            floor = self._floor()
+            if epoch < floor and not mutants.active("unfenced_mutations"):
+                raise StaleEpochError(epoch, floor, f"Space {self.name}")
+            op()
 
-    async def symlink(self, path: str, target: str) -> None:
+    async def _mutate(self, epoch: int, op: Callable[[], None]) -> None:
         self._check()
-        local_fs.symlink(self.root, path, target)
+        await asyncio.to_thread(self._mutate_sync, epoch, op)
+
+    @property
+    def _staging(self) -> str:
+        return str(self._d / "staging")
+
+    async def write_file(
+        self, path: str, data: bytes, mode: int | None = None, *, epoch: int
+    ) -> None:
+        await self._mutate(
+            epoch, lambda: local_fs.write_file(self.root, path, data, mode, self._staging)
+        )
+
+    async def symlink(self, path: str, target: str, *, epoch: int) -> None:
+        await self._mutate(
+            epoch, lambda: local_fs.symlink(self.root, path, target, self._staging)
+        )
 
     async def stat(self, path: str) -> FileStat | None:
         self._check()
@@ -621,9 +668,8 @@ class LocalSpace:
         self._check()
         return local_fs.list_dir(self.root, path)
 
-    async def remove(self, path: str, recursive: bool = False) -> None:
-        self._check()
-        local_fs.remove(self.root, path, recursive)
+    async def remove(self, path: str, recursive: bool = False, *, epoch: int) -> None:
+        await self._mutate(epoch, lambda: local_fs.remove(self.root, path, recursive))
 
     def _scan_sync(self, root: str, exclude: Sequence[str]) -> PathTable:
         with self._scan_lock:
@@ -635,6 +681,26 @@ class LocalSpace:
 
     async def close(self) -> None:
         _reap()
+
+
+def _space_procs(d: Path, instance: str) -> list[psutil.Process]:
+    """Every live process of the Space: recorded supervisors with their trees, and any
+    process carrying the Space's mark."""
+    procs: dict[int, psutil.Process] = {}
+    for meta_path in (d / "cmds").glob("*/meta.json"):
+        meta = _read_json(meta_path)
+        if meta is None or not _alive(meta["pid"], meta["ctime"]):
+            continue
+        with contextlib.suppress(psutil.Error):
+            p = psutil.Process(meta["pid"])
+            for q in [p, *p.children(recursive=True)]:
+                procs[q.pid] = q
+    me = os.getpid()
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if p.pid != me and p.environ().get("DS_SPACE") == instance:
+                procs[p.pid] = p
+    return list(procs.values())
 
 
 def _kill_space(d: Path, instance: str, below_epoch: int | None = None) -> None:
@@ -753,6 +819,23 @@ class LocalBackend:
 
     async def restart(self, name: str) -> None:
         await asyncio.to_thread(self._restart_sync, name)
+
+    def _signal_sync(self, name: str, sig: int) -> None:
+        space = self._open(name)
+        if space is None:
+            raise SpaceGoneError(f"Space {name} does not exist")
+        for p in _space_procs(space._d, space.instance_id):
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(sig)
+
+    async def pause(self, name: str) -> None:
+        """Freeze the Space's machine: every process of it is SIGSTOPped (the stand-in has
+        no daemon: its file operations run in the caller and are not frozen)."""
+        await asyncio.to_thread(self._signal_sync, name, signal.SIGSTOP)
+
+    async def resume(self, name: str) -> None:
+        with contextlib.suppress(SpaceGoneError):
+            await asyncio.to_thread(self._signal_sync, name, signal.SIGCONT)
 
     async def kill_daemon(self, name: str) -> None:
         """The local stand-in has no daemon: its "daemon" is the Space's process tree, so

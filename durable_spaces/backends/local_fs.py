@@ -19,13 +19,20 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import shutil
 import stat as st
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 
-from durable_spaces.adapter.space import FileStat, PathEntry, PathTable, check_name, confine
+from durable_spaces.adapter.space import (
+    MAX_SCAN_DEPTH,
+    FileStat,
+    PathEntry,
+    PathTable,
+    confine,
+    name_problem,
+    unsupported,
+)
 from durable_spaces.errors import PathEscapeError
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -91,14 +98,32 @@ def read_file(root: str, path: str) -> bytes:
         return f.read()
 
 
-def write_file(root: str, path: str, data: bytes, mode: int | None = None) -> None:
-    """Write a sibling temp file then rename it over ``path``: atomic, and a symlink at
+@contextlib.contextmanager
+def _staging(staging: str | None, dfd: int) -> Iterator[int]:
+    """Where temporaries are made: ``staging`` (a directory beside the workspace, on the
+    same filesystem, so a crash between create and rename leaves nothing in the
+    workspace), else the target's own directory."""
+    if staging is None:
+        yield dfd
+        return
+    os.makedirs(staging, mode=0o700, exist_ok=True)
+    sfd = os.open(staging, _DIR_FLAGS)
+    try:
+        yield sfd
+    finally:
+        os.close(sfd)
+
+
+def write_file(
+    root: str, path: str, data: bytes, mode: int | None = None, staging: str | None = None
+) -> None:
+    """Write a temporary file then rename it over ``path``: atomic, and a symlink at
     ``path`` is replaced by the file instead of being written through."""
     parts = _parts(root, path)
     if not parts:
         raise IsADirectoryError(path)
     name = parts[-1]
-    with _dir(root, parts[:-1], create=True) as dfd:
+    with _dir(root, parts[:-1], create=True) as dfd, _staging(staging, dfd) as sfd:
         if mode is None:
             try:
                 old = os.lstat(name, dir_fd=dfd)
@@ -110,31 +135,31 @@ def write_file(root: str, path: str, data: bytes, mode: int | None = None) -> No
             tmp,
             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
             0o600,
-            dir_fd=dfd,
+            dir_fd=sfd,
         )
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 os.fchmod(f.fileno(), mode & 0o7777)
-            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            os.rename(tmp, name, src_dir_fd=sfd, dst_dir_fd=dfd)
         except BaseException:
             with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dfd)
+                os.unlink(tmp, dir_fd=sfd)
             raise
 
 
-def symlink(root: str, path: str, target: str) -> None:
+def symlink(root: str, path: str, target: str, staging: str | None = None) -> None:
     parts = _parts(root, path)
     if not parts:
         raise IsADirectoryError(path)
-    with _dir(root, parts[:-1], create=True) as dfd:
+    with _dir(root, parts[:-1], create=True) as dfd, _staging(staging, dfd) as sfd:
         tmp = f".ds-tmp-{uuid.uuid4().hex[:12]}"
-        os.symlink(target, tmp, dir_fd=dfd)
+        os.symlink(target, tmp, dir_fd=sfd)
         try:
-            os.rename(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
+            os.rename(tmp, parts[-1], src_dir_fd=sfd, dst_dir_fd=dfd)
         except BaseException:
             with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dfd)
+                os.unlink(tmp, dir_fd=sfd)
             raise
 
 
@@ -187,11 +212,34 @@ def remove(root: str, path: str, recursive: bool = False) -> None:
             if not st.S_ISDIR(s.st_mode):
                 os.unlink(name, dir_fd=dfd)
             elif recursive:
-                shutil.rmtree(name, dir_fd=dfd)  # fd-based, never follows links
+                _rmtree_at(dfd, name)
             else:
                 os.rmdir(name, dir_fd=dfd)
     except (FileNotFoundError, NotADirectoryError):
         return
+
+
+def _rmtree_at(dfd: int, name: str) -> None:
+    """Remove the directory ``name`` of ``dfd`` and all below it: fd-based (never through
+    a symlink), iterative (``shutil.rmtree`` of Python 3.11 recurses, and a command can
+    make a tree deeper than the recursion limit) and with two fds open at most (each
+    subdirectory is first renamed up beside ``name``, so depth never costs fds)."""
+    queue = [name]
+    while queue:
+        here = queue.pop()
+        fd = _open_dir(here, dfd)
+        try:
+            with os.scandir(fd) as it:
+                for e in list(it):
+                    if e.is_dir(follow_symlinks=False):
+                        moved = f".ds-rm-{uuid.uuid4().hex[:12]}"
+                        os.rename(e.name, moved, src_dir_fd=fd, dst_dir_fd=dfd)
+                        queue.append(moved)
+                    else:
+                        os.unlink(e.name, dir_fd=fd)
+        finally:
+            os.close(fd)
+        os.rmdir(here, dir_fd=dfd)
 
 
 def _sha256(name: str, dir_fd: int) -> str:
@@ -225,7 +273,7 @@ class Scanner:
         fresh: dict[str, tuple[_Sig, str]] = {}
         try:
             with _dir(root, parts) as dfd:
-                self._walk(dfd, top, excl, start, table, fresh)
+                self._walk(dfd, top, excl, start, table, fresh, len(parts))
         except (FileNotFoundError, NotADirectoryError):
             pass
         if top == ".":
@@ -240,45 +288,82 @@ class Scanner:
 
     def _walk(
         self,
-        dfd: int,
-        prefix: str,
+        top_fd: int,
+        top: str,
         excl: list[str],
         start: int,
         table: PathTable,
         fresh: dict[str, tuple[_Sig, str]],
+        top_depth: int,
     ) -> None:
-        with os.scandir(dfd) as it:
-            entries = sorted(it, key=lambda e: e.name)
-        for e in entries:
-            rel = e.name if prefix == "." else f"{prefix}/{e.name}"
-            if any(rel == x or rel.startswith(x + "/") for x in excl):
-                continue
-            check_name(rel)
-            try:
-                s = e.stat(follow_symlinks=False)
-                if st.S_ISLNK(s.st_mode):
-                    table[rel] = PathEntry(
-                        kind="symlink", mode=0o777, target=os.readlink(e.name, dir_fd=dfd)
-                    )
-                elif st.S_ISDIR(s.st_mode):
-                    sub = _open_dir(e.name, dfd)
-                    try:
-                        self._walk(sub, rel, excl, start, table, fresh)
-                    finally:
-                        os.close(sub)
-                elif st.S_ISREG(s.st_mode):
-                    sig = (s.st_size, s.st_mtime_ns, s.st_ino, s.st_ctime_ns)
-                    cached = self._cache.get(rel)
-                    if cached is not None and cached[0] == sig:
-                        sha = cached[1]
-                    else:
-                        sha = _sha256(e.name, dfd)
-                        self.stats["hashed"] += 1
-                    if max(s.st_mtime_ns, s.st_ctime_ns) < start - RACY_NS:
-                        fresh[rel] = (sig, sha)
-                    table[rel] = PathEntry(
-                        kind="file", mode=s.st_mode & 0o777, size=s.st_size, sha256=sha
-                    )
-                # fifos, sockets, devices: not representable in the image, skipped
-            except (FileNotFoundError, NotADirectoryError):
-                continue  # vanished while scanning (a command is still writing)
+        """Depth first, with an explicit stack (a tree a command made thousands of levels
+        deep must not exhaust Python's recursion), holding one open fd per level at most
+        ``MAX_SCAN_DEPTH`` deep; a deeper tree is one ``unsupported`` entry."""
+        stack: list[tuple[int, str, Iterator[os.DirEntry[str]]]] = []
+
+        def enter(fd: int, prefix: str) -> None:
+            with os.scandir(fd) as it:
+                entries = sorted(it, key=lambda e: e.name)
+            stack.append((fd, prefix, iter(entries)))
+
+        enter(os.dup(top_fd), top)
+        try:
+            while stack:
+                dfd, prefix, it = stack[-1]
+                e = next(it, None)
+                if e is None:
+                    stack.pop()
+                    os.close(dfd)
+                    continue
+                rel = e.name if prefix == "." else f"{prefix}/{e.name}"
+                if any(rel == x or rel.startswith(x + "/") for x in excl):
+                    continue
+                why = name_problem(e.name)
+                if why is not None:
+                    table[rel] = unsupported(why)
+                    continue
+                try:
+                    s = e.stat(follow_symlinks=False)
+                    if st.S_ISLNK(s.st_mode):
+                        table[rel] = PathEntry(
+                            kind="symlink", mode=0o777, target=os.readlink(e.name, dir_fd=dfd)
+                        )
+                    elif st.S_ISDIR(s.st_mode):
+                        if top_depth + len(stack) >= MAX_SCAN_DEPTH:
+                            table[rel] = unsupported(f"deeper than {MAX_SCAN_DEPTH} levels")
+                            continue
+                        sub = _open_dir(e.name, dfd)
+                        try:
+                            enter(sub, rel)
+                        except BaseException:
+                            os.close(sub)
+                            raise
+                    elif st.S_ISREG(s.st_mode):
+                        self._file(e, dfd, rel, s, start, table, fresh)
+                    # fifos, sockets, devices: not representable in the image, skipped
+                except (FileNotFoundError, NotADirectoryError):
+                    continue  # vanished while scanning (a command is still writing)
+        finally:
+            for dfd, _, _ in stack:
+                os.close(dfd)
+
+    def _file(
+        self,
+        e: os.DirEntry[str],
+        dfd: int,
+        rel: str,
+        s: os.stat_result,
+        start: int,
+        table: PathTable,
+        fresh: dict[str, tuple[_Sig, str]],
+    ) -> None:
+        sig = (s.st_size, s.st_mtime_ns, s.st_ino, s.st_ctime_ns)
+        cached = self._cache.get(rel)
+        if cached is not None and cached[0] == sig:
+            sha = cached[1]
+        else:
+            sha = _sha256(e.name, dfd)
+            self.stats["hashed"] += 1
+        if max(s.st_mtime_ns, s.st_ctime_ns) < start - RACY_NS:
+            fresh[rel] = (sig, sha)
+        table[rel] = PathEntry(kind="file", mode=s.st_mode & 0o777, size=s.st_size, sha256=sha)

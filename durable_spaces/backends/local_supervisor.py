@@ -14,7 +14,10 @@ Protocol with the caller:
    caller died before recording us: we exit without running anything (the key then
    reads ``lost``).
 2. The command runs with stdout and stderr appended to ``CMD_DIR/output`` and stdin from
-   ``CMD_DIR/stdin`` (or /dev/null), in our process group, so one ``killpg`` ends both.
+   ``CMD_DIR/stdin`` (or /dev/null), in a process group of its own: a command that
+   signals its own group (``kill 0``, a shell's job control) must not kill us, or its
+   outcome would read ``lost`` and the session would loop on it. The Space's kill finds
+   it anyway (our children, and its ``DS_SPACE`` mark).
 3. When it ends: fsync the output, write ``CMD_DIR/status`` atomically (tmp, fsync,
    rename), exit. A status file therefore always means a complete output. The directory
    is not fsynced: a host crash kills the command too, and a status lost with it reads
@@ -82,6 +85,7 @@ def main(args: list[str]) -> int:
                 (os.POSIX_SPAWN_DUP2, out, 1),
                 (os.POSIX_SPAWN_DUP2, out, 2),
             ],
+            setpgroup=0,
         )
     except OSError as e:
         code = 127 if isinstance(e, FileNotFoundError) else 126

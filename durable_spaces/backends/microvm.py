@@ -95,6 +95,7 @@ from durable_spaces.errors import (
     SpaceError,
     SpaceGoneError,
     SpaceUnavailableError,
+    StaleEpochError,
 )
 
 __all__ = ["MicrovmBackend", "MicrovmSpace", "unavailable_reason"]
@@ -142,6 +143,12 @@ class SpaceState:
     #: Token file of the checkpoint being restored while its token is still the one in
     #: guest memory (a driver killed before the rotation leaves it set: find() finishes).
     pending: str = ""
+    #: The host's copy of the epoch floor. The guest's floor lives on its disk and rolls
+    #: back with every restore; this one does not, so a stale restore or checkpoint is
+    #: refused here, and a restored guest is raised to it before anyone else reaches it.
+    floor: int = 0
+    #: Frozen by ``pause`` (QMP stop) until ``resume``: a find() leaves it stopped.
+    frozen: bool = False
 
 
 @dataclass
@@ -245,8 +252,22 @@ def _make_space_class() -> type[Any]:
             code = out.exit.code if out.exit is not None else None
             return code, bytes(out.stdout or b"") + bytes(out.stderr or b"")
 
+        async def current_epoch(self) -> int:
+            st = self._backend._read(self.name)
+            host = st.floor if st is not None and st.instance_id == self.instance_id else 0
+            return max(host, await super().current_epoch())
+
         async def advance_epoch(self, epoch: int) -> None:
-            before = await self.current_epoch()
+            # Under the Space's lock, so a restore (which replaces the machine and its
+            # floor) is wholly before or after this advance, never around it.
+            async with self._backend._lock(self.name):
+                self._backend._raise_floor(self.name, self.instance_id, epoch)
+                await self._advance_guest(epoch)
+
+        async def _advance_guest(self, epoch: int) -> None:
+            before = await super().current_epoch()
+            if epoch < before:
+                raise StaleEpochError(epoch, before, "space")
             await super().advance_epoch(epoch)
             if epoch > before and self._backend.sweep_orphans:
                 code, out = await self.root_run(_SWEEP)
@@ -377,6 +398,21 @@ class MicrovmBackend:
 
     def _token(self, name: str) -> str:
         return (self._home(name) / "token").read_text().strip()
+
+    def _raise_floor(self, name: str, instance_id: str | None, epoch: int | None) -> SpaceState:
+        """The host floor check of a mutation by ``epoch`` (caller holds the Space's lock):
+        refused below the floor, raised above it. ``epoch`` None is the backend's own
+        operation (placement, faults), which is not fenced."""
+        st = self._read(name)
+        if st is None or (instance_id is not None and st.instance_id != instance_id):
+            raise SpaceGoneError(f"no Space {name!r}")
+        if epoch is not None:
+            if epoch < st.floor:
+                raise StaleEpochError(epoch, st.floor, f"Space {name}")
+            if epoch > st.floor:
+                st.floor = epoch
+                self._write(name, st)
+        return st
 
     @contextlib.asynccontextmanager
     async def _lock(self, what: str) -> AsyncIterator[None]:
@@ -556,8 +592,11 @@ class MicrovmBackend:
         disk, as a machine would; one left half-way by a killed driver is finished."""
         if not qemu_vm.alive(st.pid, st.pid_start):
             st.pending = ""  # a cold boot takes the Space's own token from fw_cfg
+            st.frozen = False
             st = await self._start(name, st, None)
             return self._space(name, st)
+        if st.frozen:
+            return self._space(name, st)  # paused on purpose: it answers once resumed
         top = await qemu_vm.settle(self._qmp_sock(name))
         if top is not None and top != st.chain[-1]:
             # Killed between the disk snapshot and recording it: the new top is real.
@@ -593,6 +632,26 @@ class MicrovmBackend:
                     await _guest(sp, "sync", timeout=15)
             self._kill(name)
             await self._start(name, st, None)
+
+    async def pause(self, name: str) -> None:
+        """Freeze the whole machine (QMP ``stop``): every vCPU halts, the daemon with it."""
+        async with self._lock(name):
+            st = self._read(name)
+            if st is None:
+                raise SpaceGoneError(f"no Space {name!r}")
+            if qemu_vm.alive(st.pid, st.pid_start):
+                st.frozen = True  # so a find() meanwhile does not continue it (settle)
+                self._write(name, st)
+                await qemu_vm.qmp_run(self._qmp_sock(name), "stop")
+
+    async def resume(self, name: str) -> None:
+        async with self._lock(name):
+            st = self._read(name)
+            if st is not None and st.frozen:
+                st.frozen = False
+                self._write(name, st)
+                if qemu_vm.alive(st.pid, st.pid_start):
+                    await qemu_vm.qmp_run(self._qmp_sock(name), "cont")
 
     async def kill_daemon(self, name: str) -> None:
         async with self._lock(name):
@@ -665,13 +724,12 @@ class MicrovmBackend:
             if _CKPT_OK.match(p.name) and (p / "meta.json").exists()
         )
 
-    async def checkpoint(self, name: str) -> str:
+    async def checkpoint(self, name: str, epoch: int | None = None) -> str:
         """Checkpoint the whole machine (memory and disk) of Space ``name``; returns the id.
-        The guest pauses for the memory copy only (a fraction of a second)."""
+        The guest pauses for the memory copy only (a fraction of a second). ``epoch``
+        fences it (a stale driver's checkpoint is refused)."""
         async with self._lock(name):
-            st = self._read(name)
-            if st is None:
-                raise SpaceGoneError(f"no Space {name!r}")
+            st = self._raise_floor(name, None, epoch)
             if not qemu_vm.alive(st.pid, st.pid_start):
                 raise SpaceUnavailableError(f"the machine of Space {name!r} is not running")
             cid = secrets.token_hex(12)
@@ -726,26 +784,40 @@ class MicrovmBackend:
         mem = d / "memory.zst" if (d / "memory.zst").exists() else d / "memory"
         return _Source(mem, meta.chain, d / "token")
 
-    async def restore(self, name: str, checkpoint_id: str) -> Any:
+    async def restore(self, name: str, checkpoint_id: str, epoch: int | None = None) -> Any:
         """Replace Space ``name`` with a fork of the checkpoint (same name, instance and
-        token). Its processes come back as they were; the caller raises the epoch next.
+        token). Its processes come back as they were.
+
+        Fenced by ``epoch`` against the host floor (a stale driver's restore is refused
+        and changes nothing). The restored guest comes back on a new port and has its
+        floor raised to the host's before the lock is released: the checkpoint's older
+        floor is never reachable, even by a stale client that kept a connection.
 
         A Space that no longer exists (removed, lost) is placed again from the checkpoint:
         a new instance (new id and token) with the checkpoint's machine in it."""
+        from durable_spaces.backends.spacesd_daemon import free_port
+
         source = self._source(checkpoint_id)
         async with self._lock(name):
             st = self._read(name)
             if st is None:
                 sp = await self._fork_into(name, source, checkpoint_id)
+                if epoch is not None:
+                    self._raise_floor(name, None, epoch)
+                    await sp._advance_guest(epoch)
                 await self._gc()
                 return sp
+            st = self._raise_floor(name, None, epoch)
             self._kill(name)
             async with self._lock("pool"):
                 st.chain = [*source.chain, self._new_layer(source.chain[-1])]
                 st.restored_from = checkpoint_id
+                st.port = free_port()
                 self._write(name, st)
             st = await self._start(name, st, source)
             sp = self._space(name, st)
+            if st.floor:
+                await sp._advance_guest(st.floor)
         await self._gc()
         return sp
 

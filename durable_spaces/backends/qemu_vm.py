@@ -42,6 +42,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
 
@@ -333,6 +334,12 @@ async def resume_incoming(qmp_sock: pathlib.Path, vm: VmProcess, timeout: float)
             if not alive(vm.pid, vm.start) or time.monotonic() - t0 > timeout:
                 raise SpaceUnavailableError("restore failed: memory was not loaded")
             await asyncio.sleep(0.01)
+
+
+async def qmp_run(qmp_sock: pathlib.Path, command: str) -> Any:
+    """One QMP command (``stop``, ``cont``, ...) on a fresh connection."""
+    async with Qmp(qmp_sock) as q:
+        return await q.run(command)
 
 
 async def settle(qmp_sock: pathlib.Path, timeout: float = 60) -> str | None:

@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -283,6 +284,20 @@ class SpacesdBackend:
                 raise SpaceGoneError(f"no Space {name!r}")
             await asyncio.to_thread(lambda: d.kill(st, daemon_only=True))
             await self._boot(d, st)
+
+    async def pause(self, name: str) -> None:
+        """Freeze the Space's machine (SIGSTOP of every process in it, the daemon too):
+        requests hang until ``resume``; nothing is lost."""
+        d = self._daemon(name)
+        async with self._locked(d):
+            if d.read_state() is None:
+                raise SpaceGoneError(f"no Space {name!r}")
+            await asyncio.to_thread(d.signal_all, signal.SIGSTOP)
+
+    async def resume(self, name: str) -> None:
+        d = self._daemon(name)
+        async with self._locked(d):
+            await asyncio.to_thread(d.signal_all, signal.SIGCONT)
 
     async def delete(self, name: str) -> None:
         d = self._daemon(name)

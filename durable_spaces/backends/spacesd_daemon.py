@@ -430,6 +430,28 @@ class LocalDaemon:
         members.append(st.daemon_pid)
         self._wait_dead(members)
 
+    def members(self, st: DaemonState | None = None) -> list[int]:
+        """Every process of the Space's machine right now (its namespace, or the daemon's
+        tree and process group in the fallback)."""
+        st = st or self.read_state()
+        if st is None or not _alive(st.daemon_pid, st.daemon_start):
+            return []
+        if st.isolation == PIDNS:
+            ns = _pid_ns(st.daemon_pid)
+            return _ns_members(ns) if ns is not None and ns != _pid_ns(os.getpid()) else []
+        out = _tree(st.daemon_pid)
+        if _alive(st.leader_pid, st.leader_start):
+            out += _pgroup_members(st.leader_pid)
+        return sorted(set(out))
+
+    def signal_all(self, sig: int, st: DaemonState | None = None) -> list[int]:
+        """Send ``sig`` to every process of the machine (a freeze: SIGSTOP / SIGCONT)."""
+        pids = self.members(st)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        return pids
+
     def _wait_dead(self, members: list[int]) -> None:
         starts = {pid: _start_time(pid) for pid in members if pid > 0}
         deadline = time.monotonic() + 10

@@ -25,10 +25,14 @@ Decisions worth knowing:
 - The daemon treats a command whose epoch is above the floor as an ``AdvanceEpoch``
   first: the floor rises and processes of older epochs are killed. Newer writers fence
   older ones without an explicit ``advance_epoch``.
+- Every mutation of the workspace (write, symlink, remove) is one command carrying the
+  caller's epoch (``MUTATE``): the daemon's file API has no epoch field, its commands do.
+  A stale one is refused before it starts; one still running when the floor rises is
+  killed by the advance, and its temporary never reaches the workspace. Reads (download,
+  stat, list, scan) stay on the file API or on epoch-0 helpers.
 - Epoch 0 means "no epoch" to the daemon (the protobuf default): such a command is never
   refused and never killed by ``advance_epoch``. The adapter's epochs start at 1; the
-  ledger-less helpers (scan, symlink) use 0 on purpose: like the file API they are not
-  fenced.
+  read-only helpers (scan, hash) use 0 on purpose.
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ import cua
 
 from durable_spaces.adapter.space import (
     EXEC_LEDGER,
+    MAX_SCAN_DEPTH,
+    BoundedOutput,
     Capabilities,
     ExecRecord,
     ExecResult,
@@ -60,9 +66,12 @@ from durable_spaces.adapter.space import (
     OutputCallback,
     PathEntry,
     PathTable,
-    check_name,
     confine,
+    name_problem,
+    unsupported,
 )
+from durable_spaces.chaos import mutants
+from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import (
     CapabilityMissingError,
     PathEscapeError,
@@ -84,6 +93,60 @@ _EPOCH_PROBE_KEY = "durable-spaces:epoch-probe"
 #: Timestamps this close to a scan's start are not trusted for caching (as local_fs).
 RACY_SECONDS = 0.05
 _STDIN_CHUNK = 1 << 20
+
+#: The one script every workspace mutation runs (arguments only, never interpolated):
+#: ``op root staging arg component...``. It walks from the root one component at a time,
+#: refusing any symlink on the way (as local_fs does with O_NOFOLLOW), creating missing
+#: directories for write/symlink, then acts on the last component without following it.
+#: A write goes to a temporary in ``staging`` (beside the workspace, same filesystem) and
+#: is renamed into place: a kill leaves the old file or the new, and nothing in the
+#: workspace. There is a window between a component's check and the next step that a
+#: concurrent hostile command could use; the daemon has no openat-style API to close it.
+MUTATE = r"""
+op=$1 root=$2 stage=$3 arg=$4; shift 4
+cd -P -- "$root" || exit 90
+while [ $# -gt 1 ]; do
+  c=$1; shift
+  [ -L "$c" ] && { echo "symlink: $c" >&2; exit 91; }
+  if [ ! -e "$c" ]; then
+    [ "$op" = remove ] && exit 0
+    mkdir -- "$c" 2>/dev/null || [ -d "$c" ] || exit 92
+    [ -L "$c" ] && exit 91
+  fi
+  cd -P -- "$c" 2>/dev/null || exit 93
+done
+leaf=$1
+case $op in
+write)
+  [ -d "$leaf" ] && [ ! -L "$leaf" ] && exit 94
+  mode=${arg%:*} size=${arg#*:}
+  if [ -z "$mode" ]; then
+    if [ -f "$leaf" ] && [ ! -L "$leaf" ]; then mode=$(stat -c %a -- "$leaf"); else mode=644; fi
+  fi
+  mkdir -p -- "$stage" && tmp=$(mktemp -p "$stage" .w.XXXXXXXX) || exit 95
+  if cat > "$tmp" && [ "$(stat -c %s -- "$tmp")" = "$size" ] && chmod -- "$mode" "$tmp" &&
+     mv -fT -- "$tmp" "$leaf"; then exit 0; fi
+  rm -f -- "$tmp"; exit 96 ;;
+symlink)
+  [ -d "$leaf" ] && [ ! -L "$leaf" ] && exit 94
+  mkdir -p -- "$stage" && tmp=$(mktemp -u -p "$stage" .l.XXXXXXXX) || exit 95
+  if ln -s -- "$arg" "$tmp" && mv -fT -- "$tmp" "$leaf"; then exit 0; fi
+  rm -f -- "$tmp"; exit 96 ;;
+remove)
+  [ -e "$leaf" ] || [ -L "$leaf" ] || exit 0
+  if [ -d "$leaf" ] && [ ! -L "$leaf" ]; then
+    if [ "$arg" = r ]; then rm -rf -- "$leaf" || exit 96
+    else rmdir -- "$leaf" 2>/dev/null || exit 98; fi
+  else rm -f -- "$leaf" || exit 96; fi ;;
+esac
+"""
+_MUTATE_ERRORS: dict[int, tuple[type[OSError], int, str]] = {
+    90: (FileNotFoundError, errno.ENOENT, "the workspace is missing"),
+    92: (OSError, errno.EIO, "cannot create a parent directory"),
+    93: (NotADirectoryError, errno.ENOTDIR, "a parent is not a directory"),
+    94: (IsADirectoryError, errno.EISDIR, "is a directory"),
+    98: (OSError, errno.ENOTEMPTY, "directory not empty"),
+}
 
 
 class DaemonProbe(Protocol):
@@ -184,6 +247,7 @@ class SpacesdExecution:
         replayed: bool,
         lost: bool,
         on_output: OutputCallback | None = None,
+        keep_output: int | None = None,
     ) -> None:
         self.key = key
         self.pid: int | None = int(proc.pid()) or None
@@ -194,8 +258,9 @@ class SpacesdExecution:
         self._proc = proc
         self._boot = boot
         self._on_output = on_output
-        self._out = bytearray()
-        self._stdout = bytearray()
+        self._out = BoundedOutput(keep_output)
+        #: Only helpers that parse their stdout (unbounded) keep it apart.
+        self._stdout: bytearray | None = bytearray() if keep_output is None else None
         self._exit: Any = None
         self._done = False
         self._pending: asyncio.Future[Any] | None = None
@@ -236,8 +301,8 @@ class SpacesdExecution:
             data = bytes(ev.data)
             if not data:
                 continue
-            self._out += data
-            if ev.kind == cua.ProcessEventKind.STDOUT:
+            self._out.add(data)
+            if ev.kind == cua.ProcessEventKind.STDOUT and self._stdout is not None:
                 self._stdout += data
             if self._on_output is not None:
                 self._on_output(data)
@@ -253,14 +318,15 @@ class SpacesdExecution:
             pass
         code, sig, extra = _exit_fields(self._exit, self._lost)
         if extra:
-            self._out += extra
+            self._out.add(extra)
         return ExecResult(
             key=self.key,
             exit_code=code,
             signal=sig,
-            output=bytes(self._out),
+            output=self._out.value(),
             replayed=self.replayed,
             reattached=self.reattached,
+            output_bytes=self._out.total,
         )
 
     async def detach(self) -> None:
@@ -275,8 +341,8 @@ class SpacesdExecution:
                 raise self._space._map(e) from None
 
     def stdout(self) -> bytes:
-        """Only stdout (for helpers that parse it)."""
-        return bytes(self._stdout)
+        """Only stdout (for helpers that parse it; empty when ``keep_output`` bounded it)."""
+        return bytes(self._stdout or b"")
 
 
 class RecordedExecution:
@@ -484,6 +550,7 @@ class SpacesdSpace:
         env: Mapping[str, str] | None = None,
         on_output: OutputCallback | None = None,
         stdin: bool = False,
+        keep_output: int | None = None,
     ) -> SpacesdExecution | RecordedExecution:
         if not argv:
             raise ValueError("empty argv")
@@ -517,6 +584,7 @@ class SpacesdSpace:
             replayed=prior in (ExecState.EXITED, ExecState.LOST),
             lost=prior == ExecState.LOST,
             on_output=on_output,
+            keep_output=keep_output,
         )
 
     async def exec(
@@ -575,13 +643,18 @@ class SpacesdSpace:
             return None
 
     async def _resolve(self, path: str, *, follow_last: bool) -> str:
+        return (await self._resolve_stat(path, follow_last=follow_last))[0]
+
+    async def _resolve_stat(self, path: str, *, follow_last: bool) -> tuple[str, Any | None]:
         """Workspace-relative ``path``, after checking that no existing component is a
         symlink (inside-pointing or not, like the local backend: the adapter never needs
         to go through one). With ``follow_last=False`` the last component is not checked
-        (lstat semantics: it is replaced, removed or described, never followed)."""
+        (lstat semantics: it is replaced, removed or described, never followed). Also the
+        last component's lstat when it was looked at (None: missing or not looked at)."""
         rel = confine(self.root, path)
         parts = [] if rel == "." else rel.split("/")
         check = parts if follow_last else parts[:-1]
+        last = None
         for i in range(len(check)):
             here = "/".join(parts[: i + 1])
             st = await self._lstat(here)
@@ -589,47 +662,31 @@ class SpacesdSpace:
                 break  # nothing below a missing component exists yet
             if st.kind == "symlink":
                 raise PathEscapeError(f"refusing to go through the symlink {here!r} ({path!r})")
-        return rel
+            if i == len(parts) - 1:
+                last = st
+        return rel, last
 
     # --- files -------------------------------------------------------------------------
 
     async def read_file(self, path: str) -> bytes:
-        rel = await self._resolve(path, follow_last=True)
+        rel, st = await self._resolve_stat(path, follow_last=True)
+        if rel != "." and st is None:
+            raise FileNotFoundError(errno.ENOENT, f"no such file: {path!r}")
+        if st is None or st.kind != "file":
+            # A FIFO would block the daemon's read forever; a directory is not a file.
+            raise IsADirectoryError(errno.EISDIR, f"not a regular file: {path!r}")
         return bytes(await self._call("download", self._abs(rel)))
 
-    async def write_file(self, path: str, data: bytes, mode: int | None = None) -> None:
-        rel = await self._resolve(path, follow_last=False)
-        if rel == ".":
-            raise IsADirectoryError(errno.EISDIR, "cannot write the workspace root")
-        # The daemon writes a temporary file and renames it over the path, so a symlink
-        # at the last component is replaced, never followed.
-        opts = cua.UploadOptions(permissions=(mode or 0) & 0o7777, create_parents=True)
-        boot = self._probe.boot_id()
-        await self._call("upload", self._abs(rel), bytes(data), opts)
-        if self._probe.boot_id() != boot:
-            # The daemon restarted under this upload and the client retried it: the dead
-            # daemon's temporary file (".<name>.cua-XXXX.part") is left beside the path.
-            await self._remove_partials(rel)
+    async def write_file(
+        self, path: str, data: bytes, mode: int | None = None, *, epoch: int
+    ) -> None:
+        # The size goes with the bytes: a stream cut short (the caller killed mid-upload)
+        # ends ``cat`` early, and a prefix must never be renamed into place.
+        octal = "" if mode is None else f"{mode & 0o7777:o}"
+        await self._mutate("write", path, epoch, f"{octal}:{len(data)}", stdin=bytes(data))
 
-    async def _remove_partials(self, rel: str) -> None:
-        parent, leaf = posixpath.split(rel)
-        prefix = f".{leaf}.cua-"
-        with contextlib.suppress(OSError, SpaceError):
-            for name in await self.list_dir(parent or "."):
-                if name.startswith(prefix) and name.endswith(".part"):
-                    await self.remove(posixpath.join(parent, name) if parent else name)
-
-    async def symlink(self, path: str, target: str) -> None:
-        rel = await self._resolve(path, follow_last=False)
-        if rel == ".":
-            raise IsADirectoryError(errno.EISDIR, "cannot replace the workspace root")
-        parent, leaf = posixpath.split(rel)
-        pdir = self._abs(parent or ".")
-        if parent:
-            await self._call("make_dir", pdir)
-        _, res = await self._run(["ln", "-sfT", "--", target, leaf], cwd=pdir)
-        if res.exit_code != 0:
-            raise OSError(errno.EIO, f"ln failed: {res.output.decode(errors='replace')}")
+    async def symlink(self, path: str, target: str, *, epoch: int) -> None:
+        await self._mutate("symlink", path, epoch, target)
 
     async def stat(self, path: str) -> FileStat | None:
         rel = await self._resolve(path, follow_last=False)
@@ -651,12 +708,51 @@ class SpacesdSpace:
         entries = await self._call("list_dir", self._abs(rel), 1)
         return sorted(e.name for e in entries)
 
-    async def remove(self, path: str, recursive: bool = False) -> None:
-        rel = await self._resolve(path, follow_last=False)
+    async def remove(self, path: str, recursive: bool = False, *, epoch: int) -> None:
+        await self._mutate("remove", path, epoch, "r" if recursive else "")
+
+    @property
+    def _staging(self) -> str:
+        return posixpath.join(posixpath.dirname(self.root.rstrip("/")), ".ds-staging")
+
+    async def _mutate(
+        self, op: str, path: str, epoch: int, arg: str, stdin: bytes | None = None
+    ) -> None:
+        """One workspace mutation as one command carrying ``epoch``: the daemon's file API
+        has no epoch field, its commands do (a stale one is refused before it starts, and
+        one running when the floor rises is killed by the advance). See ``MUTATE``."""
+        rel = confine(self.root, path)
         if rel == ".":
-            raise PathEscapeError("refusing to remove the workspace root")
-        with contextlib.suppress(FileNotFoundError):
-            await self._call("remove", self._abs(rel), recursive)
+            if op == "remove":
+                raise PathEscapeError("refusing to remove the workspace root")
+            raise IsADirectoryError(errno.EISDIR, f"cannot {op} the workspace root")
+        argv = ["sh", "-c", MUTATE, "ds-mutate", op, self.root, self._staging, arg]
+        fenced = 0 if mutants.active("unfenced_mutations") else epoch  # 0: never refused
+        hit("space.mutate")  # a driver paused here is continued straight into the request
+        ex = await self.spawn(
+            [*argv, *rel.split("/")], key=None, epoch=fenced, cwd="/", stdin=stdin is not None
+        )
+        if stdin is not None:
+            hit("space.mutate_started")  # running in the Space, its bytes not sent yet
+            try:
+                await self._feed(ex, stdin)
+            except SpaceError as e:
+                if "process has exited" not in str(e):
+                    raise
+                # It refused before reading (a symlink on the way): its exit says why.
+        res = await ex.wait()
+        if res.exit_code == 0:
+            return
+        floor = await self.current_epoch()
+        if floor > epoch:  # the floor rose while it ran: the advance killed it
+            raise StaleEpochError(epoch, floor, "space")
+        why = res.output.decode(errors="replace").strip()[-300:]
+        if res.exit_code == 91:
+            raise PathEscapeError(f"refusing to go through a symlink ({path!r}): {why}")
+        err = _MUTATE_ERRORS.get(res.exit_code or 0)
+        if err is not None:
+            raise err[0](err[1], f"{op} {path!r}: {why or err[2]}")
+        raise SpaceError(f"{op} {path!r} failed ({res.exit_code}, signal {res.signal}): {why}")
 
     # --- scan --------------------------------------------------------------------------
 
@@ -688,7 +784,10 @@ class SpacesdSpace:
             name = prefix + name_b.decode("utf-8", "surrogateescape")
             if any(name == x or name.startswith(x + "/") for x in excl):
                 continue
-            check_name(name)
+            cut = _unrepresentable(name)
+            if cut is not None:  # as local_fs: one entry where the image stops
+                table[cut[0]] = unsupported(cut[1])
+                continue
             if typ == b"l":
                 tgt = target.decode("utf-8", "surrogateescape")
                 table[name] = PathEntry(kind="symlink", mode=0o777, target=tgt)
@@ -730,6 +829,19 @@ class SpacesdSpace:
             if len(rec) > 66:
                 out[rec[66:].decode("utf-8", "surrogateescape")] = rec[:64].decode()
         return out
+
+
+def _unrepresentable(name: str) -> tuple[str, str] | None:
+    """Where a listed path leaves what the image can hold (a bad name, too deep): the
+    path up to there and why; None when all of it is representable."""
+    parts = name.split("/")
+    for i, part in enumerate(parts):
+        if i >= MAX_SCAN_DEPTH:
+            return "/".join(parts[:MAX_SCAN_DEPTH]), f"deeper than {MAX_SCAN_DEPTH} levels"
+        why = name_problem(part)
+        if why is not None:
+            return "/".join(parts[: i + 1]), why
+    return None
 
 
 async def wait_http_health(

@@ -26,6 +26,12 @@ supervisor with backoff. What it must guarantee, even when it is itself SIGKILLe
   with ``superseded`` instead of fighting it.
 - A driver whose stdout falls silent for ``stall_secs`` (heartbeats are output) is
   SIGKILLed and counts as a crash.
+- ``abandon_current()`` gives up on the running driver *without* killing it: what a
+  coordinator does when it believes a driver dead that is only paused (a GC pause, a
+  frozen VM, a partition). The next epoch is launched as after a crash; the abandoned
+  process is still reaped when it exits (its exit code lands on its ``Attempt``), and
+  ``run()`` waits for abandoned drivers before it returns, so no stale driver is left
+  running behind a finished session. Whoever paused it must continue it.
 - ``place_space()`` raising ``PermanentFailure`` ends the session ``failed``; any other
   error is retried like a crash (backoff, counted against ``max_attempts``).
 
@@ -60,6 +66,8 @@ from durable_spaces.errors import PermanentFailure
 EXIT_DONE = 0
 EXIT_FENCED = 75
 EXIT_PERMANENT = 78
+#: Not an exit code: what ``_supervise`` returns for a driver given up on (still alive).
+EXIT_ABANDONED = -1000
 
 HEARTBEAT_PREFIX = "CUA-HEARTBEAT "
 EVENT_PREFIX = "DS-EVENT "
@@ -104,7 +112,10 @@ class Attempt:
     events: list[dict[str, Any]] = field(default_factory=list)
     log_path: Path | None = None
     backoff_ms: float = 0.0
+    #: When the coordinator gave up on it without killing it (``abandon_current``).
+    abandoned_ms: float | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    abandon: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     @property
     def alive(self) -> bool:
@@ -257,6 +268,7 @@ class Coordinator:
         kill_orphans: bool = True,
         timeout_secs: float | None = None,
         cwd: str | Path | None = None,
+        epoch_source: Callable[[int], Awaitable[int]] | None = None,
     ) -> None:
         self.argv = list(argv)
         self.state_dir = Path(state_dir)
@@ -272,6 +284,10 @@ class Coordinator:
         self.kill_orphans = kill_orphans
         self.timeout_secs = timeout_secs
         self.cwd = cwd
+        #: Where epochs come from when not from the state file: called with the highest
+        #: fenced floor seen, it returns the next epoch, already durable (a cluster's
+        #: database: ``max(previous + 1, lease token)``).
+        self.epoch_source = epoch_source
         #: Tells this coordinator's drivers apart from another's (even in one process).
         self.id = uuid.uuid4().hex
         self.current: Attempt | None = None
@@ -280,6 +296,10 @@ class Coordinator:
         self._floor_seen = 0
         self._resumes: list[Resume] = []
         self._subscribers: list[asyncio.Queue[Attempt | None]] = []
+        self._background: set[asyncio.Task[int]] = set()
+        #: Set once the loop has decided how the session ends (before abandoned drivers
+        #: are waited for): whoever keeps a driver paused must continue it now.
+        self.settled = asyncio.Event()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.state_dir / "drivers").mkdir(exist_ok=True)
 
@@ -288,8 +308,8 @@ class Coordinator:
     def kill_current(self, reason: str = "nemesis") -> int | None:
         """SIGKILL the running driver now; its pid, or None when none is running."""
         a = self.current
-        if a is None or not a.alive:
-            return None
+        if a is None or not a.alive or a.abandoned_ms is not None:
+            return None  # an abandoned driver is its pauser's (and the fence's) business
         if a.killed_ms is None:
             a.killed_by, a.killed_ms = reason, _now_ms()
         try:
@@ -298,6 +318,19 @@ class Coordinator:
             return None
         self._emit("kill", a.epoch, pid=a.pid, reason=reason)
         return a.pid
+
+    def abandon_current(self, reason: str = "paused") -> Attempt | None:
+        """Stop waiting for the running driver without killing it (see the module doc);
+        the attempt, or None when none is running."""
+        a = self.current
+        if a is None or not a.alive or a.abandoned_ms is not None:
+            return None
+        a.abandoned_ms = _now_ms()
+        if a.killed_ms is None:
+            a.killed_by, a.killed_ms = reason, a.abandoned_ms
+        a.abandon.set()
+        self._emit("abandon", a.epoch, pid=a.pid, reason=reason)
+        return a
 
     def attempts(self) -> AsyncIterator[Attempt]:
         """Each attempt as it is launched, until the run ends (subscribe before ``run``)."""
@@ -313,19 +346,42 @@ class Coordinator:
     # -- the loop ------------------------------------------------------------------------
 
     async def run(self) -> CoordinatorResult:
-        """Drive to the end; kills the current driver if cancelled."""
+        """Drive to the end; kills the current driver if cancelled. Returns once every
+        driver it launched has ended (abandoned ones included)."""
         try:
             if self.timeout_secs is None:
-                return await self._loop()
-            try:
-                return await asyncio.wait_for(self._loop(), self.timeout_secs)
-            except TimeoutError:
-                await self._stop_current("timeout")
-                return self._result("exhausted", f"timeout after {self.timeout_secs}s")
+                result = await self._loop()
+            else:
+                try:
+                    result = await asyncio.wait_for(self._loop(), self.timeout_secs)
+                except TimeoutError:
+                    await self._stop_current("timeout")
+                    result = self._result("exhausted", f"timeout after {self.timeout_secs}s")
         finally:
+            self.settled.set()
             await self._stop_current("coordinator_exit")
+            await self._reap_abandoned()
             for q in self._subscribers:
                 q.put_nowait(None)
+        # Abandoned drivers may have ended after the loop did: their exits count too.
+        result.exit_codes = [a.exit_code for a in self.history if a.exit_code is not None]
+        result.events = list(self.events)
+        return result
+
+    async def _reap_abandoned(self, timeout: float = 120.0) -> None:
+        """Wait for abandoned drivers to end (someone continues them); kill the ones that
+        do not end in time, so none outlives the run."""
+        left = [a for a in self.history if a.abandoned_ms is not None and a.alive]
+        if not left:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(a.done.wait() for a in left)), timeout)
+        for a in left:
+            if a.alive:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(a.pid, signal.SIGKILL)
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(a.done.wait(), 10)
 
     async def _stop_current(self, reason: str) -> None:
         """Kill and reap a driver left running by a timeout or a cancellation."""
@@ -357,7 +413,7 @@ class Coordinator:
             return delay * 1000
 
         while len(self.history) + place_failures < self.max_attempts:
-            epoch = self._issue_epoch()
+            epoch = await self._next_epoch()
             launch = Launch(len(self.history), epoch, self._driver_env(epoch))
             for hook in self.before_launch:
                 r = hook(launch)
@@ -404,9 +460,8 @@ class Coordinator:
                 continue
             crashes += 1
             if last_death is None:
-                assert attempt.ended_ms is not None
                 cause = attempt.killed_by or "crash"
-                last_death = (attempt.killed_ms or attempt.ended_ms, cause)
+                last_death = (attempt.killed_ms or attempt.ended_ms or _now_ms(), cause)
                 down_backoff_ms, down_attempts = 0.0, 0
             if len(self.history) + place_failures >= self.max_attempts:
                 break
@@ -418,6 +473,13 @@ class Coordinator:
         )
 
     # -- pieces --------------------------------------------------------------------------
+
+    async def _next_epoch(self) -> int:
+        if self.epoch_source is not None:
+            epoch = await self.epoch_source(self._floor_seen)
+            failpoints.hit("coordinator.epoch_issued")
+            return epoch
+        return self._issue_epoch()
 
     def _issue_epoch(self) -> int:
         """Persist the next epoch before anything runs under it (see the module doc)."""
@@ -540,25 +602,53 @@ class Coordinator:
 
         reader = asyncio.create_task(read())
         waiter = asyncio.create_task(a.process.wait())
+        abandoned = asyncio.create_task(a.abandon.wait())
         tick = min(1.0, self.stall_secs / 8)
         try:
-            while not waiter.done():
-                await asyncio.wait({waiter}, timeout=tick)
+            while not waiter.done() and not abandoned.done():
+                await asyncio.wait({waiter, abandoned}, timeout=tick)
                 silent = time.monotonic() - last_output
-                if not waiter.done() and a.killed_ms is None and silent > self.stall_secs:
+                if (
+                    not waiter.done()
+                    and not abandoned.done()
+                    and a.killed_ms is None
+                    and silent > self.stall_secs
+                ):
                     self._emit("stall", a.epoch, pid=a.pid, silent_s=self.stall_secs)
                     self.kill_current("stall")
-            code = waiter.result()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(reader, 2.0)  # a grandchild may hold the pipe
+            if not waiter.done():
+                # Given up on, not dead: reap it whenever it ends, and go on now.
+                t = asyncio.create_task(self._finish(a, reader, waiter))
+                self._background.add(t)
+                t.add_done_callback(self._background.discard)
+                return EXIT_ABANDONED
+        except BaseException:
+            for task in (reader, waiter):
+                task.cancel()
+            raise
         finally:
-            for t in (reader, waiter):
-                if not t.done():
-                    t.cancel()
+            abandoned.cancel()
+        return await self._finish(a, reader, waiter)
+
+    async def _finish(
+        self, a: Attempt, reader: asyncio.Task[None], waiter: asyncio.Task[int]
+    ) -> int:
+        code = await waiter
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(reader, 2.0)  # a grandchild may hold the pipe
+        if not reader.done():
+            reader.cancel()
         a.exit_code = code
         a.ended_ms = _now_ms()
         a.done.set()
-        self._emit("exit", a.epoch, pid=a.pid, code=code, killed_by=a.killed_by)
+        self._emit(
+            "exit",
+            a.epoch,
+            pid=a.pid,
+            code=code,
+            killed_by=a.killed_by,
+            abandoned=a.abandoned_ms is not None,
+        )
         return code
 
     def _line(self, a: Attempt, line: str) -> None:

@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from durable_spaces.errors import RecordError
 
@@ -33,10 +33,13 @@ MAX_RECORD_BYTES = 16 << 20
 
 
 class Check(TypedDict):
-    """One checker's verdict: ``valid`` True, False, or None (unknown)."""
+    """One checker's verdict: ``valid`` True, False, or None (unknown), and the named
+    anomalies that make it false (``{"name", "path", "witness", "detail"}``; records
+    written before anomalies existed have none)."""
 
     valid: bool | None
     detail: str
+    anomalies: NotRequired[list[dict[str, Any]]]
 
 
 def merge_valid(values: Iterable[bool | None]) -> bool | None:
@@ -218,7 +221,13 @@ def _checks(name: str, v: Any) -> dict[str, Check]:
         valid = c.get("valid")
         if type(valid) not in (bool, type(None)):
             raise RecordError(f"field {name}[{k!r}].valid must be true, false or null")
-        out[k] = Check(valid=valid, detail=str(c.get("detail", "")))
+        check = Check(valid=valid, detail=str(c.get("detail", "")))
+        if "anomalies" in c:  # the named anomalies behind a verdict (records may lack them)
+            found = c["anomalies"]
+            if not isinstance(found, list) or not all(isinstance(x, dict) for x in found):
+                raise RecordError(f"field {name}[{k!r}].anomalies must be a list of objects")
+            check["anomalies"] = [dict(x) for x in found]
+        out[k] = check
     return out
 
 

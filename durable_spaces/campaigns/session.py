@@ -18,33 +18,38 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import os
 import random
 import re
 import shutil
+import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from durable_spaces.adapter.models import ScriptedModel
 from durable_spaces.adapter.space import space_name
 from durable_spaces.backends import open_backend
 from durable_spaces.campaigns.agent import AgentConfigFile
-from durable_spaces.campaigns.checker import (
-    History,
-    check_all,
-    load_history,
-    snapshot_workspace,
-)
-from durable_spaces.campaigns.coordinator import Coordinator, CoordinatorResult, Launch
+from durable_spaces.campaigns.checker import History, LaunchRecord, Workload, check_all, collect
+from durable_spaces.campaigns.checks.kept import keep
+from durable_spaces.campaigns.coordinator import Attempt, Coordinator, CoordinatorResult, Launch
 from durable_spaces.campaigns.inject import Injector
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.spec import CampaignSpec, RunSpec
-from durable_spaces.chaos.nemesis import Composed, DriverKiller, Nemesis, SpaceNemesis, compose
+from durable_spaces.chaos.nemesis import (
+    TAKEOVER_WAIT_S,
+    Composed,
+    DriverKiller,
+    DriverPauser,
+    Nemesis,
+    SpaceNemesis,
+    compose,
+    is_stopped,
+)
 from durable_spaces.chaos.schedule import (
+    PAUSE_POINTS,
     AttemptPlan,
     Failpoint,
     Schedule,
@@ -75,6 +80,8 @@ POINTS = (
 )
 
 AGENT_ARGV = (sys.executable, "-m", "durable_spaces.campaigns.agent")
+#: ``1``: keep every run's checker inputs in ``<run>/kept`` (``durable-spaces ... --keep``).
+KEEP_ENV = "CRASH_KEEP"
 RUN_TIMEOUT_S = 240.0
 
 
@@ -182,7 +189,8 @@ class Placement:
 def _nemesis(coordinator: Coordinator, placement: Placement) -> Composed:
     routes: dict[Any, Nemesis] = {
         "kill": DriverKiller(coordinator),
-        ("daemon_kill", "space_restart", "space_remove"): SpaceNemesis(
+        "pause": DriverPauser(coordinator),
+        ("daemon_kill", "space_restart", "space_remove", "space_pause"): SpaceNemesis(
             placement.backend, placement.name
         ),
     }
@@ -194,9 +202,9 @@ def _coordinator(run: RunSpec, p: dict[str, Path], placement: Placement, **kw: A
         AGENT_ARGV,
         p["session"],
         run.run_id,
-        stall_secs=60.0,
+        stall_secs=kw.pop("stall_secs", 60.0),
         heartbeat_secs=2.0,
-        backoff=(0.05, 0.4, 2.0),
+        backoff=kw.pop("backoff", (0.05, 0.4, 2.0)),
         max_attempts=kw.pop("max_attempts", 24),
         place_space=placement.place_space,
         env={"CUA_SESSION_SPACE": placement.name},
@@ -206,10 +214,19 @@ def _coordinator(run: RunSpec, p: dict[str, Path], placement: Placement, **kw: A
 
 
 async def _drive(
-    run: RunSpec, p: dict[str, Path], placement: Placement, schedule: Schedule, **kw: Any
+    run: RunSpec,
+    p: dict[str, Path],
+    placement: Placement,
+    schedule: Schedule,
+    *,
+    seen: list[Coordinator] | None = None,
+    **kw: Any,
 ) -> tuple[CoordinatorResult, Injector]:
     coordinator = _coordinator(run, p, placement, **kw)
-    injector = Injector(coordinator, schedule, _nemesis(coordinator, placement))
+    if seen is not None:
+        seen.append(coordinator)
+    traces = p["root"] / "traces" / coordinator.id[:8]
+    injector = Injector(coordinator, schedule, _nemesis(coordinator, placement), traces)
     inject = asyncio.create_task(injector.run())
     try:
         return await coordinator.run(), injector
@@ -217,6 +234,7 @@ async def _drive(
         inject.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await inject
+        await injector.finish()  # every fault in flight lands whole before the check
 
 
 async def server_survives(history: History, space: Any) -> dict[str, Any]:
@@ -245,65 +263,43 @@ async def server_survives(history: History, space: Any) -> dict[str, Any]:
     return {"valid": True, "detail": f"server pid {pid} alive, beat {age} s ago"}
 
 
-def same_as_uninterrupted(
-    history: History, seed: str, calls: int, server: bool = False
+def _workload(session_dir: Path) -> Workload:
+    cfg = AgentConfigFile.load(session_dir)
+    return Workload(seed=cfg.seed, calls=cfg.calls, sleep=cfg.sleep, server=cfg.server)
+
+
+async def _check(
+    run: RunSpec, p: dict[str, Path], placement: Placement, events: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """A run with no interrupted call asked for exactly the calls of an uninterrupted run."""
-    if any(r.get("status") == "interrupted" for r in history.results):
-        return {"valid": True, "detail": "has interrupted calls: not comparable"}
-    model = ScriptedModel(seed, calls, server=server)
-    files: dict[str, str] = {}
-    want = []
-    for step in range(calls):
-        tc = model.call(step, files)
-        want.append(tc.id)
-        _apply(files, tc.name, tc.args)
-    got = [r.get("call_id") for r in history.results]
-    if got == want:
-        return {"valid": True, "detail": f"{len(got)} calls as uninterrupted"}
-    return {"valid": False, "detail": f"calls {got} != uninterrupted {want}"}
-
-
-def _apply(files: dict[str, str], name: str, args: Mapping[str, Any]) -> None:
-    from durable_spaces.campaigns.checker import interpret_append
-
-    if name == "write":
-        files[args["path"]] = args["content"]
-    elif name == "edit":
-        files[args["path"]] = files[args["path"]].replace(args["old_text"], args["new_text"], 1)
-    elif name == "bash" and (parsed := interpret_append(args["command"])):
-        files[parsed[0]] = files.get(parsed[0], "") + parsed[1] + "\n"
-
-
-async def _check(run: RunSpec, p: dict[str, Path], placement: Placement) -> dict[str, Any]:
+    """Every check of ``checker`` on the raw log, the raw workspace and the launch
+    history ``events``; the inputs are kept in ``<run>/kept`` when ``CRASH_KEEP=1`` (the
+    CLI's ``--keep``) or when a check is not valid."""
     log = p["session"] / "log.sqlite"
     if not log.exists():
-        return {"log": {"valid": None, "detail": "no log was written"}}
-    history = load_history(str(log))
+        return {"log": {"valid": None, "detail": "no log was written", "anomalies": []}}
+    workload = _workload(p["session"])
+    launches = LaunchRecord.from_events(events)
     # A fault inflicted just as the run ended (a machine restart in flight) may still be
     # settling: read the workspace once the Space answers again.
     for attempt in range(6):
         space = await placement.backend.find(placement.name)
         if space is None:
             detail = f"Space {placement.name} is gone after the run"
-            return {"space": {"valid": False, "detail": detail}}
+            return {"space": {"valid": False, "detail": detail, "anomalies": []}}
         try:
-            workspace = await snapshot_workspace(space)
+            inputs = await collect(space, log, workload=workload, launches=launches)
             break
         except SpaceUnavailableError:
             if attempt == 5:
                 raise
             await asyncio.sleep(0.5 * (attempt + 1))
-    verdicts: dict[str, Any] = dict(check_all(history, workspace))
-    verdicts["same_as_uninterrupted"] = same_as_uninterrupted(
-        history, model_seed(run), run.calls, server=run.mode == "server"
-    )
+    verdicts: dict[str, Any] = dict(check_all(inputs))
     if run.mode == "server":
-        verdicts["server_survives"] = await server_survives(history, space)
-    if any(v.get("valid") is not True for v in verdicts.values()):
-        (p["root"] / "workspace.json").write_text(
-            json.dumps({k: v.decode(errors="replace") for k, v in workspace.items()}, indent=1)
-        )
+        verdicts["server_survives"] = await server_survives(inputs.history, space)
+    if os.environ.get(KEEP_ENV) == "1" or any(
+        v.get("valid") is not True for v in verdicts.values()
+    ):
+        keep(p["root"], inputs)
     return verdicts
 
 
@@ -354,13 +350,15 @@ async def run_one(run: RunSpec) -> RunRecord:
         else:
             result, injector = await _drive(run, p, placement, schedule)
         _fill(record, result, injector)
+        events = list(result.events)  # the launch history the checker reads
         if result.status == "done" and await placement.backend.find(placement.name) is None:
             # A removal that landed as the last driver finished: what the next session
             # would do is drive once more, rebuilding the Space before it reports done.
             calm = Schedule(run.seed, (), "manual")
             again, _ = await _drive(run, p, placement, calm)
             record.extra["redriven_after_late_removal"] = again.status
-        record.checks = await _check(run, p, placement)
+            events += again.events
+        record.checks = await _check(run, p, placement, events)
         if run.mode == "stale":
             record.checks["stale_driver_fenced"] = record.extra.pop("stale_check")
         if result.status != "done":
@@ -413,6 +411,7 @@ def _fill(record: RunRecord, result: CoordinatorResult, injector: Injector) -> N
         status=result.status,
         recoveries_by_mode=dict(sorted(by_mode.items())),
         nemesis=[op.to_json() for op in injector.nemesis.history],
+        interleaving=injector.realized,
     )
 
 
@@ -421,19 +420,71 @@ async def _drive_stale(
 ) -> tuple[CoordinatorResult, Injector, dict[str, Any]]:
     """A second coordinator takes over (a new epoch) while the first one's driver runs
     (a coordinator restarted on another machine, a partition): the old driver must be
-    fenced by the log and the Space, and never add to the log."""
-    first = _coordinator(run, p, placement, max_attempts=1)
+    fenced by the log and the Space, and never add to the log.
+
+    In most runs the old driver is *paused* first: it stops itself (SIGSTOP) at a drawn
+    pause point, with a Space mutation ahead of it or in flight; the takeover starts at
+    once, and the old driver is continued ``resume_s`` after the new one's first step (or
+    when the session ends). It must then change nothing and exit fenced."""
+    rng = random.Random(f"{run.seed}:stale")
+    delay = rng.uniform(0.0, 1.0)
+    pause: Failpoint | None = None
+    crash: Failpoint | None = None
+    resume_s = 0.0
+    if rng.random() < STALE_PAUSE_P:
+        unreachable = {
+            "local": {"space.mutate_started"},  # local writes in-process, not by command
+        }.get(run.backend, set()) | {
+            "transactional": {"snapshots.restore"},
+            "checkpoint": {"image.apply_op"},
+        }.get(run.durable_mode or "", set())
+        points = [x for x in PAUSE_POINTS if x not in unreachable]
+        if rng.random() < 0.5:
+            # The old driver is itself a resumer: the one before it died mid-call, so it
+            # pauses inside recovery (a revert, a restore) with the call's fate decided.
+            crash = Failpoint(rng.choice(CRASH_BEFORE_PAUSE), 1)
+            points = [x for x in points if x in RECOVERY_PAUSE_POINTS]
+        pause = Failpoint(rng.choice(sorted(points)), 1 if crash else rng.randint(1, 2), "pause")
+        resume_s = round(rng.uniform(0.0, 1.5), 3)
+
+    def arm(launch: Launch) -> None:
+        fp = crash if crash is not None and launch.index == 0 else pause
+        launch.env["DS_FAILPOINTS"] = fp.spec() if fp is not None else ""
+
+    # The old driver's own coordinator must not replace it while it is stopped: it is
+    # the one that lost contact, and has no newer epoch to give.
+    first = _coordinator(
+        run,
+        p,
+        placement,
+        max_attempts=2 if crash is not None else 1,
+        stall_secs=3600.0,
+        backoff=(0.05, 0.05, 1.0),
+        before_launch=[arm],
+    )
     first_task = asyncio.create_task(first.run())
-    delay = random.Random(f"{run.seed}:stale").uniform(0.0, 1.0)
-    for _ in range(200):  # until the first driver really works
-        if first.current is not None and first.current.first_step_ms is not None:
+    for _ in range(400):  # until the first driver really works (or stopped itself)
+        cur = first.current
+        if cur is not None and (
+            (pause is None and cur.first_step_ms is not None) or is_stopped(cur.pid)
+        ):
             break
-        if first_task.done():
+        if first_task.done() or (cur is not None and cur.first_step_ms and pause is None):
             break
         await asyncio.sleep(0.05)
-    await asyncio.sleep(delay)
     old = first.current
-    second_result, injector = await _drive(run, p, placement, schedule, kill_orphans=False)
+    paused = old is not None and old.alive and is_stopped(old.pid)
+    if not paused:
+        await asyncio.sleep(delay)
+    taking: list[Coordinator] = []
+    second = asyncio.create_task(
+        _drive(run, p, placement, schedule, kill_orphans=False, seen=taking)
+    )
+    if paused and old is not None:
+        await _resume_after_takeover(old, taking, second, resume_s)
+    second_result, injector = await second
+    if old is not None and old.alive and is_stopped(old.pid):
+        os.kill(old.pid, signal.SIGCONT)
     first_result = await first_task
     old_code = old.exit_code if old is not None else None
     second_start = min(
@@ -449,9 +500,9 @@ async def _drive_stale(
         check = {"valid": True, "detail": f"old driver ended ({old_code}) before the takeover"}
     elif old_code == 75:
         check = {"valid": True, "detail": "old driver was fenced (exit 75)"}
-    elif old_code == 0:
+    elif old_code == 0 and not paused:
         check = {"valid": True, "detail": "old driver finished before being fenced"}
-    elif old_code not in (None, 78):
+    elif old_code not in (None, 0, 78):
         # e.g. halted (exit 1) because a Space fault hit its command: it stopped without
         # recording anything, which no_stale_writes and the workspace checks confirm.
         check = {"valid": True, "detail": f"old driver stopped (exit {old_code})"}
@@ -466,8 +517,45 @@ async def _drive_stale(
         resumes=second_result.resumes,
         reason=second_result.reason,
     )
-    extra = {"stale_check": check, "stale_overlapped": overlapped, "old_exit": old_code}
+    extra = {
+        "stale_check": check,
+        "stale_overlapped": overlapped,
+        "old_exit": old_code,
+        "stale_pause": None
+        if pause is None
+        else {
+            **pause.to_json(),
+            "paused": paused,
+            "after_crash": None if crash is None else crash.spec(),
+        },
+    }
     return merged, injector, extra
+
+
+#: How often the old driver of a ``stale`` run is paused (else it simply runs on).
+STALE_PAUSE_P = 0.7
+#: Where the driver before a recovery-pausing old driver dies (the call's fate unknown).
+CRASH_BEFORE_PAUSE = ("adapter.mid_call", "adapter.file_op", "adapter.start_mark")
+#: Pause points on a resumer's path: the Space is being brought back to the log.
+RECOVERY_PAUSE_POINTS = ("recovery.start", "image.apply_op", "snapshots.restore", "space.mutate")
+
+
+async def _resume_after_takeover(
+    old: Attempt, taking: list[Coordinator], second: asyncio.Task[Any], resume_s: float
+) -> None:
+    """SIGCONT a paused old driver ``resume_s`` after a newer driver's first step, or as
+    soon as the takeover's session ends."""
+    deadline = time.monotonic() + TAKEOVER_WAIT_S  # it may hold what the newer one needs
+    while not second.done() and time.monotonic() < deadline:
+        if any(a.first_step_ms for c in taking for a in c.history):
+            break
+        await asyncio.sleep(0.02)
+    if not second.done():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(second), resume_s)
+    if old.alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(old.pid, signal.SIGCONT)
 
 
 async def trace_hits(run: RunSpec) -> list[tuple[str, int]]:

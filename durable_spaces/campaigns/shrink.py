@@ -18,9 +18,10 @@ Rules every pass keeps:
   give it the schedule the run recorded to shrink faults too, because a redraw with
   fewer calls would be a different schedule.
 
-Passes: ``drop_fault`` (a Space fault), ``drop_kill`` (a failpoint or a random-time
-kill), ``halve_calls``, ``drop_call`` (one call fewer), ``kill_earlier`` (a failpoint at
-an earlier hit, a random kill after half the delay).
+Passes: ``drop_fault`` (a Space fault, a pause or a fault at a point), ``drop_kill`` (a
+failpoint, a random-time kill or a kill at a point), ``halve_calls``, ``drop_call`` (one
+call fewer), ``kill_earlier`` (a failpoint or point fault at an earlier hit, a random
+kill after half the delay).
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ def drop_fault(spec: RunSpec) -> Iterator[RunSpec]:
         for j in range(len(plan.faults)):
             faults = plan.faults[:j] + plan.faults[j + 1 :]
             yield _sched(spec, [*plans[:i], replace(plan, faults=faults), *plans[i + 1 :]])
+        for j in range(len(plan.pauses)):
+            pauses = plan.pauses[:j] + plan.pauses[j + 1 :]
+            yield _sched(spec, [*plans[:i], replace(plan, pauses=pauses), *plans[i + 1 :]])
+        for j, pf in enumerate(plan.at_points):
+            if pf.kind != "kill":
+                pts = plan.at_points[:j] + plan.at_points[j + 1 :]
+                yield _sched(spec, [*plans[:i], replace(plan, at_points=pts), *plans[i + 1 :]])
 
 
 def drop_kill(spec: RunSpec) -> Iterator[RunSpec]:
@@ -60,6 +68,10 @@ def drop_kill(spec: RunSpec) -> Iterator[RunSpec]:
         for j in range(len(plan.kill_after_s)):
             kills = plan.kill_after_s[:j] + plan.kill_after_s[j + 1 :]
             yield _sched(spec, [*plans[:i], replace(plan, kill_after_s=kills), *plans[i + 1 :]])
+        for j, pf in enumerate(plan.at_points):
+            if pf.kind == "kill":
+                pts = plan.at_points[:j] + plan.at_points[j + 1 :]
+                yield _sched(spec, [*plans[:i], replace(plan, at_points=pts), *plans[i + 1 :]])
 
 
 def halve_calls(spec: RunSpec) -> Iterator[RunSpec]:
@@ -81,8 +93,13 @@ def kill_earlier(spec: RunSpec) -> Iterator[RunSpec]:
         if fp is not None and fp.n > 1:
             for n in dict.fromkeys((1, fp.n // 2, fp.n - 1)):
                 if 1 <= n < fp.n:
-                    moved = replace(plan, failpoint=Failpoint(fp.name, n))
+                    moved = replace(plan, failpoint=Failpoint(fp.name, n, fp.action))
                     yield _sched(spec, [*plans[:i], moved, *plans[i + 1 :]])
+        for j, pf in enumerate(plan.at_points):
+            for n in dict.fromkeys((1, pf.n // 2, pf.n - 1)):
+                if 1 <= n < pf.n:
+                    pts = (*plan.at_points[:j], replace(pf, n=n), *plan.at_points[j + 1 :])
+                    yield _sched(spec, [*plans[:i], replace(plan, at_points=pts), *plans[i + 1 :]])
         for j, d in enumerate(plan.kill_after_s):
             if d > 0.02:
                 kills = (*plan.kill_after_s[:j], round(d / 2, 3), *plan.kill_after_s[j + 1 :])

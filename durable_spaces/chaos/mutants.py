@@ -7,13 +7,20 @@ Unset (always, in production), ``active`` is one frozenset lookup.
 
 - ``rerun_exited``: recovery ignores the ledger's record of an exited command and runs
   it again (the bug the exec ledger exists to prevent: a step applied twice).
+- ``unfenced_mutations``: the Space's file operations (write, symlink, remove) ignore
+  the caller's epoch, as they did before they were fenced: a driver paused mid-call and
+  continued after a takeover writes into the newer driver's workspace.
+- ``no_fence_poll``: the driver does not poll the log's fence while it waits for the
+  run (it stops only when a write of its own is refused). Not a defect: a test runs with
+  it to prove the Space's fence alone stops a stale driver, since a poll every 0.2 s
+  cannot stop an operation already issued.
 """
 
 from __future__ import annotations
 
 import os
 
-MUTANTS = ("rerun_exited",)
+MUTANTS = ("rerun_exited", "unfenced_mutations", "no_fence_poll")
 
 _active = frozenset(filter(None, os.environ.get("DS_MUTANTS", "").split(",")))
 _unknown = _active - set(MUTANTS)

@@ -6,12 +6,15 @@ unknown). Nemeses compose by the op kinds they claim, and two claiming one kind 
 error, so a campaign states exactly who does what. Every completed op is kept with its
 times in the composed nemesis's ``history``, which is what a run record counts.
 
-Kinds: ``kill`` (SIGKILL the current driver), ``daemon_kill``, ``space_restart`` and
-``space_remove`` (through a ``SpaceBackend``).
+Kinds: ``kill`` (SIGKILL the current driver), ``pause`` (SIGSTOP it, maybe let a newer
+driver take over, SIGCONT it later), ``daemon_kill``, ``space_restart``, ``space_remove``
+and ``space_pause`` (through a ``SpaceBackend``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -93,13 +96,119 @@ class DriverKiller:
         return _done(op, "ok", value=pid)
 
 
+class Pausable(Protocol):
+    """A coordinator whose current driver can be paused and given up on (see
+    ``Coordinator.abandon_current``)."""
+
+    history: Any
+    settled: asyncio.Event
+
+    @property
+    def current(self) -> Any: ...
+
+    def abandon_current(self, reason: str = ...) -> Any: ...
+
+
+def is_stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
+#: The longest a paused driver waits for its successor's first step before it is
+#: continued anyway (the successor may be waiting for something the paused one holds).
+TAKEOVER_WAIT_S = 15.0
+
+
+class DriverPauser:
+    """``pause``: SIGSTOP the driver of ``value["epoch"]`` (or find it stopped already, at
+    its pause failpoint: ``value["self_stopped"]``). With ``value["takeover"]`` the
+    coordinator gives up on it and launches the next epoch; SIGCONT comes
+    ``value["resume_s"]`` after that next driver's first step, else after the pause; and
+    at once when ``release()`` is called or the coordinator settles, so no driver stays
+    stopped past the run. ``ok`` once continued; ``info`` if it died while stopped."""
+
+    kinds = frozenset({"pause"})
+
+    def __init__(self, coordinator: Pausable) -> None:
+        self.coordinator = coordinator
+        self._release = asyncio.Event()
+
+    def release(self) -> None:
+        """Continue every paused driver now (the run is ending)."""
+        self._release.set()
+
+    async def _until_released(self, delay: float) -> None:
+        waits = [self._release.wait(), self.coordinator.settled.wait()]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(_first(waits), delay)
+
+    async def _next_first_step(self, epoch: int) -> None:
+        """Until a newer driver made its first step, or at most ``TAKEOVER_WAIT_S``: the
+        newer one may need what the paused one holds (a lock it was stopped inside, the
+        log's write transaction), and a stopped process does resume in the end."""
+        deadline = time.monotonic() + TAKEOVER_WAIT_S
+        while not (self._release.is_set() or self.coordinator.settled.is_set()):
+            if any(a.epoch > epoch and a.first_step_ms for a in self.coordinator.history):
+                return
+            if time.monotonic() > deadline:
+                return
+            await asyncio.sleep(0.02)
+
+    async def invoke(self, op: Op) -> Op:
+        v = dict(op.value or {})
+        epoch = int(v["epoch"])
+        a = next((x for x in self.coordinator.history if x.epoch == epoch), None)
+        if a is None or not a.alive:
+            return _done(op, "fail", error="no such driver running")
+        if not v.get("self_stopped"):
+            try:
+                os.kill(a.pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                return _done(op, "fail", error="the driver exited first")
+            for _ in range(200):
+                if is_stopped(a.pid) or not a.alive:
+                    break
+                await asyncio.sleep(0.01)
+        v["stopped_ms"] = time.time() * 1000
+        if v.get("takeover"):
+            if self.coordinator.current is a:
+                self.coordinator.abandon_current("paused")
+            await self._next_first_step(epoch)
+        await self._until_released(float(v.get("resume_s", 0.0)))
+        try:
+            os.kill(a.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            return _done(op, "info", v, error="the driver died while stopped")
+        v["continued_ms"] = time.time() * 1000
+        v["pid"] = a.pid
+        return _done(op, "ok", value=v)
+
+
+async def _first(waits: list[Any]) -> None:
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
 class SpaceNemesis:
-    """``daemon_kill`` / ``space_restart`` / ``space_remove`` of one named Space.
+    """``daemon_kill`` / ``space_restart`` / ``space_remove`` / ``space_pause`` of one named
+    Space (``space_pause`` freezes the whole machine for ``value["duration_s"]``).
 
     A backend error leaves the outcome unknown (``info``): the fault may have happened.
     """
 
-    _METHODS = {"daemon_kill": "kill_daemon", "space_restart": "restart", "space_remove": "delete"}
+    _METHODS = {
+        "daemon_kill": "kill_daemon",
+        "space_restart": "restart",
+        "space_remove": "delete",
+        "space_pause": "pause",
+    }
 
     def __init__(
         self, backend: SpaceBackend, name: str, kinds: Iterable[str] | None = None
@@ -115,9 +224,14 @@ class SpaceNemesis:
         method = getattr(self.backend, self._METHODS[op.kind])
         try:
             await method(self.name)
+            if op.kind == "space_pause":
+                try:
+                    await asyncio.sleep(float((op.value or {}).get("duration_s", 1.0)))
+                finally:
+                    await asyncio.shield(self.backend.resume(self.name))  # type: ignore[attr-defined]
         except Exception as e:
             return _done(op, "info", error=f"{type(e).__name__}: {e}")
-        return _done(op, "ok", value=self.name)
+        return _done(op, "ok", value=op.value if op.kind == "space_pause" else self.name)
 
 
 class Composed:

@@ -2,17 +2,15 @@
 
 A schedule is data (JSON round-trip), so a failing run's schedule can be saved, shrunk and
 replayed without the seed. It is drawn once per run from ``random.Random(seed)`` (seed
-strings look like ``"<seed_base>-<run_index>"``), attempt by attempt:
-
-- an optional failpoint to arm in that attempt's driver (``DS_FAILPOINTS="name:n"``);
-- random-time SIGKILLs of the driver by the runner (delays from the attempt's launch);
-- Space faults (``daemon_kill``, ``space_restart``, ``space_remove``) at a time after the
-  launch or on a trigger (``"after_kill"``: right after this attempt's driver died, before
-  the next one is placed).
+strings look like ``"<seed_base>-<run_index>"``), attempt by attempt, from the records of
+``chaos/faults.py`` with a ``chaos/profiles.py`` profile: a failpoint (kill or pause), a
+random-time kill, pauses and Space faults at logical points of the run (or on a trigger).
 
 Only the first ``profile.faulty_attempts`` attempts carry faults; later attempts are
 clean, so every run can finish and be checked. ``exhaustive`` builds the systematic
 alternative: one schedule per ``(point, n)`` hit seen in an uninterrupted run's trace.
+``Schedule.exact`` turns what a run really went through (its realized interleaving) back
+into a schedule that replays it.
 """
 
 from __future__ import annotations
@@ -25,148 +23,36 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from durable_spaces.errors import ConfigError
+from durable_spaces.chaos.failpoints import ANY
+from durable_spaces.chaos.faults import (
+    FAULT_KINDS,
+    PAUSE_POINTS,
+    POINT_KINDS,
+    TRIGGERS,
+    AttemptPlan,
+    DriverPause,
+    Failpoint,
+    PointFault,
+    SpaceFault,
+)
+from durable_spaces.chaos.profiles import PROFILES, Profile, profile_named
 
-#: Space faults a schedule can carry (the driver kill is "kill", counted separately).
-FAULT_KINDS = ("daemon_kill", "space_restart", "space_remove")
-#: Triggers a Space fault may wait for instead of a time.
-TRIGGERS = ("after_kill",)
-
-
-@dataclass(frozen=True)
-class Failpoint:
-    """Kill the driver at the ``n``-th hit of ``name`` (1-based)."""
-
-    name: str
-    n: int = 1
-
-    def spec(self) -> str:
-        """The ``DS_FAILPOINTS`` form."""
-        return f"{self.name}:{self.n}"
-
-
-@dataclass(frozen=True)
-class SpaceFault:
-    """A fault of the Space: at ``at_s`` seconds after the attempt's launch, or on ``trigger``."""
-
-    kind: str
-    at_s: float | None = None
-    trigger: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in FAULT_KINDS:
-            raise ValueError(f"unknown Space fault kind {self.kind!r}")
-        if (self.at_s is None) == (self.trigger is None):
-            raise ValueError("a Space fault needs exactly one of at_s and trigger")
-        if self.trigger is not None and self.trigger not in TRIGGERS:
-            raise ValueError(f"unknown trigger {self.trigger!r}")
-
-    def to_json(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"kind": self.kind}
-        if self.at_s is not None:
-            d["at_s"] = self.at_s
-        else:
-            d["trigger"] = self.trigger
-        return d
-
-
-@dataclass(frozen=True)
-class AttemptPlan:
-    """What goes wrong during one drive attempt (index 0 is the first driver)."""
-
-    failpoint: Failpoint | None = None
-    kill_after_s: tuple[float, ...] = ()
-    faults: tuple[SpaceFault, ...] = ()
-
-    @property
-    def empty(self) -> bool:
-        return self.failpoint is None and not self.kill_after_s and not self.faults
-
-    def env(self) -> dict[str, str]:
-        """Environment for the attempt's driver (arms its failpoint, or disarms)."""
-        return {"DS_FAILPOINTS": self.failpoint.spec() if self.failpoint else ""}
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "failpoint": None
-            if self.failpoint is None
-            else {"name": self.failpoint.name, "n": self.failpoint.n},
-            "kill_after_s": list(self.kill_after_s),
-            "faults": [f.to_json() for f in self.faults],
-        }
-
-    @staticmethod
-    def from_json(d: Mapping[str, Any]) -> AttemptPlan:
-        fp = d.get("failpoint")
-        return AttemptPlan(
-            failpoint=None if fp is None else Failpoint(str(fp["name"]), int(fp["n"])),
-            kill_after_s=tuple(float(x) for x in d.get("kill_after_s", ())),
-            faults=tuple(
-                SpaceFault(str(f["kind"]), f.get("at_s"), f.get("trigger"))
-                for f in d.get("faults", ())
-            ),
-        )
-
-
-@dataclass(frozen=True)
-class Profile:
-    """Probabilities and ranges a schedule is drawn with (per faulty attempt)."""
-
-    p_failpoint: float = 0.6
-    p_random_kill: float = 0.3
-    kill_delay_s: tuple[float, float] = (0.05, 1.5)
-    p_daemon_kill: float = 0.1
-    p_space_restart: float = 0.1
-    p_space_remove: float = 0.05
-    #: Probability that a drawn Space fault waits for the driver kill instead of a time.
-    p_after_kill: float = 0.5
-    fault_delay_s: tuple[float, float] = (0.05, 1.5)
-    #: Attempts that may carry faults; later ones are clean so the run can finish.
-    faulty_attempts: int = 4
-
-    def p_fault(self, kind: str) -> float:
-        return {
-            "daemon_kill": self.p_daemon_kill,
-            "space_restart": self.p_space_restart,
-            "space_remove": self.p_space_remove,
-        }[kind]
-
-
-#: Named profiles (``CampaignSpec.profile``).
-PROFILES: dict[str, Profile] = {
-    "default": Profile(),
-    # driver kills only (failpoints and random times): the transactional/checkpoint core
-    "kills": Profile(p_daemon_kill=0.0, p_space_restart=0.0, p_space_remove=0.0),
-    # only failpoints, one per attempt: deterministic kill points
-    "failpoints": Profile(
-        p_failpoint=0.8,
-        p_random_kill=0.0,
-        p_daemon_kill=0.0,
-        p_space_restart=0.0,
-        p_space_remove=0.0,
-    ),
-    # Space faults more often (daemon kills, machine restarts, lost Spaces)
-    "space": Profile(p_daemon_kill=0.3, p_space_restart=0.3, p_space_remove=0.2),
-    # nothing goes wrong: a baseline run
-    "calm": Profile(
-        p_failpoint=0.0,
-        p_random_kill=0.0,
-        p_daemon_kill=0.0,
-        p_space_restart=0.0,
-        p_space_remove=0.0,
-        faulty_attempts=0,
-    ),
-}
-
-
-def profile_named(name: str) -> Profile:
-    """The named profile; ``ConfigError`` naming the choices otherwise."""
-    try:
-        return PROFILES[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown campaign profile {name!r} (choose from {', '.join(sorted(PROFILES))})"
-        ) from None
+#: Points hit only from a timer (whether they are hit depends on timing): never a
+#: logical position for a drawn fault.
+TIMER_DRIVEN = frozenset({"adapter.running"})
+#: About how many logical hits one scripted call makes (measured: ~24, counting the log's
+#: commits): the range ``*`` positions are drawn from, a run's whole logical timeline.
+LOGICAL_HITS_PER_CALL = 20
+#: Named points every call passes, whatever its tool and mode: named positions are drawn
+#: among these so that a drawn fault lands (recovery-only points rarely exist).
+EVERY_CALL = (
+    "adapter.call",
+    "adapter.start_mark",
+    "adapter.outcome_commit",
+    "harness.intent",
+    "harness.tool_returned",
+    "harness.tool_result",
+)
 
 
 @dataclass(frozen=True)
@@ -185,16 +71,25 @@ class Schedule:
     @property
     def planned_kills(self) -> int:
         """Driver kills the schedule asks for (each may or may not land)."""
-        return sum((a.failpoint is not None) + len(a.kill_after_s) for a in self.attempts)
+        return sum(
+            (a.failpoint is not None)
+            + len(a.kill_after_s)
+            + sum(1 for p in a.at_points if p.kind == "kill")
+            for a in self.attempts
+        )
 
     def planned_faults(self) -> dict[str, int]:
         c: Counter[str] = Counter(f.kind for a in self.attempts for f in a.faults)
+        c.update(p.kind for a in self.attempts for p in a.at_points if p.kind != "kill")
         return dict(sorted(c.items()))
 
     def size(self) -> tuple[int, int, float]:
         """Shrink order: (faults + kills, sum of failpoint hit numbers, sum of delays)."""
-        n = self.planned_kills + sum(len(a.faults) for a in self.attempts)
+        n = self.planned_kills + sum(
+            len(a.faults) + sum(1 for p in a.at_points if p.kind != "kill") for a in self.attempts
+        )
         hits = sum(a.failpoint.n for a in self.attempts if a.failpoint is not None)
+        hits += sum(p.n for a in self.attempts for p in a.at_points)
         delays = sum(sum(a.kill_after_s) for a in self.attempts) + sum(
             f.at_s or 0.0 for a in self.attempts for f in a.faults
         )
@@ -250,29 +145,116 @@ class Schedule:
 
         ``points`` are the failpoint names the driver passes (each hit about once per
         call, so ``n`` is drawn in ``1..calls``); ``calls`` is the scripted call count.
+        Pauses and Space faults land at logical points (a named point's n-th hit, or the
+        run's n-th logical hit) unless the profile places them in time.
         """
         prof = profile_named(profile) if isinstance(profile, str) else profile
         rng = random.Random(seed)
         pts = sorted(points)  # order of the caller's list must not change the draw
+        logical = [p for p in pts if p in EVERY_CALL] or [p for p in pts if p not in TIMER_DRIVEN]
+        timed = prof.placement == "timed"
+
+        def position() -> tuple[str, int]:
+            if rng.random() < 0.5:
+                return rng.choice(logical), rng.randint(1, max(1, calls))
+            return ANY, rng.randint(1, max(1, calls * LOGICAL_HITS_PER_CALL))
+
         plans: list[AttemptPlan] = []
+        # Every draw below is guarded so a probability of 0 consumes no randomness.
         for _ in range(prof.faulty_attempts):
             fp = None
+            pauses: list[DriverPause] = []
+            at_points: list[PointFault] = []
             if pts and rng.random() < prof.p_failpoint:
                 fp = Failpoint(rng.choice(pts), rng.randint(1, max(1, calls)))
+                if prof.p_pause_failpoint and rng.random() < prof.p_pause_failpoint:
+                    ppts = sorted(PAUSE_POINTS)
+                    fp = Failpoint(rng.choice(ppts), rng.randint(1, max(1, calls)), "pause")
+                    pauses.append(DriverPause(None, round(rng.uniform(*prof.resume_s), 3)))
             kills: tuple[float, ...] = ()
             if rng.random() < prof.p_random_kill:
                 kills = (round(rng.uniform(*prof.kill_delay_s), 3),)
+            if prof.p_pause and rng.random() < prof.p_pause:
+                at_s = round(rng.uniform(*prof.kill_delay_s), 3)
+                resume = round(rng.uniform(*prof.resume_s), 3)
+                takeover = rng.random() < prof.p_takeover
+                if timed:
+                    pauses.append(DriverPause(at_s, resume, takeover))
+                else:
+                    at_points.append(PointFault(*position(), "pause", None, resume, takeover))
             faults: list[SpaceFault] = []
             for kind in FAULT_KINDS:
-                if rng.random() < prof.p_fault(kind):
+                p_kind = prof.p_fault(kind)
+                if kind == "space_pause" and not p_kind:
+                    continue
+                if rng.random() < p_kind:
+                    dur = (
+                        round(rng.uniform(*prof.space_pause_s), 3)
+                        if kind == "space_pause"
+                        else None
+                    )
                     if rng.random() < prof.p_after_kill and (fp is not None or kills):
-                        faults.append(SpaceFault(kind, trigger="after_kill"))
+                        faults.append(SpaceFault(kind, trigger="after_kill", duration_s=dur))
+                    elif timed:
+                        at = round(rng.uniform(*prof.fault_delay_s), 3)
+                        faults.append(SpaceFault(kind, at_s=at, duration_s=dur))
                     else:
-                        faults.append(
-                            SpaceFault(kind, at_s=round(rng.uniform(*prof.fault_delay_s), 3))
-                        )
-            plans.append(AttemptPlan(fp, kills, tuple(faults)))
+                        at_points.append(PointFault(*position(), kind, dur))
+            plans.append(
+                AttemptPlan(fp, kills, tuple(faults), tuple(pauses), tuple(at_points))
+            )
         return Schedule(seed, tuple(plans), "drawn").trimmed()
+
+    @staticmethod
+    def exact(seed: str, drawn: Schedule, realized: Sequence[Mapping[str, Any]]) -> Schedule:
+        """The schedule that replays a run's realized interleaving: every fault that landed
+        goes where it landed (a timed one at the last point its driver had passed), the
+        attempts' own failpoints and triggered faults stay, and nothing that did not land
+        is planned. See ``campaigns/inject.py`` for the realized records."""
+        per: dict[int, list[PointFault]] = {}
+        after: dict[int, list[SpaceFault]] = {}
+        for r in realized:
+            if r.get("type") not in ("ok", "info"):
+                continue  # cancelled, or failed to land: not part of what happened
+            i, kind, at = int(r["attempt"]), str(r["kind"]), r.get("at") or {}
+            value = r.get("value") or {}
+            dur = value.get("duration_s")
+            dur = None if dur is None else float(dur)
+            if "trigger" in at:
+                trig = str(at["trigger"])
+                after.setdefault(i, []).append(SpaceFault(kind, trigger=trig, duration_s=dur))
+                continue
+            point = at.get("point")
+            if point is None:  # landed before the driver's first hit: right at its launch
+                if kind in FAULT_KINDS:
+                    after.setdefault(i, []).append(
+                        SpaceFault(kind, trigger="at_launch", duration_s=dur)
+                    )
+                continue
+            per.setdefault(i, []).append(
+                PointFault(
+                    str(point),
+                    int(at["n"]),
+                    kind,
+                    dur,
+                    float(value.get("resume_s", 0.0)),
+                    bool(value.get("takeover", True)),
+                )
+            )
+        n = max([len(drawn.attempts), *(k + 1 for k in per), *(k + 1 for k in after)])
+        plans = []
+        for i in range(n):
+            base = drawn.plan(i)
+            pauses = tuple(p for p in base.pauses if p.at_s is None)  # the failpoint's own
+            plans.append(
+                AttemptPlan(
+                    failpoint=base.failpoint,
+                    faults=tuple(after.get(i, ())),
+                    pauses=pauses,
+                    at_points=tuple(per.get(i, ())),
+                )
+            )
+        return Schedule(seed, tuple(plans), "exact").trimmed()
 
 
 def read_trace(source: str | Path | Iterable[str]) -> list[tuple[str, int]]:
@@ -281,7 +263,7 @@ def read_trace(source: str | Path | Iterable[str]) -> list[tuple[str, int]]:
     seen: dict[tuple[str, int], None] = {}
     for line in lines:
         parts = line.split()
-        if len(parts) != 2 or not parts[1].isdigit():
+        if len(parts) not in (2, 3) or not parts[1].isdigit():
             continue  # a torn last line of a killed writer
         seen.setdefault((parts[0], int(parts[1])), None)
     return list(seen)
@@ -297,3 +279,22 @@ def exhaustive(trace: str | Path | Iterable[str], seed_base: str = "exhaustive")
         )
         for point, n in read_trace(trace)
     ]
+
+
+__all__ = [
+    "FAULT_KINDS",
+    "PAUSE_POINTS",
+    "POINT_KINDS",
+    "PROFILES",
+    "TRIGGERS",
+    "AttemptPlan",
+    "DriverPause",
+    "Failpoint",
+    "PointFault",
+    "Profile",
+    "Schedule",
+    "SpaceFault",
+    "exhaustive",
+    "profile_named",
+    "read_trace",
+]

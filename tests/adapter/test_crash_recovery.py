@@ -80,7 +80,8 @@ def test_kill_at_each_step_then_kill_in_recovery(
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_same_epoch_restart_reattaches_to_running_command(tmp_path: Path, backend: str) -> None:
     _need(backend)
-    setup(tmp_path, backend, "transactional", sleep=1.5, seed="1", calls=3)
+    # The command must outlive the restart of a driver on a loaded machine.
+    setup(tmp_path, backend, "transactional", sleep=4.0, seed="1", calls=3)
     # A driver restarted without an epoch bump (e.g. by a supervisor) finds its command
     # still running under the same epoch: it must wait for it, not run it again.
     o = drive(tmp_path, [Attempt("adapter.running:1", epoch=1), Attempt(epoch=1)], backend=backend)

@@ -168,7 +168,7 @@ async def test_port_and_instance_stable_across_restart_and_driver_restart(
     space = await backend.create(name)
     port, instance = space.port, space.instance_id
     assert (backend._home(name) / "port").read_text() == str(port)
-    await space.write_file("keep.txt", b"kept")
+    await space.write_file("keep.txt", b"kept", epoch=1)
     await backend.restart(name)
     c = backend._engine().containers.get(space.container_id)
     assert backend._published_port(c) == port

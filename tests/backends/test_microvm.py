@@ -82,7 +82,7 @@ async def test_restore_brings_back_the_process_and_drops_later_files(
     await _wait_count(sp, 2)
     cid = await b.checkpoint(name)
     at_ckpt = await _count(sp)
-    await sp.write_file("after.txt", b"written after the checkpoint")
+    await sp.write_file("after.txt", b"written after the checkpoint", epoch=1)
     await _wait_count(sp, at_ckpt + 5)
 
     sp = await b.restore(name, cid)
@@ -119,7 +119,7 @@ async def test_two_forks_run_at_once_and_diverge(backend: MicrovmBackend) -> Non
     b = backend
     src = _name()
     sp = await b.create(src)
-    await sp.write_file("shared.txt", b"from the source")
+    await sp.write_file("shared.txt", b"from the source", epoch=1)
     r = await sp.exec(["bash", "-c", COUNTER], key=None, epoch=1)
     pid = int(r.output.split()[-1])
     await _wait_count(sp, 1)
@@ -130,8 +130,8 @@ async def test_two_forks_run_at_once_and_diverge(backend: MicrovmBackend) -> Non
     c = await b.fork(cid, fb)
     assert a.instance_id != c.instance_id
     assert b.qemu_pid(fa) and b.qemu_pid(fb)
-    await a.write_file("mine.txt", b"a")
-    await c.write_file("mine.txt", b"c")
+    await a.write_file("mine.txt", b"a", epoch=1)
+    await c.write_file("mine.txt", b"c", epoch=1)
     assert await a.read_file("mine.txt") == b"a"
     assert await c.read_file("mine.txt") == b"c"
     assert await a.read_file("shared.txt") == await c.read_file("shared.txt")
@@ -150,7 +150,7 @@ async def test_find_after_a_driver_restart_and_restart_keeps_the_disk(
     b = backend
     name = _name()
     sp = await b.create(name)
-    await sp.write_file("kept.txt", b"kept")
+    await sp.write_file("kept.txt", b"kept", epoch=1)
     done = await sp.exec(["sh", "-c", "echo done"], key=f"{name}:d:0@1", epoch=1)
     assert done.exit_code == 0
     await sp.advance_epoch(3)
@@ -273,13 +273,13 @@ async def test_driver_killed_inside_a_checkpoint_leaves_a_usable_space(
     b = backend
     name = _name()
     sp = await b.create(name)
-    await sp.write_file("before.txt", b"1")
+    await sp.write_file("before.txt", b"1", epoch=1)
     await asyncio.to_thread(_killed_child, state_dir, point, "checkpoint", name)
     sp = await b.find(name)  # continues the stopped guest
-    await sp.write_file("after.txt", b"2")
+    await sp.write_file("after.txt", b"2", epoch=1)
     assert await sp.read_file("before.txt") == b"1"
     cid = await b.checkpoint(name)
-    await sp.write_file("later.txt", b"3")
+    await sp.write_file("later.txt", b"3", epoch=1)
     await b.restart(name)  # cold boot of the recorded top
     sp = await b.find(name)
     assert await sp.read_file("later.txt") == b"3"
@@ -294,7 +294,7 @@ async def test_driver_killed_before_a_fork_got_its_token_is_finished_by_find(
     b = backend
     src, dst = _name(), _name()
     sp = await b.create(src)
-    await sp.write_file("x.txt", b"x")
+    await sp.write_file("x.txt", b"x", epoch=1)
     cid = await b.checkpoint(src)
     await b.delete(src)
     await asyncio.to_thread(_killed_child, state_dir, "microvm.start.resumed", "fork", dst, cid)
@@ -313,7 +313,7 @@ async def test_restore_places_a_removed_space_again_and_retention_bounds_disk(
     old_instance = sp.instance_id
     ids = []
     for i in range(3):
-        await sp.write_file("n.txt", str(i).encode())
+        await sp.write_file("n.txt", str(i).encode(), epoch=1)
         ids.append(await b.checkpoint(name))
     assert await b.checkpoints() == sorted(ids[1:])
     # The checkpoint last restored from is never aged out (a crash loop restores it again).
@@ -321,7 +321,7 @@ async def test_restore_places_a_removed_space_again_and_retention_bounds_disk(
     for _ in range(2):
         await b.checkpoint(name)
     assert ids[1] in await b.checkpoints()
-    await sp.write_file("n.txt", b"2")
+    await sp.write_file("n.txt", b"2", epoch=1)
     ids.append(await b.checkpoint(name))
     await b.delete(name)  # the Space is lost
     sp = await b.restore(name, ids[-1])
@@ -359,9 +359,40 @@ async def test_driver_killed_before_recording_its_machine_leaves_no_second_machi
     assert strays, "the killed driver's QEMU should still be running"
     sp = await b.find(name)  # boots the Space's disk, after removing the stray machine
     assert sp is not None
-    await sp.write_file("ok.txt", b"ok")
+    await sp.write_file("ok.txt", b"ok", epoch=1)
     assert await sp.read_file("ok.txt") == b"ok"
     left = [
         p for p in psutil.process_iter(["cmdline"]) if sock in " ".join(p.info["cmdline"] or [])
     ]
     assert [p.pid for p in left] == [b.qemu_pid(name)]
+
+
+async def test_stale_restore_and_checkpoint_are_refused_by_the_host_floor(
+    backend: MicrovmBackend,
+) -> None:
+    """The guest's floor rolls back with a restore; the host's does not. A driver paused
+    before a restore and continued after a newer one advanced must change nothing, and a
+    restored guest is at the host's floor before anyone else can reach it."""
+    from durable_spaces.errors import StaleEpochError
+
+    b = backend
+    name = _name()
+    sp = await b.create(name)
+    await sp.advance_epoch(1)
+    cid = await b.checkpoint(name, 1)
+    await sp.write_file("after.txt", b"after the checkpoint", epoch=1)
+    await sp.advance_epoch(3)  # a newer driver took over
+    with pytest.raises(StaleEpochError):
+        await b.restore(name, cid, 2)
+    with pytest.raises(StaleEpochError):
+        await b.checkpoint(name, 2)
+    same = await b.find(name)
+    assert same is not None and await same.read_file("after.txt") == b"after the checkpoint"
+    port = same.port
+    restored = await b.restore(name, cid, 3)
+    assert restored.port != port, "a restored guest must not answer on the port it had"
+    assert await restored.stat("after.txt") is None
+    # The guest itself (not only the host copy) is at the floor: a stale command is refused.
+    with pytest.raises(StaleEpochError):
+        await restored.exec(["true"], key=None, epoch=2)
+    assert await restored.current_epoch() == 3

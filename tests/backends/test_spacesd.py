@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import posixpath
 import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -30,7 +32,6 @@ from durable_spaces.errors import (
     SpaceGoneError,
     SpaceUnavailableError,
     StaleEpochError,
-    UnsupportedNameError,
 )
 
 pytestmark = [pytest.mark.spacesd]
@@ -225,40 +226,40 @@ async def test_files_confined(backend: SpacesdBackend, tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret").write_text("s")
-    await space.write_file("d/f.txt", b"one", 0o640)
+    await space.write_file("d/f.txt", b"one", 0o640, epoch=1)
     assert await space.read_file("d/f.txt") == b"one"
     st = await space.stat("d/f.txt")
     assert st is not None and (st.kind, st.mode, st.size) == ("file", 0o640, 3)
-    await space.write_file(f"{space.root}/d/f.txt", b"two")  # absolute inside: fine
+    await space.write_file(f"{space.root}/d/f.txt", b"two", epoch=1)  # absolute inside: fine
     assert (await space.stat("d/f.txt")).mode == 0o640  # type: ignore[union-attr]
     assert await space.list_dir("d") == ["f.txt"]
     for bad in ["../x", "d/../../x", str(outside / "secret")]:
         with pytest.raises(PathEscapeError):
             await space.read_file(bad)
         with pytest.raises(PathEscapeError):
-            await space.write_file(bad, b"pwn")
-    await space.symlink("out", str(outside))
-    await space.symlink("outf", str(outside / "secret"))
+            await space.write_file(bad, b"pwn", epoch=1)
+    await space.symlink("out", str(outside), epoch=1)
+    await space.symlink("outf", str(outside / "secret"), epoch=1)
     st = await space.stat("out")
     assert st is not None and st.kind == "symlink" and st.target == str(outside)
     for op in (
         space.read_file("out/secret"),
-        space.write_file("out/new", b"pwn"),
+        space.write_file("out/new", b"pwn", epoch=1),
         space.read_file("outf"),
         space.list_dir("out"),
-        space.remove("out/secret"),
-        space.symlink("out/l", "x"),
+        space.remove("out/secret", epoch=1),
+        space.symlink("out/l", "x", epoch=1),
     ):
         with pytest.raises(PathEscapeError):
             await op
-    await space.write_file("outf", b"mine")  # replaces the link, never writes through it
+    await space.write_file("outf", b"mine", epoch=1)  # replaces the link, never writes through it
     assert (outside / "secret").read_text() == "s"
     assert sorted(os.listdir(outside)) == ["secret"]
-    await space.remove("out")  # the link, not its target
+    await space.remove("out", epoch=1)  # the link, not its target
     assert (outside / "secret").exists()
     assert await space.stat("out") is None
-    await space.remove("missing")
-    await space.remove("d", recursive=True)
+    await space.remove("missing", epoch=1)
+    await space.remove("d", recursive=True, epoch=1)
     assert await space.stat("d") is None
     with pytest.raises(FileNotFoundError):
         await space.read_file("nope")
@@ -266,10 +267,10 @@ async def test_files_confined(backend: SpacesdBackend, tmp_path: Path) -> None:
 
 async def test_scan_sees_every_change(backend: SpacesdBackend) -> None:
     space = await backend.create("scan")
-    await space.write_file("a.txt", b"a")
-    await space.write_file("sub/b.sh", b"#!/bin/sh\n", 0o755)
-    await space.write_file("skip/x", b"x")
-    await space.symlink("link", "a.txt")
+    await space.write_file("a.txt", b"a", epoch=1)
+    await space.write_file("sub/b.sh", b"#!/bin/sh\n", 0o755, epoch=1)
+    await space.write_file("skip/x", b"x", epoch=1)
+    await space.symlink("link", "a.txt", epoch=1)
     await asyncio.sleep(0.1)  # out of the racy window
     t1 = await space.scan(exclude=["skip"])
     assert set(t1) == {"a.txt", "sub/b.sh", "link"}
@@ -277,22 +278,20 @@ async def test_scan_sees_every_change(backend: SpacesdBackend) -> None:
     hashed = space.scan_stats["hashed"]  # type: ignore[attr-defined]
     assert (await space.scan(exclude=["skip"])) == t1
     assert space.scan_stats["hashed"] == hashed  # type: ignore[attr-defined]
-    await space.write_file("a.txt", b"A")
+    await space.write_file("a.txt", b"A", epoch=1)
     await space.exec(["chmod", "600", "sub/b.sh"], key=None, epoch=0)
-    await space.symlink("link", "sub/b.sh")
+    await space.symlink("link", "sub/b.sh", epoch=1)
     t2 = await space.scan(exclude=["skip"])
     assert t2["a.txt"].sha256 != t1["a.txt"].sha256
     assert t2["sub/b.sh"].mode == 0o600 and t2["link"].target == "sub/b.sh"
-    await space.remove("a.txt")
+    await space.remove("a.txt", epoch=1)
     assert "a.txt" not in await space.scan()
     assert set(await space.scan("sub")) == {"sub/b.sh"}
     await space.exec(["touch", "bad\\name"], key=None, epoch=0)
-    with pytest.raises(UnsupportedNameError):
-        await space.scan()
-    await space.remove("bad\\name")
+    assert (await space.scan())["bad\\name"].kind == "unsupported"
+    await space.remove("bad\\name", epoch=1)
     await space.exec(["touch", "new\nline"], key=None, epoch=0)
-    with pytest.raises(UnsupportedNameError):
-        await space.scan()
+    assert (await space.scan())["new\nline"].kind == "unsupported"
 
 
 async def test_find_after_driver_restart_and_host_reboot(tmp_path: Path) -> None:
@@ -418,3 +417,50 @@ async def test_advance_epoch_kills_orphans_of_older_commands(tmp_path: Path) -> 
         for name in await backend.names():
             await backend.delete(name)
         await backend.close()
+
+
+async def test_a_write_cut_short_never_lands(backend: SpacesdBackend) -> None:
+    """A write's bytes stream into a command; a stream cut short (the caller killed
+    mid-upload) ends ``cat`` early, and that prefix must never be renamed into place."""
+    from durable_spaces.backends.spacesd_space import MUTATE
+
+    space = await backend.create("cut")
+    await space.write_file("f.txt", b"old", epoch=1)
+    staging = posixpath.join(posixpath.dirname(space.root), ".ds-staging")
+    argv = ["sh", "-c", MUTATE, "ds-mutate", "write", space.root, staging, "644:100", "f.txt"]
+    r = await space.exec(argv, key=None, epoch=1, cwd="/", stdin=b"x" * 50)
+    assert r.exit_code == 96, r.output
+    assert await space.read_file("f.txt") == b"old"
+    assert await space.list_dir(".") == ["f.txt"]
+
+
+async def test_a_write_killed_by_an_advance_never_lands(backend: SpacesdBackend) -> None:
+    """The write's command is running (bytes not sent) when a newer epoch arrives: the
+    advance kills it, the old driver's write raises StaleEpochError, nothing lands."""
+    space = await backend.create("adv")
+    await space.advance_epoch(1)
+    await space.write_file("f.txt", b"old", epoch=1)
+    other = await backend.find("adv")
+    assert other is not None
+
+    async def advance_soon() -> None:
+        await asyncio.sleep(0.3)
+        await other.advance_epoch(2)
+
+    from durable_spaces.backends import spacesd_space
+
+    real_feed = spacesd_space.SpacesdSpace._feed
+
+    async def slow_feed(self: Any, ex: Any, data: bytes) -> None:
+        await asyncio.sleep(0.8)  # the advance lands while the command waits for bytes
+        await real_feed(self, ex, data)
+
+    task = asyncio.create_task(advance_soon())
+    spacesd_space.SpacesdSpace._feed = slow_feed  # type: ignore[method-assign]
+    try:
+        with pytest.raises(StaleEpochError):
+            await space.write_file("f.txt", b"stale", epoch=1)
+    finally:
+        spacesd_space.SpacesdSpace._feed = real_feed  # type: ignore[method-assign]
+        await task
+    assert await other.read_file("f.txt") == b"old"

@@ -208,7 +208,7 @@ async def test_stdin_env_and_cwd(space: Space, sh: Sh) -> None:
     assert r.output == b"from stdin"
     r = await sh("pwd; echo $DS_CONF_VAR", env={"DS_CONF_VAR": "v1"})
     assert r.output == f"{space.root}\nv1\n".encode()
-    await space.write_file("sub/x", b"")
+    await space.write_file("sub/x", b"", epoch=EPOCH)
     r = await sh("pwd", cwd="sub")
     assert r.output.decode().strip() == f"{space.root}/sub"
 
@@ -217,7 +217,7 @@ async def test_machine_restart_mid_command(
     backend: SpaceBackend, space: Space, sh: Sh, key: Key
 ) -> None:
     await space.advance_epoch(3)
-    await space.write_file("keep.txt", b"kept")
+    await space.write_file("keep.txt", b"kept", epoch=3)
     done = key("done")
     await space.exec(["sh", "-c", "echo finished"], key=done, epoch=3)
     k = key("loop")

@@ -13,7 +13,7 @@ EPOCH = 1  # as in conftest.py
 
 
 async def test_deleted_space_is_gone(backend: SpaceBackend, space: Space) -> None:
-    await space.write_file("f", b"x")
+    await space.write_file("f", b"x", epoch=EPOCH)
     await space.exec(["true"], key="c:1:0@1", epoch=EPOCH)
     ex = await space.spawn(["sleep", "30"], key="c:2:0@1", epoch=EPOCH)
     waiter = asyncio.create_task(ex.wait())
@@ -28,7 +28,7 @@ async def test_deleted_space_is_gone(backend: SpaceBackend, space: Space) -> Non
         space.exec(["true"], key="c:3:0@1", epoch=EPOCH),
         space.exec_record("c:1:0@1"),
         space.read_file("f"),
-        space.write_file("g", b"y"),
+        space.write_file("g", b"y", epoch=EPOCH),
         space.scan(),
         space.current_epoch(),
         space.advance_epoch(5),

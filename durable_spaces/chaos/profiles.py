@@ -1,0 +1,105 @@
+"""Named fault profiles: the probabilities and ranges a run's schedule is drawn with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from durable_spaces.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Probabilities and ranges a schedule is drawn with (per faulty attempt)."""
+
+    p_failpoint: float = 0.6
+    p_random_kill: float = 0.3
+    kill_delay_s: tuple[float, float] = (0.05, 1.5)
+    p_daemon_kill: float = 0.1
+    p_space_restart: float = 0.1
+    p_space_remove: float = 0.05
+    #: Probability that a drawn Space fault waits for the driver kill instead of a time.
+    p_after_kill: float = 0.5
+    fault_delay_s: tuple[float, float] = (0.05, 1.5)
+    #: Attempts that may carry faults; later ones are clean so the run can finish.
+    faulty_attempts: int = 4
+    #: A drawn failpoint pauses the driver there instead of killing it.
+    p_pause_failpoint: float = 0.0
+    #: A timed pause of the driver (SIGSTOP) in an attempt.
+    p_pause: float = 0.0
+    #: A pause comes with a takeover (the next epoch launched while it sleeps).
+    p_takeover: float = 0.8
+    #: SIGCONT this long after the next driver's first step (or after the pause).
+    resume_s: tuple[float, float] = (0.0, 2.0)
+    #: The whole Space frozen for a while.
+    p_space_pause: float = 0.0
+    space_pause_s: tuple[float, float] = (0.2, 2.0)
+    #: Where pauses and Space faults land: "logical" (at a point of the run's trace, the
+    #: default: a replay puts them in the same place) or "timed" (seconds after launch).
+    #: Random kills stay timed: they are the in-between moments no trace names.
+    placement: str = "logical"
+
+    def p_fault(self, kind: str) -> float:
+        return {
+            "daemon_kill": self.p_daemon_kill,
+            "space_restart": self.p_space_restart,
+            "space_remove": self.p_space_remove,
+            "space_pause": self.p_space_pause,
+        }[kind]
+
+
+#: Named profiles (``CampaignSpec.profile``).
+PROFILES: dict[str, Profile] = {
+    "default": Profile(),
+    # as default, with pauses and Space faults at seconds after the launch (the lab's
+    # placement before faults had logical positions; not exactly replayable)
+    "timed": Profile(placement="timed"),
+    # every fault at a logical point (no random-time kills): what --determinism measures
+    "logical": Profile(p_random_kill=0.0, p_failpoint=0.7, p_space_restart=0.2, p_pause=0.2),
+    # driver kills only (failpoints and random times): the transactional/checkpoint core
+    "kills": Profile(p_daemon_kill=0.0, p_space_restart=0.0, p_space_remove=0.0),
+    # only failpoints, one per attempt: deterministic kill points
+    "failpoints": Profile(
+        p_failpoint=0.8,
+        p_random_kill=0.0,
+        p_daemon_kill=0.0,
+        p_space_restart=0.0,
+        p_space_remove=0.0,
+    ),
+    # Space faults more often (daemon kills, machine restarts, lost Spaces, frozen machines)
+    "space": Profile(
+        p_daemon_kill=0.3, p_space_restart=0.3, p_space_remove=0.2, p_space_pause=0.15
+    ),
+    # Paused drivers: at failpoints and at random times, most taken over while they sleep
+    # and continued after the newer driver started (the stale writer), plus frozen Spaces.
+    "pause": Profile(
+        p_failpoint=0.7,
+        p_pause_failpoint=0.6,
+        p_random_kill=0.2,
+        p_pause=0.4,
+        p_daemon_kill=0.05,
+        p_space_restart=0.05,
+        p_space_remove=0.05,
+        p_space_pause=0.2,
+    ),
+    # nothing goes wrong: a baseline run
+    "calm": Profile(
+        p_failpoint=0.0,
+        p_random_kill=0.0,
+        p_daemon_kill=0.0,
+        p_space_restart=0.0,
+        p_space_remove=0.0,
+        faulty_attempts=0,
+    ),
+}
+
+
+def profile_named(name: str) -> Profile:
+    """The named profile; ``ConfigError`` naming the choices otherwise."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown campaign profile {name!r} (choose from {', '.join(sorted(PROFILES))})"
+        ) from None
+
+

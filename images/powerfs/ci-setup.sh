@@ -1,0 +1,24 @@
+#!/bin/sh
+# What the powerfs chaos layer (durable_spaces/chaos/powerfs) needs from Debian: libfuse3
+# (loaded by the mfusepy binding, which pyproject.toml pulls from PyPI), fusermount3 and
+# /etc/fuse.conf from the fuse3 package, and a usable /dev/fuse. Idempotent: a second run
+# installs nothing. Without /dev/fuse (a container without --device /dev/fuse) the powerfs
+# tests skip with that reason; this script says so and still exits 0.
+set -eu
+need=""
+dpkg-query -W -f='${Status}' fuse3 2>/dev/null | grep -q "install ok installed" || need="$need fuse3"
+dpkg-query -W -f='${Status}' libfuse3-3 2>/dev/null | grep -q "install ok installed" \
+  || need="$need libfuse3-3"
+if [ -n "$need" ]; then
+  echo "ci-setup: installing$need"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  # shellcheck disable=SC2086
+  apt-get install -y -qq --no-install-recommends $need
+fi
+if [ ! -c /dev/fuse ]; then
+  modprobe fuse 2>/dev/null || true
+fi
+if [ ! -c /dev/fuse ]; then
+  echo "ci-setup: /dev/fuse is missing: the powerfs tests will skip"
+fi
