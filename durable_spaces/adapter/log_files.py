@@ -104,12 +104,16 @@ def open_file(path: Path, flags: int, *, what: str, create: bool = False) -> tup
 
 
 def tighten(fd: int, path: Path, what: str, mode: int = FILE_MODE) -> None:
-    """Drop every permission bit beyond ``mode`` from the open file or directory ``fd``."""
+    """Drop every permission bit beyond ``mode`` from the file or directory ``fd`` (a real
+    descriptor, or an ``O_PATH`` one, changed through ``/proc/self/fd``)."""
     current = stat.S_IMODE(os.fstat(fd).st_mode)
     if current & ~mode == 0:
         return
     try:
-        os.fchmod(fd, current & mode)
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_PATH:
+            os.chmod(f"/proc/self/fd/{fd}", current & mode)  # the inode fd names
+        else:
+            os.fchmod(fd, current & mode)
     except OSError as e:
         raise LogError(
             f"{what} {path} is mode {current:04o} and cannot be made private: {e.strerror}"
@@ -138,19 +142,7 @@ def check_sidecar(path: Path, what: str) -> None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise LogError(f"{what} {path} is {_kind(st.st_mode)}; refusing to use the log")
-        mode = stat.S_IMODE(st.st_mode)
-        if mode & ~FILE_MODE:
-            try:
-                os.chmod(f"/proc/self/fd/{fd}", mode & FILE_MODE)  # the inode fd names
-            except OSError as e:
-                raise LogError(
-                    f"{what} {path} is mode {mode:04o} and cannot be made private: {e.strerror}"
-                ) from None
-            warnings.warn(
-                f"{what} {path} was mode {mode:04o}; tightened to {mode & FILE_MODE:04o}",
-                LooseModeWarning,
-                stacklevel=2,
-            )
+        tighten(fd, path, what)
     finally:
         os.close(fd)
 

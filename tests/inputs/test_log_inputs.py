@@ -166,11 +166,21 @@ def test_new_log_files_are_0600_and_fence_dirs_0700(kind: str, tmp_path: Path) -
         os.umask(old)
 
 
+LEAVE_SIDECARS = """
+import os, sys
+from durable_spaces.adapter.log import SqliteStorage
+SqliteStorage(sys.argv[1]).append([{"n": 2}])
+os._exit(0)  # killed: the -wal and -shm stay
+"""
+
+
 @pytest.mark.parametrize(
     ("kind", "suffix"),
     [
         ("sqlite", ""),
         ("sqlite", ".lock"),
+        ("sqlite", "-wal"),
+        ("sqlite", "-shm"),
         ("jsonl", ""),
         ("jsonl", ".lock"),
         ("jsonl-fenced", ".fence"),
@@ -179,17 +189,24 @@ def test_new_log_files_are_0600_and_fence_dirs_0700(kind: str, tmp_path: Path) -
 def test_a_loose_log_file_is_tightened_with_a_warning(
     kind: str, suffix: str, tmp_path: Path
 ) -> None:
-    """Decision: tighten (fchmod on our O_NOFOLLOW descriptor), not refuse."""
+    """Decision: tighten (chmod through our O_NOFOLLOW / O_PATH descriptor), not refuse."""
+    import subprocess
+    import sys
+
     path = _log(tmp_path, kind)
+    commits = 2
     target = Path(f"{path}{suffix}")
-    if not target.exists():
+    if suffix in ("-wal", "-shm"):
+        subprocess.run([sys.executable, "-c", LEAVE_SIDECARS, str(path)], check=True, timeout=60)
+        commits = 3
+    elif not target.exists():
         KINDS[kind][1](path).close()
     target.chmod(0o755 if target.is_dir() else 0o644)
     with pytest.warns(LooseModeWarning, match="tightened"):
         s = KINDS[kind][1](path)
-    s.close()
     assert stat.S_IMODE(target.stat().st_mode) == (0o700 if target.is_dir() else 0o600)
-    _reads(path, kind)
+    s.close()
+    _reads(path, kind, commits)
 
 
 def test_a_foreign_file_keeps_its_loose_mode(tmp_path: Path) -> None:
