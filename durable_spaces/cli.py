@@ -171,9 +171,17 @@ def campaign(
     report: Annotated[bool, typer.Option(help="write report.md/html at the end")] = True,
     progress: Annotated[bool, typer.Option(help="live progress bar on stderr")] = True,
     keep: Keep = False,
+    retries: Annotated[
+        int, typer.Option(help="replay each failed run exactly this many times (0: never)")
+    ] = 3,
+    determinism: Annotated[
+        int | None,
+        typer.Option(help="instead: run K seeds twice each, report how many went the same way"),
+    ] = None,
 ) -> None:
-    """Run a crash campaign; SUMMARY is the last line; exit 1 if any run failed."""
-    from durable_spaces.campaigns.runner import run_campaign
+    """Run a crash campaign; SUMMARY is the last line; exit 1 if any run failed (3 if
+    only the lab itself broke)."""
+    from durable_spaces.campaigns.runner import run_campaign, run_determinism
     from durable_spaces.campaigns.spec import CampaignSpec
 
     try:
@@ -195,8 +203,21 @@ def campaign(
         if not force:
             raise _fail(f"{out} already holds runs (pass --force to replace them)")
         shutil.rmtree(runs_dir)
+    if not 0 <= retries <= 100:
+        raise _fail(f"--retries must be between 0 and 100, not {retries}")
     _keep(keep)
     session = _session()
+    if determinism is not None:
+        if spec.mode == "exhaustive":
+            raise _fail("--determinism draws seeds; exhaustive runs have no seeds to redraw")
+        try:
+            d = run_determinism(
+                spec, f"{SESSION_MODULE}:run_one", determinism, out_dir=out,
+                run_timeout_s=run_timeout,
+            )  # fmt: skip
+        except ConfigError as e:
+            raise _fail(str(e)) from None
+        raise typer.Exit(0 if d.same == d.seeds else 1)
     schedules = None
     if spec.mode == "exhaustive":
         make = getattr(session, "exhaustive_schedules", None)
@@ -205,7 +226,7 @@ def campaign(
         schedules = make(spec, out / "trace")
     result = run_campaign(
         spec, f"{SESSION_MODULE}:run_one", out_dir=out, schedules=schedules,
-        run_timeout_s=run_timeout, shrink_failures=shrink, progress=progress,
+        run_timeout_s=run_timeout, shrink_failures=shrink, progress=progress, retries=retries,
     )  # fmt: skip
     if report:
         from durable_spaces.reports.render import render_report
@@ -217,7 +238,12 @@ def campaign(
 
 @app.command()
 def repro(
-    seed: Annotated[str, typer.Option(help="the failed run's seed")],
+    seed: Annotated[str | None, typer.Option(help="the failed run's seed")] = None,
+    exact: Annotated[
+        Path | None,
+        typer.Option(help="a run record (runs/<id>.json): replay its realized interleaving"),
+    ] = None,
+    tries: Annotated[int, typer.Option(help="with --exact: replay this many times")] = 1,
     mode: Mode = None,
     backend: Backend = None,
     calls: Calls = None,
@@ -227,10 +253,18 @@ def repro(
     state_dir: Annotated[Path | None, typer.Option(help="where the run keeps its state")] = None,
     keep: Keep = False,
 ) -> None:
-    """Run one campaign run alone, from its seed (and schedule); exit 1 if it fails."""
+    """Run one campaign run alone, from its seed (and schedule), or exactly as a run
+    record says it went (--exact); exit 1 if it fails."""
     from durable_spaces.campaigns.spec import CampaignSpec, RunSpec, check_seed
     from durable_spaces.chaos.schedule import Schedule
 
+    if exact is not None:
+        if seed is not None or schedule is not None:
+            raise _fail("--exact replays a run record: give it alone, without --seed/--schedule")
+        _keep(keep)
+        raise typer.Exit(_repro_exact(exact, tries, state_dir))
+    if seed is None:
+        raise _fail("give --seed (a run's seed) or --exact (a run record)")
     try:
         check_seed("--seed", seed)
         cs = CampaignSpec.from_env(mode=mode, backend=backend, calls=calls,
@@ -263,6 +297,45 @@ def repro(
     failing = ",".join(rec.failing_checks()) or "-"
     typer.echo(f"RESULT seed={seed} outcome={rec.outcome} failing={failing}")
     raise typer.Exit(0 if rec.outcome == "ok" else 1)
+
+
+def _repro_exact(path: Path, tries: int, state_dir: Path | None) -> int:
+    from durable_spaces.campaigns.record import RunRecord
+    from durable_spaces.campaigns.replay import differences, exact_spec, reproduction
+    from durable_spaces.errors import RecordError
+
+    if not 1 <= tries <= 100:
+        raise _fail(f"--tries must be between 1 and 100, not {tries}")
+    if not path.is_file():
+        raise _fail(f"--exact {path} is not a run record file")
+    try:
+        original = RunRecord.load(path)
+        if state_dir is None:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            state_dir = Path("campaigns-out") / "repro" / f"{original.run_id}-exact-{stamp}"
+        state_dir = _usable_dir("--state-dir", state_dir)
+        specs = [
+            exact_spec(original, str(state_dir / f"try-{k}"), run_id=f"exact-{k}")
+            for k in range(1, tries + 1)
+        ]
+    except (RecordError, ConfigError, ValueError, KeyError, TypeError) as e:
+        raise _fail(f"--exact {path}: {e}") from None
+    session = _session()
+    replays = []
+    for spec in specs:
+        Path(spec.state_dir).mkdir(parents=True, exist_ok=True)
+        rec = asyncio.run(session.run_one(spec))
+        rec.save(state_dir)
+        replays.append(rec)
+        diff = differences(original, rec)
+        failing = ",".join(rec.failing_checks()) or "-"
+        typer.echo(f"RESULT run={rec.run_id} outcome={rec.outcome} failing={failing} "
+                   f"interleaving={'same' if not diff else 'different'}")  # fmt: skip
+        for d in diff:
+            typer.echo(f"  differs {d}")
+    rep = reproduction(original, replays)
+    typer.echo(rep.line())
+    return 0 if all(r.outcome == "ok" for r in replays) else 1
 
 
 @app.command("report")

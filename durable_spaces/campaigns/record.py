@@ -23,7 +23,9 @@ from typing import Any, NotRequired, TypedDict
 
 from durable_spaces.errors import RecordError
 
-OUTCOMES = ("ok", "failed", "error")
+OUTCOMES = ("ok", "failed", "lab_error")
+#: Outcome names older records used (read as the current name).
+_OLD_OUTCOMES = {"error": "lab_error"}
 #: A run id names its record file: one safe word (no "/", no "..").
 RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", re.ASCII)
 #: Fault and recovery kinds go into the SUMMARY line as ``name:count``.
@@ -55,8 +57,10 @@ def merge_valid(values: Iterable[bool | None]) -> bool | None:
 
 @dataclass
 class RunRecord:
-    """One run. ``outcome``: ok (every check valid), failed (a check is not valid),
-    error (the run itself broke: a harness bug, a timeout; its checks may be empty)."""
+    """One run. ``outcome``: ok (every check valid), failed (a check about the system
+    under test is not valid), lab_error (the lab itself broke: a bug or a timeout of
+    the harness, a fault of the lab's that could not be settled; its checks may be empty
+    and it says nothing about the adapter)."""
 
     run_id: str
     seed: str
@@ -85,8 +89,8 @@ class RunRecord:
         return merge_valid(c["valid"] for c in self.checks.values())
 
     def settle(self) -> RunRecord:
-        """Set ``outcome`` from the checks (an ``error`` outcome is kept)."""
-        if self.outcome != "error":
+        """Set ``outcome`` from the checks (a ``lab_error`` outcome is kept)."""
+        if self.outcome != "lab_error":
             self.outcome = "ok" if self.valid is True else "failed"
         return self
 
@@ -209,6 +213,7 @@ def _opt_obj(name: str, v: Any) -> dict[str, Any] | None:
 
 
 def _outcome(name: str, v: Any) -> str:
+    v = _OLD_OUTCOMES.get(v, v) if isinstance(v, str) else v
     if v not in OUTCOMES:
         raise RecordError(f"field {name!r} must be one of {', '.join(OUTCOMES)}, not {v!r}")
     return str(v)

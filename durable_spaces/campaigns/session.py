@@ -368,7 +368,7 @@ async def run_one(run: RunSpec) -> RunRecord:
             }
         record.settle()
     except Exception as e:
-        record.outcome = "error"
+        record.outcome = "lab_error"
         record.checks = {"run": {"valid": None, "detail": f"{type(e).__name__}: {e}"}}
     finally:
         await placement.delete()

@@ -61,6 +61,33 @@ def _meta(path: Path) -> tuple[dict[str, Any], str | None]:
     return meta, None
 
 
+def _repro_info(r: Any) -> dict[str, Any] | None:
+    info = r.extra.get("reproduction")
+    return info if isinstance(info, dict) else None
+
+
+def _reproduced(r: Any) -> str:
+    """" (reproduced k/N)" for a failed run replayed exactly, flagged when never."""
+    info = _repro_info(r)
+    if info is None:
+        return ""
+    k, n = info.get("reproduced"), info.get("tries")
+    flag = ", never reproduced: see how the replays differed" if k == 0 else ""
+    return f" (reproduced {_cell(k)}/{_cell(n)}{flag})"
+
+
+def _determinism(path: Path) -> str | None:
+    """The determinism figure of ``durable-spaces campaign --determinism`` (if run)."""
+    meta, _ = _meta(path)
+    if not meta:
+        return None
+    seeds, same = meta.get("seeds"), meta.get("same")
+    return (
+        f"{same} of {seeds} seeds realized the same interleaving twice "
+        f"(fraction {meta.get('fraction')}, profile {meta.get('profile')})"
+    )
+
+
 def markdown_table(df: pd.DataFrame) -> str:
     if df.empty:
         return "_(none)_"
@@ -109,7 +136,13 @@ def render_report(campaign_dir: str | Path) -> Report:
     md += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in images] + [""]
     md += ["## Failed runs", ""]
     md += [f"- {code_span(r.run_id)} ({_cell(', '.join(r.failing_checks()) or r.outcome)}): "
-           f"{code_span(r.repro)}" for r in failed] or ["_(none)_"]  # fmt: skip
+           f"{code_span(r.repro)}{_reproduced(r)}" for r in failed] or ["_(none)_"]  # fmt: skip
+    for r in failed:
+        for diff in (_repro_info(r) or {}).get("differences", []) or []:
+            md += [f"  - a replay that passed differed: {_cell('; '.join(map(str, diff)))}"]
+    det = _determinism(d / "determinism.json")
+    if det is not None:
+        md += ["", "## Determinism", "", _cell(det), ""]
     if skipped:
         md += ["", "## Skipped files", ""]
         md += [f"- {code_span(p.name)}: {_cell(why)}" for p, why in skipped]
@@ -129,9 +162,12 @@ def render_report(campaign_dir: str | Path) -> Report:
         data = base64.b64encode(p.read_bytes()).decode()
         parts.append(f"<p><img alt='{p.stem}' src='data:image/png;base64,{data}'></p>")
     parts.append("<h2>Failed runs</h2><ul>")
-    parts += [f"<li><code>{html.escape(r.run_id)}</code>: <code>{html.escape(r.repro)}</code></li>"
+    parts += [f"<li><code>{html.escape(r.run_id)}</code>: <code>{html.escape(r.repro)}</code>"
+              f"{html.escape(_reproduced(r))}</li>"
               for r in failed] or ["<li><em>(none)</em></li>"]  # fmt: skip
     parts.append("</ul>")
+    if det is not None:
+        parts += ["<h2>Determinism</h2>", f"<p>{html.escape(det)}</p>"]
     if skipped:
         parts.append("<h2>Skipped files</h2><ul>")
         parts += [f"<li><code>{html.escape(p.name)}</code>: {html.escape(why)}</li>"
