@@ -114,13 +114,9 @@ class DirectoryCheckpointStore:
         self._path(checkpoint_id)[1].unlink(missing_ok=True)
 
 
+#: ``stat.filemode``'s first letter -> what a file of that type is, for messages.
+_KINDS = {"l": "a symlink", "d": "a directory", "p": "a FIFO", "s": "a socket"}
+
+
 def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISLNK, "a symlink"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "a device or special file"
+    return _KINDS.get(stat.filemode(mode)[0], "a device node")

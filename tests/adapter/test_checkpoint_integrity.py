@@ -491,6 +491,40 @@ async def test_what_is_planted_beside_the_workspace_never_blocks_a_checkpoint(
         assert x.space_copy(cid).is_file() and cid.matches(x.space_copy(cid).read_bytes())
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_checkpoints_with_the_old_16_digit_ids_still_restore(
+    tmp_path: Path, backend: str
+) -> None:
+    async with lab(tmp_path, backend) as x:
+        data = x.store_copy().read_bytes()
+        old = CheckpointId.parse(f"call-1-{hashlib.sha256(data).hexdigest()[:16]}")
+        x.space_copy(old).write_bytes(data)  # what an older adapter left in the Space
+        await x.mess_up()
+        await x.snaps.restore(x.space, old, 1)
+        assert x.workspace() == expected()
+        x.space_copy(old).write_bytes(_other_tar())
+        with pytest.raises(CheckpointCorruptError, match="does not match its id"):
+            await x.snaps.restore(x.space, old, 1)
+
+
+async def test_review_reads_only_intact_copies(tmp_path: Path) -> None:
+    """``workspace_at`` (and ``durable-spaces diff``) verify copies like a restore."""
+    from test_workspace_checkpoint_pruning import session
+
+    from durable_spaces.adapter.review import workspace_at
+    from durable_spaces.errors import ReviewError
+
+    async with session(tmp_path, store=True) as run:
+        last = [e for e in run.root.entries() if e.kind == "tool_result"][-1]
+        want = await workspace_at(run.harness, run.durable, run.root.id, last.id)
+        cid = SpaceState.from_json(run.root.document("cua.space", as_of=last.id)).last_checkpoint
+        tamper(tmp_path / "store" / f"{cid}.tar", "other-tar")
+        assert await workspace_at(run.harness, run.durable, run.root.id, last.id) == want
+        tamper(run.checkpoints_dir / f"{cid}.tar", "flip")
+        with pytest.raises(ReviewError, match=f"no intact copy of checkpoint {cid}"):
+            await workspace_at(run.harness, run.durable, run.root.id, last.id)
+
+
 # --- real drivers ----------------------------------------------------------------------------
 
 #: Attempt 1 dies after the second call's write: attempt 2 restores the checkpoint before it.
