@@ -100,6 +100,39 @@ class PermanentFailure(DurableSpacesError):
     """Retrying cannot help: the driver exits 78 and the coordinator stops."""
 
 
+class CheckpointError(PermanentFailure):
+    """A recorded checkpoint cannot be used. Never a tool's result: the driver exits 78."""
+
+
+class BadCheckpointIdError(CheckpointError, ValueError):
+    """A checkpoint id (read back from the log, a store or a Space) is malformed: it is
+    never used as a file name or a shell word. From the log: the log is damaged."""
+
+    def __init__(self, value: object, where: str, why: str = "malformed") -> None:
+        shown = repr(value)
+        if len(shown) > 80:
+            shown = f"{shown[:60]}...{shown[-12:]} ({len(shown)} characters)"
+        super().__init__(f"{where}: {why} checkpoint id {shown}")
+        self.value = value
+        self.where = where
+
+
+class CheckpointCopyError(CheckpointError):
+    """One copy of a checkpoint is unusable (a symlink or directory in its place, not
+    readable, bytes that do not match its id). A restore passes over it for the next
+    copy; only if it escapes a caller does it stop the driver."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """No intact copy of a checkpoint exists: ``problems`` says, per copy (the store, a
+    Space), what was wrong with it (a digest mismatch, a refused archive, tar failing)."""
+
+    def __init__(self, checkpoint_id: str, problems: list[str]) -> None:
+        super().__init__(f"no intact copy of checkpoint {checkpoint_id}: " + "; ".join(problems))
+        self.checkpoint_id = checkpoint_id
+        self.problems = problems
+
+
 class HaltError(DurableSpacesError):
     """The driver must stop without recording anything (the Space cannot be fenced).
 

@@ -81,6 +81,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from durable_spaces.adapter.checkpoint_id import CheckpointId
 from durable_spaces.adapter.space import Capabilities
 from durable_spaces.backends import qemu_vm, spacesd_space
 from durable_spaces.backends.microvm_image import (
@@ -103,7 +104,6 @@ __all__ = ["MicrovmBackend", "MicrovmSpace", "unavailable_reason"]
 USER = "cua"
 TOKEN_PATH = "/run/cua/env-token"
 _NAME_OK = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-_CKPT_OK = re.compile(r"^[0-9a-f]{24}$")
 #: Daemon file operations that take ``user=`` (``upload`` takes it in its options).
 _FILE_OPS = frozenset({"download", "make_dir", "remove", "stat", "list_dir", "move_path"})
 
@@ -706,9 +706,10 @@ class MicrovmBackend:
     # --- machine checkpoints ------------------------------------------------------------------
 
     def _ckpt_dir(self, checkpoint_id: str) -> pathlib.Path:
-        if not _CKPT_OK.match(checkpoint_id):
-            raise ValueError(f"bad checkpoint id {checkpoint_id!r}")
-        return self.state_dir / "checkpoints" / checkpoint_id
+        # ``BadCheckpointIdError`` (a ValueError) for anything but 24 hex digits: an id
+        # from a log never becomes a path outside ``checkpoints/``.
+        cid = CheckpointId.parse(checkpoint_id, "a microvm checkpoint", "machine")
+        return self.state_dir / "checkpoints" / cid
 
     def checkpoint_meta(self, checkpoint_id: str) -> CheckpointMeta:
         d = self._ckpt_dir(checkpoint_id)
@@ -721,7 +722,7 @@ class MicrovmBackend:
         return sorted(
             p.name
             for p in (self.state_dir / "checkpoints").iterdir()
-            if _CKPT_OK.match(p.name) and (p / "meta.json").exists()
+            if CheckpointId.valid(p.name, "machine") and (p / "meta.json").exists()
         )
 
     async def checkpoint(self, name: str, epoch: int | None = None) -> str:
@@ -886,6 +887,8 @@ class MicrovmBackend:
             return
         mine = []
         for p in (self.state_dir / "checkpoints").iterdir():
+            if not CheckpointId.valid(p.name, "machine"):
+                continue  # being written (.part) or deleted (.del)
             with contextlib.suppress(OSError, ValueError, KeyError):
                 meta = json.loads((p / "meta.json").read_text())
                 if meta["space"] == name:
@@ -905,7 +908,7 @@ class MicrovmBackend:
             for st in self._states():
                 used.update(st.chain)
             for p in (self.state_dir / "checkpoints").iterdir():
-                if not _CKPT_OK.match(p.name):
+                if not CheckpointId.valid(p.name, "machine"):
                     continue  # being written (.part) or deleted (.del)
                 with contextlib.suppress(OSError, ValueError, TypeError):
                     used.update(json.loads((p / "meta.json").read_text())["chain"])
