@@ -212,7 +212,7 @@ async def bench_one(
                         await s.wrapped("write", {"path": "notes/small.txt", "content": c})
 
                     async def plain(c: str = content) -> None:
-                        await s.space.write_file("notes/plain.txt", c.encode())
+                        await s.space.write_file("notes/plain.txt", c.encode(), epoch=1)
                 else:
                     cmd = f"printf '%s\\n' '{line}' >> journal.txt"
 

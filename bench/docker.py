@@ -138,7 +138,7 @@ async def main() -> int:
         assert len(table) == FILES, len(table)
 
         async def restore_upload() -> None:
-            await space.write_file(".ckpt.tar", blob)
+            await space.write_file(".ckpt.tar", blob, epoch=1)
             res = await space.exec(
                 [
                     "bash",

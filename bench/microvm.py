@@ -98,7 +98,7 @@ async def main() -> None:
         layers: list[float] = []
         ids = []
         for i in range(CHECKPOINTS):
-            await sp.write_file(f"f{i}", os.urandom(64 * 1024))
+            await sp.write_file(f"f{i}", os.urandom(64 * 1024), epoch=1)
             t0 = time.perf_counter()
             cid = await b.checkpoint(name)
             calls.append(time.perf_counter() - t0)
@@ -115,7 +115,7 @@ async def main() -> None:
         zp, zs, zids = [], [], []
         b.compress = True
         for i in range(3):
-            await sp.write_file(f"z{i}", os.urandom(64 * 1024))
+            await sp.write_file(f"z{i}", os.urandom(64 * 1024), epoch=1)
             zids.append(await b.checkpoint(name))
             zp.append(b.last["checkpoint_pause"])
             zs.append(b.last["checkpoint_bytes"])
