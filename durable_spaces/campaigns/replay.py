@@ -58,12 +58,14 @@ def _position(at: Mapping[str, Any]) -> tuple[Any, ...]:
 
 def signature(record: RunRecord) -> list[tuple[Any, ...]]:
     """What must match for two runs to have gone the same way: the faults (attempt, kind,
-    position, outcome) in order, then each attempt's exit code."""
+    position, outcome) in order, each attempt's exit code, and the recovery decisions in
+    order (epoch, kind, call): where a fault landed shows in what recovery had to do."""
     out: list[tuple[Any, ...]] = []
     for r in record.extra.get("interleaving") or []:
         out.append(("fault", r.get("attempt"), r.get("kind"), _position(r.get("at") or {}),
                     r.get("type")))  # fmt: skip
     out.extend(("exit", i, code) for i, code in enumerate(record.extra.get("exit_codes") or []))
+    out.extend(("recovery", x) for x in record.extra.get("recovery_sequence") or [])
     return out
 
 
@@ -86,6 +88,8 @@ def _show(item: tuple[Any, ...] | None) -> str:
         return "(nothing)"
     if item[0] == "exit":
         return f"attempt {item[1]} exited {item[2]}"
+    if item[0] == "recovery":
+        return f"recovery {item[1]}"
     _, attempt, kind, pos, type_ = item
     where = "/".join(str(p) for p in pos)
     return f"{kind} at {where} of attempt {attempt} ({type_})"

@@ -384,11 +384,13 @@ async def run_one(run: RunSpec) -> RunRecord:
 def _fill(record: RunRecord, result: CoordinatorResult, injector: Injector) -> None:
     recoveries: Counter[str] = Counter()
     by_mode: Counter[str] = Counter()  # every recovery event carries the mode it was decided in
+    sequence: list[str] = []  # in order, per epoch: how the run went (replay compares it)
     for ev in result.events:
         data = ev.get("data") or {}
         if ev.get("event") == "driver_event" and data.get("event") == "recovery":
             recoveries[str(data.get("kind"))] += 1
             by_mode[f"{data.get('mode')}/{data.get('kind')}"] += 1
+            sequence.append(f"{ev.get('epoch')}:{data.get('kind')}:{data.get('call')}")
     got = injector.injected(result)
     faults = dict(got.faults)
     # A driver killed by SIGKILL was shot by the nemesis (random_kill) or died at its
@@ -412,6 +414,7 @@ def _fill(record: RunRecord, result: CoordinatorResult, injector: Injector) -> N
         recoveries_by_mode=dict(sorted(by_mode.items())),
         nemesis=[op.to_json() for op in injector.nemesis.history],
         interleaving=injector.realized,
+        recovery_sequence=sequence,
     )
 
 

@@ -93,7 +93,9 @@ def _restart_machine_after(point: str):  # type: ignore[no-untyped-def]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 90
         while loop.time() < deadline:
-            if trace.exists() and point in trace.read_text().splitlines():
+            if trace.exists() and point in {
+                " ".join(line.split()[:2]) for line in trace.read_text().splitlines()
+            }:  # lines are "point n g"
                 break
             await asyncio.sleep(0.01)
         else:
