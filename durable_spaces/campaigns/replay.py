@@ -52,7 +52,8 @@ def _position(at: Mapping[str, Any]) -> tuple[Any, ...]:
     if "trigger" in at:
         return ("trigger", at["trigger"])
     if "point" in at:
-        return (at["point"], at.get("n"))
+        landed = at.get("landed")
+        return (at["point"], at.get("n"), *([] if landed is None else ["landed", *landed]))
     return ("start",)
 
 
