@@ -53,7 +53,7 @@ async def _trivial_exec(space: Any, tag: str, n: int) -> list[float]:
 
 
 async def main() -> int:
-    from durable_spaces.backends import docker as dk
+    from durable_spaces.backends.docker import backend as dk
 
     reason = dk.unavailable_reason()
     if reason is not None:

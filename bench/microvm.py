@@ -62,7 +62,7 @@ async def main() -> None:
     if reason is not None:
         print(f"microvm  skipped: {reason}")
         return
-    from durable_spaces.backends.microvm import MicrovmBackend
+    from durable_spaces.backends.microvm.backend import MicrovmBackend
 
     with tempfile.TemporaryDirectory(prefix="ds-bench-microvm-") as tmp:
         # Plain memory files first (compression is measured on its own below), and no

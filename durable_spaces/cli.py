@@ -1,6 +1,6 @@
 """The ``durable-spaces`` command: campaigns, repros, reports.
 
-``campaign`` and ``repro`` run sessions from ``durable_spaces.campaigns.session``
+``campaign`` and ``repro`` run sessions from ``durable_spaces.campaigns.run``
 (``async def run_one(run: RunSpec) -> RunRecord``, and for ``--mode exhaustive``
 ``exhaustive_schedules(spec: CampaignSpec, work_dir: Path) -> list[Schedule]``),
 imported only when used so ``report`` works without any backend installed.
@@ -33,7 +33,7 @@ from typer.core import TyperGroup
 
 from durable_spaces.errors import ConfigError, DurableSpacesError
 
-SESSION_MODULE = "durable_spaces.campaigns.session"
+SESSION_MODULE = "durable_spaces.campaigns.run"
 #: A week: a run that needs longer is wedged (the default is 900 s).
 MAX_RUN_TIMEOUT_S = 7 * 24 * 3600.0
 #: Schedules are a few KB; a bigger (or endless, /dev/zero) file is not one.

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from durable_spaces.adapter.durable import DurableSpaces
-from durable_spaces.adapter.log import Fence, Storage, open_fenced_sqlite
 from durable_spaces.adapter.recovery import RecoveryEvent
 from durable_spaces.adapter.session_env import (
     MAX_HEARTBEAT_S,
@@ -51,6 +50,7 @@ from durable_spaces.errors import (
     PermanentFailure,
     StaleEpochError,
 )
+from durable_spaces.harness.log import Fence, Storage, open_fenced_sqlite
 
 EXIT_DONE = 0
 EXIT_CRASHED = 1

@@ -25,7 +25,6 @@ from durable_spaces.adapter import image as img
 from durable_spaces.adapter import tool_args
 from durable_spaces.adapter.calls import CallPipeline
 from durable_spaces.adapter.image import ImageLimits
-from durable_spaces.adapter.log import Fence, check_epoch
 from durable_spaces.adapter.modes import (
     Mode,
     kind_allows,
@@ -40,13 +39,6 @@ from durable_spaces.adapter.snapshots import (
     Snapshots,
     WorkspaceSnapshots,
 )
-from durable_spaces.adapter.space import (
-    Capabilities,
-    PathTable,
-    Space,
-    SpaceBackend,
-    space_name,
-)
 from durable_spaces.adapter.space_env import SpaceExecutionEnv
 from durable_spaces.adapter.state import (
     BLOB_DOC_PREFIX,
@@ -55,7 +47,6 @@ from durable_spaces.adapter.state import (
     CallRecord,
     SpaceState,
 )
-from durable_spaces.adapter.tools import Extension, Tool, ToolContext, ToolResult
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import (
     CheckpointCorruptError,
@@ -69,9 +60,18 @@ from durable_spaces.errors import (
     ToolArgumentError,
     UnsupportedNameError,
 )
+from durable_spaces.harness.log import Fence, check_epoch
+from durable_spaces.harness.tools import Extension, Tool, ToolContext, ToolResult
+from durable_spaces.space import (
+    Capabilities,
+    PathTable,
+    Space,
+    SpaceBackend,
+    space_name,
+)
 
 if TYPE_CHECKING:
-    from durable_spaces.adapter.harness import Harness, Tx
+    from durable_spaces.harness.scheduler import Harness, Tx
 
 WRAPPED = ("bash", "write", "edit")
 

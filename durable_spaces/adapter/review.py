@@ -36,13 +36,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from durable_spaces.adapter.snapshots import CheckpointMissing, WorkspaceSnapshots, check_archive
-from durable_spaces.adapter.space import PathTable, Space
 from durable_spaces.adapter.state import DOC, IMAGE_DOC, SpaceState
 from durable_spaces.errors import PermanentFailure, ReviewError
+from durable_spaces.space import PathTable, Space
 
 if TYPE_CHECKING:
     from durable_spaces.adapter.durable import DurableSpaces
-    from durable_spaces.adapter.harness import AgentConfig, Conversation, Harness
+    from durable_spaces.harness.scheduler import AgentConfig, Conversation, Harness
 
 #: A workspace: workspace-relative path -> file bytes (``SYMLINK + target`` for a link).
 Workspace = dict[str, bytes]
@@ -337,11 +337,11 @@ async def _review_diff(
 ) -> str:
     from durable_spaces.adapter.driver import LOG_FILE
     from durable_spaces.adapter.durable import durable_spaces
-    from durable_spaces.adapter.harness import Harness
-    from durable_spaces.adapter.log import SqliteStorage
     from durable_spaces.adapter.snapshots import DirectoryCheckpointStore
-    from durable_spaces.adapter.tools import Registry
     from durable_spaces.backends import open_backend
+    from durable_spaces.harness.log import SqliteStorage
+    from durable_spaces.harness.scheduler import Harness
+    from durable_spaces.harness.tools import Registry
 
     log_path = state_dir / LOG_FILE
     if not log_path.exists():

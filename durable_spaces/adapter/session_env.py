@@ -21,8 +21,8 @@ import threading
 import unicodedata
 from pathlib import Path
 
-from durable_spaces.adapter.log import MAX_EPOCH
 from durable_spaces.errors import ConfigError
+from durable_spaces.harness.log import MAX_EPOCH
 
 MAX_NAME_CHARS = 256
 #: Below this a heartbeat thread would spin, printing thousands of lines a second.

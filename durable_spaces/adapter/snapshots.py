@@ -30,7 +30,6 @@ from typing import Protocol
 
 from durable_spaces.adapter.checkpoint_id import CheckpointId, slug
 from durable_spaces.adapter.checkpoint_store import CheckpointStore, DirectoryCheckpointStore
-from durable_spaces.adapter.space import Space, SpaceBackend
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import (
     CheckpointCopyError,
@@ -40,6 +39,7 @@ from durable_spaces.errors import (
     SpaceGoneError,
     SpaceUnavailableError,
 )
+from durable_spaces.space import Space, SpaceBackend
 
 logger = logging.getLogger(__name__)
 

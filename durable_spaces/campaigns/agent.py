@@ -22,18 +22,18 @@ from durable_spaces.adapter.driver import (
     run_durable_session,
 )
 from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
-from durable_spaces.adapter.harness import AgentConfig, Harness
 from durable_spaces.adapter.image import ImageLimits
-from durable_spaces.adapter.models import ScriptedModel
 from durable_spaces.adapter.snapshots import (
     DirectoryCheckpointStore,
     SandboxSnapshots,
     Snapshots,
     WorkspaceSnapshots,
 )
-from durable_spaces.adapter.tools import CodingTools, Registry
 from durable_spaces.backends import open_backend
 from durable_spaces.errors import ConfigError
+from durable_spaces.harness.models import ScriptedModel
+from durable_spaces.harness.scheduler import AgentConfig, Harness
+from durable_spaces.harness.tools import CodingTools, Registry
 
 CONFIG_FILE = "agent.json"
 REQUEST = "Do the scripted steps."

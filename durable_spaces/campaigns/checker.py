@@ -20,13 +20,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from durable_spaces.adapter.space import Space
 from durable_spaces.campaigns.checks import effects, epochs, image, processes, replay
 from durable_spaces.campaigns.checks.history import History
 from durable_spaces.campaigns.checks.inputs import Inputs, LaunchRecord, Workload
 from durable_spaces.campaigns.checks.rawlog import read_log
 from durable_spaces.campaigns.checks.verdict import Verdict, anomaly, judge, passed
 from durable_spaces.campaigns.checks.workspace import HOST_CLOCK_KINDS, snapshot
+from durable_spaces.space import Space
 
 __all__ = [
     "CHECKS",

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from durable_spaces.adapter.space import SpaceBackend
+    from durable_spaces.space import SpaceBackend
 
 
 @dataclass(frozen=True)

@@ -38,16 +38,16 @@ from durable_spaces.adapter.snapshots import (
     DirectoryCheckpointStore,
     WorkspaceSnapshots,
 )
-from durable_spaces.adapter.space import Space, space_name
 from durable_spaces.adapter.state import CallRecord, SpaceState
 from durable_spaces.backends import open_backend, unavailable_reason
-from durable_spaces.backends.microvm import MicrovmBackend
+from durable_spaces.backends.microvm.backend import MicrovmBackend
 from durable_spaces.errors import (
     BadCheckpointIdError,
     CheckpointCopyError,
     CheckpointCorruptError,
     PermanentFailure,
 )
+from durable_spaces.space import Space, space_name
 
 BACKENDS = [
     pytest.param("local", id="local"),

@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from durable_spaces.adapter.log import MemoryFence, SqliteFence, SqliteStorage
-from durable_spaces.adapter.models import ScriptedModel
 from durable_spaces.campaigns.checker import check_all
 from durable_spaces.campaigns.checks.inputs import (
     Inputs,
@@ -29,6 +27,8 @@ from durable_spaces.campaigns.checks.inputs import (
 from durable_spaces.campaigns.checks.rawlog import read_log
 from durable_spaces.campaigns.checks.workload import apply
 from durable_spaces.campaigns.checks.workspace import walk_host
+from durable_spaces.harness.log import MemoryFence, SqliteFence, SqliteStorage
+from durable_spaces.harness.models import ScriptedModel
 
 W = "call-s0-aaaaaaaa"  # write f0.txt
 B1 = "call-s1-bbbbbbbb"  # append to journal.txt

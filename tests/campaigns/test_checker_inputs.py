@@ -20,13 +20,13 @@ from checker_scenes import dump, scene, scripted
 from typer.testing import CliRunner
 
 from durable_spaces import cli
-from durable_spaces.adapter.log import JsonlStorage, open_fenced_sqlite
 from durable_spaces.campaigns.checker import check_all, merge
 from durable_spaces.campaigns.checks import kept
 from durable_spaces.campaigns.checks.rawlog import read_log
 from durable_spaces.campaigns.checks.workspace import parse_tar, to_tar, walk_host
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.errors import ConfigError, CorruptLogError
+from durable_spaces.harness.log import JsonlStorage, open_fenced_sqlite
 
 # --- the log -----------------------------------------------------------------------------
 

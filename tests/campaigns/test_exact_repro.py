@@ -12,8 +12,8 @@ import pytest
 
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.replay import differences, exact_spec, reproduction, signature
+from durable_spaces.campaigns.run import POINTS, run_one
 from durable_spaces.campaigns.runner import run_determinism
-from durable_spaces.campaigns.session import POINTS, run_one
 from durable_spaces.campaigns.spec import CampaignSpec, RunSpec
 from durable_spaces.campaigns.summary import Summary
 from durable_spaces.chaos.schedule import AttemptPlan, PointFault, Schedule, SpaceFault
@@ -122,7 +122,7 @@ def test_logical_schedules_go_the_same_way_twice(tmp_path: Path) -> None:
     )  # fmt: skip
     out = io.StringIO()
     d = run_determinism(
-        spec, "durable_spaces.campaigns.session:run_one", 3, out_dir=tmp_path / "det", stdout=out
+        spec, "durable_spaces.campaigns.run:run_one", 3, out_dir=tmp_path / "det", stdout=out
     )
     assert d.seeds == 3 and d.same == 3, d.differences
     assert out.getvalue().startswith("DETERMINISM seeds=3 same=3 fraction=1.000")

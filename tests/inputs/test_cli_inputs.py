@@ -256,7 +256,7 @@ def test_report_skips_garbage_records_with_one_warning_each(cwd: Path, tmp_path:
 
 @pytest.fixture
 def session_dir(tmp_path: Path) -> Path:
-    from durable_spaces.adapter.log import SqliteStorage
+    from durable_spaces.harness.log import SqliteStorage
 
     d = tmp_path / "session"
     d.mkdir()

@@ -18,8 +18,8 @@ from tree_snapshot import tree
 
 from durable_spaces.adapter.driver import Session
 from durable_spaces.adapter.durable import session_epoch
-from durable_spaces.adapter.log import SqliteStorage
 from durable_spaces.errors import ConfigError
+from durable_spaces.harness.log import SqliteStorage
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adapter"))
 from drive import AGENT, cleanup, driver_env, setup

@@ -17,7 +17,14 @@ from pathlib import Path
 import pytest
 from tree_snapshot import sha, tree
 
-from durable_spaces.adapter.log import (
+from durable_spaces.errors import (
+    ConfigError,
+    CorruptLogError,
+    ForeignDatabaseError,
+    LogError,
+    LooseModeWarning,
+)
+from durable_spaces.harness.log import (
     APPLICATION_ID,
     MAX_LINE_BYTES,
     FencedFileSystem,
@@ -25,13 +32,6 @@ from durable_spaces.adapter.log import (
     SqliteStorage,
     open_fenced_jsonl,
     open_fenced_sqlite,
-)
-from durable_spaces.errors import (
-    ConfigError,
-    CorruptLogError,
-    ForeignDatabaseError,
-    LogError,
-    LooseModeWarning,
 )
 
 KINDS: dict[str, tuple[str, Callable[[Path], SqliteStorage | JsonlStorage]]] = {
@@ -168,7 +168,7 @@ def test_new_log_files_are_0600_and_fence_dirs_0700(kind: str, tmp_path: Path) -
 
 LEAVE_SIDECARS = """
 import os, sys
-from durable_spaces.adapter.log import SqliteStorage
+from durable_spaces.harness.log import SqliteStorage
 SqliteStorage(sys.argv[1]).append([{"n": 2}])
 os._exit(0)  # killed: the -wal and -shm stay
 """
@@ -520,7 +520,7 @@ def test_the_largest_epoch_is_stored_and_read_back(tmp_path: Path) -> None:
 
 CREATE_AND_APPEND = """
 import sys, time
-from durable_spaces.adapter.log import open_fenced_sqlite
+from durable_spaces.harness.log import open_fenced_sqlite
 start = float(sys.argv[2])
 while time.time() < start:
     pass
@@ -552,14 +552,14 @@ def test_concurrent_creators_of_a_new_log_all_open_the_same_one(tmp_path: Path) 
 
 READ_ALL = """
 import json, sys
-from durable_spaces.adapter.log import open_fenced_sqlite
+from durable_spaces.harness.log import open_fenced_sqlite
 s, _ = open_fenced_sqlite(sys.argv[1], 1)
 print(json.dumps([c.ops[0]["who"] for c in s.load()]))
 s.close()
 """
 APPEND_ONE = """
 import sys
-from durable_spaces.adapter.log import open_fenced_sqlite
+from durable_spaces.harness.log import open_fenced_sqlite
 s, _ = open_fenced_sqlite(sys.argv[1], 1)
 s.append([{"who": "child"}])
 s.close()

@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from durable_spaces.adapter.space import Space
 from durable_spaces.campaigns.checks.inputs import Proc, ProcessListing
 from durable_spaces.campaigns.checks.verdict import Verdict, anomaly, judge, unknown
+from durable_spaces.space import Space
 
 if TYPE_CHECKING:
     from durable_spaces.campaigns.checks.inputs import Inputs

@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from durable_spaces.adapter.models import ScriptedModel
 from durable_spaces.campaigns.checks.verdict import Anomaly, Verdict, anomaly, judge, unknown
 from durable_spaces.campaigns.checks.workload import apply
+from durable_spaces.harness.models import ScriptedModel
 
 if TYPE_CHECKING:
     from durable_spaces.campaigns.checks.inputs import Inputs

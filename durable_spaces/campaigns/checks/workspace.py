@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from durable_spaces.adapter.space import ExecResult, Space
 from durable_spaces.errors import SpaceError
+from durable_spaces.space import ExecResult, Space
 
 #: Space kinds whose workspace is a directory of this host (``Capabilities.kind``).
 HOST_KINDS = ("local", "process")

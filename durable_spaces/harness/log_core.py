@@ -1,6 +1,6 @@
 """The durable log's data model: commits, the fence and storage protocols, and the
 in-memory storage. The file-backed storages (``log_sqlite``, ``log_jsonl``) build on
-these; ``durable_spaces.adapter.log`` is the public face of all of them."""
+these; ``durable_spaces.harness.log`` is the public face of all of them."""
 
 from __future__ import annotations
 

@@ -16,11 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from durable_spaces.adapter.space import confine
 from durable_spaces.errors import PathEscapeError
+from durable_spaces.space import confine
 
 if TYPE_CHECKING:
-    from durable_spaces.adapter.tools import ToolContext
+    from durable_spaces.harness.tools import ToolContext
 
 
 @dataclass(frozen=True)

@@ -14,15 +14,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from durable_spaces.adapter.log_core import Commit, Fence, Op, check_epoch, dumps_ops
-from durable_spaces.adapter.log_files import (
-    FILE_MODE,
-    OwnerLock,
-    fsync_dir,
-    open_file,
-    private_dir,
-    tighten,
-)
 from durable_spaces.chaos import failpoints
 from durable_spaces.errors import (
     CorruptLogError,
@@ -30,6 +21,15 @@ from durable_spaces.errors import (
     LogError,
     StaleEpochError,
     TornTailWarning,
+)
+from durable_spaces.harness.log_core import Commit, Fence, Op, check_epoch, dumps_ops
+from durable_spaces.harness.log_files import (
+    FILE_MODE,
+    OwnerLock,
+    fsync_dir,
+    open_file,
+    private_dir,
+    tighten,
 )
 
 #: The longest JSONL line (one commit) a log writes or reads.

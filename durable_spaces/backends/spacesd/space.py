@@ -54,7 +54,17 @@ os.environ.setdefault("CUA_TELEMETRY", "0")
 
 import cua
 
-from durable_spaces.adapter.space import (
+from durable_spaces.chaos import mutants
+from durable_spaces.chaos.failpoints import hit
+from durable_spaces.errors import (
+    CapabilityMissingError,
+    PathEscapeError,
+    SpaceError,
+    SpaceGoneError,
+    SpaceUnavailableError,
+    StaleEpochError,
+)
+from durable_spaces.space import (
     EXEC_LEDGER,
     MAX_SCAN_DEPTH,
     BoundedOutput,
@@ -69,16 +79,6 @@ from durable_spaces.adapter.space import (
     confine,
     name_problem,
     unsupported,
-)
-from durable_spaces.chaos import mutants
-from durable_spaces.chaos.failpoints import hit
-from durable_spaces.errors import (
-    CapabilityMissingError,
-    PathEscapeError,
-    SpaceError,
-    SpaceGoneError,
-    SpaceUnavailableError,
-    StaleEpochError,
 )
 
 _STALE = re.compile(r"epoch (\d+) is older than the Space's current epoch (\d+)")

@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from durable_spaces.backends.spacesd_daemon import (
+from durable_spaces.backends.spacesd.daemon import (
     PIDNS,
     DaemonState,
     LocalDaemon,
@@ -42,7 +42,7 @@ from durable_spaces.backends.spacesd_daemon import (
     sweep_untracked,
     unshare_reason,
 )
-from durable_spaces.backends.spacesd_space import SpacesdSpace
+from durable_spaces.backends.spacesd.space import SpacesdSpace
 from durable_spaces.errors import (
     BackendUnavailableError,
     SpaceGoneError,
@@ -185,7 +185,7 @@ class SpacesdBackend:
     async def _boot(self, d: LocalDaemon, st: DaemonState) -> DaemonState:
         """Start the daemon and wait for its first answer (caller holds the lock).
         A port taken meanwhile by someone else gets a new one, recorded in the state."""
-        from durable_spaces.backends.spacesd_space import SpacesdSpace, check_exec_ledger
+        from durable_spaces.backends.spacesd.space import SpacesdSpace, check_exec_ledger
 
         for attempt in range(3):
             t0 = time.monotonic()

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from durable_spaces.adapter.harness import Entry
-    from durable_spaces.adapter.tools import Tool
+    from durable_spaces.harness.scheduler import Entry
+    from durable_spaces.harness.tools import Tool
 
 
 @dataclass(frozen=True)

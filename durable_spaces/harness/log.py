@@ -17,7 +17,8 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from durable_spaces.adapter.log_core import (
+from durable_spaces.errors import ConfigError
+from durable_spaces.harness.log_core import (
     MAX_EPOCH,
     Commit,
     Fence,
@@ -27,19 +28,18 @@ from durable_spaces.adapter.log_core import (
     Storage,
     check_epoch,
 )
-from durable_spaces.adapter.log_jsonl import (
+from durable_spaces.harness.log_jsonl import (
     MAX_LINE_BYTES,
     FencedFileSystem,
     JsonlStorage,
     open_fenced_jsonl,
 )
-from durable_spaces.adapter.log_sqlite import (
+from durable_spaces.harness.log_sqlite import (
     APPLICATION_ID,
     SqliteFence,
     SqliteStorage,
     open_fenced_sqlite,
 )
-from durable_spaces.errors import ConfigError
 
 __all__ = [
     "APPLICATION_ID",

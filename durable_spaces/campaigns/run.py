@@ -29,7 +29,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from durable_spaces.adapter.space import space_name
 from durable_spaces.backends import open_backend
 from durable_spaces.campaigns.agent import AgentConfigFile
 from durable_spaces.campaigns.checker import History, LaunchRecord, Workload, check_all, collect
@@ -57,6 +56,7 @@ from durable_spaces.chaos.schedule import (
     read_trace,
 )
 from durable_spaces.errors import SpaceUnavailableError
+from durable_spaces.space import space_name
 
 #: Failpoints a scripted call passes through (the campaign draws kills among these).
 POINTS = (

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from durable_spaces.adapter.log import Op
+from durable_spaces.harness.log import Op
 
 
 @dataclass(frozen=True)

@@ -82,14 +82,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from durable_spaces.adapter.checkpoint_id import CheckpointId
-from durable_spaces.adapter.space import Capabilities
-from durable_spaces.backends import qemu_vm, spacesd_space
-from durable_spaces.backends.microvm_image import (
+from durable_spaces.backends.microvm import qemu as qemu_vm
+from durable_spaces.backends.microvm.image import (
     DEFAULT_MEMORY_MB,
     WORKSPACE,
     GuestImage,
     load_image,
 )
+from durable_spaces.backends.spacesd import space as spacesd_space
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import (
     BackendUnavailableError,
@@ -98,6 +98,7 @@ from durable_spaces.errors import (
     SpaceUnavailableError,
     StaleEpochError,
 )
+from durable_spaces.space import Capabilities
 
 __all__ = ["MicrovmBackend", "MicrovmSpace", "unavailable_reason"]
 
@@ -200,7 +201,7 @@ class VmProbe:
 
 
 def _spacesd_space_cls() -> type[Any]:
-    from durable_spaces.backends.spacesd_space import SpacesdSpace
+    from durable_spaces.backends.spacesd.space import SpacesdSpace
 
     return SpacesdSpace
 
@@ -483,7 +484,7 @@ class MicrovmBackend:
             except SpaceUnavailableError as e:
                 qemu_vm.kill(vm.pid, vm.start)
                 if "hostfwd" in str(e) or "host forwarding" in str(e):
-                    from durable_spaces.backends.spacesd_daemon import free_port
+                    from durable_spaces.backends.spacesd.daemon import free_port
 
                     if attempt < 2:
                         st.port = free_port()  # the port was taken meanwhile
@@ -548,7 +549,7 @@ class MicrovmBackend:
             sp._client = None
 
     def _init_space(self, name: str) -> SpaceState:
-        from durable_spaces.backends.spacesd_daemon import free_port
+        from durable_spaces.backends.spacesd.daemon import free_port
 
         home = self._home(name)
         home.mkdir(parents=True, exist_ok=True)
@@ -796,7 +797,7 @@ class MicrovmBackend:
 
         A Space that no longer exists (removed, lost) is placed again from the checkpoint:
         a new instance (new id and token) with the checkpoint's machine in it."""
-        from durable_spaces.backends.spacesd_daemon import free_port
+        from durable_spaces.backends.spacesd.daemon import free_port
 
         source = self._source(checkpoint_id)
         async with self._lock(name):

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from durable_spaces.adapter.env import ExecutionEnv
-    from durable_spaces.adapter.harness import Harness, Tx
+    from durable_spaces.harness.env import ExecutionEnv
+    from durable_spaces.harness.scheduler import Harness, Tx
 
 Status = Literal["ok", "error", "interrupted"]
 Replay = Literal["safe", "unsafe"]

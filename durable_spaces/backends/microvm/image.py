@@ -20,7 +20,7 @@ fork of that booted machine (about half a second) instead of a cold boot (about 
 TCG). Forks start with the image's token (``token``, 0600, in the image dir); the backend
 rotates it to a per-Space token at once through the daemon's ``--await-token-file``.
 
-Entry point: ``python -m durable_spaces.backends.microvm_image`` (``make microvm-image``).
+Entry point: ``python -m durable_spaces.backends.microvm.image`` (``make microvm-image``).
 """
 
 from __future__ import annotations
@@ -473,13 +473,13 @@ def build_image(force: bool = False) -> GuestImage:
 
 async def ensure_base_checkpoint(img: GuestImage, memory_mb: int = DEFAULT_MEMORY_MB) -> None:
     """Boot the image once and checkpoint the booted machine (what every Space forks)."""
-    from durable_spaces.backends.qemu_vm import choose_accel
+    from durable_spaces.backends.microvm.qemu import choose_accel
 
     choose_accel(img)  # probed (and cached) here, not in the first Space's create
     if img.base_checkpoint(memory_mb) is not None:
         _log(f"base checkpoint for {memory_mb} MiB is up to date")
         return
-    from durable_spaces.backends.qemu_vm import make_base_checkpoint
+    from durable_spaces.backends.microvm.qemu import make_base_checkpoint
 
     t0 = time.monotonic()
     await make_base_checkpoint(img, memory_mb)

@@ -10,7 +10,7 @@ Debian's docker.io has no buildx) and becomes ``durable-spaces-space:<hash>``.
 Each tag's hash covers its inputs (the recipe below, the Dockerfile, the daemon binary),
 so ``ensure_image()`` rebuilds only when one changed. The raw debootstrap tree is cached
 as a tarball under ``~/.cache/durable-spaces`` (``DS_CACHE_DIR``), so a rebuild after a
-recipe change skips the download. ``python -m durable_spaces.backends.docker_image``
+recipe change skips the download. ``python -m durable_spaces.backends.docker.image``
 (``make space-image``) is the only entry point.
 """
 
@@ -37,7 +37,7 @@ IMAGE_REPO = "durable-spaces-space"
 USER_UID = 1000
 WORKSPACE = "/home/cua/work"
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 
 # Trimmed from the root filesystem: documentation, translations, apt's package lists.

@@ -17,7 +17,7 @@ under ``lock`` in the same section that makes the change, and ``advance_epoch`` 
 ``lock`` from its kill to the new floor, so a stale writer's change lands wholly before a
 takeover or not at all.
 
-A command runs under ``local_supervisor.py`` in its own session and process group. The
+A command runs under ``supervisor.py`` in its own session and process group. The
 supervisor does not depend on its caller: a SIGKILLed driver leaves it running, and the
 next driver reattaches by key (reads ``output`` from offset 0 until ``status`` appears).
 Liveness is psutil with the create time, so a reused pid is not mistaken for ours, and
@@ -68,7 +68,17 @@ from typing import Any
 
 import psutil
 
-from durable_spaces.adapter.space import (
+from durable_spaces.backends.local import fs as local_fs
+from durable_spaces.backends.local.supervisor import format_spec
+from durable_spaces.chaos import mutants
+from durable_spaces.chaos.failpoints import hit
+from durable_spaces.errors import (
+    ConfigError,
+    SpaceGoneError,
+    SpaceUnavailableError,
+    StaleEpochError,
+)
+from durable_spaces.space import (
     EXEC_LEDGER,
     OUTPUT_TAIL_BYTES,
     BoundedOutput,
@@ -81,18 +91,8 @@ from durable_spaces.adapter.space import (
     PathTable,
     confine,
 )
-from durable_spaces.backends import local_fs
-from durable_spaces.backends.local_supervisor import format_spec
-from durable_spaces.chaos import mutants
-from durable_spaces.chaos.failpoints import hit
-from durable_spaces.errors import (
-    ConfigError,
-    SpaceGoneError,
-    SpaceUnavailableError,
-    StaleEpochError,
-)
 
-_SUPERVISOR = str(Path(__file__).with_name("local_supervisor.py"))
+_SUPERVISOR = str(Path(__file__).with_name("supervisor.py"))
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 #: What commands inherit from the caller's environment: enough to find programs, nothing
 #: of the driver's own (API keys, tokens, failpoints), as in a real sandbox.

@@ -1,6 +1,6 @@
 """The SQLite log: WAL, one table of commits, the exact epoch fence in the same
 transaction as each commit, and the checks that keep it off any database not its own.
-The only module that speaks SQL (see ``durable_spaces.adapter.log`` for the reasons)."""
+The only module that speaks SQL (see ``durable_spaces.harness.log`` for the reasons)."""
 
 from __future__ import annotations
 
@@ -16,17 +16,6 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Literal
 
-from durable_spaces.adapter.log_core import Commit, Fence, Op, check_epoch, dumps_ops
-from durable_spaces.adapter.log_files import (
-    OwnerLock,
-    adopt,
-    check_sidecar,
-    fsync_dir,
-    hold,
-    open_file,
-    tighten,
-    unhold,
-)
 from durable_spaces.chaos import failpoints
 from durable_spaces.errors import (
     ConfigError,
@@ -35,6 +24,17 @@ from durable_spaces.errors import (
     ForeignDatabaseError,
     LogError,
     StaleEpochError,
+)
+from durable_spaces.harness.log_core import Commit, Fence, Op, check_epoch, dumps_ops
+from durable_spaces.harness.log_files import (
+    OwnerLock,
+    adopt,
+    check_sidecar,
+    fsync_dir,
+    hold,
+    open_file,
+    tighten,
+    unhold,
 )
 
 _SCHEMA_VERSION = 1

@@ -24,7 +24,8 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 
-from durable_spaces.adapter.space import (
+from durable_spaces.errors import PathEscapeError
+from durable_spaces.space import (
     MAX_SCAN_DEPTH,
     FileStat,
     PathEntry,
@@ -33,7 +34,6 @@ from durable_spaces.adapter.space import (
     name_problem,
     unsupported,
 )
-from durable_spaces.errors import PathEscapeError
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: Timestamps this close to a scan's start are not trusted for caching (kernel ticks are

@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from durable_spaces.backends.spacesd_space import SpacesdSpace
+from durable_spaces.backends.spacesd.space import SpacesdSpace
 from durable_spaces.errors import SpaceGoneError
 
 if TYPE_CHECKING:
-    from durable_spaces.backends.docker import DockerBackend
+    from durable_spaces.backends.docker.backend import DockerBackend
 
 #: Daemon file operations that take ``user=`` (``upload`` takes it in its options).
 _FILE_OPS = frozenset({"download", "make_dir", "remove", "stat", "list_dir", "move_path"})

@@ -46,7 +46,7 @@ from typing import Any
 
 import psutil
 
-from durable_spaces.backends.microvm_image import (
+from durable_spaces.backends.microvm.image import (
     GUEST_PORT,
     KERNEL_CMDLINE,
     GuestImage,
@@ -265,7 +265,7 @@ async def wait_health(
     """Poll the daemon's ``GET /health`` through the forward; seconds waited. User
     networking accepts the host connection even while nothing listens in the guest, so
     only an HTTP answer counts. Gives up at once when QEMU has exited."""
-    from durable_spaces.backends.spacesd_space import wait_http_health
+    from durable_spaces.backends.spacesd.space import wait_http_health
 
     def qemu_exited() -> str | None:
         if vm is not None and not alive(vm.pid, vm.start):
@@ -529,7 +529,7 @@ def _kvm_boot_thread(img: GuestImage) -> Accel:
 async def _kvm_boot_test(img: GuestImage) -> Accel:
     import tempfile
 
-    from durable_spaces.backends.spacesd_daemon import free_port
+    from durable_spaces.backends.spacesd.daemon import free_port
 
     spec = VmSpec(img, 256, Accel("kvm", "probe"))
     with tempfile.TemporaryDirectory(prefix="ds-kvm-probe-") as tmp:
@@ -564,7 +564,7 @@ async def _kvm_boot_test(img: GuestImage) -> Accel:
 async def make_base_checkpoint(img: GuestImage, memory_mb: int) -> None:
     """Boot the image once, wait for the daemon, and checkpoint the machine into
     ``img.base_dir(memory_mb)`` (memory + frozen disk), for Spaces to fork."""
-    from durable_spaces.backends.spacesd_daemon import free_port
+    from durable_spaces.backends.spacesd.daemon import free_port
 
     accel = choose_accel(img)
     spec = VmSpec(img, memory_mb, accel)

@@ -52,7 +52,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from durable_spaces.backends import spacesd_space
+from durable_spaces.backends.spacesd import space as spacesd_space
 from durable_spaces.errors import (
     BackendUnavailableError,
     SpaceError,
@@ -61,7 +61,7 @@ from durable_spaces.errors import (
 )
 
 if TYPE_CHECKING:
-    from durable_spaces.backends.docker_space import DockerSpace
+    from durable_spaces.backends.docker.space import DockerSpace
 
 OWNER_LABEL = "durable-spaces.owner"
 OWNER = "durable-spaces"
@@ -118,7 +118,7 @@ def unavailable_reason(image: str | None = None) -> str | None:
 
 
 def _default_image() -> str:
-    from durable_spaces.backends import docker_image
+    from durable_spaces.backends.docker import image as docker_image
 
     return docker_image.image_tag()
 
@@ -313,7 +313,7 @@ class DockerBackend:
 
     async def _attach(self, name: str, c: Any) -> Any:
         """The Space of container ``c`` once its daemon answers (one object per instance)."""
-        from durable_spaces.backends.docker_space import DockerSpace
+        from durable_spaces.backends.docker.space import DockerSpace
 
         port = self._published_port(c)
         self.last_boot_seconds = await self._await_daemon(c)
@@ -339,7 +339,7 @@ class DockerBackend:
         """Seconds until container ``c``'s daemon answers its health check; gives up at
         once when the container is removed meanwhile (a removal racing a restart must not
         wait out the whole boot timeout; a restart racing this wait is waited for)."""
-        from durable_spaces.backends.docker_space import ContainerProbe
+        from durable_spaces.backends.docker.space import ContainerProbe
 
         removed = ContainerProbe(self, c.id).removed
         return await spacesd_space.wait_http_health(

@@ -35,13 +35,13 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from durable_spaces.adapter.env import ExecutionEnv, LocalDirEnv
-from durable_spaces.adapter.log import Op, Storage
-from durable_spaces.adapter.log_state import AgentConfig, Entry, LogState, Tx
-from durable_spaces.adapter.models import Model
-from durable_spaces.adapter.tools import Registry, Tool, ToolContext, ToolResult
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import HaltError, PermanentFailure, StaleEpochError
+from durable_spaces.harness.env import ExecutionEnv, LocalDirEnv
+from durable_spaces.harness.log import Op, Storage
+from durable_spaces.harness.models import Model
+from durable_spaces.harness.state import AgentConfig, Entry, LogState, Tx
+from durable_spaces.harness.tools import Registry, Tool, ToolContext, ToolResult
 
 #: Errors that stop the harness without recording anything (never a tool result).
 FATAL: tuple[type[BaseException], ...] = (StaleEpochError, HaltError, PermanentFailure)

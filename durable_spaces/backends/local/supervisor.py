@@ -1,6 +1,6 @@
 """The supervisor of one command of a ``local`` Space.
 
-Run by ``LocalSpace.spawn`` as ``python -I -S local_supervisor.py CMD_DIR`` in a session
+Run by ``LocalSpace.spawn`` as ``python -I -S supervisor.py CMD_DIR`` in a session
 of its own: a script rather than ``-m`` so that starting it imports no site and no package
 (about 10 ms), and stdlib only for the same reason. It outlives its caller on purpose: a
 driver that is SIGKILLed leaves the command running, and the next driver reattaches by
