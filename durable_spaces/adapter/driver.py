@@ -20,29 +20,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from durable_spaces import session_protocol as sp
 from durable_spaces.adapter.durable import DurableSpaces
 from durable_spaces.adapter.recovery import RecoveryEvent
-from durable_spaces.adapter.session_env import (
-    MAX_HEARTBEAT_S,
-    MIN_HEARTBEAT_S,
-    check_state_dir,
-    make_state_dir,
-    parse_epoch,
-    parse_name,
-    parse_seconds,
-    parse_space,
-)
 from durable_spaces.chaos import mutants
 from durable_spaces.errors import (
     ConfigError,
@@ -51,11 +40,22 @@ from durable_spaces.errors import (
     StaleEpochError,
 )
 from durable_spaces.harness.log import Fence, Storage, open_fenced_sqlite
-
-EXIT_DONE = 0
-EXIT_CRASHED = 1
-EXIT_FENCED = 75
-EXIT_PERMANENT = 78
+from durable_spaces.session_protocol import (
+    EXIT_CRASHED,
+    EXIT_DONE,
+    EXIT_FENCED,
+    EXIT_PERMANENT,
+    MAX_HEARTBEAT_S,
+    MIN_HEARTBEAT_S,
+    check_state_dir,
+    event_line,
+    heartbeat_line,
+    make_state_dir,
+    parse_epoch,
+    parse_name,
+    parse_seconds,
+    parse_space,
+)
 
 LOG_FILE = "log.sqlite"
 
@@ -80,14 +80,14 @@ class Session:
         epoch = parse_epoch("CUA_SESSION_EPOCH", raw)
         sd = check_state_dir("CUA_SESSION_STATE_DIR", e.get("CUA_SESSION_STATE_DIR", ""))
         hb = parse_seconds(
-            "CUA_SESSION_HEARTBEAT_SECS",
-            e.get("CUA_SESSION_HEARTBEAT_SECS", "30"),
+            sp.HEARTBEAT_SECS,
+            e.get(sp.HEARTBEAT_SECS, sp.DEFAULT_HEARTBEAT_SECS),
             lo=MIN_HEARTBEAT_S,
             hi=MAX_HEARTBEAT_S,
         )
-        space = e.get("CUA_SESSION_SPACE") or None
+        space = e.get(sp.SPACE) or None
         if space is not None:
-            space = parse_space("CUA_SESSION_SPACE", space)
+            space = parse_space(sp.SPACE, space)
         return Session(name, epoch, sd, hb, space)
 
 
@@ -95,7 +95,7 @@ def read_session() -> Session:
     """The session of this process's environment, its state directory made (0700) if
     missing; ``ConfigError`` for anything wrong (the driver exits 78)."""
     session = Session.from_env()
-    make_state_dir("CUA_SESSION_STATE_DIR", session.state_dir)
+    make_state_dir(sp.STATE_DIR, session.state_dir)
     return session
 
 
@@ -130,8 +130,7 @@ Start = Callable[[StartContext], Awaitable[SessionHandle]]
 
 
 def emit_event(event: str, **fields: Any) -> None:
-    line = json.dumps({"event": event, "unix_ms": int(time.time() * 1000), **fields})
-    sys.stdout.write(f"DS-EVENT {line}\n")
+    sys.stdout.write(event_line(event, **fields))
     sys.stdout.flush()
 
 
@@ -146,7 +145,7 @@ class Heartbeat:
 
     def _run(self) -> None:
         while True:
-            sys.stdout.write(f"CUA-HEARTBEAT {self.epoch} {int(time.time() * 1000)}\n")
+            sys.stdout.write(heartbeat_line(self.epoch))
             sys.stdout.flush()
             if self._stop.wait(self.every):
                 return

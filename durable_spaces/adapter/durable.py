@@ -33,7 +33,6 @@ from durable_spaces.adapter.modes import (
     tooling_present,
 )
 from durable_spaces.adapter.recovery import RecoveryEvent, RecoveryKind, RecoveryListener
-from durable_spaces.adapter.session_env import parse_epoch
 from durable_spaces.adapter.snapshots import (
     CheckpointMissing,
     Snapshots,
@@ -62,6 +61,7 @@ from durable_spaces.errors import (
 )
 from durable_spaces.harness.log import Fence, check_epoch
 from durable_spaces.harness.tools import Extension, Tool, ToolContext, ToolResult
+from durable_spaces.session_protocol import parse_epoch
 from durable_spaces.space import (
     Capabilities,
     PathTable,

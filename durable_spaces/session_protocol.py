@@ -1,4 +1,15 @@
-"""The driver's environment (``CUA_SESSION_*``), parsed strictly.
+"""The driver <-> coordinator contract, defined once: exit codes, the ``CUA_SESSION_*``
+environment (built by the coordinator, parsed strictly by the driver), and the lines a
+driver prints (``CUA-HEARTBEAT <epoch> <unix_ms>``, ``DS-EVENT <json>``).
+
+Exit codes: 0 done, 78 permanent (nothing a retry can fix: a bad environment, a
+``PermanentFailure``, a submission that ended unanswered), 75 fenced (a newer epoch
+exists: ignore this process), anything else crashed (resume with backoff).
+
+The environment: ``CUA_SESSION_NAME``, ``CUA_SESSION_EPOCH`` (1..2**63-1, ASCII digits),
+``CUA_SESSION_STATE_DIR`` (absolute; the fenced log lives there),
+``CUA_SESSION_HEARTBEAT_SECS``, optional ``CUA_SESSION_SPACE`` (the Space the coordinator
+placed).
 
 A coordinator writes these values, but a wrong one must end the driver with exit 78 and
 one line naming the variable: retrying cannot fix an environment, and a traceback (exit
@@ -13,16 +24,37 @@ an existing one): the driver never creates anything outside it.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import stat
 import threading
+import time
 import unicodedata
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from durable_spaces.errors import ConfigError
 from durable_spaces.harness.log import MAX_EPOCH
+
+EXIT_DONE = 0
+EXIT_CRASHED = 1
+EXIT_FENCED = 75
+EXIT_PERMANENT = 78
+
+NAME = "CUA_SESSION_NAME"
+EPOCH = "CUA_SESSION_EPOCH"
+STATE_DIR = "CUA_SESSION_STATE_DIR"
+HEARTBEAT_SECS = "CUA_SESSION_HEARTBEAT_SECS"
+SPACE = "CUA_SESSION_SPACE"
+DEFAULT_HEARTBEAT_SECS = "30"
+
+HEARTBEAT_PREFIX = "CUA-HEARTBEAT "
+EVENT_PREFIX = "DS-EVENT "
+_MARKERS = re.compile(r"(?=CUA-HEARTBEAT |DS-EVENT )")
+_DECODER = json.JSONDecoder()
 
 MAX_NAME_CHARS = 256
 #: Below this a heartbeat thread would spin, printing thousands of lines a second.
@@ -138,3 +170,48 @@ def make_state_dir(var: str, path: Path) -> None:
         ) from None
     if not path.is_dir():
         raise ConfigError(f"{var}={_shown(str(path))} is not a directory")
+
+
+def driver_environment(
+    name: str,
+    epoch: int,
+    state_dir: str | os.PathLike[str],
+    heartbeat_secs: float,
+    space: str | None = None,
+) -> dict[str, str]:
+    """The ``CUA_SESSION_*`` variables a coordinator gives a driver."""
+    env = {
+        NAME: name,
+        EPOCH: str(epoch),
+        STATE_DIR: str(state_dir),
+        HEARTBEAT_SECS: f"{heartbeat_secs:g}",
+    }
+    if space:
+        env[SPACE] = space
+    return env
+
+
+def heartbeat_line(epoch: int, unix_ms: int | None = None) -> str:
+    return f"{HEARTBEAT_PREFIX}{epoch} {int(time.time() * 1000) if unix_ms is None else unix_ms}\n"
+
+
+def event_line(event: str, **fields: Any) -> str:
+    data = {"event": event, "unix_ms": int(time.time() * 1000), **fields}
+    return f"{EVENT_PREFIX}{json.dumps(data)}\n"
+
+
+def read_line(line: str) -> Iterator[tuple[str, Mapping[str, Any] | None]]:
+    """What a line of a driver's stdout says: ``("heartbeat", None)`` and ``("event",
+    data)`` items. Two threads printing without a lock can glue a heartbeat and an event
+    into one line: it is split on the markers, and only an event's leading JSON value is
+    read (anything else on the line is ignored)."""
+    for part in _MARKERS.split(line):
+        if part.startswith(HEARTBEAT_PREFIX):
+            yield "heartbeat", None
+        elif part.startswith(EVENT_PREFIX):
+            try:
+                data, _ = _DECODER.raw_decode(part[len(EVENT_PREFIX) :].strip())
+            except json.JSONDecodeError:
+                continue
+            if isinstance(data, dict):
+                yield "event", data
