@@ -2,117 +2,77 @@
 
 A Space is a named sandbox (files and processes) reached through a daemon with an exec
 ledger and an epoch fence. Every backend (``durable_spaces.backends.<name>``) implements
-``SpaceBackend`` (create / find / restart / delete named Spaces) and ``Space`` (what runs
-inside one). The contract each method states must hold on every backend; the conformance
-suite in ``tests/conformance`` checks it.
+``SpaceBackend`` (create / find / delete named Spaces) and ``Space`` (what runs inside
+one). Abilities only some callers need are protocols of their own, so no backend is
+asked for what it cannot do and mypy checks each against its caller: ``Faults``
+(restart, kill the daemon, pause: what the chaos lab inflicts) and
+``MachineCheckpoints`` (whole-machine checkpoints: what ``SandboxSnapshots`` takes).
+Every protocol is runtime-checkable: a caller that needs an ability asks
+``isinstance(backend, Faults)`` and refuses a backend without it with a clear error.
+
+The contract each method states must hold on every backend that has it; the conformance
+suite in ``tests/conformance`` checks it. Each backend module proves its conformance to
+mypy (a ``TYPE_CHECKING`` block returning its classes as these protocols).
 
 Paths given to file operations are workspace-relative POSIX paths (an absolute path is
 accepted only when it lies under ``Space.root``). ``confine`` is the lexical half of the
 check, shared by every backend; each backend adds the symlink half, because only it can
-look at the filesystem.
+look at the filesystem. The values that cross the protocol are in
+``durable_spaces.space_types`` and re-exported here.
 """
 
 from __future__ import annotations
 
-import enum
+import hashlib
 import posixpath
 import re
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-from durable_spaces.errors import PathEscapeError, UnsupportedNameError
+from durable_spaces.errors import BadCheckpointIdError, PathEscapeError
+from durable_spaces.space_types import (
+    EXEC_LEDGER,
+    MAX_SCAN_DEPTH,
+    OUTPUT_TAIL_BYTES,
+    BoundedOutput,
+    Capabilities,
+    ExecRecord,
+    ExecResult,
+    ExecState,
+    FileStat,
+    OutputCallback,
+    PathEntry,
+    PathTable,
+    check_name,
+    name_problem,
+    unsupported,
+)
 
-#: How much output the ledger keeps per command for replay (the daemon's figure).
-OUTPUT_TAIL_BYTES = 64 * 1024
-
-#: Capability a Space must report before the adapter will use it.
-EXEC_LEDGER = "process.exec_ledger"
-
-
-class ExecState(enum.Enum):
-    """What the Space's ledger knows about an idempotency key."""
-
-    UNKNOWN = "unknown"  # never started under this key
-    RUNNING = "running"
-    EXITED = "exited"
-    LOST = "lost"  # the daemon/machine stopped while it ran: outcome unknown
-
-
-@dataclass(frozen=True)
-class ExecRecord:
-    """The ledger's record of one key."""
-
-    key: str
-    state: ExecState
-    epoch: int | None = None
-    pid: int | None = None
-    exit_code: int | None = None
-    signal: int | None = None
-    output_tail: bytes = b""
-
-
-@dataclass(frozen=True)
-class ExecResult:
-    """How a command ended. ``output`` is stdout and stderr interleaved as produced.
-
-    ``replayed``: the key had already exited, nothing ran, this is the recorded outcome.
-    ``reattached``: the key was running; this call waited for that same process.
-    ``output_bytes``: how much output there was in all (more than ``len(output)`` when a
-    ``keep_output`` bound dropped the middle).
-    """
-
-    key: str | None
-    exit_code: int | None
-    signal: int | None = None
-    output: bytes = b""
-    replayed: bool = False
-    reattached: bool = False
-    output_bytes: int | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
-
-    @property
-    def omitted(self) -> int:
-        """Bytes of output not kept."""
-        return 0 if self.output_bytes is None else max(0, self.output_bytes - len(self.output))
-
-
-class BoundedOutput:
-    """A command's output, kept to at most ``cap`` bytes (its head and its tail, where the
-    start and the end of a log usually matter) while every byte is counted: a command
-    that prints 100 MB must cost neither 100 MB of memory nor of log. ``cap`` None keeps
-    everything (helpers that parse their output: scans, tars)."""
-
-    def __init__(self, cap: int | None = None) -> None:
-        self.cap = cap
-        self.total = 0
-        self._head = bytearray()
-        self._tail = bytearray()
-
-    def add(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        if self.cap is None:
-            self._head += chunk
-            return
-        room = self.cap // 4 - len(self._head)  # a quarter for the head, the rest the tail
-        if room > 0:
-            self._head += chunk[:room]
-            chunk = chunk[room:]
-        if chunk:
-            self._tail += chunk
-            keep = self.cap - len(self._head)
-            if len(self._tail) > keep:
-                del self._tail[: len(self._tail) - keep]
-
-    def value(self) -> bytes:
-        kept = len(self._head) + len(self._tail)
-        if self.total <= kept:
-            return bytes(self._head + self._tail)
-        marker = f"\n[... {self.total - kept} bytes of output omitted ...]\n".encode()
-        return bytes(self._head) + marker + bytes(self._tail)
+__all__ = [
+    "EXEC_LEDGER",
+    "MAX_SCAN_DEPTH",
+    "OUTPUT_TAIL_BYTES",
+    "BoundedOutput",
+    "Capabilities",
+    "ExecRecord",
+    "ExecResult",
+    "ExecState",
+    "Execution",
+    "Faults",
+    "FileStat",
+    "MachineCheckpoints",
+    "OutputCallback",
+    "PathEntry",
+    "PathTable",
+    "Space",
+    "SpaceBackend",
+    "check_name",
+    "confine",
+    "machine_checkpoint_id",
+    "name_problem",
+    "space_name",
+    "unsupported",
+]
 
 
 class Execution(Protocol):
@@ -135,68 +95,6 @@ class Execution(Protocol):
     async def detach(self) -> None:
         """Stop following the command without killing it."""
         ...
-
-
-@dataclass(frozen=True)
-class FileStat:
-    """``lstat`` of a path in the workspace (symlinks are not followed)."""
-
-    path: str
-    kind: str  # "file" | "dir" | "symlink" | "other"
-    mode: int  # permission bits only (0o777 mask)
-    size: int
-    mtime_ns: int = 0
-    target: str | None = None  # for symlinks
-
-
-@dataclass(frozen=True)
-class PathEntry:
-    """One row of the workspace's path table: what the transactional image stores.
-
-    A scan also reports what the image cannot hold, as kind ``"unsupported"`` with the
-    reason in ``target`` (a name with a backslash or newline, a directory deeper than
-    ``MAX_SCAN_DEPTH``): the image refuses such a table (``ImageLimits.violation``), auto
-    mode switches to checkpoints for it, and a revert removes it. Raising instead would
-    wedge every later call of a workspace a command made unrepresentable."""
-
-    kind: str  # "file" | "symlink" | "unsupported"
-    mode: int = 0o644
-    size: int = 0
-    sha256: str | None = None  # files
-    target: str | None = None  # symlinks
-
-    def to_json(self) -> dict[str, object]:
-        if self.kind == "symlink":
-            return {"kind": "symlink", "target": self.target}
-        return {"kind": "file", "mode": self.mode, "size": self.size, "sha256": self.sha256}
-
-    @staticmethod
-    def from_json(d: Mapping[str, object]) -> PathEntry:
-        if d["kind"] == "symlink":
-            return PathEntry(kind="symlink", mode=0o777, target=str(d["target"]))
-        return PathEntry(
-            kind="file",
-            mode=int(d["mode"]),  # type: ignore[call-overload]
-            size=int(d["size"]),  # type: ignore[call-overload]
-            sha256=str(d["sha256"]),
-        )
-
-
-#: A path table: workspace-relative path -> entry. Directories are implied.
-PathTable = dict[str, PathEntry]
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What a Space can do. ``kind`` is e.g. "local", "process", "container", "microvm"."""
-
-    kind: str
-    exec_ledger: bool
-    machine_checkpoints: bool = False
-    features: frozenset[str] = field(default_factory=frozenset)
-
-
-OutputCallback = Callable[[bytes], None]
 
 
 @runtime_checkable
@@ -301,7 +199,7 @@ class Space(Protocol):
 
 @runtime_checkable
 class SpaceBackend(Protocol):
-    """Creates, finds, restarts and deletes named Spaces of one kind."""
+    """Creates, finds and deletes named Spaces of one kind."""
 
     kind: str
 
@@ -312,16 +210,6 @@ class SpaceBackend(Protocol):
 
     async def find(self, name: str) -> Space | None:
         """The existing Space, reachable, or None when it does not exist."""
-        ...
-
-    async def restart(self, name: str) -> None:
-        """Restart the Space's machine: every process in it dies; running ledger records
-        read back ``LOST``; files, finished records and the epoch floor survive."""
-        ...
-
-    async def kill_daemon(self, name: str) -> None:
-        """Kill the Space's daemon the way a crash would (SIGKILL), then bring it back.
-        Whether commands survive is the backend's documented property."""
         ...
 
     async def delete(self, name: str) -> None:
@@ -335,14 +223,76 @@ class SpaceBackend(Protocol):
     async def close(self) -> None: ...
 
 
+@runtime_checkable
+class Faults(Protocol):
+    """The faults the chaos lab inflicts on a named Space's machine (``SpaceNemesis``)."""
+
+    async def restart(self, name: str) -> None:
+        """Restart the Space's machine: every process in it dies; running ledger records
+        read back ``LOST``; files, finished records and the epoch floor survive."""
+        ...
+
+    async def kill_daemon(self, name: str) -> None:
+        """Kill the Space's daemon the way a crash would (SIGKILL), then bring it back.
+        Whether commands survive is the backend's documented property."""
+        ...
+
+    async def pause(self, name: str) -> None:
+        """Freeze the Space's machine (its daemon too, where it has one) until ``resume``:
+        requests hang, nothing is lost."""
+        ...
+
+    async def resume(self, name: str) -> None:
+        """Undo ``pause``; a Space that is not paused (or is gone) is left as it is."""
+        ...
+
+
+#: What a machine checkpoint id looks like (``MachineCheckpoints``): 24 lowercase hex
+#: digits, so an id read back from a log can name nothing but a checkpoint.
+MACHINE_CHECKPOINT_ID = re.compile(r"[0-9a-f]{24}")
+
+
+def machine_checkpoint_id(value: object, where: str = "a machine checkpoint") -> str:
+    """``value`` when it is a machine checkpoint id, else ``BadCheckpointIdError``."""
+    if isinstance(value, str) and MACHINE_CHECKPOINT_ID.fullmatch(value):
+        return value
+    raise BadCheckpointIdError(value, where, "not a machine")
+
+
+@runtime_checkable
+class MachineCheckpoints(Protocol):
+    """Whole-machine checkpoints (memory and disk) kept by the backend, outside the
+    Space: what ``SandboxSnapshots`` needs. Ids match ``MACHINE_CHECKPOINT_ID``.
+    ``epoch`` fences each call against the backend's own copy of the Space's floor (a
+    stale driver's call is refused with ``StaleEpochError`` and changes nothing); None is
+    the backend's own, unfenced use."""
+
+    async def checkpoint(self, name: str, epoch: int | None = None) -> str:
+        """Checkpoint Space ``name``'s whole machine; returns the checkpoint's id."""
+        ...
+
+    async def restore(self, name: str, checkpoint_id: str, epoch: int | None = None) -> Space:
+        """Replace Space ``name``'s machine with the checkpoint's (its processes come back
+        as they were); a Space that no longer exists is placed again from it. The
+        restored daemon has the checkpoint's floor: callers raise the epoch first."""
+        ...
+
+    async def fork(self, checkpoint_id: str, new_name: str) -> Space:
+        """A new Space ``new_name`` running from the checkpoint; its origin is untouched."""
+        ...
+
+    async def prune_space(self, name: str, keep: set[str]) -> list[str]:
+        """Delete Space ``name``'s checkpoints not in ``keep`` (never one a living Space
+        was restored or forked from); returns the ids removed."""
+        ...
+
+
 _NAME_RE = re.compile(r"[^a-z0-9-]+")
 
 
 def space_name(conversation_id: str, prefix: str = "ds") -> str:
     """A Space name derived from a conversation id: lowercase, ``[a-z0-9-]``, <= 63 chars,
     stable (the same conversation always maps to the same name)."""
-    import hashlib
-
     slug = _NAME_RE.sub("-", conversation_id.lower()).strip("-")[:40] or "x"
     digest = hashlib.sha256(conversation_id.encode()).hexdigest()[:10]
     return f"{prefix}-{slug}-{digest}"
@@ -365,25 +315,3 @@ def confine(root: str, path: str) -> str:
     if rel == ".." or rel.startswith("../") or posixpath.isabs(rel):
         raise PathEscapeError(f"path escapes the workspace: {path!r}")
     return rel
-
-
-#: Directory levels a scan descends; below, a tree is one ``unsupported`` entry.
-MAX_SCAN_DEPTH = 128
-
-
-def name_problem(rel: str) -> str | None:
-    """Why the image cannot represent the name ``rel``, or None."""
-    if "\\" in rel or "\n" in rel:
-        return "a backslash or newline in the name"
-    return None
-
-
-def unsupported(reason: str) -> PathEntry:
-    return PathEntry(kind="unsupported", mode=0, target=reason)
-
-
-def check_name(rel: str) -> None:
-    """Refuse names the image cannot represent."""
-    why = name_problem(rel)
-    if why is not None:
-        raise UnsupportedNameError(f"unsupported file name ({why}): {rel!r}")

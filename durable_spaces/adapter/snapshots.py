@@ -34,12 +34,13 @@ from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import (
     CheckpointCopyError,
     CheckpointCorruptError,
+    ConfigError,
     PathEscapeError,
     SpaceError,
     SpaceGoneError,
     SpaceUnavailableError,
 )
-from durable_spaces.space import Space, SpaceBackend
+from durable_spaces.space import MachineCheckpoints, Space, SpaceBackend
 
 logger = logging.getLogger(__name__)
 
@@ -418,19 +419,26 @@ class SandboxSnapshots:
     """Whole-machine checkpoints (memory and disk) taken by the backend (microVM).
 
     Checkpoints live with the backend on this machine; another machine needs
-    ``WorkspaceSnapshots`` with a shared store.
+    ``WorkspaceSnapshots`` with a shared store. The backend must have
+    ``MachineCheckpoints`` (``ConfigError`` otherwise).
     """
 
     whole_machine = True
 
     def __init__(self, backend: SpaceBackend) -> None:
-        self.backend = backend
+        if not isinstance(backend, MachineCheckpoints):
+            raise ConfigError(
+                f"the {backend.kind!r} backend takes no machine checkpoints "
+                "(MachineCheckpoints): use workspace snapshots with it"
+            )
+        self.backend: SpaceBackend = backend
+        self.machines: MachineCheckpoints = backend
 
     def can_rebuild(self) -> bool:
         return True  # the checkpoint lives with the backend, outside the Space
 
     async def checkpoint(self, space: Space, call_id: str, epoch: int) -> str:
-        cid = await self.backend.checkpoint(space.name, epoch)  # type: ignore[attr-defined]
+        cid = await self.machines.checkpoint(space.name, epoch)
         return CheckpointId.parse(cid, f"the backend's checkpoint of {space.name}", "machine")
 
     async def restore(
@@ -440,7 +448,7 @@ class SandboxSnapshots:
         hit("snapshots.restore")
         # Fenced by the backend against its host floor; the restored guest is raised to
         # that floor before anyone else can reach it.
-        await self.backend.restore(space.name, cid, epoch)  # type: ignore[attr-defined]
+        await self.machines.restore(space.name, cid, epoch)
         new = await self.backend.find(space.name)
         if new is None:
             # Removed while it was being restored: a lost Space (the next drive places it
@@ -454,10 +462,7 @@ class SandboxSnapshots:
         """Delete the Space's checkpoints that no recorded checkpoint refers to: a machine
         checkpoint holds the guest's memory (tens of MB), so unreferenced ones must go.
         ``recorded()`` is every checkpoint the log still names, forks included."""
-        prune_space = getattr(self.backend, "prune_space", None)
-        if prune_space is None:
-            return []
-        return list(await prune_space(space.name, recorded()))
+        return await self.machines.prune_space(space.name, recorded())
 
 
 def _q(s: str) -> str:
