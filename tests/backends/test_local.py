@@ -105,13 +105,13 @@ async def test_pid_reuse_is_not_mistaken_for_the_command(space: LocalSpace) -> N
     assert (await space.exec_record("c:1:0@1")).state is ExecState.LOST
 
 
-async def test_torn_ledger_line_is_ignored(space: LocalSpace) -> None:
+async def test_torn_ledger_line_is_ignored(backend: LocalBackend, space: LocalSpace) -> None:
     ledger = Path(space.root).parent / "ledger.jsonl"
     with open(ledger, "ab") as f:
         f.write(b'{"key": "c:9:0@1", "ep')  # a writer died mid-line
     r = await space.exec(["sh", "-c", "echo hi"], key="c:1:0@1", epoch=1)
     assert r.output == b"hi\n"
-    fresh = await space._backend.find("loc")
+    fresh = await backend.find("loc")
     assert fresh is not None
     assert (await fresh.exec_record("c:1:0@1")).state is ExecState.EXITED
     assert (await fresh.exec_record("c:9:0@1")).state is ExecState.UNKNOWN
