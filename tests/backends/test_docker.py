@@ -65,7 +65,7 @@ async def test_labels_and_cleanup_touch_only_our_containers(
 ) -> None:
     name = _name()
     space = await backend.create(name)
-    engine = backend._engine()
+    engine = backend.engine()
     c = engine.containers.get(space.container_id)
     assert c.labels[OWNER_LABEL] == OWNER
     assert c.labels[SPACE_LABEL] == name
@@ -96,7 +96,7 @@ async def test_token_never_in_inspect_env_or_commands(backend: DockerBackend) ->
     assert len(token) >= 32
     mode = stat.S_IMODE(os.stat(backend._token_path(name)).st_mode)
     assert mode == 0o600
-    c = backend._engine().containers.get(space.container_id)
+    c = backend.engine().containers.get(space.container_id)
     dumped = json.dumps(c.attrs)
     assert token not in dumped
     assert token not in json.dumps(c.labels)
@@ -170,7 +170,7 @@ async def test_port_and_instance_stable_across_restart_and_driver_restart(
     assert (backend._home(name) / "port").read_text() == str(port)
     await space.write_file("keep.txt", b"kept", epoch=1)
     await backend.restart(name)
-    c = backend._engine().containers.get(space.container_id)
+    c = backend.engine().containers.get(space.container_id)
     assert backend._published_port(c) == port
     # A new driver: a fresh backend object on the same state dir finds the same Space.
     fresh = DockerBackend(backend.state_dir, image=backend.image)
@@ -218,7 +218,7 @@ async def test_kill_daemon_restarts_it_and_epoch_raise_sweeps_orphans(
         if await _size(space, "loop") > 0:
             break
         await asyncio.sleep(0.05)
-    c = backend._engine().containers.get(space.container_id)
+    c = backend.engine().containers.get(space.container_id)
     old_daemon = backend._daemon_pid(c)
     await backend.kill_daemon(name)
     c.reload()

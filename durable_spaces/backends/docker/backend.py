@@ -1,6 +1,6 @@
 """Docker Spaces: one container per Space, the real cua-spacesd as its daemon.
 
-The image (``make space-image``, see ``docker_image``) runs ``cua-spacesd supervise`` as
+The image (``make space-image``, see ``image``) runs ``cua-spacesd supervise`` as
 pid 1, which serves the daemon as its child and reaps orphans. The adapter reaches the
 daemon on a fixed loopback port (``127.0.0.1:<port>:3211``, chosen at create and kept in
 the container's config and in ``<state_dir>/<name>/port``, so it survives restarts;
@@ -52,16 +52,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from durable_spaces.backends.spacesd import space as spacesd_space
+from durable_spaces.backends.docker.space import ContainerProbe, DockerSpace
+from durable_spaces.backends.spacesd.machine import orphan_sweep_script, wait_http_health
 from durable_spaces.errors import (
     BackendUnavailableError,
     SpaceError,
     SpaceGoneError,
     SpaceUnavailableError,
 )
-
-if TYPE_CHECKING:
-    from durable_spaces.backends.docker.space import DockerSpace
 
 OWNER_LABEL = "durable-spaces.owner"
 OWNER = "durable-spaces"
@@ -82,7 +80,7 @@ _NAME_OK = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 # Kills, as root inside the container, every process that is neither pid 1, nor under the
 # current daemon, nor a `docker exec` session (those hang off pid 0). What remains of a
 # killed daemon's commands and background leftovers of finished ones hang off pid 1.
-_SWEEP = spacesd_space.orphan_sweep_script("pgrep -P 1 -x cua-spacesd | head -n1")
+_SWEEP = orphan_sweep_script("pgrep -P 1 -x cua-spacesd | head -n1")
 
 
 def _not_found() -> type[Exception]:
@@ -152,7 +150,8 @@ class DockerBackend:
             self._image = _default_image()
         return self._image
 
-    def _engine(self) -> Any:
+    def engine(self) -> Any:
+        """The Docker SDK client (``BackendUnavailableError`` when no engine runs)."""
         if self._docker is None:
             try:
                 self._docker = _client()
@@ -175,7 +174,7 @@ class DockerBackend:
         return {"label": labels}
 
     def _container(self, name: str) -> Any | None:
-        found = self._engine().containers.list(all=True, filters=self._filters(name))
+        found = self.engine().containers.list(all=True, filters=self._filters(name))
         if not found:
             return None
         if len(found) > 1:  # cannot happen through this class: names are unique
@@ -240,7 +239,7 @@ class DockerBackend:
 
     def _create_sync(self, name: str) -> Any:
         """Create and start the container (caller holds the lock, checked it is absent)."""
-        engine = self._engine()
+        engine = self.engine()
         self._write_token(name)
         # Keep a previous instance's port when it is still free (stable for observers).
         port = self._stored_port(name) or _free_port()
@@ -278,7 +277,7 @@ class DockerBackend:
             return c
         raise SpaceUnavailableError(f"no free loopback port for Space {name!r}: {last}")
 
-    async def create(self, name: str) -> Any:
+    async def create(self, name: str) -> DockerSpace:
         if not _NAME_OK.match(name):
             raise ValueError(f"invalid Space name {name!r} (want [a-z0-9-], <= 63 chars)")
 
@@ -295,7 +294,7 @@ class DockerBackend:
         c = await asyncio.to_thread(sync)
         return await self._attach(name, c)
 
-    async def find(self, name: str) -> Any | None:
+    async def find(self, name: str) -> DockerSpace | None:
         c = await asyncio.to_thread(self._container, name)
         if c is None:
             return None
@@ -311,10 +310,8 @@ class DockerBackend:
                 raise
         return await self._attach(name, c)
 
-    async def _attach(self, name: str, c: Any) -> Any:
+    async def _attach(self, name: str, c: Any) -> DockerSpace:
         """The Space of container ``c`` once its daemon answers (one object per instance)."""
-        from durable_spaces.backends.docker.space import DockerSpace
-
         port = self._published_port(c)
         self.last_boot_seconds = await self._await_daemon(c)
         space = self._spaces.get(name)
@@ -339,12 +336,8 @@ class DockerBackend:
         """Seconds until container ``c``'s daemon answers its health check; gives up at
         once when the container is removed meanwhile (a removal racing a restart must not
         wait out the whole boot timeout; a restart racing this wait is waited for)."""
-        from durable_spaces.backends.docker.space import ContainerProbe
-
         removed = ContainerProbe(self, c.id).removed
-        return await spacesd_space.wait_http_health(
-            self._published_port(c), BOOT_TIMEOUT, give_up=removed
-        )
+        return await wait_http_health(self._published_port(c), BOOT_TIMEOUT, give_up=removed)
 
     def _require(self, name: str) -> Any:
         c = self._container(name)
@@ -468,7 +461,7 @@ class DockerBackend:
 
     async def names(self) -> list[str]:
         def sync() -> list[str]:
-            cs = self._engine().containers.list(all=True, filters=self._filters())
+            cs = self.engine().containers.list(all=True, filters=self._filters())
             return sorted(c.labels[SPACE_LABEL] for c in cs)
 
         return await asyncio.to_thread(sync)
@@ -489,3 +482,10 @@ class DockerBackend:
             with contextlib.suppress(Exception):
                 self._docker.close()
             self._docker = None
+
+
+if TYPE_CHECKING:  # what mypy checks this backend against (durable_spaces.space)
+    from durable_spaces.space import Faults, Space, SpaceBackend
+
+    def _conforms(b: DockerBackend, s: DockerSpace) -> tuple[SpaceBackend, Faults, Space]:
+        return b, b, s

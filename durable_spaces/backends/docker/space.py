@@ -1,16 +1,14 @@
 """The client side of a docker Space: the spacesd backend's Space, plus what a container adds.
 
 ``SpacesdSpace`` already speaks to any cua-spacesd; here it only needs a ``DaemonProbe``
-that knows containers, and two additions:
-
-- file operations run as the Space's user (``cua``), like its commands. The daemon runs
-  as root, so without this every file the adapter writes would be root's and a command
-  could not change it (the conformance suite's scan test caught exactly that).
-- ``advance_epoch`` also sweeps the container for processes the current daemon does not
-  own. cua-spacesd's own AdvanceEpoch kills only the commands it tracks, so the orphans
-  of a killed daemon (``supervise`` restarts the daemon but keeps them) and background
-  leftovers of finished commands would otherwise outlive the floor they were started
-  under.
+that knows containers, the Space's user (``cua``: the daemon runs as root, so without it
+every file the adapter writes would be root's and a command could not change it; the
+conformance suite's scan test caught exactly that), and its sweep hook: when the floor
+rises, the container is swept of processes the current daemon does not own.
+cua-spacesd's own AdvanceEpoch kills only the commands it tracks, so the orphans of a
+killed daemon (``supervise`` restarts the daemon but keeps them) and background
+leftovers of finished commands would otherwise outlive the floor they were started
+under.
 
 The probe's ``boot_id`` is called around every output event, so it must be cheap: when the
 engine runs on this host it reads the daemon's host pid from ``/proc`` (pid 1 of the
@@ -21,28 +19,32 @@ back to the container's start time from the API, which misses a daemon-only rest
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import psutil
 
-from durable_spaces.backends.spacesd.space import SpacesdSpace
-from durable_spaces.errors import SpaceGoneError
-
-if TYPE_CHECKING:
-    from durable_spaces.backends.docker.backend import DockerBackend
-
-#: Daemon file operations that take ``user=`` (``upload`` takes it in its options).
-_FILE_OPS = frozenset({"download", "make_dir", "remove", "stat", "list_dir", "move_path"})
-
+from durable_spaces.backends.spacesd.space import SpacesdSpace, SweepWhen
 
 #: How often a wait for a daemon asks the engine whether its container was removed.
 REMOVED_POLL = 0.25
 
 
+class Containers(Protocol):
+    """What a docker Space asks of its backend (``DockerBackend``)."""
+
+    def engine(self) -> Any:
+        """The Docker SDK client."""
+        ...
+
+    async def sweep(self, name: str, container_id: str | None = None) -> None:
+        """Kill every process of the Space that its current daemon does not own."""
+        ...
+
+
 class ContainerProbe:
     """``DaemonProbe`` for one container instance (its id changes when it is recreated)."""
 
-    def __init__(self, backend: DockerBackend, container_id: str) -> None:
+    def __init__(self, backend: Containers, container_id: str) -> None:
         self._backend = backend
         self._id = container_id
         self._init: psutil.Process | None = None
@@ -53,7 +55,7 @@ class ContainerProbe:
 
     def _inspect(self) -> dict[str, Any] | None:
         try:
-            c = self._backend._engine().containers.get(self._id)
+            c = self._backend.engine().containers.get(self._id)
         except Exception as e:
             if type(e).__name__ == "NotFound":
                 return None
@@ -131,7 +133,7 @@ class DockerSpace(SpacesdSpace):
 
     def __init__(
         self,
-        backend: DockerBackend,
+        backend: Containers,
         *,
         name: str,
         container_id: str,
@@ -160,21 +162,8 @@ class DockerSpace(SpacesdSpace):
     def __repr__(self) -> str:  # never shows the token
         return f"DockerSpace({self.name!r}, port={self.port})"
 
-    async def _call(self, method: str, *args: Any, **kw: Any) -> Any:
-        if self._user is not None:
-            if method in _FILE_OPS:
-                kw.setdefault("user", self._user)
-            elif method == "upload" and len(args) >= 3 and args[2] is not None:
-                args[2].user = self._user
-        return await super()._call(method, *args, **kw)
+    def _sweep_when(self) -> SweepWhen:
+        return "rise"
 
-    async def advance_epoch(self, epoch: int) -> None:
-        before = await self.current_epoch()
-        await super().advance_epoch(epoch)
-        if epoch > before:
-            try:
-                await self._backend.sweep(self.name, self.container_id)
-            except SpaceGoneError:
-                raise
-            except Exception as e:
-                raise self._down(f"sweeping stray processes failed: {e}") from None
+    async def _sweep_strays(self) -> None:
+        await self._backend.sweep(self.name, self.container_id)

@@ -89,7 +89,7 @@ from durable_spaces.backends.microvm.image import (
     GuestImage,
     load_image,
 )
-from durable_spaces.backends.spacesd import space as spacesd_space
+from durable_spaces.backends.spacesd.machine import orphan_sweep_script
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import (
     BackendUnavailableError,
@@ -105,12 +105,10 @@ __all__ = ["MicrovmBackend", "MicrovmSpace", "unavailable_reason"]
 USER = "cua"
 TOKEN_PATH = "/run/cua/env-token"
 _NAME_OK = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-#: Daemon file operations that take ``user=`` (``upload`` takes it in its options).
-_FILE_OPS = frozenset({"download", "make_dir", "remove", "stat", "list_dir", "move_path"})
 
 # Kills, as root in the guest, every process that is neither pid 1 nor under the current
 # daemon: what remains of a killed daemon's commands, and background leftovers.
-_SWEEP = spacesd_space.orphan_sweep_script("cat /run/cua/daemon.pid 2>/dev/null")
+_SWEEP = orphan_sweep_script("cat /run/cua/daemon.pid 2>/dev/null")
 
 
 def unavailable_reason(image_dir: str | os.PathLike[str] | None = None) -> str | None:
@@ -230,14 +228,6 @@ def _make_space_class() -> type[Any]:
         def __repr__(self) -> str:  # never shows the token
             return f"MicrovmSpace({self.name!r}, port={self.port})"
 
-        async def _call(self, method: str, *args: Any, **kw: Any) -> Any:
-            if self._user is not None:
-                if method in _FILE_OPS:
-                    kw.setdefault("user", self._user)
-                elif method == "upload" and len(args) >= 3 and args[2] is not None:
-                    args[2].user = self._user
-            return await super()._call(method, *args, **kw)
-
         async def capabilities(self) -> Capabilities:
             caps = await super().capabilities()
             return dataclasses.replace(caps, kind="microvm", machine_checkpoints=True)
@@ -266,14 +256,15 @@ def _make_space_class() -> type[Any]:
                 await self._advance_guest(epoch)
 
         async def _advance_guest(self, epoch: int) -> None:
-            before = await super().current_epoch()
-            if epoch < before:
-                raise StaleEpochError(epoch, before, "space")
             await super().advance_epoch(epoch)
-            if epoch > before and self._backend.sweep_orphans:
-                code, out = await self.root_run(_SWEEP)
-                if code not in (0, None):
-                    raise self._down(f"sweeping stray processes failed: {out[-200:]!r}")
+
+        def _sweep_when(self) -> str:
+            return "rise" if self._backend.sweep_orphans else "never"
+
+        async def _sweep_strays(self) -> None:
+            code, out = await self.root_run(_SWEEP)
+            if code not in (0, None):
+                raise SpaceError(repr(out[-200:]))
 
     return MicrovmSpace
 

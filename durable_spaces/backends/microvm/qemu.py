@@ -265,7 +265,7 @@ async def wait_health(
     """Poll the daemon's ``GET /health`` through the forward; seconds waited. User
     networking accepts the host connection even while nothing listens in the guest, so
     only an HTTP answer counts. Gives up at once when QEMU has exited."""
-    from durable_spaces.backends.spacesd.space import wait_http_health
+    from durable_spaces.backends.spacesd.machine import wait_http_health
 
     def qemu_exited() -> str | None:
         if vm is not None and not alive(vm.pid, vm.start):

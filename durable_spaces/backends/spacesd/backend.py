@@ -32,7 +32,7 @@ import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from durable_spaces.backends.spacesd.daemon import (
     PIDNS,
@@ -42,7 +42,7 @@ from durable_spaces.backends.spacesd.daemon import (
     sweep_untracked,
     unshare_reason,
 )
-from durable_spaces.backends.spacesd.space import SpacesdSpace
+from durable_spaces.backends.spacesd.space import SpacesdSpace, SweepWhen
 from durable_spaces.errors import (
     BackendUnavailableError,
     SpaceGoneError,
@@ -105,10 +105,11 @@ class NamespacedSpace(SpacesdSpace):
 
     daemon_pid = 0
 
-    async def advance_epoch(self, epoch: int) -> None:
-        await super().advance_epoch(epoch)
-        if self.daemon_pid <= 0:
-            return  # process-group fallback: the weaker, documented guarantee
+    def _sweep_when(self) -> SweepWhen:
+        # The process-group fallback has no sweep: the weaker, documented guarantee.
+        return "always" if self.daemon_pid > 0 else "never"
+
+    async def _sweep_strays(self) -> None:
         procs = json.loads(await self._call("list_processes", False) or "[]")
         tracked = {int(p["pid"]) for p in procs if p.get("state") == "PROCESS_STATE_RUNNING"}
         await asyncio.to_thread(sweep_untracked, self.daemon_pid, tracked)
@@ -144,7 +145,7 @@ class SpacesdBackend:
         self.start_timeout = start_timeout
         self._daemons: dict[str, LocalDaemon] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._spaces: dict[str, Any] = {}
+        self._spaces: dict[str, NamespacedSpace] = {}
         #: Seconds from process start to the daemon's first answer, last start.
         self.last_boot_seconds: float | None = None
 
@@ -228,7 +229,7 @@ class SpacesdBackend:
             return st
         raise SpaceUnavailableError(f"cua-spacesd for Space {d.home.name!r} could not start")
 
-    def _space(self, d: LocalDaemon, st: DaemonState) -> Any:
+    def _space(self, d: LocalDaemon, st: DaemonState) -> NamespacedSpace:
         name = d.home.name
         sp = self._spaces.get(name)
         if sp is not None and sp.instance_id == st.instance_id and sp._url == _url(st):
@@ -246,7 +247,7 @@ class SpacesdBackend:
         self._spaces[name] = sp
         return sp
 
-    async def _ensure(self, d: LocalDaemon, *, create: bool) -> Any:
+    async def _ensure(self, d: LocalDaemon, *, create: bool) -> NamespacedSpace | None:
         async with self._locked(d):
             st = d.read_state()
             if st is None:
@@ -261,10 +262,12 @@ class SpacesdBackend:
 
     # --- SpaceBackend ------------------------------------------------------------------
 
-    async def create(self, name: str) -> Any:
-        return await self._ensure(self._daemon(name), create=True)
+    async def create(self, name: str) -> NamespacedSpace:
+        space = await self._ensure(self._daemon(name), create=True)
+        assert space is not None  # create=True always places one
+        return space
 
-    async def find(self, name: str) -> Any:
+    async def find(self, name: str) -> NamespacedSpace | None:
         return await self._ensure(self._daemon(name), create=False)
 
     async def restart(self, name: str) -> None:
@@ -331,3 +334,10 @@ def _close_fd(fut: asyncio.Future[int]) -> None:
 
 def _url(st: DaemonState) -> str:
     return f"http://127.0.0.1:{st.port}"
+
+
+if TYPE_CHECKING:  # what mypy checks this backend against (durable_spaces.space)
+    from durable_spaces.space import Faults, Space, SpaceBackend
+
+    def _conforms(b: SpacesdBackend, s: NamespacedSpace) -> tuple[SpaceBackend, Faults, Space]:
+        return b, b, s

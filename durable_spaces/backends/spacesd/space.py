@@ -2,8 +2,10 @@
 
 Everything goes through the daemon's API via the ``cua`` SDK (commands, the exec ledger,
 the epoch fence, files), so the same class serves a daemon on this host (``spacesd``), in
-a container or in a VM: the backend only says where the daemon listens and gives a
-``DaemonProbe`` that tells a down daemon from a deleted Space.
+a container (``docker``) or in a VM (``microvm``): the backend says where the daemon
+listens, gives a ``DaemonProbe`` that tells a down daemon from a deleted Space, and, in a
+subclass, fills the hooks for what its machine adds (``_sweep_when``/``_sweep_strays``:
+processes the daemon does not track). A ``user`` runs commands and file operations alike.
 
 Decisions worth knowing:
 
@@ -11,11 +13,8 @@ Decisions worth knowing:
   EXITED or LOST key is replayed from the record (its 64 KiB tail) without a spawn, after
   the same stale-epoch check the daemon would make; a RUNNING one is reattached through
   ``spawn``, which the daemon dedupes on the key, so a racing second client can only
-  make the ``reattached`` flag stale, never run the command twice.
-- The SDK's output stream reconnects on its own when the daemon goes away, and would
-  follow a *new* process with the same pid after a restart. So every event is checked
-  against the daemon's boot identity, and a pending read is abandoned (``SpaceUnavailable``)
-  when the daemon is down: a restart is never mistaken for a command's exit.
+  make the ``reattached`` flag stale, never run the command twice. Following a command
+  is ``execution``'s part; reading SDK errors, ``errormap``'s.
 - Paths: ``confine()`` lexically, then every existing component is ``lstat``-ed through
   the daemon and a symlink among them is refused (``PathEscapeError``), as in
   ``local_fs``. There is a TOCTOU window between the check and the daemon's operation (a
@@ -26,10 +25,8 @@ Decisions worth knowing:
   first: the floor rises and processes of older epochs are killed. Newer writers fence
   older ones without an explicit ``advance_epoch``.
 - Every mutation of the workspace (write, symlink, remove) is one command carrying the
-  caller's epoch (``MUTATE``): the daemon's file API has no epoch field, its commands do.
-  A stale one is refused before it starts; one still running when the floor rises is
-  killed by the advance, and its temporary never reaches the workspace. Reads (download,
-  stat, list, scan) stay on the file API or on epoch-0 helpers.
+  caller's epoch (``mutate``). Reads (download, stat, list, scan) stay on the file API
+  or on epoch-0 helpers.
 - Epoch 0 means "no epoch" to the daemon (the protobuf default): such a command is never
   refused and never killed by ``advance_epoch``. The adapter's epochs start at 1; the
   read-only helpers (scan, hash) use 0 on purpose.
@@ -38,22 +35,32 @@ Decisions worth knowing:
 from __future__ import annotations
 
 import asyncio
-import base64
-import contextlib
 import errno
 import json
 import os
 import posixpath
-import re
-import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("CUA_TELEMETRY", "0")
 
 import cua
 
+from durable_spaces.backends.spacesd.errormap import DaemonProbe, ErrorMap
+from durable_spaces.backends.spacesd.execution import (
+    RecordedExecution,
+    SpacesdExecution,
+    parse_record,
+)
+from durable_spaces.backends.spacesd.mutate import MUTATE, mutate_argv, mutate_error
+from durable_spaces.backends.spacesd.scan import (
+    HASH_ARGV,
+    LIST_ARGV,
+    ScanCache,
+    hash_input,
+    parse_hashes,
+)
 from durable_spaces.chaos import mutants
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import (
@@ -66,99 +73,24 @@ from durable_spaces.errors import (
 )
 from durable_spaces.space import (
     EXEC_LEDGER,
-    MAX_SCAN_DEPTH,
-    BoundedOutput,
     Capabilities,
     ExecRecord,
     ExecResult,
     ExecState,
     FileStat,
     OutputCallback,
-    PathEntry,
     PathTable,
     confine,
-    name_problem,
-    unsupported,
 )
 
-_STALE = re.compile(r"epoch (\d+) is older than the Space's current epoch (\d+)")
-_STATES = {
-    "EXEC_STATE_RUNNING": ExecState.RUNNING,
-    "EXEC_STATE_EXITED": ExecState.EXITED,
-    "EXEC_STATE_LOST": ExecState.LOST,
-}
-#: How often a pending output read checks that the daemon is still the same one.
-WATCH_INTERVAL = 0.5
+__all__ = ["MUTATE", "DaemonProbe", "SpacesdSpace", "check_exec_ledger"]
+
 _EPOCH_PROBE_KEY = "durable-spaces:epoch-probe"
-#: Timestamps this close to a scan's start are not trusted for caching (as local_fs).
-RACY_SECONDS = 0.05
-_STDIN_CHUNK = 1 << 20
+#: Daemon file operations that take ``user=`` (``upload`` takes it in its options).
+_FILE_OPS = frozenset({"download", "make_dir", "remove", "stat", "list_dir", "move_path"})
 
-#: The one script every workspace mutation runs (arguments only, never interpolated):
-#: ``op root staging arg component...``. It walks from the root one component at a time,
-#: refusing any symlink on the way (as local_fs does with O_NOFOLLOW), creating missing
-#: directories for write/symlink, then acts on the last component without following it.
-#: A write goes to a temporary in ``staging`` (beside the workspace, same filesystem) and
-#: is renamed into place: a kill leaves the old file or the new, and nothing in the
-#: workspace. There is a window between a component's check and the next step that a
-#: concurrent hostile command could use; the daemon has no openat-style API to close it.
-MUTATE = r"""
-op=$1 root=$2 stage=$3 arg=$4; shift 4
-cd -P -- "$root" || exit 90
-while [ $# -gt 1 ]; do
-  c=$1; shift
-  [ -L "$c" ] && { echo "symlink: $c" >&2; exit 91; }
-  if [ ! -e "$c" ]; then
-    [ "$op" = remove ] && exit 0
-    mkdir -- "$c" 2>/dev/null || [ -d "$c" ] || exit 92
-    [ -L "$c" ] && exit 91
-  fi
-  cd -P -- "$c" 2>/dev/null || exit 93
-done
-leaf=$1
-case $op in
-write)
-  [ -d "$leaf" ] && [ ! -L "$leaf" ] && exit 94
-  mode=${arg%:*} size=${arg#*:}
-  if [ -z "$mode" ]; then
-    if [ -f "$leaf" ] && [ ! -L "$leaf" ]; then mode=$(stat -c %a -- "$leaf"); else mode=644; fi
-  fi
-  mkdir -p -- "$stage" && tmp=$(mktemp -p "$stage" .w.XXXXXXXX) || exit 95
-  if cat > "$tmp" && [ "$(stat -c %s -- "$tmp")" = "$size" ] && chmod -- "$mode" "$tmp" &&
-     mv -fT -- "$tmp" "$leaf"; then exit 0; fi
-  rm -f -- "$tmp"; exit 96 ;;
-symlink)
-  [ -d "$leaf" ] && [ ! -L "$leaf" ] && exit 94
-  mkdir -p -- "$stage" && tmp=$(mktemp -u -p "$stage" .l.XXXXXXXX) || exit 95
-  if ln -s -- "$arg" "$tmp" && mv -fT -- "$tmp" "$leaf"; then exit 0; fi
-  rm -f -- "$tmp"; exit 96 ;;
-remove)
-  [ -e "$leaf" ] || [ -L "$leaf" ] || exit 0
-  if [ -d "$leaf" ] && [ ! -L "$leaf" ]; then
-    if [ "$arg" = r ]; then rm -rf -- "$leaf" || exit 96
-    else rmdir -- "$leaf" 2>/dev/null || exit 98; fi
-  else rm -f -- "$leaf" || exit 96; fi ;;
-esac
-"""
-_MUTATE_ERRORS: dict[int, tuple[type[OSError], int, str]] = {
-    90: (FileNotFoundError, errno.ENOENT, "the workspace is missing"),
-    92: (OSError, errno.EIO, "cannot create a parent directory"),
-    93: (NotADirectoryError, errno.ENOTDIR, "a parent is not a directory"),
-    94: (IsADirectoryError, errno.EISDIR, "is a directory"),
-    98: (OSError, errno.ENOTEMPTY, "directory not empty"),
-}
-
-
-class DaemonProbe(Protocol):
-    """What the backend knows about its daemon without asking it."""
-
-    def boot_id(self) -> str | None:
-        """Identity of the running daemon (changes on each start); None when it is down."""
-        ...
-
-    def gone(self) -> bool:
-        """The Space was deleted (or replaced by a new instance under its name)."""
-        ...
+#: When ``advance_epoch`` sweeps stray processes: never, when the floor rises, or always.
+SweepWhen = Literal["never", "rise", "always"]
 
 
 def check_exec_ledger(caps: Any) -> None:
@@ -188,201 +120,6 @@ def _runtime(sdk_home: str | None) -> Any:
     return rt
 
 
-def _b64(s: str | None) -> bytes:
-    return base64.b64decode(s) if s else b""
-
-
-def _exit_fields(info: Any, lost: bool) -> tuple[int | None, int | None, bytes]:
-    """(exit_code, signal, extra output) from an SDK ``ExitInfo``.
-
-    A command the daemon could not start (``error`` with no code) gets 127 and the error
-    as output, like a shell; a LOST one has no status at all."""
-    if info is None or lost:
-        return None, None, b""
-    if info.code is not None:
-        return int(info.code), None, b""
-    if info.signal_number:
-        return None, int(info.signal_number), b""
-    if info.error:
-        return 127, None, f"cua-spacesd: {info.error}\n".encode()
-    return None, None, b""
-
-
-def _parse_record(key: str, rec: Any) -> ExecRecord:
-    if not rec:
-        return ExecRecord(key=key, state=ExecState.UNKNOWN)
-    state = _STATES.get(str(rec.get("state")), ExecState.UNKNOWN)
-    end = rec.get("end") or {}
-    code: int | None = end.get("exitCode")
-    sig: int | None = end.get("signalNumber")
-    if state == ExecState.EXITED and code is None and sig is None:
-        code = 127 if end.get("error") else 0
-    tail = b"".join(
-        _b64(part.get("stdout") or part.get("stderr") or part.get("pty"))
-        for part in rec.get("tail") or []
-    )
-    pid = rec.get("pid")
-    return ExecRecord(
-        key=key,
-        state=state,
-        epoch=int(rec.get("epoch", 0)),
-        pid=int(pid) if pid else None,
-        exit_code=None if code is None else int(code),
-        signal=None if sig is None else int(sig),
-        output_tail=tail,
-    )
-
-
-class SpacesdExecution:
-    """A command followed through the daemon's output stream."""
-
-    def __init__(
-        self,
-        space: SpacesdSpace,
-        proc: Any,
-        key: str | None,
-        boot: str | None,
-        *,
-        reattached: bool,
-        replayed: bool,
-        lost: bool,
-        on_output: OutputCallback | None = None,
-        keep_output: int | None = None,
-    ) -> None:
-        self.key = key
-        self.pid: int | None = int(proc.pid()) or None
-        self.reattached = reattached
-        self.replayed = replayed
-        self._lost = lost
-        self._space = space
-        self._proc = proc
-        self._boot = boot
-        self._on_output = on_output
-        self._out = BoundedOutput(keep_output)
-        #: Only helpers that parse their stdout (unbounded) keep it apart.
-        self._stdout: bytearray | None = bytearray() if keep_output is None else None
-        self._exit: Any = None
-        self._done = False
-        self._pending: asyncio.Future[Any] | None = None
-
-    async def _next_event(self) -> Any:
-        if self._pending is None:
-            self._pending = asyncio.ensure_future(self._proc.next_event())
-        while True:
-            done, _ = await asyncio.wait({self._pending}, timeout=WATCH_INTERVAL)
-            if done:
-                break
-            if self._space._probe.boot_id() != self._boot:
-                self._pending.cancel()
-                self._pending = None
-                raise self._space._down("the Space's daemon stopped while the command ran")
-        fut, self._pending = self._pending, None
-        try:
-            ev = fut.result()
-        except cua.CuaError as e:
-            if isinstance(e, cua.CuaError.NotFound):
-                raise self._space._down(
-                    "the Space's daemon restarted while the command ran"
-                ) from None
-            raise self._space._map(e) from None
-        if self._space._probe.boot_id() != self._boot:
-            raise self._space._down("the Space's daemon restarted while the command ran")
-        return ev
-
-    async def _next_chunk(self) -> bytes | None:
-        while not self._done:
-            ev = await self._next_event()
-            if ev is None:
-                self._done = True
-                break
-            if ev.kind == cua.ProcessEventKind.EXIT:
-                self._exit = ev.exit
-                continue
-            data = bytes(ev.data)
-            if not data:
-                continue
-            self._out.add(data)
-            if ev.kind == cua.ProcessEventKind.STDOUT and self._stdout is not None:
-                self._stdout += data
-            if self._on_output is not None:
-                self._on_output(data)
-            return data
-        return None
-
-    async def output(self) -> AsyncIterator[bytes]:
-        while (chunk := await self._next_chunk()) is not None:
-            yield chunk
-
-    async def wait(self) -> ExecResult:
-        while await self._next_chunk() is not None:
-            pass
-        code, sig, extra = _exit_fields(self._exit, self._lost)
-        if extra:
-            self._out.add(extra)
-        return ExecResult(
-            key=self.key,
-            exit_code=code,
-            signal=sig,
-            output=self._out.value(),
-            replayed=self.replayed,
-            reattached=self.reattached,
-            output_bytes=self._out.total,
-        )
-
-    async def detach(self) -> None:
-        if self._pending is not None:
-            self._pending.cancel()
-            self._pending = None
-        if not self._done:
-            self._done = True
-            try:
-                await self._proc.detach()
-            except cua.CuaError as e:
-                raise self._space._map(e) from None
-
-    def stdout(self) -> bytes:
-        """Only stdout (for helpers that parse it; empty when ``keep_output`` bounded it)."""
-        return bytes(self._stdout or b"")
-
-
-class RecordedExecution:
-    """A replay: the command already ended (or was lost); nothing runs."""
-
-    def __init__(self, rec: ExecRecord, on_output: OutputCallback | None = None) -> None:
-        self.key: str | None = rec.key
-        self.pid = rec.pid
-        self.reattached = False
-        self.replayed = True
-        self._rec = rec
-        self._on_output = on_output
-        self._sent = False
-
-    async def output(self) -> AsyncIterator[bytes]:
-        if not self._sent:
-            self._sent = True
-            if self._rec.output_tail:
-                if self._on_output is not None:
-                    self._on_output(self._rec.output_tail)
-                yield self._rec.output_tail
-
-    async def wait(self) -> ExecResult:
-        async for _ in self.output():
-            pass
-        return ExecResult(
-            key=self.key,
-            exit_code=self._rec.exit_code,
-            signal=self._rec.signal,
-            output=self._rec.output_tail,
-            replayed=True,
-        )
-
-    async def detach(self) -> None:
-        self._sent = True
-
-    def stdout(self) -> bytes:
-        return self._rec.output_tail
-
-
 class SpacesdSpace:
     """A Space whose machine runs a cua-spacesd daemon at ``url``."""
 
@@ -406,68 +143,29 @@ class SpacesdSpace:
         self._url = url
         self._token = token
         self._probe = probe
+        self._errors = ErrorMap(name, token, probe)
         self._user = user
         #: The SDK's own state (its sandbox registry): kept out of the user's ~/.cua.
         self._sdk_home = sdk_home
         self._client: Any = None
         self._lock = asyncio.Lock()
-        self._hash_cache: dict[str, tuple[str, str]] = {}  # rel -> (stat key, sha256)
-        #: Like ``local_fs.Scanner.stats``: ``hashed`` counts files read (cumulative),
-        #: ``files`` the entries of the last scan.
-        self.scan_stats: dict[str, int] = {"hashed": 0, "scans": 0, "files": 0}
+        self._scans = ScanCache()
 
     def __repr__(self) -> str:  # never shows the token
         return f"SpacesdSpace({self.name!r}, {self._url!r})"
 
+    @property
+    def scan_stats(self) -> dict[str, int]:
+        """Counters of the incremental scan (``ScanCache.stats``)."""
+        return self._scans.stats
+
     # --- connection and errors ----------------------------------------------------------
 
-    def _scrub(self, text: str) -> str:
-        return text.replace(self._token, "***") if self._token else text
-
     def _down(self, what: str) -> SpaceUnavailableError:
-        if self._probe.gone():
-            return SpaceGoneError(f"Space {self.name!r} no longer exists ({what})")
-        return SpaceUnavailableError(f"Space {self.name!r} is unavailable: {what}")
+        return self._errors.down(what)
 
     def _map(self, e: BaseException) -> BaseException:
-        """An SDK error as one of ours: a stale epoch, a down or deleted Space, or the
-        ``OSError`` a file operation would raise. Never a command failure."""
-        msg = self._scrub(str(e))
-        m = _STALE.search(msg)
-        if m:
-            return StaleEpochError(int(m.group(1)), int(m.group(2)), "space")
-        E = cua.CuaError
-        if not isinstance(e, E) or isinstance(
-            e,
-            (
-                E.Transport,
-                E.SpacesdNotAvailable,
-                E.Timeout,
-                E.Closed,
-                E.Unauthenticated,
-                E.DaemonNotRunning,
-                E.Cancelled,
-            ),
-        ):
-            return self._down(msg)
-        if any(t in msg for t in ("(Cancelled)", "(Unavailable)", "operation was canceled")):
-            return self._down(msg)  # an RPC cut by the daemon going away (gRPC status)
-        if isinstance(e, E.NotFound):
-            if "process not found" in msg:
-                return self._down(msg)
-            return FileNotFoundError(errno.ENOENT, msg)
-        if isinstance(e, E.PermissionDenied):
-            return PermissionError(errno.EACCES, msg)
-        low = msg.lower()
-        if "not a directory" in low:
-            return NotADirectoryError(errno.ENOTDIR, msg)
-        if "is a directory" in low:
-            return IsADirectoryError(errno.EISDIR, msg)
-        if "directory not empty" in low:
-            return OSError(errno.ENOTEMPTY, msg)
-        if self._probe.gone():
-            return SpaceGoneError(f"Space {self.name!r} no longer exists ({msg})")
-        return SpaceError(f"cua-spacesd refused the request: {msg}")
+        return self._errors.map(e)
 
     async def _env(self) -> Any:
         if self._client is None:
@@ -487,6 +185,13 @@ class SpacesdSpace:
         return self._client
 
     async def _call(self, method: str, *args: Any, **kw: Any) -> Any:
+        """SDK ``method`` of the daemon, its errors mapped. With a ``user``, the file
+        operations run as that user too, like the commands."""
+        if self._user is not None:
+            if method in _FILE_OPS:
+                kw.setdefault("user", self._user)
+            elif method == "upload" and len(args) >= 3 and args[2] is not None:
+                args[2].user = self._user
         env = await self._env()
         try:
             return await getattr(env, method)(*args, **kw)
@@ -522,16 +227,40 @@ class SpacesdSpace:
         """The ledger's record of ``key`` and the Space's epoch floor, in one call."""
         resp = await self._rpc("GetExecRecord", {"requestId": key})
         floor = int(resp.get("epoch", 0))
-        return _parse_record(key, resp.get("record")), floor
+        return parse_record(key, resp.get("record")), floor
 
     async def current_epoch(self) -> int:
+        return await self._daemon_epoch()
+
+    async def _daemon_epoch(self) -> int:
+        """The daemon's own floor (a subclass may keep another beside it)."""
         resp = await self._rpc("GetExecRecord", {"requestId": _EPOCH_PROBE_KEY})
         return int(resp.get("epoch", 0))
 
     async def advance_epoch(self, epoch: int) -> None:
-        # The daemon kills every process started under an older epoch, then raises the
-        # floor; a lower epoch is refused (FailedPrecondition, mapped to StaleEpochError).
+        """The daemon kills every process started under an older epoch, then raises the
+        floor; a lower epoch is refused (FailedPrecondition, mapped to StaleEpochError).
+        Then, as ``_sweep_when`` says, ``_sweep_strays``: the daemon kills only the
+        commands it tracks, not their background leftovers nor a killed daemon's orphans."""
+        when = self._sweep_when()
+        before = await self._daemon_epoch() if when == "rise" else 0
+        if epoch < before:
+            raise StaleEpochError(epoch, before, "space")
         await self._rpc("AdvanceEpoch", {"epoch": epoch})
+        if when == "always" or (when == "rise" and epoch > before):
+            try:
+                await self._sweep_strays()
+            except SpaceGoneError:
+                raise
+            except Exception as e:
+                raise self._down(f"sweeping stray processes failed: {e}") from None
+
+    def _sweep_when(self) -> SweepWhen:
+        """When ``advance_epoch`` sweeps: a hook (this base never does)."""
+        return "never"
+
+    async def _sweep_strays(self) -> None:
+        """Kill the Space's processes its daemon does not track: a hook."""
 
     # --- commands ----------------------------------------------------------------------
 
@@ -576,7 +305,7 @@ class SpacesdSpace:
         )
         proc = await self._call("spawn", cmd)
         return SpacesdExecution(
-            self,
+            self._errors,
             proc,
             key,
             boot,
@@ -614,16 +343,11 @@ class SpacesdSpace:
         return await ex.wait()
 
     async def _feed(self, ex: SpacesdExecution | RecordedExecution, data: bytes) -> None:
-        if isinstance(ex, RecordedExecution):
-            return
-        try:
-            for i in range(0, len(data), _STDIN_CHUNK):
-                await ex._proc.write_stdin(data[i : i + _STDIN_CHUNK])
-            await ex._proc.close_stdin()
-        except Exception as e:
-            raise self._map(e) from None
+        await ex.feed(data)
 
-    async def _run(self, argv: Sequence[str], *, cwd: str, stdin: bytes | None = None) -> Any:
+    async def _run(
+        self, argv: Sequence[str], *, cwd: str, stdin: bytes | None = None
+    ) -> tuple[SpacesdExecution | RecordedExecution, ExecResult]:
         """A ledger-less, epoch-less helper command; returns the execution after exit."""
         ex = await self.spawn(argv, key=None, epoch=0, cwd=cwd, stdin=stdin is not None)
         if stdin is not None:
@@ -726,12 +450,10 @@ class SpacesdSpace:
             if op == "remove":
                 raise PathEscapeError("refusing to remove the workspace root")
             raise IsADirectoryError(errno.EISDIR, f"cannot {op} the workspace root")
-        argv = ["sh", "-c", MUTATE, "ds-mutate", op, self.root, self._staging, arg]
+        argv = mutate_argv(op, self.root, self._staging, arg, rel)
         fenced = 0 if mutants.active("unfenced_mutations") else epoch  # 0: never refused
         hit("space.mutate")  # a driver paused here is continued straight into the request
-        ex = await self.spawn(
-            [*argv, *rel.split("/")], key=None, epoch=fenced, cwd="/", stdin=stdin is not None
-        )
+        ex = await self.spawn(argv, key=None, epoch=fenced, cwd="/", stdin=stdin is not None)
         if stdin is not None:
             hit("space.mutate_started")  # running in the Space, its bytes not sent yet
             try:
@@ -746,162 +468,27 @@ class SpacesdSpace:
         floor = await self.current_epoch()
         if floor > epoch:  # the floor rose while it ran: the advance killed it
             raise StaleEpochError(epoch, floor, "space")
-        why = res.output.decode(errors="replace").strip()[-300:]
-        if res.exit_code == 91:
-            raise PathEscapeError(f"refusing to go through a symlink ({path!r}): {why}")
-        err = _MUTATE_ERRORS.get(res.exit_code or 0)
-        if err is not None:
-            raise err[0](err[1], f"{op} {path!r}: {why or err[2]}")
-        raise SpaceError(f"{op} {path!r} failed ({res.exit_code}, signal {res.signal}): {why}")
+        raise mutate_error(op, path, res)
 
     # --- scan --------------------------------------------------------------------------
 
     async def scan(self, root: str = ".", exclude: Sequence[str] = ()) -> PathTable:
         """One ``find`` for the listing with stat keys, one ``sha256sum`` for the files
-        whose (size, mtime, inode, ctime) changed since this object's last scan. As in
-        ``local_fs``, ``exclude`` holds workspace paths and a file touched within
-        ``RACY_SECONDS`` of the scan is not cached (a same-tick rewrite looks unchanged)."""
+        whose (size, mtime, inode, ctime) changed since this object's last scan (see
+        ``scan``). As in ``local_fs``, ``exclude`` holds workspace paths."""
         top = await self._resolve(root, follow_last=True)
         excl = [confine(self.root, e) for e in exclude]
         if "." in excl:
             return {}
-        prefix = "" if top == "." else top + "/"
         st = await self._lstat(top)
         if st is None or st.kind != "directory":
             return {}
-        fmt = r"%y\0%P\0%m\0%s\0%i\0%T@\0%C@\0%l\0"
-        script = 'date +%s.%N && exec find . "(" -type f -o -type l ")" -printf "$1"'
-        ex, res = await self._run(["sh", "-c", script, "sh", fmt], cwd=self._abs(top))
+        ex, res = await self._run(LIST_ARGV, cwd=self._abs(top))
         if res.exit_code != 0:
             raise SpaceError(f"scan failed: {res.output[-500:].decode(errors='replace')}")
-        now_line, _, listing = ex.stdout().partition(b"\n")
-        racy_after = float(now_line) - RACY_SECONDS
-        fields = listing.split(b"\0")
-        table: PathTable = {}
-        sigs: dict[str, tuple[str, bool]] = {}  # rel -> (stat key, cacheable)
-        for i in range(0, len(fields) - 7, 8):
-            typ, name_b, mode, size, ino, mtime, ctime, target = fields[i : i + 8]
-            name = prefix + name_b.decode("utf-8", "surrogateescape")
-            if any(name == x or name.startswith(x + "/") for x in excl):
-                continue
-            cut = _unrepresentable(name)
-            if cut is not None:  # as local_fs: one entry where the image stops
-                table[cut[0]] = unsupported(cut[1])
-                continue
-            if typ == b"l":
-                tgt = target.decode("utf-8", "surrogateescape")
-                table[name] = PathEntry(kind="symlink", mode=0o777, target=tgt)
-                continue
-            table[name] = PathEntry(kind="file", mode=int(mode, 8) & 0o777, size=int(size))
-            key = b"|".join((size, ino, mtime, ctime)).decode()
-            sigs[name] = (key, max(float(mtime), float(ctime)) < racy_after)
-        stale = [n for n, (k, _) in sigs.items() if self._hash_cache.get(n, ("", ""))[0] != k]
-        hashes = await self._hash(stale) if stale else {}
-        fresh: dict[str, tuple[str, str]] = {}
-        for name, (key, cacheable) in sigs.items():
-            sha = hashes[name] if name in hashes else self._hash_cache.get(name, ("", ""))[1]
-            if name in stale and name not in hashes:  # vanished between find and sha256sum
-                del table[name]
-                continue
-            if cacheable:
-                fresh[name] = (key, sha)
-            e = table[name]
-            table[name] = PathEntry(kind="file", mode=e.mode, size=e.size, sha256=sha)
-        if top == ".":
-            self._hash_cache = fresh
-        else:
-            for k in [k for k in self._hash_cache if k.startswith(prefix)]:
-                del self._hash_cache[k]
-            self._hash_cache.update(fresh)
-        self.scan_stats["hashed"] += len(stale)
-        self.scan_stats["scans"] += 1
-        self.scan_stats["files"] = len(table)
-        return table
-
-    async def _hash(self, names: list[str]) -> dict[str, str]:
-        ex, _ = await self._run(
-            ["xargs", "-0", "-r", "sha256sum", "-z", "--"],
-            cwd=self.root,
-            stdin=b"\0".join(n.encode("utf-8", "surrogateescape") for n in names) + b"\0",
-        )
-        out: dict[str, str] = {}
-        for rec in ex.stdout().split(b"\0"):
-            if len(rec) > 66:
-                out[rec[66:].decode("utf-8", "surrogateescape")] = rec[:64].decode()
-        return out
-
-
-def _unrepresentable(name: str) -> tuple[str, str] | None:
-    """Where a listed path leaves what the image can hold (a bad name, too deep): the
-    path up to there and why; None when all of it is representable."""
-    parts = name.split("/")
-    for i, part in enumerate(parts):
-        if i >= MAX_SCAN_DEPTH:
-            return "/".join(parts[:MAX_SCAN_DEPTH]), f"deeper than {MAX_SCAN_DEPTH} levels"
-        why = name_problem(part)
-        if why is not None:
-            return "/".join(parts[: i + 1]), why
-    return None
-
-
-async def wait_http_health(
-    port: int,
-    timeout: float,
-    *,
-    interval: float = 0.02,
-    give_up: Callable[[], str | None] | None = None,
-) -> float:
-    """Poll a daemon's ``GET /health`` on loopback until it answers 2xx; return the seconds
-    waited. Cheap (no SDK, no token). Only an HTTP answer counts: a port forward may accept
-    the connection while nothing listens behind it. ``give_up`` returns a reason to stop
-    at once (the machine behind the port died)."""
-    t0 = time.monotonic()
-    req = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    last: object = "no answer"
-    while time.monotonic() - t0 < timeout:
-        if give_up is not None and (why := give_up()) is not None:
-            raise SpaceUnavailableError(why)
-        try:
-            r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 2)
-            try:
-                w.write(req)
-                await w.drain()
-                head = await asyncio.wait_for(r.readline(), 2)
-            finally:
-                w.close()
-                with contextlib.suppress(Exception):
-                    await w.wait_closed()
-            if head.startswith(b"HTTP/1.1 2"):
-                return time.monotonic() - t0
-            last = head.decode(errors="replace").strip() or "empty answer"
-        except (TimeoutError, OSError) as e:
-            last = e
-        await asyncio.sleep(interval)
-    raise SpaceUnavailableError(f"cua-spacesd on 127.0.0.1:{port} did not answer: {last}")
-
-
-def orphan_sweep_script(daemon_pid: str) -> str:
-    """A guest shell script that SIGKILLs every process hanging off pid 1 rather than off
-    the daemon (``daemon_pid`` is a shell expression giving its pid): what remains of a
-    killed daemon's commands and background leftovers of finished ones. The daemon's own
-    ``AdvanceEpoch`` only kills the commands it tracks."""
-    return (
-        f"d=$({daemon_pid})\n"
-        + r"""[ -n "$d" ] || exit 3
-ps -eo pid=,ppid= | awk -v d="$d" '
-  { pp[$1] = $2 }
-  END {
-    for (p in pp) {
-      if (p == 1 || p == d) continue
-      q = pp[p]; orphan = 0
-      while (q != "" && q != 0) {
-        if (q == d) break
-        if (q == 1) { orphan = 1; break }
-        q = pp[q]
-      }
-      if (orphan) print p
-    }
-  }' | xargs -r kill -9 2>/dev/null
-exit 0
-"""
-    )
+        listing = self._scans.listing(top, ex.stdout(), excl)
+        hashes: dict[str, str] = {}
+        if listing.stale:
+            hashed, _ = await self._run(HASH_ARGV, cwd=self.root, stdin=hash_input(listing.stale))
+            hashes = parse_hashes(hashed.stdout())
+        return self._scans.table(listing, hashes)
