@@ -1,6 +1,6 @@
 """Backend ``docker``: real containers of this repo's ``Dockerfile`` running cua-spacesd.
 ``backend`` (containers), ``space`` (the container's Space and probe), ``image`` (the
-offline image build)."""
+offline image build, on ``guest_rootfs``)."""
 
 from durable_spaces.backends.docker.backend import DockerBackend, unavailable_reason
 

@@ -1,22 +1,21 @@
-"""The docker Space image, built offline: debootstrap base -> ``docker import`` -> Dockerfile.
+"""The docker Space image, built offline: the guest root filesystem -> ``docker import``
+-> Dockerfile.
 
-There is no image registry on these machines, so nothing is pulled: a Debian bookworm
-``minbase`` root filesystem comes from debootstrap (Debian's own package mirror), is
-trimmed, gets the ``cua`` user and its workspace, and is imported as
-``durable-spaces-base:<hash>``. The top-level ``Dockerfile`` then copies the static
-cua-spacesd from the installed ``cua`` wheel on top (classic builder, ``DOCKER_BUILDKIT=0``:
-Debian's docker.io has no buildx) and becomes ``durable-spaces-space:<hash>``.
+There is no image registry on these machines, so nothing is pulled: the shared guest
+root filesystem (``guest_rootfs``: debootstrap minbase, trimmed, the ``cua`` user and its
+workspace) is imported as ``durable-spaces-base:<hash>``. The top-level ``Dockerfile``
+then copies the static cua-spacesd from the installed ``cua`` wheel on top (classic
+builder, ``DOCKER_BUILDKIT=0``: Debian's docker.io has no buildx) and becomes
+``durable-spaces-space:<hash>``.
 
-Each tag's hash covers its inputs (the recipe below, the Dockerfile, the daemon binary),
-so ``ensure_image()`` rebuilds only when one changed. The raw debootstrap tree is cached
-as a tarball under ``~/.cache/durable-spaces`` (``DS_CACHE_DIR``), so a rebuild after a
-recipe change skips the download. ``python -m durable_spaces.backends.docker.image``
-(``make space-image``) is the only entry point.
+Each tag's hash covers its inputs (the shared recipe, the Dockerfile, this module, the
+daemon binary), so ``build_image()`` rebuilds only when one changed.
+``python -m durable_spaces.backends.docker.image`` (``make space-image``) is the only
+entry point.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pathlib
 import shutil
@@ -25,83 +24,30 @@ import sys
 import tempfile
 import time
 
-#: What debootstrap installs. minbase already has bash, coreutils, findutils, tar, grep,
-#: sed, gzip (all Essential); procps adds ps/kill/pgrep for daemon-kill faults and checks.
-SUITE = "bookworm"
-VARIANT = "minbase"
-INCLUDE = ("procps",)
-MIRROR = os.environ.get("DS_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+from durable_spaces.backends import guest_rootfs
+from durable_spaces.backends.guest_rootfs import daemon_binary, file_sha256, input_hash
 
 BASE_REPO = "durable-spaces-base"
 IMAGE_REPO = "durable-spaces-space"
-USER_UID = 1000
-WORKSPACE = "/home/cua/work"
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
 DOCKERFILE = REPO_ROOT / "Dockerfile"
-
-# Trimmed from the root filesystem: documentation, translations, apt's package lists.
-_TRIM = (
-    "usr/share/doc",
-    "usr/share/man",
-    "usr/share/info",
-    "usr/share/locale",
-    "usr/share/lintian",
-    "var/lib/apt/lists",
-    "var/cache/apt",
-    "var/cache/debconf",
-    "var/log",
-)
-
-
-def cache_dir() -> pathlib.Path:
-    d = pathlib.Path(os.environ.get("DS_CACHE_DIR", "~/.cache/durable-spaces")).expanduser()
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-def daemon_binary() -> pathlib.Path:
-    """The static cua-spacesd shipped inside the installed ``cua`` wheel."""
-    import cua
-
-    return pathlib.Path(cua.__file__).parent / "bin" / "cua-spacesd-linux-x86_64"
-
-
-_sha_cache: dict[tuple[str, int, int], str] = {}
-
-
-def _file_sha256(path: pathlib.Path) -> str:
-    st = path.stat()
-    k = (str(path), st.st_size, st.st_mtime_ns)
-    if k not in _sha_cache:
-        h = hashlib.sha256()
-        with path.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        _sha_cache[k] = h.hexdigest()
-    return _sha_cache[k]
-
-
-def _h(*parts: str) -> str:
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
-
-
-def debootstrap_key() -> str:
-    return _h(SUITE, VARIANT, ",".join(INCLUDE), MIRROR)
+#: What this image adds to the shared tree (the token's mount point).
+_DIRS = ("run/cua",)
 
 
 def base_tag() -> str:
-    recipe = (debootstrap_key(), ",".join(_TRIM), str(USER_UID), WORKSPACE, "v1")
-    return f"{BASE_REPO}:{_h(*recipe)}"
+    recipe = (guest_rootfs.debootstrap_key(), guest_rootfs.recipe(), ",".join(_DIRS))
+    return f"{BASE_REPO}:{input_hash(*recipe)}"
 
 
 def image_tag() -> str:
     """``durable-spaces-space:<hash of base tag, Dockerfile, this module, daemon sha256>``."""
-    return f"{IMAGE_REPO}:" + _h(
+    return f"{IMAGE_REPO}:" + input_hash(
         base_tag(),
         DOCKERFILE.read_text(),
         pathlib.Path(__file__).read_text(),
-        _file_sha256(daemon_binary()),
+        file_sha256(daemon_binary()),
     )
 
 
@@ -114,78 +60,16 @@ def _log(msg: str) -> None:
     print(f"[space-image] {msg}", file=sys.stderr, flush=True)
 
 
-def _rootfs_tarball() -> pathlib.Path:
-    """Raw debootstrap tree as a tarball, cached by its parameters."""
-    tar = cache_dir() / f"debootstrap-{SUITE}-{debootstrap_key()}.tar"
-    if tar.exists():
-        return tar
-    if shutil.which("debootstrap") is None:
-        raise SystemExit("debootstrap is not installed (apt-get install -y debootstrap)")
-    with tempfile.TemporaryDirectory(prefix="ds-debootstrap-") as tmp:
-        root = pathlib.Path(tmp) / "root"
-        t0 = time.monotonic()
-        cmd = ["debootstrap", f"--variant={VARIANT}"]
-        if INCLUDE:
-            cmd.append("--include=" + ",".join(INCLUDE))
-        cmd += [SUITE, str(root), MIRROR]
-        _log(" ".join(cmd))
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        part = tar.with_suffix(".tar.part")
-        subprocess.run(  # without the downloaded .debs (about 130 MB of the tree)
-            [
-                "tar",
-                "--numeric-owner",
-                "--exclude=./var/cache/apt/archives/*.deb",
-                "-C",
-                str(root),
-                "-cf",
-                str(part),
-                ".",
-            ],
-            check=True,
-        )
-        part.replace(tar)
-        _log(f"debootstrap done in {time.monotonic() - t0:.1f}s -> {tar}")
-    return tar
-
-
-def _add_user(root: pathlib.Path) -> None:
-    """User ``cua`` (uid/gid 1000) with ``/home/cua/work``, written into the files directly
-    (no chroot: nothing of the host runs inside the tree)."""
-    line = {
-        "etc/passwd": f"cua:x:{USER_UID}:{USER_UID}:cua:/home/cua:/bin/bash\n",
-        "etc/group": f"cua:x:{USER_UID}:\n",
-        "etc/shadow": "cua:!:19000:0:99999:7:::\n",
-        "etc/gshadow": "cua:!::\n",
-    }
-    for rel, text in line.items():
-        p = root / rel
-        if p.exists() and not any(ln.startswith("cua:") for ln in p.read_text().splitlines()):
-            with p.open("a") as f:
-                f.write(text)
-    work = root / WORKSPACE.lstrip("/")
-    work.mkdir(parents=True, exist_ok=True)
-    for d in (work.parent, work):
-        os.chown(d, USER_UID, USER_UID)
-        d.chmod(0o755)
-    for rel in ("var/lib/cua-spacesd", "run/cua", "var/log"):
-        (root / rel).mkdir(parents=True, exist_ok=True)
-
-
 def build_base() -> str:
     tag = base_tag()
     if _image_exists(tag):
         return tag
-    src = _rootfs_tarball()
+    src = guest_rootfs.rootfs_tarball(_log)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ds-rootfs-") as tmp:
         root = pathlib.Path(tmp) / "root"
         root.mkdir()
-        subprocess.run(["tar", "--numeric-owner", "-C", str(root), "-xf", str(src)], check=True)
-        for rel in _TRIM:
-            shutil.rmtree(root / rel, ignore_errors=True)
-        (root / "var/lib/apt/lists/partial").mkdir(parents=True, exist_ok=True)
-        _add_user(root)
+        guest_rootfs.prepare_rootfs(src, root, _DIRS)
         tar = subprocess.Popen(
             ["tar", "--numeric-owner", "-C", str(root), "-c", "."], stdout=subprocess.PIPE
         )

@@ -83,7 +83,8 @@ from typing import Any
 
 from durable_spaces.adapter.checkpoint_id import CheckpointId
 from durable_spaces.backends.microvm import qemu as qemu_vm
-from durable_spaces.backends.microvm.image import (
+from durable_spaces.backends.microvm.accel import choose_accel
+from durable_spaces.backends.microvm.guest import (
     DEFAULT_MEMORY_MB,
     WORKSPACE,
     GuestImage,
@@ -343,7 +344,7 @@ class MicrovmBackend:
         self.state_dir = pathlib.Path(state_dir).absolute()
         for d in ("spaces", "disks", "checkpoints", ".locks"):
             (self.state_dir / d).mkdir(parents=True, exist_ok=True)
-        self.accel = qemu_vm.choose_accel(img)
+        self.accel = choose_accel(img)
         spec = json.loads((img.base_dir(memory_mb) / "spec.json").read_text())
         if spec.get("accel") != self.accel.name:
             raise BackendUnavailableError(

@@ -3,22 +3,21 @@
 Nothing can be downloaded here except from Debian's mirror and PyPI, so the guest is made
 of: the Debian *cloud* kernel (``apt-get download linux-image-<abi>-cloud-amd64``: small,
 with the virtio drivers as modules), an initramfs of busybox-static plus those modules (it
-loads them, mounts ``/dev/vda`` and switch_roots), and a root filesystem from
-``debootstrap --variant=minbase`` with the static cua-spacesd from the installed ``cua``
-wheel and a bash pid 1 (``/sbin/cua-init``) that supervises the daemon. ``mkfs.ext4 -d``
-turns the tree into a raw image which becomes the qcow2 base.
+loads them, mounts ``/dev/vda`` and switch_roots), and the shared guest root filesystem
+(``guest_rootfs``: debootstrap minbase, the ``cua`` user) with the static cua-spacesd
+from the installed ``cua`` wheel and a bash pid 1 (``/sbin/cua-init``) that supervises
+the daemon. ``mkfs.ext4 -d`` turns the tree into a raw image which becomes the qcow2 base.
 
 Everything lands in ``~/.cache/durable-spaces-microvm/<hash>/`` (``DS_MICROVM_CACHE``; kept
 apart from ``~/.cache/durable-spaces``, which other builders clear to time cold builds)
-where the hash covers the recipe (``recipe()``: the guest scripts and settings), the kernel package,
-busybox, the daemon's sha256 and the QEMU version, so a rebuild happens only when an input
-changed; ``current`` beside it points at the newest build. The debootstrap tarball is
-shared with the docker image in ``~/.cache/durable-spaces`` (``DS_CACHE_DIR``).
+where the hash covers the recipe (``recipe()``: the guest scripts and settings, and the
+shared root filesystem's), the kernel package, busybox, the daemon's sha256 and the QEMU
+version, so a rebuild happens only when an input changed; ``current`` beside it points at
+the newest build (``guest`` reads it). The debootstrap tarball is shared with the docker
+image in ``~/.cache/durable-spaces`` (``DS_CACHE_DIR``).
 
-Then the image is booted once and checkpointed (``base-<mem>m/``): creating a Space is a
-fork of that booted machine (about half a second) instead of a cold boot (about six under
-TCG). Forks start with the image's token (``token``, 0600, in the image dir); the backend
-rotates it to a per-Space token at once through the daemon's ``--await-token-file``.
+Then the image is booted once and checkpointed (``base``): creating a Space is a fork of
+that booted machine.
 
 Entry point: ``python -m durable_spaces.backends.microvm.image`` (``make microvm-image``).
 """
@@ -26,7 +25,6 @@ Entry point: ``python -m durable_spaces.backends.microvm.image`` (``make microvm
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import pathlib
@@ -37,33 +35,26 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 
-SUITE = "bookworm"
-VARIANT = "minbase"
-#: The same parameters as the docker image's debootstrap, so both share one cached tarball.
-INCLUDE = ("procps",)
-MIRROR = os.environ.get("DS_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+from durable_spaces.backends import guest_rootfs
+from durable_spaces.backends.guest_rootfs import daemon_binary, file_sha256, input_hash
+from durable_spaces.backends.microvm.base import ensure_base_checkpoint
+from durable_spaces.backends.microvm.guest import (
+    DEFAULT_MEMORY_MB,
+    GUEST_PORT,
+    KERNEL_CMDLINE,
+    GuestImage,
+    image_root,
+    load_image,
+)
+from durable_spaces.backends.microvm.guest import log as _log
+
 KERNEL_META = "linux-image-cloud-amd64"
 #: Virtio modules the initramfs loads (their dependencies are resolved from the .ko files).
 MODULES = ("virtio_mmio", "virtio_blk", "virtio_net", "virtio-rng", "qemu_fw_cfg")
 DISK_SIZE = "4G"
-USER_UID = 1000
-WORKSPACE = "/home/cua/work"
-GUEST_PORT = 3211
-DEFAULT_MEMORY_MB = 512
-
-_TRIM = (
-    "usr/share/doc",
-    "usr/share/man",
-    "usr/share/info",
-    "usr/share/locale",
-    "usr/share/lintian",
-    "var/lib/apt/lists",
-    "var/cache/apt",
-    "var/cache/debconf",
-    "var/log",
-)
+#: What this image adds to the shared tree.
+_DIRS = ("run", "tmp")
 
 # The initramfs's /init: load the virtio modules, mount the root disk, hand over.
 INITRAMFS_INIT = r"""#!/bin/busybox sh
@@ -119,62 +110,6 @@ while :; do
   sleep 0.2
 done
 """
-
-KERNEL_CMDLINE = (
-    "console=ttyS0 root=/dev/vda rw quiet loglevel=3 panic=-1 "
-    "random.trust_cpu=on tsc=reliable i8042.noaux i8042.nokbd"
-)
-
-
-@dataclass(frozen=True)
-class GuestImage:
-    """What a Space boots: kernel, initramfs, qcow2 base, and the booted base checkpoint."""
-
-    dir: pathlib.Path
-    kernel: pathlib.Path
-    initrd: pathlib.Path
-    rootfs: pathlib.Path
-    token_file: pathlib.Path
-
-    def base_dir(self, memory_mb: int) -> pathlib.Path:
-        return self.dir / f"base-{memory_mb}m"
-
-    def base_checkpoint(self, memory_mb: int) -> tuple[pathlib.Path, pathlib.Path] | None:
-        """(memory file, frozen disk) of the booted base, or None when not made yet."""
-        d = self.base_dir(memory_mb)
-        mem, disk = d / "memory", d / "disk.qcow2"
-        if (d / "done").exists() and mem.exists() and disk.exists():
-            return mem, disk
-        return None
-
-
-def _log(msg: str) -> None:
-    print(f"[microvm-image] {msg}", file=sys.stderr, flush=True)
-
-
-def cache_root() -> pathlib.Path:
-    d = pathlib.Path(os.environ.get("DS_CACHE_DIR", "~/.cache/durable-spaces")).expanduser()
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-def daemon_binary() -> pathlib.Path:
-    """The static cua-spacesd shipped inside the installed ``cua`` wheel."""
-    import cua
-
-    return pathlib.Path(cua.__file__).parent / "bin" / "cua-spacesd-linux-x86_64"
-
-
-def _sha256(path: pathlib.Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _h(*parts: str) -> str:
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
 def qemu_version() -> str:
@@ -241,52 +176,22 @@ def recipe() -> str:
             KERNEL_CMDLINE,
             MODULES,
             DISK_SIZE,
-            _TRIM,
-            USER_UID,
-            WORKSPACE,
+            _DIRS,
             GUEST_PORT,
+            guest_rootfs.recipe(),
         ]
     )
 
 
 def image_key(kdeb: pathlib.Path) -> str:
-    return _h(
+    return input_hash(
         recipe(),
         kdeb.name,
-        _sha256(busybox_static()),
-        _sha256(daemon_binary()),
+        file_sha256(busybox_static()),
+        file_sha256(daemon_binary()),
         qemu_version(),
-        debootstrap_key(),
+        guest_rootfs.debootstrap_key(),
     )
-
-
-def debootstrap_key() -> str:
-    return _h(SUITE, VARIANT, ",".join(INCLUDE), MIRROR)
-
-
-def _rootfs_tarball() -> pathlib.Path:
-    """Raw debootstrap tree as a tarball, cached by its parameters (shared with docker)."""
-    tar = cache_root() / f"debootstrap-{SUITE}-{debootstrap_key()}.tar"
-    if tar.exists():
-        return tar
-    if shutil.which("debootstrap") is None:
-        raise SystemExit("debootstrap is not installed (apt-get install -y debootstrap)")
-    with tempfile.TemporaryDirectory(prefix="ds-debootstrap-", dir=cache_root()) as tmp:
-        root = pathlib.Path(tmp) / "root"
-        t0 = time.monotonic()
-        cmd = ["debootstrap", f"--variant={VARIANT}"]
-        if INCLUDE:
-            cmd.append("--include=" + ",".join(INCLUDE))
-        cmd += [SUITE, str(root), MIRROR]
-        _log(" ".join(cmd))
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        part = tar.with_suffix(f".tar.part{os.getpid()}")
-        subprocess.run(
-            ["tar", "--numeric-owner", "-C", str(root), "-cf", str(part), "."], check=True
-        )
-        part.replace(tar)
-        _log(f"debootstrap done in {time.monotonic() - t0:.1f}s -> {tar}")
-    return tar
 
 
 def _module_deps(ko: pathlib.Path) -> list[str]:
@@ -336,35 +241,10 @@ def _build_initramfs(kroot: pathlib.Path, out: pathlib.Path) -> None:
     _log(f"initramfs modules: {' '.join(order)}")
 
 
-def _add_user(root: pathlib.Path) -> None:
-    """User ``cua`` (uid/gid 1000) with ``/home/cua/work``, written into the files directly."""
-    lines = {
-        "etc/passwd": f"cua:x:{USER_UID}:{USER_UID}:cua:/home/cua:/bin/bash\n",
-        "etc/group": f"cua:x:{USER_UID}:\n",
-        "etc/shadow": "cua:!:19000:0:99999:7:::\n",
-        "etc/gshadow": "cua:!::\n",
-    }
-    for rel, text in lines.items():
-        p = root / rel
-        if p.exists() and not any(ln.startswith("cua:") for ln in p.read_text().splitlines()):
-            with p.open("a") as f:
-                f.write(text)
-    work = root / WORKSPACE.lstrip("/")
-    work.mkdir(parents=True, exist_ok=True)
-    for d in (work.parent, work):
-        os.chown(d, USER_UID, USER_UID)
-        d.chmod(0o755)
-
-
 def _build_rootfs(tarball: pathlib.Path, out_qcow2: pathlib.Path, tmpdir: pathlib.Path) -> None:
     root = tmpdir / "rootfs"
     root.mkdir()
-    subprocess.run(["tar", "--numeric-owner", "-C", str(root), "-xf", str(tarball)], check=True)
-    for rel in _TRIM:
-        shutil.rmtree(root / rel, ignore_errors=True)
-    for d in ("var/lib/apt/lists/partial", "var/log", "var/lib/cua-spacesd", "run", "tmp"):
-        (root / d).mkdir(parents=True, exist_ok=True)
-    _add_user(root)
+    guest_rootfs.prepare_rootfs(tarball, root, _DIRS)
     bindir = root / "usr/local/bin"
     bindir.mkdir(parents=True, exist_ok=True)
     shutil.copy2(daemon_binary(), bindir / "cua-spacesd")
@@ -389,36 +269,6 @@ def _build_rootfs(tarball: pathlib.Path, out_qcow2: pathlib.Path, tmpdir: pathli
     )
 
 
-def _user_home() -> pathlib.Path:
-    """The user's real home: tests point ``HOME`` at a temporary directory, and a Space
-    must still find the image built by ``make microvm-image``."""
-    import pwd
-
-    return pathlib.Path(pwd.getpwuid(os.getuid()).pw_dir)
-
-
-def image_root() -> pathlib.Path:
-    env = os.environ.get("DS_MICROVM_CACHE")
-    d = pathlib.Path(env) if env else _user_home() / ".cache/durable-spaces-microvm"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-def load_image(image_dir: pathlib.Path | None = None) -> GuestImage | None:
-    """The built image in ``image_dir`` (default: ``<image_root>/current``), or None."""
-    d = image_dir or image_root() / "current"
-    if not (d / "done").exists():
-        return None
-    d = d.resolve()
-    return GuestImage(
-        dir=d,
-        kernel=d / "vmlinuz",
-        initrd=d / "initrd.img",
-        rootfs=d / "rootfs.qcow2",
-        token_file=d / "token",
-    )
-
-
 def build_image(force: bool = False) -> GuestImage:
     """Build (or reuse) the guest image for the current inputs."""
     for tool in ("qemu-system-x86_64", "qemu-img", "mkfs.ext4", "dpkg-deb"):
@@ -432,7 +282,7 @@ def build_image(force: bool = False) -> GuestImage:
         _log(f"{out} is up to date")
     else:
         t0 = time.monotonic()
-        tarball = _rootfs_tarball()
+        tarball = guest_rootfs.rootfs_tarball(_log)
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="ds-microvm-", dir=image_root()) as tmp:
             t = pathlib.Path(tmp)
@@ -453,9 +303,9 @@ def build_image(force: bool = False) -> GuestImage:
             json.dumps(
                 {
                     "kernel_deb": kdeb.name,
-                    "daemon_sha256": _sha256(daemon_binary()),
+                    "daemon_sha256": file_sha256(daemon_binary()),
                     "qemu": qemu_version(),
-                    "debootstrap": debootstrap_key(),
+                    "debootstrap": guest_rootfs.debootstrap_key(),
                 },
                 indent=1,
             )
@@ -469,21 +319,6 @@ def build_image(force: bool = False) -> GuestImage:
     img = load_image(out)
     assert img is not None
     return img
-
-
-async def ensure_base_checkpoint(img: GuestImage, memory_mb: int = DEFAULT_MEMORY_MB) -> None:
-    """Boot the image once and checkpoint the booted machine (what every Space forks)."""
-    from durable_spaces.backends.microvm.qemu import choose_accel
-
-    choose_accel(img)  # probed (and cached) here, not in the first Space's create
-    if img.base_checkpoint(memory_mb) is not None:
-        _log(f"base checkpoint for {memory_mb} MiB is up to date")
-        return
-    from durable_spaces.backends.microvm.qemu import make_base_checkpoint
-
-    t0 = time.monotonic()
-    await make_base_checkpoint(img, memory_mb)
-    _log(f"booted and checkpointed the base ({memory_mb} MiB) in {time.monotonic() - t0:.1f}s")
 
 
 def main() -> None:

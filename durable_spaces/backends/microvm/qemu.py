@@ -5,13 +5,10 @@ Spaces"): machine ``microvm`` with ACPI (so the kernel finds the virtio-mmio dev
 virtio-blk on a qcow2 overlay, user networking with the daemon's port forwarded to
 ``127.0.0.1`` only, the token passed through fw_cfg, QMP on a unix socket.
 
-Accelerator: KVM only when it really boots this kernel. ``/dev/kvm`` on these machines is
-PVM, a software hypervisor on which a stock kernel hangs early, so a *boot test* decides
-(cached beside the images, per QEMU, guest kernel and host kernel), not the presence of
-the device; otherwise TCG (``thread=multi``, ``-cpu max``) with the reason logged. Under
-TCG the kernel cannot calibrate the TSC against the PIT (the emulated PIT is too jittery
-under load), so it is told the host's TSC frequency (``tsc_early_khz``; under TCG the
-guest TSC is the host's).
+The accelerator is ``accel``'s choice: KVM (``-cpu host``) or TCG (``thread=multi``,
+``-cpu max``). Under TCG the kernel cannot calibrate the TSC against the PIT (the
+emulated PIT is too jittery under load), so it is told the host's TSC frequency
+(``tsc_early_khz``; under TCG the guest TSC is the host's).
 
 Checkpoint (``save_checkpoint``): ``stop`` (drains disk I/O), ``blockdev-snapshot-sync``
 freezes the current top layer and continues on a new one, ``migrate`` to
@@ -32,12 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import pathlib
 import shlex
-import shutil
 import signal
 import subprocess
 import time
@@ -46,12 +41,8 @@ from typing import Any
 
 import psutil
 
-from durable_spaces.backends.microvm.image import (
-    GUEST_PORT,
-    KERNEL_CMDLINE,
-    GuestImage,
-    _log,
-)
+from durable_spaces.backends.microvm.guest import GUEST_PORT, KERNEL_CMDLINE, GuestImage
+from durable_spaces.backends.spacesd.machine import wait_http_health
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import SpaceError, SpaceUnavailableError
 
@@ -60,8 +51,6 @@ log = logging.getLogger(__name__)
 #: Cold boot to the daemon's first answer can take 15 s under TCG on a loaded host.
 BOOT_TIMEOUT = float(os.environ.get("DS_MICROVM_BOOT_TIMEOUT", "120"))
 RESTORE_TIMEOUT = float(os.environ.get("DS_MICROVM_RESTORE_TIMEOUT", "60"))
-#: A KVM that works boots this guest in a second or two; PVM hangs silently.
-KVM_PROBE_TIMEOUT = 20.0
 _popens: list[subprocess.Popen[bytes]] = []  # ours to reap
 
 
@@ -265,7 +254,6 @@ async def wait_health(
     """Poll the daemon's ``GET /health`` through the forward; seconds waited. User
     networking accepts the host connection even while nothing listens in the guest, so
     only an HTTP answer counts. Gives up at once when QEMU has exited."""
-    from durable_spaces.backends.spacesd.machine import wait_http_health
 
     def qemu_exited() -> str | None:
         if vm is not None and not alive(vm.pid, vm.start):
@@ -460,151 +448,3 @@ def create_overlay(path: pathlib.Path, backing: pathlib.Path) -> None:
         ],
         check=True,
     )
-
-
-# --- the accelerator ---------------------------------------------------------------------
-
-_accel: Accel | None = None
-
-
-def choose_accel(img: GuestImage) -> Accel:
-    """KVM when a real boot reaches the daemon under it, else TCG; cached in the image dir.
-    ``DS_MICROVM_ACCEL=tcg|kvm`` forces one."""
-    global _accel
-    forced = os.environ.get("DS_MICROVM_ACCEL")
-    if forced in ("tcg", "kvm"):
-        return Accel(forced, "forced by DS_MICROVM_ACCEL")
-    if _accel is not None:
-        return _accel
-    # The answer depends on the host, QEMU and the guest kernel, not on the rest of the image.
-    key = ""
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        inputs = json.loads((img.dir / "inputs.json").read_text())
-        key = f"{inputs['qemu']}|{inputs['kernel_deb']}|{os.uname().release}"
-    cache = img.dir.parent / "accel.json"
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        d = json.loads(cache.read_text())
-        if d["key"] == key:
-            _accel = Accel(d["name"], d["reason"])
-            return _accel
-    acc = _probe_accel(img)
-    tmp = cache.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"key": key, "name": acc.name, "reason": acc.reason}))
-    tmp.replace(cache)
-    _accel = acc
-    return acc
-
-
-def _probe_accel(img: GuestImage) -> Accel:
-    kvm = pathlib.Path("/dev/kvm")
-    if not kvm.exists():
-        acc = Accel("tcg", "no /dev/kvm")
-    elif not os.access(kvm, os.R_OK | os.W_OK):
-        acc = Accel("tcg", "/dev/kvm is not accessible")
-    else:
-        acc = asyncio.run(_kvm_boot_test(img)) if not _in_loop() else _kvm_boot_thread(img)
-    if acc.name == "tcg":
-        log.warning("microvm: running guests under TCG (slow): %s", acc.reason)
-        _log(f"accelerator: TCG ({acc.reason})")
-    else:
-        _log("accelerator: KVM (a test boot reached the daemon)")
-    return acc
-
-
-def _in_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-        return True
-    except RuntimeError:
-        return False
-
-
-def _kvm_boot_thread(img: GuestImage) -> Accel:
-    import concurrent.futures
-
-    with concurrent.futures.ThreadPoolExecutor(1) as ex:
-        return ex.submit(lambda: asyncio.run(_kvm_boot_test(img))).result()
-
-
-async def _kvm_boot_test(img: GuestImage) -> Accel:
-    import tempfile
-
-    from durable_spaces.backends.spacesd.daemon import free_port
-
-    spec = VmSpec(img, 256, Accel("kvm", "probe"))
-    with tempfile.TemporaryDirectory(prefix="ds-kvm-probe-") as tmp:
-        run = pathlib.Path(tmp)
-        disk = run / "disk.qcow2"
-        create_overlay(disk, img.rootfs)
-        port = free_port()
-        vm = launch(
-            qemu_argv(spec, disk=disk, port=port, token_file=img.token_file, run_dir=run), run
-        )
-        try:
-            await wait_health(port, KVM_PROBE_TIMEOUT, vm, run)
-            return Accel("kvm", "a test boot under KVM reached the daemon")
-        except SpaceUnavailableError as e:
-            logs = log_tail(run, 200).replace("\n", " ")
-            said = (
-                logs
-                if logs.replace("qemu.log:", "").replace("console.log:", "").strip(" |")
-                else "nothing on the serial console"
-            )
-            what = (
-                "QEMU exited" if "exited" in str(e) else f"no answer in {KVM_PROBE_TIMEOUT:.0f} s"
-            )
-            return Accel("tcg", f"a test boot under KVM did not reach the daemon ({what}; {said})")
-        finally:
-            kill(vm.pid, vm.start)
-
-
-# --- the base checkpoint -------------------------------------------------------------------
-
-
-async def make_base_checkpoint(img: GuestImage, memory_mb: int) -> None:
-    """Boot the image once, wait for the daemon, and checkpoint the machine into
-    ``img.base_dir(memory_mb)`` (memory + frozen disk), for Spaces to fork."""
-    from durable_spaces.backends.spacesd.daemon import free_port
-
-    accel = choose_accel(img)
-    spec = VmSpec(img, memory_mb, accel)
-    final = img.base_dir(memory_mb)
-    work = final.with_name(final.name + f".tmp{os.getpid()}")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    disk = work / "disk.qcow2"
-    create_overlay(disk, img.rootfs)
-    port = free_port()
-    argv = qemu_argv(spec, disk=disk, port=port, token_file=img.token_file, run_dir=work)
-    t0 = time.monotonic()
-    vm = launch(argv, work)
-    try:
-        booted = await wait_health(port, BOOT_TIMEOUT, vm, work)
-        _log(f"base booted to the daemon's first answer in {booted:.1f}s ({accel.name})")
-        # Let the guest settle (daemon start-up writes) so forks start quiet.
-        await asyncio.sleep(1.0)
-        figs = await save_checkpoint(
-            work / "qmp.sock", work / "memory", work / "scratch.qcow2", resume=False
-        )
-        _log(
-            f"base checkpoint: pause {figs.pause_s:.2f}s, memory "
-            f"{figs.memory_bytes / 1e6:.0f} MB, total {time.monotonic() - t0:.1f}s"
-        )
-    finally:
-        kill(vm.pid, vm.start)
-    (work / "scratch.qcow2").unlink(missing_ok=True)
-    for f in ("qmp.sock",):
-        (work / f).unlink(missing_ok=True)
-    disk.chmod(0o400)
-    (work / "spec.json").write_text(
-        json.dumps({"memory_mb": memory_mb, "accel": accel.name, "cmdline": spec.cmdline()})
-    )
-    (work / "done").write_text(f"{time.time()}\n")
-    # The frozen disk is referenced by absolute path from every fork's overlay, so the
-    # directory is renamed only now, before any overlay exists.
-    if final.exists():
-        shutil.rmtree(work, ignore_errors=True)
-        return
-    # qcow2 overlays made later point at final/disk.qcow2; nothing points at work/ yet
-    # except scratch (deleted), so a rename is safe.
-    work.rename(final)
