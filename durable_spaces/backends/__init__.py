@@ -4,10 +4,20 @@ Hypothesis's habit: backends are found by name, so a backend with heavy or missi
 dependencies (docker, QEMU) costs nothing until asked for, and every backend runs the one
 conformance suite in ``tests/conformance``.
 
+Each backend is a package (``local``, ``spacesd``, ``docker``, ``microvm``) whose
+``backend`` module holds the class named here; ``guest_rootfs`` is the root filesystem
+the docker and microvm images share. Dependencies go one way: backends use
+``durable_spaces.space``, ``errors`` and ``chaos`` (failpoints, mutants), never the
+adapter, the harness or the campaigns; docker and microvm build on spacesd's
+daemon-backed Space.
+
 Conventions every backend module follows:
 
 - the class takes ``state_dir`` (where it keeps its Spaces) as its first argument, then
   keyword options: ``Class(state_dir, **options)``;
+- it satisfies ``SpaceBackend`` and the optional protocols ``CLAIMS`` lists for it, which
+  its module proves to mypy (a ``TYPE_CHECKING`` block) and tests/backends check with
+  ``isinstance``;
 - the module may define ``unavailable_reason() -> str | None``: why the backend cannot run
   on this machine (no binary, no Docker, no QEMU), or None. Tests skip with that reason.
 """
@@ -20,13 +30,22 @@ from types import ModuleType
 from typing import Any
 
 from durable_spaces.errors import ConfigError
-from durable_spaces.space import SpaceBackend
+from durable_spaces.space import Faults, MachineCheckpoints, SpaceBackend
 
 BACKENDS: dict[str, str] = {
     "local": "durable_spaces.backends.local.backend:LocalBackend",
     "spacesd": "durable_spaces.backends.spacesd.backend:SpacesdBackend",
     "docker": "durable_spaces.backends.docker.backend:DockerBackend",
     "microvm": "durable_spaces.backends.microvm.backend:MicrovmBackend",
+}
+
+#: The optional abilities (protocols of ``durable_spaces.space``) each backend has:
+#: exactly these, no more and no fewer.
+CLAIMS: dict[str, tuple[type, ...]] = {
+    "local": (Faults,),
+    "spacesd": (Faults,),
+    "docker": (Faults,),
+    "microvm": (Faults, MachineCheckpoints),
 }
 
 
