@@ -84,3 +84,15 @@ def mutate_error(op: str, path: str, res: ExecResult) -> Exception:
     if err is not None:
         return err[0](err[1], f"{op} {path!r}: {why or err[2]}")
     return SpaceError(f"{op} {path!r} failed ({res.exit_code}, signal {res.signal}): {why}")
+
+
+#: How the daemon reports bytes sent to a command that no longer reads them: it exited
+#: first, or closed its stdin (the write then fails on a broken pipe). Either way a
+#: mutation's command stopped before taking its bytes, and its exit status says why.
+_STOPPED_READING = ("process has exited", "Broken pipe")
+
+
+def stopped_reading(e: SpaceError) -> bool:
+    """Whether feeding a mutation's bytes failed because its command stopped reading
+    them (refused before reading: a symlink on the way), not because the Space failed."""
+    return any(m in str(e) for m in _STOPPED_READING)

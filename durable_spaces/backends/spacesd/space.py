@@ -53,7 +53,12 @@ from durable_spaces.backends.spacesd.execution import (
     SpacesdExecution,
     parse_record,
 )
-from durable_spaces.backends.spacesd.mutate import MUTATE, mutate_argv, mutate_error
+from durable_spaces.backends.spacesd.mutate import (
+    MUTATE,
+    mutate_argv,
+    mutate_error,
+    stopped_reading,
+)
 from durable_spaces.backends.spacesd.scan import (
     HASH_ARGV,
     LIST_ARGV,
@@ -459,7 +464,7 @@ class SpacesdSpace:
             try:
                 await self._feed(ex, stdin)
             except SpaceError as e:
-                if "process has exited" not in str(e):
+                if not stopped_reading(e):
                     raise
                 # It refused before reading (a symlink on the way): its exit says why.
         res = await ex.wait()
