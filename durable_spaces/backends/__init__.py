@@ -27,6 +27,8 @@ BACKENDS: dict[str, str] = {
     "spacesd": "durable_spaces.backends.spacesd:SpacesdBackend",
     "docker": "durable_spaces.backends.docker:DockerBackend",
     "microvm": "durable_spaces.backends.microvm:MicrovmBackend",
+    # A driver's view of Spaces that cluster hosts provide (found through the store).
+    "remote": "durable_spaces.cluster.remote:RemoteBackend",
 }
 
 

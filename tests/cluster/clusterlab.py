@@ -1,0 +1,202 @@
+"""A cluster for the tests: host agents in network namespaces (real cua-spacesd on each
+host's own address), coordinators as processes in the root namespace, sessions submitted
+through the store, and what the tests read back (events, drivers, the workspace)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+
+from durable_spaces.backends.spacesd import SpacesdBackend
+from durable_spaces.campaigns.checker import History, check_all, load_history, snapshot_workspace
+from durable_spaces.cluster.drive import SharedDirectory
+from durable_spaces.cluster.host import local_name
+from durable_spaces.cluster.netns import NetnsHost, NetnsLab
+from durable_spaces.cluster.records import Event
+from durable_spaces.cluster.store import ClusterStore
+from durable_spaces.cluster.submit import agent_config, submit_session
+
+T = TypeVar("T")
+CLI = (sys.executable, "-m", "durable_spaces.cli")
+
+
+def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0, every: float = 0.05) -> T:
+    end = time.monotonic() + timeout
+    while True:
+        got = fn()
+        if got:
+            return got
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(every)
+
+
+@dataclass
+class Host:
+    id: str
+    ns: NetnsHost
+    state_dir: Path
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def address(self) -> str:
+        return f"{self.ns.address}:7000"
+
+
+class Cluster:
+    def __init__(self, url: str, root: Path, lab: NetnsLab) -> None:
+        self.url = url
+        self.root = root
+        self.lab = lab
+        self.store = ClusterStore(url)
+        self.sessions = SharedDirectory(root / "sessions")
+        self.hosts: dict[str, Host] = {}
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    # -- processes -----------------------------------------------------------------------
+
+    def _log(self, name: str) -> Any:
+        return open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
+
+    def host(self, host_id: str, backend: str = "spacesd") -> Host:
+        ns = self.lab.add_host()
+        state = self.root / "hosts" / host_id
+        argv = [*CLI, "host", "--db", self.url, "--id", host_id, "--backend", backend]
+        argv += ["--address", f"{ns.address}:7000", "--state-dir", str(state)]
+        argv += ["--heartbeat-secs", "0.5", "--sweep-secs", "1"]
+        with self._log(host_id) as log:
+            proc = ns.popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        h = Host(host_id, ns, state, proc)
+        self.hosts[host_id] = h
+        wait_for(f"host {host_id} up", lambda: self._host_up(host_id), 60)
+        return h
+
+    def _host_up(self, host_id: str) -> bool:
+        from durable_spaces.cluster.hostapi import HostClient
+        from durable_spaces.errors import HostApiError
+
+        if not any(h.id == host_id and h.state == "up" for h in self.store.hosts()):
+            return False
+        try:
+            HostClient(self.hosts[host_id].address).status("probe", 1)
+        except HostApiError:
+            return False
+        return True
+
+    def lose(self, host_id: str) -> None:
+        h = self.hosts[host_id]
+        h.ns.lose()
+        h.proc.wait(10)
+
+    def coordinator(self, cid: str, *extra: str) -> subprocess.Popen[bytes]:
+        argv = [*CLI, "coordinator", "--db", self.url, "--id", cid]
+        argv += ["--sessions-dir", str(self.sessions.root), "--claim-ttl", "3"]
+        argv += ["--backoff", "0.5,2,2", "--lost-host-secs", "2", "--stall-secs", "30", *extra]
+        with self._log(cid) as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        for pid in self.driver_pids():  # drivers of a coordinator a test killed
+            with contextlib.suppress(psutil.Error):
+                if "durable_spaces.campaigns.agent" in " ".join(psutil.Process(pid).cmdline()):
+                    os.kill(pid, signal.SIGKILL)
+        self.store.close()
+
+    # -- sessions ------------------------------------------------------------------------
+
+    def submit(self, name: str, space: str | None, seed: str, calls: int = 6, **kw: Any) -> None:
+        kw.setdefault("sleep", 0.3)
+        submit_session(self.store, self.sessions, name, agent_config(seed, calls, **kw), space=space)
+
+    def wait_session(self, name: str, timeout: float = 120.0) -> Any:
+        return wait_for(
+            f"session {name} to end",
+            lambda: (s := self.store.session(name)).state in ("done", "failed") and s,
+            timeout,
+            0.1,
+        )
+
+    def events(self, kind: str | None = None, session: str | None = None) -> list[Event]:
+        return self.store.events(kind, session=session)
+
+    def drivers(self, session: str) -> list[tuple[int, int]]:
+        """(epoch, pid) of every driver launched for ``session``, in order."""
+        return [
+            (int(e.detail["epoch"]), int(e.detail["pid"]))
+            for e in self.events("driver_launched", session)
+        ]
+
+    def driver_pids(self) -> list[int]:
+        return [int(e.detail["pid"]) for e in self.events("driver_launched")]
+
+    def wait_first_step(self, session: str, epoch: int, timeout: float = 60.0) -> Event:
+        def step() -> Event | None:
+            got = [
+                e
+                for e in self.events("driver_first_step", session)
+                if e.detail.get("epoch") == epoch
+            ]
+            return got[0] if got else None
+
+        return wait_for(f"{session}'s first step at epoch {epoch}", step, timeout)
+
+    def kill_driver(self, session: str, epoch: int) -> float:
+        """SIGKILL the driver of that epoch; the time (unix ms) it was killed."""
+        pid = dict(self.drivers(session))[epoch]
+        proc = psutil.Process(pid)
+        assert "durable_spaces.campaigns.agent" in " ".join(proc.cmdline())
+        t = time.time() * 1000
+        os.kill(pid, signal.SIGKILL)
+        return t
+
+    # -- checking ------------------------------------------------------------------------
+
+    def history(self, session: str) -> History:
+        return load_history(str(self.sessions.state_dir(session) / "log.sqlite"))
+
+    def workspace(self, space: str) -> dict[str, bytes]:
+        """The Space's workspace read through its host's daemon (the test is an operator
+        on the same machine, with the host's files)."""
+        sp = self.store.space(space)
+        assert sp.state == "ready" and sp.host_id is not None, sp
+        host = self.hosts[sp.host_id]
+
+        async def read() -> dict[str, bytes]:
+            backend = SpacesdBackend(host.state_dir / "spaces", listen_host=host.ns.address)
+            try:
+                found = await backend.find(local_name(space, sp.generation))
+                assert found is not None, f"{space} generation {sp.generation} not on {host.id}"
+                return await snapshot_workspace(found)
+            finally:
+                await backend.close()
+
+        return asyncio.run(read())
+
+    def check(self, session: str, space: str) -> dict[str, Any]:
+        verdicts = check_all(self.history(session), self.workspace(space))
+        bad = {k: v for k, v in verdicts.items() if v.get("valid") is not True}
+        assert not bad, bad
+        return verdicts
