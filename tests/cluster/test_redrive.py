@@ -3,7 +3,17 @@ hosts in network namespaces, coordinators and drivers as processes."""
 
 from __future__ import annotations
 
+import signal
+import time
 from typing import Any
+
+import psutil
+import pytest
+
+from clusterlab import wait_for
+
+from durable_spaces.campaigns.checker import History, check_all
+from durable_spaces.errors import LeaseLostError
 
 
 def test_two_hosts_one_session_driven_to_done_across_a_driver_kill(cluster: Any) -> None:
@@ -23,3 +33,143 @@ def test_two_hosts_one_session_driven_to_done_across_a_driver_kill(cluster: Any)
     assert (sp.generation, sp.restored_from) == (1, "new")  # the Space was never lost
     cluster.check("s1", "sp1")
     print(f"resume after a driver kill: {resumed.detail['unix_ms'] - killed:.0f} ms")
+
+
+def test_a_host_lost_mid_session_its_space_placed_again_and_rebuilt_from_the_log(
+    cluster: Any,
+) -> None:
+    cluster.host("h1")
+    cluster.coordinator("c1")
+    cluster.submit("s1", "sp1", "lost1", calls=8)
+    cluster.wait_first_step("s1", 1)
+    assert cluster.store.space("sp1").host_id == "h1"
+    cluster.host("h2")  # joins later: the Space stays where it is until h1 is lost
+    wait_for_results(cluster, "s1", 2)
+    cluster.lose("h1")  # every process of the namespace SIGKILLed, the namespace deleted
+    lost_ms = time.time() * 1000
+    s = cluster.wait_session("s1")
+    assert (s.state, s.reason) == ("done", "")
+    sp = cluster.store.space("sp1")
+    assert (sp.host_id, sp.generation, sp.restored_from) == ("h2", 2, "from-scratch")
+    assert sp.placement_reason == "host h1 lost"
+    placed = [(e.host, e.detail["generation"]) for e in cluster.events("space_placed")]
+    assert placed == [("h1", 1), ("h2", 2)]
+    kinds = [e.detail.get("driver_kind") for e in cluster.events("driver_recovery", "s1")]
+    assert "reimaged" in kinds, kinds  # the empty new Space was rebuilt from the log's image
+    epochs = [e for e, _ in cluster.drivers("s1")]
+    assert epochs == sorted(set(epochs)) and len(epochs) >= 2
+    cluster.check("s1", "sp1")
+    placed_at = cluster.events("space_placed")[-1].at.timestamp() * 1000
+    print(f"lost host's Space placed again after {placed_at - lost_ms:.0f} ms")
+
+
+def wait_for_results(cluster: Any, session: str, n: int) -> None:
+    """Until the session's log holds ``n`` tool results."""
+    wait_for(f"{n} results in {session}'s log", lambda: len(cluster.history(session).results) >= n)
+
+
+def test_a_coordinator_sigkilled_mid_session_another_takes_over_after_the_claim_lapses(
+    cluster: Any,
+) -> None:
+    cluster.host("h1")
+    c1 = cluster.coordinator("c1")
+    cluster.submit("s1", "sp1", "coord1", calls=16, sleep=1.0)
+    cluster.wait_first_step("s1", 1)
+    cluster.coordinator("c2")  # idle: every session is claimed by c1
+    wait_for_results(cluster, "s1", 1)
+    c1.send_signal(signal.SIGKILL)  # its driver (epoch 1) is left running, an orphan
+    c1.wait(10)
+    killed_at = time.time()
+    second = wait_for("c2's drive", lambda: cluster.events("epoch_issued", "s1")[1:], 60)[0]
+    s = cluster.wait_session("s1")
+    assert (s.state, s.claimed_by) == ("done", "c2")
+    claims = [(e.detail["coordinator"], e.detail["previous"]) for e in cluster.events("session_claimed")]
+    assert claims == [("c1", None), ("c2", "c1")]
+    # not before c1's claim lapsed: 3 s after its last renewal, at most 1 s before the kill
+    assert second.at.timestamp() - killed_at >= 1.9
+    issued = [e.detail["epoch"] for e in cluster.events("epoch_issued", "s1")]
+    assert issued == sorted(set(issued))  # strictly increasing across coordinators
+    launched = [e for e, _ in cluster.drivers("s1")]
+    assert launched == issued  # exactly one driver per epoch
+    # The orphan (epoch 1, lease token 1) stopped: fenced by the store refusing its lease
+    # renewal or by the log refusing its next commit, or halted when the new epoch killed
+    # its command in the Space, whichever came first (it added nothing: check() below).
+    orphan = dict(cluster.drivers("s1"))[1]
+    wait_for("the orphan to exit", lambda: not psutil.pid_exists(orphan) or _zombie(orphan))
+    said = (cluster.sessions.state_dir("s1") / "drivers" / "epoch-1.log").read_text()
+    stops = ("durable-spaces driver: fenced:", "durable-spaces driver: halted:", "BrokenPipe")
+    assert any(x in said for x in stops), said[-2000:]
+    # Its superseded token is refused everywhere, and each refusal is counted.
+    before = len(cluster.events("lease_refused"))
+    with pytest.raises(LeaseLostError, match="superseded by token 2"):
+        cluster.store.connect("sp1", "s1", 1)
+    with pytest.raises(LeaseLostError):
+        cluster.store.renew_lease("sp1", "s1", 1)
+    refused = cluster.events("lease_refused")[before:]
+    assert [(e.detail["op"], e.detail["token"]) for e in refused] == [("connect", 1), ("renew", 1)]
+    cluster.check("s1", "sp1")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_two_sessions_race_for_one_space_the_second_waits_for_the_first(cluster: Any) -> None:
+    cluster.host("h1")
+    cluster.coordinator("c1")
+    cluster.coordinator("c2")
+    cluster.submit("a", "sp1", "racea", calls=6)
+    cluster.wait_first_step("a", 1)
+    cluster.submit("b", "sp1", "raceb", calls=4)
+    pending = wait_for(
+        "b pending", lambda: (s := cluster.store.session("b")).reason.startswith("held") and s
+    )
+    assert (pending.state, pending.reason) == ("pending", "held by session:a")
+    cluster.kill_driver("a", 1)  # a's second drive takes lease token 2
+    a = cluster.wait_session("a")
+    b = cluster.wait_session("b")
+    assert (a.state, b.state) == ("done", "done")
+    tokens = [(e.session, e.detail["token"]) for e in cluster.events("lease_acquired")]
+    assert tokens == [("a", 1), ("a", 2), ("b", 3)]
+    b_first = cluster.events("epoch_issued", "b")[0]
+    assert (b_first.detail["epoch"], b_first.detail["lease_token"]) == (3, 3)
+    a_end = cluster.events("session_finished", "a")[0]
+    assert b_first.id > a_end.id  # b started only once a had ended
+    gap_ms = (b_first.at - a_end.at).total_seconds() * 1000
+    assert cluster.events("lease_pending", "b")
+    # The Space holds a's work, then b's: the two logs applied in that order, each step
+    # once. b's own image took in a's files as its starting point.
+    ha, hb = cluster.history("a"), cluster.history("b")
+    both = History(ha.commits + hb.commits, None, {**ha.calls, **hb.calls}, ha.results + hb.results)
+    ws = cluster.workspace("sp1")
+    verdicts = {f"both.{k}": v for k, v in check_all(both, ws).items()}
+    verdicts |= {f"b.{k}": v for k, v in check_all(hb, ws).items()}
+    verdicts["a.finished"] = check_all(ha, ws)["finished"]
+    wanted = ["both.workspace_equals_log", "both.exactly_once", "both.no_error_results"]
+    wanted += ["b.image_equals_workspace", "b.no_stale_writes", "b.finished", "a.finished"]
+    assert {k: verdicts[k]["valid"] for k in wanted} == dict.fromkeys(wanted, True), verdicts
+    assert len(ha.results) == 6 and len(hb.results) == 4
+    print(f"second session started {gap_ms:.0f} ms after the first ended")
+
+
+def test_the_database_restarts_mid_session(restartable_cluster: Any) -> None:
+    cluster = restartable_cluster
+    pg = cluster.pg
+    cluster.host("h1")
+    cluster.coordinator("c1")
+    cluster.submit("s1", "sp1", "pgre1", calls=8)
+    cluster.wait_first_step("s1", 1)
+    wait_for_results(cluster, "s1", 2)
+    pg.stop("fast")
+    time.sleep(1.5)
+    pg.start()
+    cluster.kill_driver("s1", 1)  # the next epoch comes from the restarted database
+    s = cluster.wait_session("s1")
+    assert s.state == "done"
+    issued = [e.detail["epoch"] for e in cluster.events("epoch_issued", "s1")]
+    assert issued == [1, 2]
+    assert cluster.store.space("sp1").generation == 1
+    cluster.check("s1", "sp1")
