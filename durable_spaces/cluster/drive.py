@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -144,7 +144,7 @@ class ClusterCoordinator:
                 if claimed is not None and claimed.name not in self.active:
                     task = asyncio.create_task(self.drive(claimed))
                     self.active[claimed.name] = task
-                    task.add_done_callback(lambda t, n=claimed.name: self.active.pop(n, None))
+                    task.add_done_callback(self._forget(claimed.name))
                     continue  # there may be more to claim
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stopping.wait(), s.poll_secs)
@@ -155,6 +155,12 @@ class ClusterCoordinator:
                 with contextlib.suppress(BaseException):
                     await task
             self.store.close()
+
+    def _forget(self, name: str) -> Callable[[asyncio.Task[str]], None]:
+        def done(task: asyncio.Task[str]) -> None:
+            self.active.pop(name, None)
+
+        return done
 
     async def drive(self, session: Session) -> str:
         """Drive one claimed session to its end (or until its claim is lost)."""

@@ -157,7 +157,6 @@ class NetnsHost:
         _ip("netns", "del", self.name, check=False)
 
 
-
 class NetnsLab:
     """A bridge and its hosts (module doc). ``with NetnsLab() as lab: h = lab.add_host()``."""
 
@@ -258,7 +257,7 @@ def _teardown(bridge: str, rule: list[str] | None, hosts: Sequence[str]) -> None
 
 def sweep_stale() -> list[str]:
     """Remove labs whose owning process is dead (a test run that was killed)."""
-    removed = []
+    removed: list[str] = []
     if not RUN_DIR.is_dir():
         return removed
     with _lock():

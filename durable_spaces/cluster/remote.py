@@ -283,7 +283,7 @@ class RemoteBackend:
             keeper.close()
         for _, _, space in self._spaces.values():
             with contextlib.suppress(Exception):
-                await space.close()  # type: ignore[attr-defined]
+                await space.close()
         self._spaces.clear()
         for store in (self._store, self._probe_store):
             if store is not None:

@@ -31,7 +31,9 @@ T = TypeVar("T")
 CLI = (sys.executable, "-m", "durable_spaces.cli")
 
 
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0, every: float = 0.05) -> T:
+def wait_for(
+    what: str, fn: Callable[[], T | None], timeout: float = 60.0, every: float = 0.05
+) -> T:
     end = time.monotonic() + timeout
     while True:
         got = fn()
@@ -67,7 +69,7 @@ class Cluster:
     # -- processes -----------------------------------------------------------------------
 
     def _log(self, name: str) -> Any:
-        return open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
+        return open(self.root / f"{name}.log", "ab")
 
     def host(self, host_id: str, backend: str = "spacesd") -> Host:
         ns = self.lab.add_host()
@@ -129,7 +131,9 @@ class Cluster:
 
     def submit(self, name: str, space: str | None, seed: str, calls: int = 6, **kw: Any) -> None:
         kw.setdefault("sleep", 0.3)
-        submit_session(self.store, self.sessions, name, agent_config(seed, calls, **kw), space=space)
+        submit_session(
+            self.store, self.sessions, name, agent_config(seed, calls, **kw), space=space
+        )
 
     def wait_session(self, name: str, timeout: float = 120.0) -> Any:
         return wait_for(

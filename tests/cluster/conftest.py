@@ -103,7 +103,9 @@ def cluster(pg_url: str, tmp_path: Any, netns_lab: Any) -> Iterator[Any]:
 
 
 @pytest.fixture
-def restartable_cluster(private_pg: pgserver.PgServer, tmp_path: Any, netns_lab: Any) -> Iterator[Any]:
+def restartable_cluster(
+    private_pg: pgserver.PgServer, tmp_path: Any, netns_lab: Any
+) -> Iterator[Any]:
     """A cluster on a PostgreSQL of the test's own (``.pg``: it stops and starts it)."""
     for c in _cluster(private_pg.url(), tmp_path, netns_lab):
         c.pg = private_pg

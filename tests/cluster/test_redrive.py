@@ -9,7 +9,6 @@ from typing import Any
 
 import psutil
 import pytest
-
 from clusterlab import wait_for
 
 from durable_spaces.campaigns.checker import History, check_all
@@ -83,7 +82,9 @@ def test_a_coordinator_sigkilled_mid_session_another_takes_over_after_the_claim_
     second = wait_for("c2's drive", lambda: cluster.events("epoch_issued", "s1")[1:], 60)[0]
     s = cluster.wait_session("s1")
     assert (s.state, s.claimed_by) == ("done", "c2")
-    claims = [(e.detail["coordinator"], e.detail["previous"]) for e in cluster.events("session_claimed")]
+    claims = [
+        (e.detail["coordinator"], e.detail["previous"]) for e in cluster.events("session_claimed")
+    ]
     assert claims == [("c1", None), ("c2", "c1")]
     # not before c1's claim lapsed: 3 s after its last renewal, at most 1 s before the kill
     assert second.at.timestamp() - killed_at >= 1.9
@@ -173,3 +174,25 @@ def test_the_database_restarts_mid_session(restartable_cluster: Any) -> None:
     assert issued == [1, 2]
     assert cluster.store.space("sp1").generation == 1
     cluster.check("s1", "sp1")
+
+
+@pytest.mark.parametrize("shared_store", [False, True], ids=["no_store", "shared_store"])
+def test_checkpoint_mode_after_a_lost_host_needs_a_shared_checkpoint_store(
+    cluster: Any, shared_store: bool
+) -> None:
+    cluster.host("h1")
+    cluster.host("h2")
+    cluster.coordinator("c1")
+    store = cluster.root / "checkpoints" if shared_store else None
+    cluster.submit("s1", "sp1", "ckpt1", calls=8, mode="checkpoint", checkpoint_dir=store)
+    wait_for_results(cluster, "s1", 2)
+    cluster.lose(cluster.store.space("sp1").host_id)
+    s = cluster.wait_session("s1")
+    sp = cluster.store.space("sp1")
+    assert (sp.generation, sp.restored_from) == (2, "from-scratch")
+    if shared_store:
+        assert (s.state, s.reason) == ("done", "")
+        cluster.check("s1", "sp1")
+    else:  # the reference's limit: its checkpoints were inside the lost Space
+        assert s.state == "failed"
+        assert "permanent" in s.reason and "use a CheckpointStore or mode transactional" in s.reason
