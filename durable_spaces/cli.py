@@ -284,6 +284,28 @@ def submit(
         raise _fail(str(e)) from None
 
 
+@app.command()
+def worker(
+    db: Db,
+    worker_id: Annotated[str, typer.Option("--id", help="this worker's id")],
+    work_dir: Annotated[Path, typer.Option(help="where runs keep their state here")],
+    campaign: Annotated[str | None, typer.Option(help="only this campaign's runs")] = None,
+    claim_ttl: Annotated[float, typer.Option(help="seconds a run's claim lasts")] = 30.0,
+    until_empty: Annotated[bool, typer.Option(help="stop once every run is done")] = False,
+) -> None:
+    """Pull campaign runs from the store's queue, run them, store their records."""
+    from durable_spaces.cluster.commands import run_worker
+
+    try:
+        n = run_worker(
+            db, worker_id, work_dir, campaign=campaign, claim_ttl=claim_ttl,
+            until_empty=until_empty,
+        )  # fmt: skip
+    except _cluster_errors() as e:
+        raise _fail(str(e)) from None
+    typer.echo(f"{n} runs stored")
+
+
 def main() -> None:  # pragma: no cover - console entry
     app(prog_name="durable-spaces")
 

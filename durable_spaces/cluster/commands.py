@@ -106,3 +106,26 @@ def run_submit(
             time.sleep(0.5)
             s = store.session(name)
         return f"{s.state} {s.reason}".strip()
+
+
+def run_worker(
+    db: str,
+    worker_id: str,
+    work_dir: Path,
+    *,
+    campaign: str | None,
+    claim_ttl: float,
+    until_empty: bool,
+) -> int:
+    """Work the queue; the number of records stored."""
+    import signal
+
+    from durable_spaces.cluster.workers import ClusterWorker
+
+    _logging()
+    w = ClusterWorker(
+        db, worker_id, work_dir, campaign=campaign, claim_ttl=claim_ttl, until_empty=until_empty
+    )
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: w.stopping.set())
+    return w.run()
