@@ -156,4 +156,3 @@ class ClusterWorker:
                 except ClusterError as e:  # away: a lapsed claim nobody took is still ours
                     log.warning("renewing %s failed: %s", run.id, e)
         return not self.stopping.is_set()
-

@@ -87,7 +87,7 @@ def netns_lab() -> Iterator[Any]:
 
 
 def _cluster(url: str, tmp_path: Any, lab: Any) -> Iterator[Any]:
-    from clusterlab import Cluster
+    from durable_spaces.cluster.lab import Cluster
 
     c = Cluster(url, tmp_path, lab)
     try:

@@ -9,9 +9,9 @@ from typing import Any
 
 import psutil
 import pytest
-from clusterlab import wait_for
 
 from durable_spaces.campaigns.checker import History, check_all
+from durable_spaces.cluster.lab import wait_for
 from durable_spaces.errors import LeaseLostError
 
 
@@ -30,7 +30,7 @@ def test_two_hosts_one_session_driven_to_done_across_a_driver_kill(cluster: Any)
     assert exits == [-9, 0]
     sp = cluster.store.space("sp1")
     assert (sp.generation, sp.restored_from) == (1, "new")  # the Space was never lost
-    cluster.check("s1", "sp1")
+    check(cluster, "s1", "sp1")
     print(f"resume after a driver kill: {resumed.detail['unix_ms'] - killed:.0f} ms")
 
 
@@ -57,7 +57,7 @@ def test_a_host_lost_mid_session_its_space_placed_again_and_rebuilt_from_the_log
     assert "reimaged" in kinds, kinds  # the empty new Space was rebuilt from the log's image
     epochs = [e for e, _ in cluster.drivers("s1")]
     assert epochs == sorted(set(epochs)) and len(epochs) >= 2
-    cluster.check("s1", "sp1")
+    check(cluster, "s1", "sp1")
     placed_at = cluster.events("space_placed")[-1].at.timestamp() * 1000
     print(f"lost host's Space placed again after {placed_at - lost_ms:.0f} ms")
 
@@ -108,7 +108,7 @@ def test_a_coordinator_sigkilled_mid_session_another_takes_over_after_the_claim_
         cluster.store.renew_lease("sp1", "s1", 1)
     refused = cluster.events("lease_refused")[before:]
     assert [(e.detail["op"], e.detail["token"]) for e in refused] == [("connect", 1), ("renew", 1)]
-    cluster.check("s1", "sp1")
+    check(cluster, "s1", "sp1")
 
 
 def _zombie(pid: int) -> bool:
@@ -173,7 +173,7 @@ def test_the_database_restarts_mid_session(restartable_cluster: Any) -> None:
     issued = [e.detail["epoch"] for e in cluster.events("epoch_issued", "s1")]
     assert issued == [1, 2]
     assert cluster.store.space("sp1").generation == 1
-    cluster.check("s1", "sp1")
+    check(cluster, "s1", "sp1")
 
 
 @pytest.mark.parametrize("shared_store", [False, True], ids=["no_store", "shared_store"])
@@ -192,7 +192,14 @@ def test_checkpoint_mode_after_a_lost_host_needs_a_shared_checkpoint_store(
     assert (sp.generation, sp.restored_from) == (2, "from-scratch")
     if shared_store:
         assert (s.state, s.reason) == ("done", "")
-        cluster.check("s1", "sp1")
+        check(cluster, "s1", "sp1")
     else:  # the reference's limit: its checkpoints were inside the lost Space
         assert s.state == "failed"
         assert "permanent" in s.reason and "use a CheckpointStore or mode transactional" in s.reason
+
+
+def check(cluster: Any, session: str, space: str) -> None:
+    """Every checker verdict of the session's log against its Space's workspace holds."""
+    verdicts = check_all(cluster.history(session), cluster.workspace(space))
+    bad = {k: v for k, v in verdicts.items() if v.get("valid") is not True}
+    assert not bad, bad

@@ -4,13 +4,11 @@ one machine is lost mid-run and its run goes to the other."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from typing import Any
-
-from clusterlab import CLI, wait_for
 
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.spec import RunSpec
+from durable_spaces.cluster.lab import CLI, wait_for
 from durable_spaces.cluster.workers import enqueue_runs
 
 
@@ -41,7 +39,10 @@ def test_two_workers_a_lost_one_gives_its_run_back(cluster: Any) -> None:
     assert [r.state for r in stored] == ["done"] * 3
     taken = {r.id: r for r in stored}[first.detail["run"]]
     assert (taken.attempts, taken.worker) == (2, "w2")  # given back once its claim lapsed
-    claims = [(e.detail["run"], e.detail["worker"], e.detail["previous"]) for e in cluster.events("run_claimed")]
+    claims = [
+        (e.detail["run"], e.detail["worker"], e.detail["previous"])
+        for e in cluster.events("run_claimed")
+    ]
     assert (first.detail["run"], "w2", "w1") in claims
     finished = sorted(e.detail["run"] for e in cluster.events("run_finished"))
     assert finished == ["r0", "r1", "r2"]  # each record stored exactly once

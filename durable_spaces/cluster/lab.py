@@ -1,6 +1,12 @@
-"""A cluster for the tests: host agents in network namespaces (real cua-spacesd on each
-host's own address), coordinators as processes in the root namespace, sessions submitted
-through the store, and what the tests read back (events, drivers, the workspace)."""
+"""A one-machine cluster lab, for the tests and ``bench/cluster.py``: host agents in
+network namespaces (real cua-spacesd on each host's own address, ``netns.py``),
+coordinators and workers as processes in the root namespace, sessions submitted through
+the store, and what a test reads back (events, drivers, logs, the workspace).
+
+Everything it starts is a real ``durable-spaces host / coordinator`` process; ``close()``
+ends them (and drivers whose coordinator was killed). Needs root, iproute2, PostgreSQL
+and the cua-spacesd binary (the tests skip, naming what is missing).
+"""
 
 from __future__ import annotations
 
@@ -19,13 +25,15 @@ from typing import Any, TypeVar
 import psutil
 
 from durable_spaces.backends.spacesd import SpacesdBackend
-from durable_spaces.campaigns.checker import History, check_all, load_history, snapshot_workspace
+from durable_spaces.campaigns.checker import History, load_history, snapshot_workspace
 from durable_spaces.cluster.drive import SharedDirectory
 from durable_spaces.cluster.host import local_name
+from durable_spaces.cluster.hostapi import HostClient
 from durable_spaces.cluster.netns import NetnsHost, NetnsLab
 from durable_spaces.cluster.records import Event
 from durable_spaces.cluster.store import ClusterStore
 from durable_spaces.cluster.submit import agent_config, submit_session
+from durable_spaces.errors import ClusterError, HostApiError, SpaceGoneError, SpaceUnavailableError
 
 T = TypeVar("T")
 CLI = (sys.executable, "-m", "durable_spaces.cli")
@@ -86,9 +94,6 @@ class Cluster:
         return h
 
     def _host_up(self, host_id: str) -> bool:
-        from durable_spaces.cluster.hostapi import HostClient
-        from durable_spaces.errors import HostApiError
-
         if not any(h.id == host_id and h.state == "up" for h in self.store.hosts()):
             return False
         try:
@@ -170,8 +175,8 @@ class Cluster:
     def kill_driver(self, session: str, epoch: int) -> float:
         """SIGKILL the driver of that epoch; the time (unix ms) it was killed."""
         pid = dict(self.drivers(session))[epoch]
-        proc = psutil.Process(pid)
-        assert "durable_spaces.campaigns.agent" in " ".join(proc.cmdline())
+        if "durable_spaces.campaigns.agent" not in " ".join(psutil.Process(pid).cmdline()):
+            raise ClusterError(f"pid {pid} is no longer the driver of epoch {epoch}")
         t = time.time() * 1000
         os.kill(pid, signal.SIGKILL)
         return t
@@ -185,22 +190,18 @@ class Cluster:
         """The Space's workspace read through its host's daemon (the test is an operator
         on the same machine, with the host's files)."""
         sp = self.store.space(space)
-        assert sp.state == "ready" and sp.host_id is not None, sp
+        if sp.state != "ready" or sp.host_id is None:
+            raise SpaceUnavailableError(f"space {space} is not placed: {sp}")
         host = self.hosts[sp.host_id]
 
         async def read() -> dict[str, bytes]:
             backend = SpacesdBackend(host.state_dir / "spaces", listen_host=host.ns.address)
             try:
                 found = await backend.find(local_name(space, sp.generation))
-                assert found is not None, f"{space} generation {sp.generation} not on {host.id}"
+                if found is None:
+                    raise SpaceGoneError(f"{space} generation {sp.generation} not on {host.id}")
                 return await snapshot_workspace(found)
             finally:
                 await backend.close()
 
         return asyncio.run(read())
-
-    def check(self, session: str, space: str) -> dict[str, Any]:
-        verdicts = check_all(self.history(session), self.workspace(space))
-        bad = {k: v for k, v in verdicts.items() if v.get("valid") is not True}
-        assert not bad, bad
-        return verdicts
