@@ -111,15 +111,16 @@ class HostAgent:
     # -- what it provided, on disk -------------------------------------------------------
 
     def _load(self) -> dict[str, Provided]:
+        """What an earlier run provided; an entry whose name does not match its Space and
+        generation is ignored (the sweep then deletes that sandbox as a leftover)."""
         try:
             raw = json.loads((self.state_dir / PROVIDED_FILE).read_text())
+            provided = {k: Provided(**v) for k, v in raw.items()}
         except FileNotFoundError:
             return {}
-        except ValueError as e:
+        except (ValueError, TypeError, AttributeError) as e:
             raise ConfigError(f"{self.state_dir / PROVIDED_FILE} is malformed: {e}") from None
-        return {
-            k: Provided(**v) for k, v in raw.items() if k == local_name(v["space"], v["generation"])
-        }
+        return {k: p for k, p in provided.items() if k == local_name(p.space, p.generation)}
 
     def _save(self) -> None:
         tmp = self.state_dir / f".{PROVIDED_FILE}.tmp"

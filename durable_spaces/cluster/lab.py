@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 
 import psutil
 
+from durable_spaces.adapter.space import SpaceBackend
+from durable_spaces.backends.local import LocalBackend
 from durable_spaces.backends.spacesd import SpacesdBackend
 from durable_spaces.campaigns.checker import History, load_history, snapshot_workspace
 from durable_spaces.cluster.drive import SharedDirectory
@@ -58,6 +60,7 @@ class Host:
     ns: NetnsHost
     state_dir: Path
     proc: subprocess.Popen[bytes]
+    backend: str = "spacesd"
 
     @property
     def address(self) -> str:
@@ -88,7 +91,7 @@ class Cluster:
         with self._log(host_id) as log:
             proc = ns.popen(argv, stdout=log, stderr=subprocess.STDOUT)
         self.procs.append(proc)
-        h = Host(host_id, ns, state, proc)
+        h = Host(host_id, ns, state, proc, backend)
         self.hosts[host_id] = h
         wait_for(f"host {host_id} up", lambda: self._host_up(host_id), 60)
         return h
@@ -195,7 +198,11 @@ class Cluster:
         host = self.hosts[sp.host_id]
 
         async def read() -> dict[str, bytes]:
-            backend = SpacesdBackend(host.state_dir / "spaces", listen_host=host.ns.address)
+            backend: SpaceBackend = (
+                LocalBackend(host.state_dir / "spaces")
+                if host.backend == "local"
+                else SpacesdBackend(host.state_dir / "spaces", listen_host=host.ns.address)
+            )
             try:
                 found = await backend.find(local_name(space, sp.generation))
                 if found is None:

@@ -15,9 +15,14 @@ from durable_spaces.cluster.lab import wait_for
 from durable_spaces.errors import LeaseLostError
 
 
-def test_two_hosts_one_session_driven_to_done_across_a_driver_kill(cluster: Any) -> None:
-    cluster.host("h1")
-    cluster.host("h2")
+@pytest.mark.parametrize("backend", ["spacesd", "local"])
+def test_two_hosts_one_session_driven_to_done_across_a_driver_kill(
+    cluster: Any, backend: str
+) -> None:
+    # local Spaces are directories: reachable here only because the drivers run on the
+    # same machine as the namespaces (the same filesystem)
+    cluster.host("h1", backend)
+    cluster.host("h2", backend)
     cluster.coordinator("c1")
     cluster.submit("s1", "sp1", "kill1", calls=8)
     cluster.wait_first_step("s1", 1)
