@@ -65,7 +65,7 @@ def replacements(c: Cluster, losses: int) -> tuple[list[float], list[float]]:
         placed.append(ev.at.timestamp() * 1000 - t0)
         steps = wait_for(
             "the next first step",
-            lambda n=name: [e for e in c.events("driver_first_step", n) if e.at > ev.at],
+            lambda n=name, ev=ev: [e for e in c.events("driver_first_step", n) if e.at > ev.at],
         )
         stepped.append(float(steps[0].detail["unix_ms"]) - t0)
         c.wait_session(name)

@@ -15,7 +15,8 @@ Two requests, both safe to repeat and both checked against the store by the host
 
 No request carries a secret and none can take a Space from its holder, so the API has no
 authentication of its own; keep it on the cluster's network (see the README's cluster
-section). Errors are JSON ``{"error": ...}`` with 400 (bad request), 409 (conflict), 503.
+section). Errors are JSON ``{"error": ...}`` with 400 (bad request), 404 (no such Space
+or resource), 409 (conflict), 503 (anything else: try again).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from durable_spaces.errors import (
     ConfigError,
     DurableSpacesError,
     HostApiError,
+    UnknownRecordError,
 )
 
 STATES = ("up", "down", "gone", "unknown")
@@ -56,6 +58,8 @@ def _status_for(e: BaseException) -> HTTPStatus:
         return HTTPStatus.BAD_REQUEST
     if isinstance(e, ClusterConflictError):
         return HTTPStatus.CONFLICT
+    if isinstance(e, UnknownRecordError):
+        return HTTPStatus.NOT_FOUND
     return HTTPStatus.SERVICE_UNAVAILABLE
 
 
@@ -174,6 +178,8 @@ class HostClient:
                 raise ClusterConflictError(f"host {self.address}: {why}") from None
             if e.code == HTTPStatus.BAD_REQUEST:
                 raise ConfigError(f"host {self.address}: {why}") from None
+            if e.code == HTTPStatus.NOT_FOUND:
+                raise UnknownRecordError(f"host {self.address}: {why}") from None
             raise HostApiError(f"host {self.address} answered {e.code}: {why}") from None
         except (OSError, ValueError) as e:  # refused, unreachable, timed out, not JSON
             raise HostApiError(f"host {self.address} did not answer: {e}") from None

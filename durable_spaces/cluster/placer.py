@@ -31,6 +31,7 @@ from durable_spaces.errors import (
     HostApiError,
     HostLostError,
     SpaceUnavailableError,
+    UnknownRecordError,
 )
 
 
@@ -99,7 +100,7 @@ class Placer:
                 HostClient(h.address).place(sp.name, sp.generation, timeout=self.place_timeout)
             except ClusterConflictError:
                 return None  # placed meanwhile (by another coordinator): read it again
-            except (HostApiError, HostLostError, ConfigError) as e:
+            except (HostApiError, HostLostError, ConfigError, UnknownRecordError) as e:
                 tried.append(f"{h.id}: {e}")
                 continue
             self.placed.append((sp.name, sp.generation, h.id))
