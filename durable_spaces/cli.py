@@ -212,7 +212,7 @@ def host(
     db: Db,
     host_id: Annotated[str, typer.Option("--id", help="this host's id in the store")],
     address: Annotated[str, typer.Option(help="ip:port the host agent's API listens on")],
-    backend: Annotated[str, typer.Option(help="spacesd or local")] = "spacesd",
+    backend: Annotated[str, typer.Option(help="spacesd, docker or local")] = "spacesd",
     state_dir: Annotated[Path | None, typer.Option(help="where its Spaces live")] = None,
     listen_host: Annotated[str | None, typer.Option(help="daemons' ip (default: address)")] = None,
     heartbeat_secs: Annotated[float, typer.Option(help="heartbeat interval")] = 1.0,

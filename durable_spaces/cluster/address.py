@@ -8,6 +8,8 @@ driver that connects, so it is parsed strictly here and nowhere else:
   ``instance`` changes with every new sandbox (the adapter compares it with the log's to
   know the Space was placed again), and ``host`` is the host agent's API, which tells a
   driver whether the daemon is up and the same one (``durable_spaces/cluster/hostapi.py``).
+  An optional ``user`` names the account the Space's files and commands belong to (a
+  docker Space's ``cua``; ``ip:port`` is then the host agent's forward to the container).
 - ``local``: ``local:///<abs state dir>?name=<local name>&instance=<id>``: a directory
   Space of the ``local`` backend. It is only reachable by drivers on the same machine (it
   is a directory, not a service); a driver elsewhere would find nothing there.
@@ -28,6 +30,7 @@ from durable_spaces.errors import ConfigError
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _LOCAL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
 
 def check_endpoint(what: str, value: str) -> tuple[str, int]:
@@ -62,6 +65,7 @@ class SpacesdAddress:
     root: str  # the workspace on that host
     instance: str
     host_api: str  # ip:port of the host agent that provides it
+    user: str | None = None  # whose files and commands (None: the daemon's own)
 
     @property
     def url(self) -> str:
@@ -71,6 +75,7 @@ class SpacesdAddress:
         return (
             f"http://{self.daemon}/?root={quote(self.root, safe='/')}"
             f"&instance={quote(self.instance)}&host={quote(self.host_api, safe=':')}"
+            + (f"&user={self.user}" if self.user else "")
         )
 
 
@@ -108,7 +113,10 @@ def parse_address(address: str) -> SpaceAddress:
         host_api = _one(query, "host", address)
         check_endpoint("host api", host_api)
         root = _abs_path("space root", _one(query, "root", address))
-        return SpacesdAddress(parts.netloc, root, instance, host_api)
+        user = _one(query, "user", address) if "user" in query else None
+        if user is not None and not _USER.match(user):
+            raise ConfigError(f"space address {address!r}: bad user {user!r}")
+        return SpacesdAddress(parts.netloc, root, instance, host_api, user)
     if parts.scheme == "local":
         if parts.netloc or parts.fragment:
             raise ConfigError(f"space address {address!r}: use local:///<dir>?name=...")

@@ -1,6 +1,6 @@
 """The host agent: a machine that provides durable Spaces directly to the cluster.
 
-``durable-spaces host --db URL --backend spacesd|local --id ID --address IP:PORT`` runs
+``durable-spaces host --db URL --backend spacesd|docker|local --id ID --address IP:PORT`` runs
 one. What it guarantees:
 
 - It registers in the store and heartbeats every ``heartbeat_secs``. When the store
@@ -18,8 +18,11 @@ one. What it guarantees:
   ``provided.json`` in its state dir lists what it provided).
 
 Backends: ``spacesd`` daemons listen on the host's address (``listen_host``), so drivers on
-other machines reach them; ``local`` Spaces are directories, reachable only by drivers on
-this same machine (``address.py``). Store calls block, so they run in threads.
+other machines reach them; ``docker`` containers publish their daemon on loopback, so the
+agent forwards a port of ``listen_host`` to each (``forward.py``; the port is kept across
+agent restarts, the forward lives as long as the agent); ``local`` Spaces are
+directories, reachable only by drivers on this same machine (``address.py``). Store calls
+block, so they run in threads.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import Any
 from durable_spaces.adapter.space import Space, SpaceBackend, space_name
 from durable_spaces.backends import open_backend
 from durable_spaces.cluster.address import LocalAddress, SpacesdAddress, check_endpoint
+from durable_spaces.cluster.forward import PortForward
 from durable_spaces.cluster.hostapi import HostApiServer
 from durable_spaces.cluster.store import ClusterStore
 from durable_spaces.errors import (
@@ -50,7 +54,7 @@ from durable_spaces.errors import (
 
 log = logging.getLogger(__name__)
 
-HOST_BACKENDS = ("spacesd", "local")
+HOST_BACKENDS = ("spacesd", "docker", "local")
 PROVIDED_FILE = "provided.json"
 
 
@@ -65,6 +69,7 @@ class Provided:
     space: str
     generation: int
     address: str
+    forward_port: int = 0  # docker: the port of listen_host forwarded to the container
 
 
 class HostAgent:
@@ -102,6 +107,7 @@ class HostAgent:
         self._provided: dict[str, Provided] = self._load()
         self._spaces: dict[str, Space] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._forwards: dict[str, PortForward] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.stopping = asyncio.Event()
 
@@ -132,17 +138,36 @@ class HostAgent:
     def _spaces_dir(self) -> Path:
         return Path(getattr(self.backend, "state_dir", self.state_dir / "spaces"))
 
-    def _address(self, local: str, space: Space) -> tuple[str, str]:
-        """(address, token) of a sandbox just created."""
+    async def _address(self, local: str, space: Space, forward_port: int = 0) -> tuple[str, str]:
+        """(address, token) of a sandbox just created (or adopted again)."""
         if self.backend_name == "local":
             state_dir = str(self._spaces_dir())
             # Directories have no access control: the token only satisfies the store.
             return LocalAddress(state_dir, local, space.instance_id).format(), secrets.token_hex(8)
-        url = getattr(space, "_url", "")
-        daemon = url.removeprefix("http://")
         token = str(getattr(space, "_token", ""))
-        addr = SpacesdAddress(daemon, space.root, space.instance_id, self.address)
+        user = getattr(space, "_user", None)
+        if self.backend_name == "docker":
+            port = await self._forward(local, forward_port)
+            daemon = f"{self.listen_host}:{port}"
+        else:
+            daemon = str(getattr(space, "_url", "")).removeprefix("http://")
+        addr = SpacesdAddress(daemon, space.root, space.instance_id, self.address, user)
         return addr.format(), token
+
+    def _container_port(self, local: str) -> int | None:
+        port = getattr(self._spaces.get(local), "port", None)
+        return port if isinstance(port, int) else None
+
+    async def _forward(self, local: str, port: int) -> int:
+        """A forward of ``listen_host:port`` (0: a free one) to the container's port."""
+        fwd = self._forwards.get(local)
+        if fwd is None:
+            fwd = PortForward(
+                self.listen_host, lambda: getattr(self._spaces.get(local), "port", None)
+            )
+            await fwd.start(port)
+            self._forwards[local] = fwd
+        return fwd.port
 
     async def place(self, space: str, generation: int) -> dict[str, Any]:
         local = local_name(space, generation)
@@ -156,16 +181,17 @@ class HostAgent:
                     f" (generation {sp.generation} is {sp.state})"
                 )
             sandbox = await self.backend.create(local)
-            address, token = self._address(local, sandbox)
+            self._spaces[local] = sandbox
+            address, token = await self._address(local, sandbox)
             try:
                 await asyncio.to_thread(
                     self.store.place_space, space, generation, self.host_id, address, token
                 )
             except (ClusterConflictError, HostLostError):
-                await self.backend.delete(local)  # another host won, or we are lost
+                await self._drop(local)  # another host won, or we are lost
                 raise
-            self._spaces[local] = sandbox
-            self._provided[local] = Provided(space, generation, address)
+            port = self._forwards[local].port if local in self._forwards else 0
+            self._provided[local] = Provided(space, generation, address, port)
             self._save()
         log.info("placed %s generation %d as %s", space, generation, local)
         return {"address": address, "generation": generation}
@@ -193,6 +219,9 @@ class HostAgent:
         p = self._provided.pop(local, None)
         self._spaces.pop(local, None)
         self._save()
+        fwd = self._forwards.pop(local, None)
+        if fwd is not None:
+            await fwd.close()
         if p is not None:
             reason = f"{why} on host {self.host_id}"
             await asyncio.to_thread(self.store.space_lost, p.space, p.generation, reason)
@@ -230,8 +259,10 @@ class HostAgent:
                 sandbox = await self.backend.find(local)  # boots a daemon that died
                 if sandbox is None:
                     await self._report_gone(local, "the sandbox is gone")
-                else:
-                    self._spaces[local] = sandbox
+                    continue
+                self._spaces[local] = sandbox
+                if self.backend_name == "docker" and local not in self._forwards:
+                    await self._forward(local, p.forward_port)  # adopted after a restart
         for local in await self.backend.names():  # leftovers of a placement cut short
             if local not in self._provided and not self._locks.get(local, asyncio.Lock()).locked():
                 await self.backend.delete(local)
@@ -240,6 +271,9 @@ class HostAgent:
         self._provided.pop(local, None)
         self._spaces.pop(local, None)
         self._save()
+        fwd = self._forwards.pop(local, None)
+        if fwd is not None:
+            await fwd.close()
         with contextlib.suppress(Exception):
             await self.backend.delete(local)
 
@@ -299,6 +333,8 @@ class HostAgent:
             await asyncio.gather(self._heartbeat(), self._sweeper())
         finally:
             api.close()
+            for fwd in self._forwards.values():
+                await fwd.close()
             await self.backend.close()
             self.store.close()
 

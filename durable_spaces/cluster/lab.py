@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ from typing import Any, TypeVar
 import psutil
 
 from durable_spaces.adapter.space import SpaceBackend
+from durable_spaces.backends.docker import DockerBackend
 from durable_spaces.backends.local import LocalBackend
 from durable_spaces.backends.spacesd import SpacesdBackend
 from durable_spaces.campaigns.checker import History, load_history, snapshot_workspace
@@ -50,21 +52,34 @@ def wait_for(
         if got:
             return got
         if time.monotonic() > end:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(every)
 
 
 @dataclass
 class Host:
     id: str
-    ns: NetnsHost
+    ip: str
+    address: str  # its API, ip:port
     state_dir: Path
     proc: subprocess.Popen[bytes]
     backend: str = "spacesd"
+    ns: NetnsHost | None = None  # None: the root namespace (this machine itself)
 
-    @property
-    def address(self) -> str:
-        return f"{self.ns.address}:7000"
+
+def _free_port(ip: str) -> int:
+    with socket.socket() as s:
+        s.bind((ip, 0))
+        return int(s.getsockname()[1])
+
+
+async def _remove_all(backend: SpaceBackend) -> None:
+    try:
+        for name in await backend.names():
+            with contextlib.suppress(Exception):
+                await backend.delete(name)
+    finally:
+        await backend.close()
 
 
 class Cluster:
@@ -82,16 +97,24 @@ class Cluster:
     def _log(self, name: str) -> Any:
         return open(self.root / f"{name}.log", "ab")
 
-    def host(self, host_id: str, backend: str = "spacesd") -> Host:
-        ns = self.lab.add_host()
+    def host(self, host_id: str, backend: str = "spacesd", *, root_ns: bool = False) -> Host:
+        """A host agent in a new namespace; ``root_ns``: on this machine itself, on the
+        bridge's address (docker publishes Spaces on the root namespace's loopback, which
+        a namespace cannot reach). Only a namespaced host can be lost."""
+        ns = None if root_ns else self.lab.add_host()
+        ip = self.lab.gateway if ns is None else ns.address
+        address = f"{ip}:{_free_port(ip) if ns is None else 7000}"
         state = self.root / "hosts" / host_id
         argv = [*CLI, "host", "--db", self.url, "--id", host_id, "--backend", backend]
-        argv += ["--address", f"{ns.address}:7000", "--state-dir", str(state)]
+        argv += ["--address", address, "--state-dir", str(state)]
         argv += ["--heartbeat-secs", "0.5", "--sweep-secs", "1"]
         with self._log(host_id) as log:
-            proc = ns.popen(argv, stdout=log, stderr=subprocess.STDOUT)
+            if ns is None:
+                proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+            else:
+                proc = ns.popen(argv, stdout=log, stderr=subprocess.STDOUT)
         self.procs.append(proc)
-        h = Host(host_id, ns, state, proc, backend)
+        h = Host(host_id, ip, address, state, proc, backend, ns)
         self.hosts[host_id] = h
         wait_for(f"host {host_id} up", lambda: self._host_up(host_id), 60)
         return h
@@ -107,6 +130,8 @@ class Cluster:
 
     def lose(self, host_id: str) -> None:
         h = self.hosts[host_id]
+        if h.ns is None:
+            raise ClusterError(f"host {host_id} is this machine: it cannot be lost")
         h.ns.lose()
         h.proc.wait(10)
 
@@ -129,6 +154,9 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(5)
+        for h in self.hosts.values():  # containers outlive their agent: remove them
+            if h.backend == "docker":
+                asyncio.run(_remove_all(DockerBackend(h.state_dir / "spaces")))
         for pid in self.driver_pids():  # drivers of a coordinator a test killed
             with contextlib.suppress(psutil.Error):
                 if "durable_spaces.campaigns.agent" in " ".join(psutil.Process(pid).cmdline()):
@@ -198,11 +226,13 @@ class Cluster:
         host = self.hosts[sp.host_id]
 
         async def read() -> dict[str, bytes]:
-            backend: SpaceBackend = (
-                LocalBackend(host.state_dir / "spaces")
-                if host.backend == "local"
-                else SpacesdBackend(host.state_dir / "spaces", listen_host=host.ns.address)
-            )
+            backend: SpaceBackend
+            if host.backend == "local":
+                backend = LocalBackend(host.state_dir / "spaces")
+            elif host.backend == "docker":
+                backend = DockerBackend(host.state_dir / "spaces")
+            else:
+                backend = SpacesdBackend(host.state_dir / "spaces", listen_host=host.ip)
             try:
                 found = await backend.find(local_name(space, sp.generation))
                 if found is None:

@@ -27,8 +27,10 @@ Decisions:
   store) ends the process at once with exit 75 (fenced), before it can touch the Space
   again; the log's fence would stop it at its next commit anyway, this stops it idle too.
   A store that is away only postpones the renewal.
+- A docker Space (its address names a ``user``) is a ``RemoteContainerSpace``: files and
+  commands as that user, through the host agent's forward.
 - Remote Spaces do not sweep processes their daemon does not track when the epoch rises
-  (the local ``spacesd`` backend does, by pid): background leftovers of an older command
+  (the local ``spacesd`` and ``docker`` backends do): background leftovers of an older command
   may outlive the advance on the host. The daemon's own AdvanceEpoch still kills every
   command it tracks.
 """
@@ -44,6 +46,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from durable_spaces.adapter.space import Space
+from durable_spaces.backends.docker_space import DockerSpace
 from durable_spaces.backends.local import LocalBackend, LocalSpace
 from durable_spaces.backends.spacesd_space import SpacesdSpace
 from durable_spaces.cluster.address import LocalAddress, SpacesdAddress, parse_address
@@ -118,6 +121,37 @@ class RemoteProbe:
 
     def close(self) -> None:
         self._stop.set()
+
+
+class RemoteContainerSpace(DockerSpace):
+    """A docker Space on another host, reached through its agent's forward: commands and
+    files as the Space's user, like ``DockerSpace``; raising the epoch does not sweep the
+    container (only its host could: see the module doc)."""
+
+    def __init__(
+        self, name: str, addr: SpacesdAddress, token: str, probe: RemoteProbe, sdk_home: str
+    ) -> None:
+        # DockerSpace's own constructor wants the engine; this one only has an address.
+        SpacesdSpace.__init__(
+            self,
+            name,
+            addr.root,
+            addr.instance,
+            addr.url,
+            token,
+            probe,
+            kind="container",
+            user=addr.user,
+            sdk_home=sdk_home,
+        )
+        self.container_id = addr.instance
+        self.port = int(addr.daemon.rpartition(":")[2])
+
+    def __repr__(self) -> str:  # never shows the token
+        return f"RemoteContainerSpace({self.name!r}, {self._url!r})"
+
+    async def advance_epoch(self, epoch: int) -> None:
+        await SpacesdSpace.advance_epoch(self, epoch)
 
 
 class LeaseKeeper:
@@ -227,6 +261,8 @@ class RemoteBackend:
         self._probes.append(probe)
         home = self.state_dir / ".cua-sdk"
         home.mkdir(mode=0o700, exist_ok=True)
+        if addr.user is not None:
+            return RemoteContainerSpace(name, addr, conn.token.reveal(), probe, str(home))
         return SpacesdSpace(
             name,
             addr.root,

@@ -208,3 +208,25 @@ def check(cluster: Any, session: str, space: str) -> None:
     verdicts = check_all(cluster.history(session), cluster.workspace(space))
     bad = {k: v for k, v in verdicts.items() if v.get("valid") is not True}
     assert not bad, bad
+
+
+@pytest.mark.docker
+def test_a_docker_host_provides_a_space_through_its_forward(cluster: Any) -> None:
+    from durable_spaces.backends.docker import unavailable_reason
+
+    if (why := unavailable_reason()) is not None:
+        pytest.skip(why)
+    # docker publishes on this machine's loopback: its agent runs here, on the bridge's
+    # address, and forwards a port of it to the container
+    cluster.host("h1", "docker", root_ns=True)
+    cluster.host("h2")
+    cluster.coordinator("c1")
+    cluster.submit("s1", "sp1", "dock1", calls=8)
+    cluster.wait_first_step("s1", 1, timeout=120)
+    sp = cluster.store.space("sp1")
+    assert sp.host_id == "h1" and sp.address is not None
+    assert "user=cua" in sp.address and sp.address.startswith(f"http://{cluster.lab.gateway}:")
+    cluster.kill_driver("s1", 1)
+    s = cluster.wait_session("s1", timeout=180)
+    assert (s.state, s.reason) == ("done", "")
+    check(cluster, "s1", "sp1")
