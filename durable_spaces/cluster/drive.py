@@ -236,8 +236,9 @@ class ClusterCoordinator:
                 result = runner.result()
             except ClaimLostError:
                 return self._ended(name, "claim_lost")
-            except ClusterError as e:  # the store stayed away: the claim lapses, and the
-                return self._ended(name, f"error: {e}")  # session is claimed again
+            except Exception as e:  # e.g. the store stayed away: the claim lapses, and the
+                log.exception("driving %s failed", name)  # session is claimed again
+                return self._ended(name, f"error: {type(e).__name__}: {e}")
             state, reason = "done", ""
             if result.status != "done":
                 state, reason = "failed", _permanent_reason(result, state_dir)

@@ -41,6 +41,9 @@ from durable_spaces.errors import ClusterError, HostApiError, SpaceGoneError, Sp
 
 T = TypeVar("T")
 CLI = (sys.executable, "-m", "durable_spaces.cli")
+#: The lab coordinators' claim TTL (renewed every third of it). Hosts heartbeat every
+#: 0.5 s and count as lost after 3 s: a loaded machine must not lose a healthy one.
+CLAIM_TTL = 5.0
 
 
 def wait_for(
@@ -137,8 +140,8 @@ class Cluster:
 
     def coordinator(self, cid: str, *extra: str) -> subprocess.Popen[bytes]:
         argv = [*CLI, "coordinator", "--db", self.url, "--id", cid]
-        argv += ["--sessions-dir", str(self.sessions.root), "--claim-ttl", "3"]
-        argv += ["--backoff", "0.5,2,2", "--lost-host-secs", "2", "--stall-secs", "30", *extra]
+        argv += ["--sessions-dir", str(self.sessions.root), "--claim-ttl", str(CLAIM_TTL)]
+        argv += ["--backoff", "0.5,2,2", "--lost-host-secs", "3", "--stall-secs", "30", *extra]
         with self._log(cid) as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         self.procs.append(proc)
