@@ -86,13 +86,16 @@ def main() -> None:
     ap.add_argument("--kills", type=int, default=5)
     ap.add_argument("--losses", type=int, default=3)
     ap.add_argument("--backoff", default="2,60,2", help="the coordinator's initial,max,factor")
+    ap.add_argument("--keep", type=Path, help="keep the lab's logs in this directory")
     args = ap.parse_args()
     with (
         PgServer() as pg,
         NetnsLab() as lab,
         tempfile.TemporaryDirectory(prefix="ds-bench-") as d,
     ):
-        c = Cluster(pg.url(), Path(d), lab)
+        root = args.keep or Path(d)
+        root.mkdir(parents=True, exist_ok=True)
+        c = Cluster(pg.url(), root, lab)
         try:
             c.host("h1")
             c.host("h2")

@@ -21,6 +21,9 @@ them, any of which may die.
   the driver contract of ``durable_spaces/adapter/driver.py`` (exit codes, heartbeats).
 - The session ends in the store as the coordinator's run ended: ``done``, or ``failed``
   with the reason (a driver's permanent failure names what it printed).
+- Every coordinator sweeps for lost hosts every ``lost_sweep_secs`` (hosts silent for
+  ``lost_host_secs``), also while all its sessions run: a driver stuck on a lost host's
+  Space learns it from the store and halts.
 - Drivers of a coordinator that died are not killed by its successor (they may run on
   another machine): the epoch fence stops them (exit 75) as soon as the new driver starts.
 
@@ -34,6 +37,7 @@ import asyncio
 import contextlib
 import logging
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +94,7 @@ class DriveSettings:
     claim_ttl: float = 10.0
     lease_ttl: float = LEASE_SECS
     lost_host_secs: float = 5.0
+    lost_sweep_secs: float = 1.0
     poll_secs: float = 0.5
     pending_poll: float = 0.02
     max_sessions: int = 4
@@ -131,8 +136,12 @@ class ClusterCoordinator:
 
     async def run(self) -> None:
         s = self.settings
+        swept = 0.0
         try:
             while not self.stopping.is_set():
+                if time.monotonic() - swept >= s.lost_sweep_secs:
+                    swept = time.monotonic()
+                    await self._sweep_lost_hosts()
                 claimed = None
                 if len(self.active) < s.max_sessions:
                     try:
@@ -155,6 +164,17 @@ class ClusterCoordinator:
                 with contextlib.suppress(BaseException):
                     await task
             self.store.close()
+
+    async def _sweep_lost_hosts(self) -> None:
+        """Declare lost the hosts silent for ``lost_host_secs``: their Spaces wait for
+        placement again, and drivers bound to them halt (``remote.py``)."""
+        try:
+            lost = await asyncio.to_thread(self.store.mark_lost_hosts, self.settings.lost_host_secs)
+        except ClusterError as e:
+            log.warning("lost-host sweep failed: %s", e)
+            return
+        for host in lost:
+            log.warning("host %s declared lost", host)
 
     def _forget(self, name: str) -> Callable[[asyncio.Task[str]], None]:
         def done(task: asyncio.Task[str]) -> None:

@@ -143,6 +143,15 @@ class NetnsHost:
         r = _ip("netns", "pids", self.name, check=False)
         return [int(x) for x in r.stdout.split() if x.isdigit()]
 
+    def freeze(self) -> list[int]:
+        """SIGSTOP every process of the namespace: a machine that hangs. Its sockets stay
+        open and silent (no reset, no heartbeat); ``lose`` still ends it."""
+        pids = self.pids()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        return pids
+
     def lose(self, timeout: float = 10.0) -> None:
         """SIGKILL every process of the namespace, then delete it (see the module doc)."""
         self.lost = True

@@ -20,7 +20,11 @@ Decisions:
   from a thread of its own, so ``boot_id()`` stays cheap: an unreachable host or a down
   daemon is ``None`` (a pending read is abandoned), a restarted daemon a new identity
   (noticed within one poll). ``gone()`` is true once the host reports the sandbox gone or
-  the store has moved the Space to another generation (its host was lost).
+  the store has moved the Space to another generation (its host was lost). A driver whose
+  Space's host stopped answering asks the store every ``STORE_CHECK_SECS``; once the
+  store moved on from its generation, the process halts at once (exit 1, crashed: the
+  coordinator places the Space again and resumes), since a call to the dead address may
+  never return.
 - The driver holds its lease actively: once it found its Space it renews the lease every
   heartbeat interval (``CUA_SESSION_HEARTBEAT_SECS``) from a thread of its own. A renewal
   refused because a newer drive superseded the token (``LeaseLostError``, counted in the
@@ -42,6 +46,7 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -65,6 +70,9 @@ from durable_spaces.errors import (
 )
 
 POLL_SECS = 0.25
+#: While its host does not answer, how often a probe asks the store about its Space.
+STORE_CHECK_SECS = 1.0
+EXIT_CRASHED = 1
 EXIT_FENCED = 75
 DB_ENV = "CUA_CLUSTER_DB"
 TOKEN_ENV = "CUA_SESSION_LEASE_TOKEN"
@@ -96,8 +104,26 @@ class RemoteProbe:
         self._boot = f"{self._generation}:{boot}" if boot else None
 
     def _run(self) -> None:
+        checked = 0.0
         while not self._stop.wait(POLL_SECS):
             self._poll()
+            if self._boot is not None and not self._host_says_gone:
+                continue
+            now = time.monotonic()
+            if now - checked < STORE_CHECK_SECS:
+                continue
+            checked = now
+            if self._backend.moved_on(self._space, self._generation) is True:
+                # Bound to a generation the cluster moved on from (its host was declared
+                # lost, or it reported the sandbox gone): nothing this drive does can
+                # reach it any more, and a call to a dead address may never return.
+                print(
+                    f"durable-spaces driver: halted: Space {self._space} generation "
+                    f"{self._generation} is gone from the cluster",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                os._exit(EXIT_CRASHED)
 
     def _ensure_polling(self) -> None:
         with self._started:

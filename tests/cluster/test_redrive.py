@@ -204,13 +204,6 @@ def test_checkpoint_mode_after_a_lost_host_needs_a_shared_checkpoint_store(
         assert "permanent" in s.reason and "use a CheckpointStore or mode transactional" in s.reason
 
 
-def check(cluster: Any, session: str, space: str) -> None:
-    """Every checker verdict of the session's log against its Space's workspace holds."""
-    verdicts = check_all(cluster.history(session), cluster.workspace(space))
-    bad = {k: v for k, v in verdicts.items() if v.get("valid") is not True}
-    assert not bad, bad
-
-
 @pytest.mark.docker
 def test_a_docker_host_provides_a_space_through_its_forward(cluster: Any) -> None:
     from durable_spaces.backends.docker import unavailable_reason
@@ -231,3 +224,29 @@ def test_a_docker_host_provides_a_space_through_its_forward(cluster: Any) -> Non
     s = cluster.wait_session("s1", timeout=180)
     assert (s.state, s.reason) == ("done", "")
     check(cluster, "s1", "sp1")
+
+
+def test_a_frozen_host_is_declared_lost_and_its_driver_halts(cluster: Any) -> None:
+    # SIGSTOP, not SIGKILL: the host's connections stay open and silent, so the driver's
+    # calls to it may never return; the store declaring the host lost must stop it
+    cluster.host("h1")
+    cluster.coordinator("c1")
+    cluster.submit("s1", "sp1", "frozen1", calls=8)
+    cluster.wait_first_step("s1", 1)
+    cluster.host("h2")
+    wait_for_results(cluster, "s1", 2)
+    cluster.hosts["h1"].ns.freeze()
+    s = cluster.wait_session("s1")
+    assert (s.state, s.reason) == ("done", "")
+    sp = cluster.store.space("sp1")
+    assert (sp.host_id, sp.generation, sp.placement_reason) == ("h2", 2, "host h1 lost")
+    first = cluster.events("driver_exited", "s1")[0]
+    assert (first.detail["epoch"], first.detail["code"]) == (1, 1)  # halted, then resumed
+    check(cluster, "s1", "sp1")
+
+
+def check(cluster: Any, session: str, space: str) -> None:
+    """Every checker verdict of the session's log against its Space's workspace holds."""
+    verdicts = check_all(cluster.history(session), cluster.workspace(space))
+    bad = {k: v for k, v in verdicts.items() if v.get("valid") is not True}
+    assert not bad, bad
