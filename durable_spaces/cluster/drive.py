@@ -13,9 +13,9 @@ them, any of which may die.
   before the driver starts), so exactly one driver runs per epoch whichever coordinator
   launched it, and epochs strictly increase across coordinators. A driver fenced with a
   floor raises the store's floor (``raise_epoch_floor``) before the next epoch.
-- A session whose Space another session holds stays pending (``held by session:<first>``)
-  and is asked again every ``pending_poll`` seconds until the lease is free; it then gets
-  the next lease token.
+- A session whose Space another session holds stays pending (``held by session:<first>``,
+  one ``lease_pending`` event per spell, not per poll): the lease is read every
+  ``pending_poll`` seconds and taken as soon as it is free, with the next lease token.
 - Before each drive the Space is made ready (``placer.py``); the driver gets
   ``CUA_SESSION_SPACE``, the store's URL and its lease token (``remote.py``), and keeps
   the driver contract of ``durable_spaces/adapter/driver.py`` (exit codes, heartbeats).
@@ -63,6 +63,8 @@ _EVENTS = {
     "stall": "drive_stall",
     "backoff": "drive_backoff",
 }
+#: How long a pending session only reads the lease before asking for it again.
+PENDING_RECHECK_SECS = 5.0
 _RESERVED = frozenset({"kind", "session", "space", "host", "coordinator"})
 
 
@@ -196,15 +198,12 @@ class ClusterCoordinator:
         async def epoch_source(floor: int) -> int:
             if floor:
                 await asyncio.to_thread(store.raise_epoch_floor, name, self.id, floor)
-            waiting = False
-            while True:
+            d = await asyncio.to_thread(store.begin_drive, name, self.id, s.lease_ttl)
+            if d.pending:
+                events.put_nowait(("drive_pending", {"reason": d.reason}))
+            while d.pending:
+                await self._await_lease(store, name, session.space)
                 d = await asyncio.to_thread(store.begin_drive, name, self.id, s.lease_ttl)
-                if not d.pending:
-                    break
-                if not waiting:
-                    waiting = True
-                    events.put_nowait(("drive_pending", {"reason": d.reason}))
-                await asyncio.sleep(s.pending_poll)
             assert d.epoch is not None
             if d.lease_token is not None:
                 coordinator.extra_env.update(connection_env(self.db_url, d.lease_token))
@@ -277,6 +276,18 @@ class ClusterCoordinator:
             with contextlib.suppress(BaseException):
                 await writer
             store.close()
+
+    async def _await_lease(self, store: ClusterStore, name: str, space: str | None) -> None:
+        """Until ``space``'s lease looks free (or ``PENDING_RECHECK_SECS`` passed: a lease
+        that expired still names its holder), reading it without taking it: each
+        ``begin_drive`` that finds it held appends a ``lease_pending`` event."""
+        assert space is not None
+        end = time.monotonic() + PENDING_RECHECK_SECS
+        while time.monotonic() < end:
+            lease = await asyncio.to_thread(store.lease, space)
+            if lease.holder in (None, name):
+                return
+            await asyncio.sleep(self.settings.pending_poll)
 
     def _ended(self, name: str, how: str) -> str:
         self.results[name] = how

@@ -146,7 +146,8 @@ def test_two_sessions_race_for_one_space_the_second_waits_for_the_first(cluster:
     a_end = cluster.events("session_finished", "a")[0]
     assert b_first.id > a_end.id  # b started only once a had ended
     gap_ms = (b_first.at - a_end.at).total_seconds() * 1000
-    assert cluster.events("lease_pending", "b")
+    # pending is written once per spell, not once per poll (b waited for seconds)
+    assert 1 <= len(cluster.events("lease_pending", "b")) <= 2
     # The Space holds a's work, then b's: the two logs applied in that order, each step
     # once. b's own image took in a's files as its starting point.
     ha, hb = cluster.history("a"), cluster.history("b")
