@@ -125,3 +125,13 @@ def test_bad_requests_are_typed_errors(agent: HostAgent) -> None:
         HostClient(agent.address).place("../x", 1)
     with pytest.raises(HostApiError, match="did not answer"):
         HostClient(f"127.0.0.1:{_free_port()}", timeout=0.5).status("sp", 1)
+
+
+def test_a_spacesd_listen_host_must_be_an_ipv4_address(tmp_path: Path) -> None:
+    from durable_spaces.backends.spacesd import SpacesdBackend, unavailable_reason
+
+    if (why := unavailable_reason()) is not None:
+        pytest.skip(why)
+    assert SpacesdBackend(tmp_path, listen_host="10.77.0.2").listen_host == "10.77.0.2"
+    with pytest.raises(ConfigError, match="listen_host"):
+        SpacesdBackend(tmp_path, listen_host="0.0.0.0 --token x")
