@@ -7,10 +7,11 @@ Space the store says is ready, the Space's host is asked (``hostapi.py``):
 - ``up``: drive it. ``down``: the host boots it in its sweep; try again after a backoff.
 - ``gone`` (the host reported it to the store) or ``unknown`` (the host does not provide
   that generation any more, e.g. it was declared lost and dropped it): placed again.
-- no answer: hosts silent for ``lost_host_secs`` are declared lost
-  (``ClusterStore.mark_lost_hosts``, which unplaces their Spaces); a host not yet past
-  that bound may only be slow, so the drive waits (``SpaceUnavailableError``: the
-  coordinator backs off and asks again).
+- no answer: asked again until the host answers or has been silent for
+  ``lost_host_secs`` (then it is declared lost: ``ClusterStore.mark_lost_hosts``, which
+  unplaces its Spaces). A host that keeps heartbeating without answering is only slow:
+  after the bound the drive waits (``SpaceUnavailableError``: the coordinator backs off
+  and asks again).
 
 A Space waiting for placement goes to the up host with the fewest ready Spaces (among
 ``backends``, when given); a host that cannot take it is skipped, a placement another
@@ -19,6 +20,7 @@ coordinator won meanwhile is taken as is. Blocking: run it in a thread.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Sequence
 
@@ -70,12 +72,23 @@ class Placer:
         host = hosts.get(sp.host_id or "")
         if host is None or host.state != "up":
             raise SpaceUnavailableError(f"space {sp.name}: its host {sp.host_id} is lost")
-        try:
-            st = HostClient(host.address).status(sp.name, sp.generation)
-        except HostApiError as e:
-            if host.id in self.store.mark_lost_hosts(self.lost_host_secs):
-                return False  # lost now: its Spaces wait for placement
-            raise SpaceUnavailableError(f"space {sp.name}: {e}") from e
+        client = HostClient(host.address)
+        # A host that does not answer is waited for until it answers or its heartbeat is
+        # older than the bound (then it is lost, its Spaces wait for placement): sooner
+        # than a backoff and another drive would learn it.
+        deadline = time.monotonic() + self.lost_host_secs + 1.0
+        while True:
+            try:
+                st = client.status(sp.name, sp.generation)
+                break
+            except HostApiError as e:
+                if host.id in self.store.mark_lost_hosts(self.lost_host_secs):
+                    return False
+                if self.store.space(sp.name) != sp:
+                    return False  # moved meanwhile (someone else declared it lost)
+                if time.monotonic() > deadline:
+                    raise SpaceUnavailableError(f"space {sp.name}: {e}") from e
+                time.sleep(0.2)
         if st["state"] == "up":
             return True
         if st["state"] == "down":
