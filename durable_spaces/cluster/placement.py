@@ -5,8 +5,9 @@ Guarantees:
 - A host registers and heartbeats; ``mark_lost_hosts(bound)`` declares lost every host
   whose last heartbeat is older than ``bound`` (database time, so the machines' clocks do
   not matter; and never within ``bound`` of the database server's own start, since no
-  host could heartbeat while it was down) and, in the same transaction, marks all its Spaces for placement again:
-  generation + 1, ``restored_from = from-scratch``, the reason, no address or token. A
+  host could heartbeat while it was down) and, in the same transaction, marks all its
+  Spaces for placement again: generation + 1, ``restored_from = from-scratch``, the
+  reason, no address or token. A
   lost host's heartbeat raises ``HostLostError`` until it registers again.
 - Exactly one placement per generation: ``place_space`` for a generation that is not the
   one waiting (a racing placer, or a stale one) raises ``ClusterConflictError``; onto a
