@@ -7,8 +7,8 @@ Guarantees:
   not matter; and never within ``bound`` of the database server's own start, since no
   host could heartbeat while it was down) and, in the same transaction, marks all its
   Spaces for placement again: generation + 1, ``restored_from = from-scratch``, the
-  reason, no address or token. A
-  lost host's heartbeat raises ``HostLostError`` until it registers again.
+  reason, no address or token. A lost host's heartbeat raises ``HostLostError`` until it
+  registers again.
 - Exactly one placement per generation: ``place_space`` for a generation that is not the
   one waiting (a racing placer, or a stale one) raises ``ClusterConflictError``; onto a
   lost host, ``HostLostError``.
