@@ -105,8 +105,12 @@ def test_a_host_declared_lost_drops_its_spaces_and_registers_again(
     assert sandbox.is_dir()
     agent.sweep_secs = 3600.0  # the drop below is the heartbeat's doing, not the sweep's
     time.sleep(0.6)
-    s.db.run(lambda c: c.execute("UPDATE ds.hosts SET heartbeat_at = now() - interval '1 h'"))
-    assert s.mark_lost_hosts(60) == ["h1"]
+    def silent_then_swept(conn: Any) -> list[str]:
+        # one transaction: the agent's next heartbeat cannot slip in between
+        conn.execute("UPDATE ds.hosts SET heartbeat_at = now() - interval '1 h'")
+        return s._mark_lost_hosts_txn(conn, 0.5)
+
+    assert s.db.run(silent_then_swept) == ["h1"]
     wait_for("the agent to register again", lambda: len(s.events("host_registered")) == 2, 10)
     assert s.hosts()[0].state == "up"
     wait_for("its sandbox to be dropped", lambda: not sandbox.exists(), 10)
