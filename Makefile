@@ -45,12 +45,12 @@ lint: setup
 
 # The docker Space image (debootstrap base + Dockerfile); rebuilt only when its inputs change.
 space-image:
-	$(PYTHON) -m durable_spaces.backends.docker_image
+	$(PYTHON) -m durable_spaces.backends.docker.image
 
 # The microvm guest (kernel, initramfs, qcow2 rootfs) and its booted base checkpoint;
 # rebuilt only when its inputs change (images/microvm/ci-setup.sh installs QEMU first).
 microvm-image:
-	$(PYTHON) -m durable_spaces.backends.microvm_image
+	$(PYTHON) -m durable_spaces.backends.microvm.image
 
 bench: setup bench-log bench-spaces bench-adapter bench-campaign bench-docker bench-microvm
 

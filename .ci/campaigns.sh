@@ -24,6 +24,9 @@ for backend in local spacesd; do
   run "pause-$backend" --mode transactional --backend "$backend" --runs 8 --calls 6 --seed-base ci-pause --profile pause
   run "exhaustive-$backend" --mode exhaustive --backend "$backend" --calls 4 --seed-base ci-ex
 done
+# Logical-point schedules go the same way twice (the DETERMINISM line; exit 1 if not).
+run "determinism-local" --mode transactional --backend local --calls 6 --seed-base ci-det \
+  --profile logical --determinism 4
 # Real containers: restarts (kill + start), removals and daemon kills, both adapter modes.
 if why=$(python -c 'from durable_spaces.backends import unavailable_reason as u; import sys; r=u("docker"); print(r or ""); sys.exit(1 if r else 0)'); then
   run "transactional-docker" --mode transactional --backend docker --runs 6 --calls 6 --seed-base ci-dtx --profile space

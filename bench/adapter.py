@@ -42,19 +42,19 @@ from rich.console import Console
 from rich.table import Table
 
 from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
-from durable_spaces.adapter.harness import AgentConfig, Harness
 from durable_spaces.adapter.image import ImageLimits
-from durable_spaces.adapter.log import Commit, Op, SqliteStorage
 from durable_spaces.adapter.snapshots import (
     DirectoryCheckpointStore,
     SandboxSnapshots,
     Snapshots,
     WorkspaceSnapshots,
 )
-from durable_spaces.adapter.space import Space, SpaceBackend
 from durable_spaces.adapter.state import BLOB_DOC_PREFIX, DOC, IMAGE_DOC
-from durable_spaces.adapter.tools import CodingTools, Registry, ToolContext
 from durable_spaces.backends import open_backend, unavailable_reason
+from durable_spaces.harness.log import Commit, Op, SqliteStorage
+from durable_spaces.harness.scheduler import AgentConfig, Harness
+from durable_spaces.harness.tools import CodingTools, Registry, ToolContext
+from durable_spaces.space import Space, SpaceBackend
 
 FILE_SIZE = 4096
 TOOLS = ("write", "bash")
@@ -212,7 +212,7 @@ async def bench_one(
                         await s.wrapped("write", {"path": "notes/small.txt", "content": c})
 
                     async def plain(c: str = content) -> None:
-                        await s.space.write_file("notes/plain.txt", c.encode())
+                        await s.space.write_file("notes/plain.txt", c.encode(), epoch=1)
                 else:
                     cmd = f"printf '%s\\n' '{line}' >> journal.txt"
 

@@ -48,7 +48,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as out:
                 t0 = time.monotonic()
                 result = run_campaign(
-                    spec, "durable_spaces.campaigns.session:run_one", out_dir=out,
+                    spec, "durable_spaces.campaigns.run:run_one", out_dir=out,
                     progress=False, stdout=io.StringIO(),
                 )  # fmt: skip
                 wall = time.monotonic() - t0

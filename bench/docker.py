@@ -53,7 +53,7 @@ async def _trivial_exec(space: Any, tag: str, n: int) -> list[float]:
 
 
 async def main() -> int:
-    from durable_spaces.backends import docker as dk
+    from durable_spaces.backends.docker import backend as dk
 
     reason = dk.unavailable_reason()
     if reason is not None:
@@ -138,7 +138,7 @@ async def main() -> int:
         assert len(table) == FILES, len(table)
 
         async def restore_upload() -> None:
-            await space.write_file(".ckpt.tar", blob)
+            await space.write_file(".ckpt.tar", blob, epoch=1)
             res = await space.exec(
                 [
                     "bash",

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from durable_spaces.adapter.log import (
+from durable_spaces.harness.log import (
     JsonlStorage,
     SqliteStorage,
     Storage,

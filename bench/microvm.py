@@ -62,7 +62,7 @@ async def main() -> None:
     if reason is not None:
         print(f"microvm  skipped: {reason}")
         return
-    from durable_spaces.backends.microvm import MicrovmBackend
+    from durable_spaces.backends.microvm.backend import MicrovmBackend
 
     with tempfile.TemporaryDirectory(prefix="ds-bench-microvm-") as tmp:
         # Plain memory files first (compression is measured on its own below), and no
@@ -98,7 +98,7 @@ async def main() -> None:
         layers: list[float] = []
         ids = []
         for i in range(CHECKPOINTS):
-            await sp.write_file(f"f{i}", os.urandom(64 * 1024))
+            await sp.write_file(f"f{i}", os.urandom(64 * 1024), epoch=1)
             t0 = time.perf_counter()
             cid = await b.checkpoint(name)
             calls.append(time.perf_counter() - t0)
@@ -115,7 +115,7 @@ async def main() -> None:
         zp, zs, zids = [], [], []
         b.compress = True
         for i in range(3):
-            await sp.write_file(f"z{i}", os.urandom(64 * 1024))
+            await sp.write_file(f"z{i}", os.urandom(64 * 1024), epoch=1)
             zids.append(await b.checkpoint(name))
             zp.append(b.last["checkpoint_pause"])
             zs.append(b.last["checkpoint_bytes"])

@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from durable_spaces.adapter.log import SqliteStorage
 from durable_spaces.chaos.powerfs import mount, unavailable
+from durable_spaces.harness.log import SqliteStorage
 
 
 def _appends(path: Path, count: int, size: int, *, each: bool) -> float:

@@ -23,8 +23,8 @@ import uuid
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("CUA_TELEMETRY", "0")
 
-from durable_spaces.adapter.space import Space, SpaceBackend
 from durable_spaces.backends import open_backend, unavailable_reason
+from durable_spaces.space import Space, SpaceBackend
 
 ROUNDS = 50
 SCAN_ROUNDS = 3

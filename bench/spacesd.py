@@ -49,7 +49,7 @@ def _plain(argv: list[str], cwd: str, n: int) -> list[float]:
 
 async def main() -> int:
     from durable_spaces.backends import spacesd
-    from durable_spaces.backends.spacesd_daemon import unshare_reason
+    from durable_spaces.backends.spacesd.daemon import unshare_reason
 
     reason = spacesd.unavailable_reason()
     if reason is not None:

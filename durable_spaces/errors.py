@@ -53,6 +53,10 @@ class StorageLockedError(LogError):
     """Another process already owns this storage (one owner at a time)."""
 
 
+class ForeignDatabaseError(LogError):
+    """The file at a log path is another program's SQLite database; it is left untouched."""
+
+
 # --- Spaces ----------------------------------------------------------------------------
 
 
@@ -94,6 +98,39 @@ class ToolArgumentError(DurableSpacesError, ValueError):
 
 class PermanentFailure(DurableSpacesError):
     """Retrying cannot help: the driver exits 78 and the coordinator stops."""
+
+
+class CheckpointError(PermanentFailure):
+    """A recorded checkpoint cannot be used. Never a tool's result: the driver exits 78."""
+
+
+class BadCheckpointIdError(CheckpointError, ValueError):
+    """A checkpoint id (read back from the log, a store or a Space) is malformed: it is
+    never used as a file name or a shell word. From the log: the log is damaged."""
+
+    def __init__(self, value: object, where: str, why: str = "malformed") -> None:
+        shown = repr(value)
+        if len(shown) > 80:
+            shown = f"{shown[:60]}...{shown[-12:]} ({len(shown)} characters)"
+        super().__init__(f"{where}: {why} checkpoint id {shown}")
+        self.value = value
+        self.where = where
+
+
+class CheckpointCopyError(CheckpointError):
+    """One copy of a checkpoint is unusable (a symlink or directory in its place, not
+    readable, bytes that do not match its id). A restore passes over it for the next
+    copy; only if it escapes a caller does it stop the driver."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """No intact copy of a checkpoint exists: ``problems`` says, per copy (the store, a
+    Space), what was wrong with it (a digest mismatch, a refused archive, tar failing)."""
+
+    def __init__(self, checkpoint_id: str, problems: list[str]) -> None:
+        super().__init__(f"no intact copy of checkpoint {checkpoint_id}: " + "; ".join(problems))
+        self.checkpoint_id = checkpoint_id
+        self.problems = problems
 
 
 class HaltError(DurableSpacesError):
@@ -176,6 +213,18 @@ class NetnsError(DurableSpacesError):
 
 class DatabaseServerError(DurableSpacesError):
     """The private PostgreSQL server could not be initialised, started or stopped."""
+
+
+# --- the chaos lab -----------------------------------------------------------------------
+
+
+class RecordError(DurableSpacesError, ValueError):
+    """A run record file is not a record: not JSON, the wrong shape, a field of the wrong
+    type. Names the file and the field; a report skips such a file and counts it."""
+
+
+class LooseModeWarning(UserWarning):
+    """A log file or directory of ours was readable by others; its mode was tightened."""
 
 
 class TornTailWarning(UserWarning):

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from durable_spaces.adapter.models import (
+from durable_spaces.harness.models import (
     AssistantMessage,
     ScriptedModel,
     ToolCall,

@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from durable_spaces.adapter import image as img
 from durable_spaces.adapter.recovery import RecoveryKind
-from durable_spaces.adapter.space import (
+from durable_spaces.adapter.state import CallRecord, SpaceState
+from durable_spaces.adapter.tool_args import BashArgs, EditArgs, ToolArgs, WriteArgs
+from durable_spaces.chaos import mutants
+from durable_spaces.chaos.failpoints import hit
+from durable_spaces.errors import StaleEpochError
+from durable_spaces.harness.tools import ToolContext, ToolResult
+from durable_spaces.space import (
     MAX_SCAN_DEPTH,
     ExecRecord,
     ExecResult,
@@ -30,12 +36,6 @@ from durable_spaces.adapter.space import (
     confine,
     name_problem,
 )
-from durable_spaces.adapter.state import CallRecord, SpaceState
-from durable_spaces.adapter.tool_args import BashArgs, EditArgs, ToolArgs, WriteArgs
-from durable_spaces.adapter.tools import ToolContext, ToolResult
-from durable_spaces.chaos import mutants
-from durable_spaces.chaos.failpoints import hit
-from durable_spaces.errors import StaleEpochError
 
 if TYPE_CHECKING:
     from durable_spaces.adapter.durable import DurableSpaces

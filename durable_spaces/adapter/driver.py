@@ -1,11 +1,12 @@
 """``run_durable_session``: the process a coordinator launches for each drive attempt.
 
-Contract with the coordinator (DESIGN.md "The driver entry and the coordinator"):
+Contract with the coordinator (README.md, "The adapter in code"):
 
-- environment: ``CUA_SESSION_NAME``, ``CUA_SESSION_EPOCH`` (int >= 1),
-  ``CUA_SESSION_STATE_DIR`` (the fenced SQLite log lives there),
-  ``CUA_SESSION_HEARTBEAT_SECS`` (default 30), optional ``CUA_SESSION_SPACE`` (the Space
-  to fence before anything runs);
+- environment: ``CUA_SESSION_NAME``, ``CUA_SESSION_EPOCH`` (1..2**63-1, ASCII digits),
+  ``CUA_SESSION_STATE_DIR`` (absolute; the fenced SQLite log lives there),
+  ``CUA_SESSION_HEARTBEAT_SECS`` (default 30; 0.01..threading.TIMEOUT_MAX), optional
+  ``CUA_SESSION_SPACE`` (the Space to fence before anything runs); each is checked
+  strictly by ``session_env`` before anything is opened or created;
 - exit codes: 0 done, 78 permanent (bad environment, ``PermanentFailure``, a submission
   that ended unanswered, a Space that cannot be fenced for good), 75 fenced (a newer
   epoch exists; returned as soon as the log's fence refuses, even if the run never
@@ -19,19 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import sys
 import threading
-import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from durable_spaces import session_protocol as sp
 from durable_spaces.adapter.durable import DurableSpaces
-from durable_spaces.adapter.log import Fence, Storage, open_fenced_sqlite
 from durable_spaces.adapter.recovery import RecoveryEvent
 from durable_spaces.chaos import mutants
 from durable_spaces.errors import (
@@ -40,11 +39,23 @@ from durable_spaces.errors import (
     PermanentFailure,
     StaleEpochError,
 )
-
-EXIT_DONE = 0
-EXIT_CRASHED = 1
-EXIT_FENCED = 75
-EXIT_PERMANENT = 78
+from durable_spaces.harness.log import Fence, Storage, open_fenced_sqlite
+from durable_spaces.session_protocol import (
+    EXIT_CRASHED,
+    EXIT_DONE,
+    EXIT_FENCED,
+    EXIT_PERMANENT,
+    MAX_HEARTBEAT_S,
+    MIN_HEARTBEAT_S,
+    check_state_dir,
+    event_line,
+    heartbeat_line,
+    make_state_dir,
+    parse_epoch,
+    parse_name,
+    parse_seconds,
+    parse_space,
+)
 
 LOG_FILE = "log.sqlite"
 
@@ -58,32 +69,40 @@ class Session:
     space: str | None = None
 
     @staticmethod
-    def from_env(env: dict[str, str] | None = None) -> Session:
-        """Read and validate the driver's environment; ``ConfigError`` names the culprit."""
-        e = dict(os.environ if env is None else env)
-        name = e.get("CUA_SESSION_NAME", "").strip()
-        if not name:
-            raise ConfigError("CUA_SESSION_NAME is not set")
-        raw = e.get("CUA_SESSION_EPOCH", "")
-        try:
-            epoch = int(raw)
-        except ValueError:
-            raise ConfigError(f"CUA_SESSION_EPOCH must be an integer, got {raw!r}") from None
-        if epoch < 1:
-            raise ConfigError(f"CUA_SESSION_EPOCH must be >= 1, got {epoch}")
-        sd = e.get("CUA_SESSION_STATE_DIR", "").strip()
-        if not sd:
-            raise ConfigError("CUA_SESSION_STATE_DIR is not set")
-        hb_raw = e.get("CUA_SESSION_HEARTBEAT_SECS", "30")
-        try:
-            hb = float(hb_raw)
-        except ValueError:
-            raise ConfigError(
-                f"CUA_SESSION_HEARTBEAT_SECS must be a number, got {hb_raw!r}"
-            ) from None
-        if not hb > 0:
-            raise ConfigError(f"CUA_SESSION_HEARTBEAT_SECS must be > 0, got {hb}")
-        return Session(name, epoch, Path(sd), hb, e.get("CUA_SESSION_SPACE") or None)
+    def from_env(env: Mapping[str, str] | None = None) -> Session:
+        """Read and validate the driver's environment (``session_env``: strict, nothing
+        created); ``ConfigError`` names the culprit."""
+        e = os.environ if env is None else env
+        name = parse_name("CUA_SESSION_NAME", e.get("CUA_SESSION_NAME", ""))
+        raw = e.get("CUA_SESSION_EPOCH")
+        if raw is None or raw == "":
+            raise ConfigError("CUA_SESSION_EPOCH is not set")
+        epoch = parse_epoch("CUA_SESSION_EPOCH", raw)
+        sd = check_state_dir("CUA_SESSION_STATE_DIR", e.get("CUA_SESSION_STATE_DIR", ""))
+        hb = parse_seconds(
+            sp.HEARTBEAT_SECS,
+            e.get(sp.HEARTBEAT_SECS, sp.DEFAULT_HEARTBEAT_SECS),
+            lo=MIN_HEARTBEAT_S,
+            hi=MAX_HEARTBEAT_S,
+        )
+        space = e.get(sp.SPACE) or None
+        if space is not None:
+            space = parse_space(sp.SPACE, space)
+        return Session(name, epoch, sd, hb, space)
+
+
+def read_session() -> Session:
+    """The session of this process's environment, its state directory made (0700) if
+    missing; ``ConfigError`` for anything wrong (the driver exits 78)."""
+    session = Session.from_env()
+    make_state_dir(sp.STATE_DIR, session.state_dir)
+    return session
+
+
+def bad_environment(err: ConfigError) -> int:
+    """Report a bad environment in one line on stderr; the exit code to return (78)."""
+    print(f"durable-spaces driver: bad environment: {err}", file=sys.stderr)
+    return EXIT_PERMANENT
 
 
 @dataclass
@@ -111,8 +130,7 @@ Start = Callable[[StartContext], Awaitable[SessionHandle]]
 
 
 def emit_event(event: str, **fields: Any) -> None:
-    line = json.dumps({"event": event, "unix_ms": int(time.time() * 1000), **fields})
-    sys.stdout.write(f"DS-EVENT {line}\n")
+    sys.stdout.write(event_line(event, **fields))
     sys.stdout.flush()
 
 
@@ -127,7 +145,7 @@ class Heartbeat:
 
     def _run(self) -> None:
         while True:
-            sys.stdout.write(f"CUA-HEARTBEAT {self.epoch} {int(time.time() * 1000)}\n")
+            sys.stdout.write(heartbeat_line(self.epoch))
             sys.stdout.flush()
             if self._stop.wait(self.every):
                 return
@@ -143,10 +161,9 @@ class Heartbeat:
 def run_durable_session(durable: DurableSpaces, start: Start) -> int:
     """Run one drive attempt; return the exit code (the caller ``sys.exit``s it)."""
     try:
-        session = Session.from_env()
+        session = read_session()
     except ConfigError as e:
-        print(f"durable-spaces driver: bad environment: {e}", file=sys.stderr)
-        return EXIT_PERMANENT
+        return bad_environment(e)
     with Heartbeat(session.epoch, session.heartbeat_secs):
         try:
             return asyncio.run(_drive(durable, start, session))
@@ -165,7 +182,6 @@ def run_durable_session(durable: DurableSpaces, start: Start) -> int:
 
 
 async def _drive(durable: DurableSpaces, start: Start, session: Session) -> int:
-    session.state_dir.mkdir(parents=True, exist_ok=True)
     storage, fence = open_fenced_sqlite(str(session.state_dir / LOG_FILE), session.epoch)
     fenced = asyncio.Event()
 

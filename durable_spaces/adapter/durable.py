@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import tarfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,6 @@ from durable_spaces.adapter import image as img
 from durable_spaces.adapter import tool_args
 from durable_spaces.adapter.calls import CallPipeline
 from durable_spaces.adapter.image import ImageLimits
-from durable_spaces.adapter.log import Fence
 from durable_spaces.adapter.modes import (
     Mode,
     kind_allows,
@@ -38,13 +38,6 @@ from durable_spaces.adapter.snapshots import (
     Snapshots,
     WorkspaceSnapshots,
 )
-from durable_spaces.adapter.space import (
-    Capabilities,
-    PathTable,
-    Space,
-    SpaceBackend,
-    space_name,
-)
 from durable_spaces.adapter.space_env import SpaceExecutionEnv
 from durable_spaces.adapter.state import (
     BLOB_DOC_PREFIX,
@@ -53,9 +46,9 @@ from durable_spaces.adapter.state import (
     CallRecord,
     SpaceState,
 )
-from durable_spaces.adapter.tools import Extension, Tool, ToolContext, ToolResult
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import (
+    CheckpointCorruptError,
     ConfigError,
     HaltError,
     PathEscapeError,
@@ -66,9 +59,19 @@ from durable_spaces.errors import (
     ToolArgumentError,
     UnsupportedNameError,
 )
+from durable_spaces.harness.log import Fence, check_epoch
+from durable_spaces.harness.tools import Extension, Tool, ToolContext, ToolResult
+from durable_spaces.session_protocol import parse_epoch
+from durable_spaces.space import (
+    Capabilities,
+    PathTable,
+    Space,
+    SpaceBackend,
+    space_name,
+)
 
 if TYPE_CHECKING:
-    from durable_spaces.adapter.harness import Harness, Tx
+    from durable_spaces.harness.scheduler import Harness, Tx
 
 WRAPPED = ("bash", "write", "edit")
 
@@ -85,16 +88,13 @@ class ImageUpdate:
 
 
 def session_epoch(epoch: int | None) -> int:
+    """The adapter's epoch: the one given (an int 1..2**63-1), else ``CUA_SESSION_EPOCH``
+    parsed as strictly as the driver does (``ConfigError`` naming it)."""
     if epoch is not None:
+        if check_epoch(epoch) < 1:
+            raise ConfigError(f"epoch must be >= 1, not {epoch}")
         return epoch
-    raw = os.environ.get("CUA_SESSION_EPOCH", "1")
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"CUA_SESSION_EPOCH must be an integer, got {raw!r}") from None
-    if value < 1:
-        raise ConfigError(f"CUA_SESSION_EPOCH must be >= 1, got {value}")
-    return value
+    return parse_epoch("CUA_SESSION_EPOCH", os.environ.get("CUA_SESSION_EPOCH", "1"))
 
 
 class DurableSpaces:
@@ -200,7 +200,11 @@ class DurableSpaces:
                     self.on_stale(e)
                 raise
             except (PathEscapeError, UnsupportedNameError):
-                raise  # the model asked for a path the workspace refuses: a tool error
+                # The model asked for a path the workspace refuses: a tool error. (A
+                # checkpoint's refused archive never gets here: ``_restore`` makes it a
+                # ``CheckpointCorruptError``, which like every ``PermanentFailure`` ends
+                # the session instead of being recorded.)
+                raise
             except SpaceError as e:
                 # The Space failed (unreachable, vanished, refused an RPC), not the tool:
                 # never record that as the call's result. Halt; the coordinator resumes
@@ -430,18 +434,36 @@ class DurableSpaces:
         if cid is None:
             raise PermanentFailure(f"call {rec.call_id} has no checkpoint before it")
         await self.raise_space_epoch(space)
-        try:
-            space = await self.snapshots_for().restore(space, cid, self.epoch_for(space.name))
-        except CheckpointMissing as e:
-            raise PermanentFailure(
-                f"the checkpoint before call {rec.call_id} is gone ({e}); use a "
-                "CheckpointStore or mode transactional"
-            ) from e
+        space = await self._restore(
+            space,
+            cid,
+            gone=f"the checkpoint before call {rec.call_id} is gone ({{e}}); use a "
+            "CheckpointStore or mode transactional",
+        )
         self._open[space.name] = space
         if space.name in self._boot:
             await self.guest_boot(space)
         self.emit("restored", conv, rec, checkpoint=cid)
         return space
+
+    async def _restore(
+        self, space: Space, cid: str, *, gone: str, source: Space | None = None
+    ) -> Space:
+        """Restore ``cid`` into ``space``. Whatever is wrong with the checkpoint ends the
+        session (``PermanentFailure``: ``gone``, its ``{e}`` replaced, when it is missing,
+        ``CheckpointCorruptError`` when no copy is intact); it is never let through as
+        an error of the model's call (``run_call`` passes ``PathEscapeError`` on as one).
+        The Space failing is still a ``SpaceError`` (a halt; the next driver retries)."""
+        try:
+            return await self.snapshots_for().restore(
+                space, cid, self.epoch_for(space.name), source=source
+            )
+        except CheckpointMissing as e:
+            raise PermanentFailure(gone.replace("{e}", str(e))) from e
+        except (PathEscapeError, UnsupportedNameError, ValueError, tarfile.TarError) as e:
+            if isinstance(e, PermanentFailure):
+                raise
+            raise CheckpointCorruptError(cid, [f"{type(e).__name__}: {e}"]) from e
 
     # --- modes --------------------------------------------------------------------------------
 
@@ -613,8 +635,11 @@ class DurableSpaces:
             return space
         if state.mode == "checkpoint" and state.last_checkpoint is not None:
             await self.raise_space_epoch(space)
-            space = await self.snapshots.restore(
-                space, state.last_checkpoint, self.epoch_for(space.name)
+            space = await self._restore(
+                space,
+                state.last_checkpoint,
+                gone=f"the machine restarted and its checkpoint {state.last_checkpoint} is "
+                "gone ({e})",
             )
             self._open[space.name] = space
             await self.guest_boot(space)
@@ -647,16 +672,13 @@ class DurableSpaces:
             source = None
             if state.space is not None and state.space != space.name:
                 source = await self.spaces.find(state.space)  # a fork's parent Space
-            try:
-                space = await self.snapshots.restore(
-                    space, cid, self.epoch_for(space.name), source=source
-                )
-            except CheckpointMissing as e:
-                raise PermanentFailure(
-                    f"the Space was placed again from scratch and its checkpoint {cid} is "
-                    f"gone with the old Space ({e}); use a CheckpointStore or mode "
-                    "transactional"
-                ) from e
+            space = await self._restore(
+                space,
+                cid,
+                source=source,
+                gone=f"the Space was placed again from scratch and its checkpoint {cid} is "
+                "gone with the old Space ({e}); use a CheckpointStore or mode transactional",
+            )
             self._open[space.name] = space
             hit("recovery.restored")
             self.emit("restored", conv, None, mode="checkpoint", checkpoint=cid, rebuilt=True)

@@ -19,8 +19,8 @@ import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from durable_spaces.adapter.space import PathEntry, PathTable, Space
 from durable_spaces.chaos.failpoints import hit
+from durable_spaces.space import PathEntry, PathTable, Space
 
 DEFAULT_MAX_FILES = 1000
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from durable_spaces.adapter.image import ImageLimits
-from durable_spaces.adapter.space import Capabilities, PathTable, Space
+from durable_spaces.space import Capabilities, PathTable, Space
 
 Mode = Literal["auto", "transactional", "checkpoint"]
 

@@ -14,8 +14,9 @@ anything before the first wrapped call (the log holds nothing yet: the workspace
 ``{}``). Modes and owners of files are not compared; empty directories are not tracked.
 
 Checkpoint tars are read from the ``CheckpointStore`` when there is one, else from the
-``.ds-checkpoints`` directory of the Space that took them (read-only ``cat`` at the
-Space's current epoch, never raising it). Machine checkpoints (microVM) hold no
+``.ds-checkpoints`` directory of the Space that took them (a read-only command at the
+Space's current epoch, never raising it); the first copy whose bytes match the digest its
+id records wins. Machine checkpoints (microVM) hold no
 readable workspace: reviewing them raises ``ReviewError``.
 
 Symlinks appear in the returned mapping as ``SYMLINK + target`` so a path that turned
@@ -30,18 +31,18 @@ import io
 import json
 import posixpath
 import tarfile
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from durable_spaces.adapter.snapshots import CheckpointMissing, WorkspaceSnapshots, check_archive
-from durable_spaces.adapter.space import PathTable, Space
 from durable_spaces.adapter.state import DOC, IMAGE_DOC, SpaceState
-from durable_spaces.errors import ReviewError
+from durable_spaces.errors import PermanentFailure, ReviewError
+from durable_spaces.space import PathTable, Space
 
 if TYPE_CHECKING:
     from durable_spaces.adapter.durable import DurableSpaces
-    from durable_spaces.adapter.harness import AgentConfig, Conversation, Harness
+    from durable_spaces.harness.scheduler import AgentConfig, Conversation, Harness
 
 #: A workspace: workspace-relative path -> file bytes (``SYMLINK + target`` for a link).
 Workspace = dict[str, bytes]
@@ -90,7 +91,10 @@ async def workspace_at(
         raw = conv.document(DOC, as_of=entry_id)
     except KeyError as e:
         raise ReviewError(str(e.args[0] if e.args else e)) from None
-    state = SpaceState.from_json(raw)
+    try:
+        state = SpaceState.from_json(raw)  # checkpoint ids parsed: the log may be damaged
+    except PermanentFailure as e:
+        raise ReviewError(f"the log as of {entry_id} cannot be read: {e}") from None
     pointer = conv.document(IMAGE_DOC, as_of=entry_id)
     if state.mode == "checkpoint" and state.last_checkpoint is not None:
         data = await _checkpoint_bytes(harness, durable, conversation_id, state)
@@ -152,25 +156,24 @@ async def _checkpoint_bytes(
         raise ReviewError(
             f"checkpoint {cid} is a machine checkpoint: it holds no readable workspace"
         )
-    if snaps.store is not None and (data := snaps.store.get(cid)) is not None:
-        return data
-    # The tar lives beside the workspace of the Space that took it: the one the document
-    # names, else this conversation's or an ancestor's (a fork's copied checkpoints).
-    for name in _candidate_spaces(harness, durable, conversation_id, state):
-        space = await durable.spaces.find(name)
-        if space is None:
-            continue
-        try:
-            return await _fetch(snaps, space, cid)
-        except CheckpointMissing:
-            continue
-    raise ReviewError(f"checkpoint {cid} is in neither the store nor any Space of the lineage")
+    # The store's copy, else the tar beside the workspace of the Space that took it: the
+    # one the document names, else this conversation's or an ancestor's (a fork's
+    # copied checkpoints). Each copy is verified against the id's digest.
 
+    async def spaces() -> AsyncIterator[Space]:  # found only if the store has no copy
+        for name in _candidate_spaces(harness, durable, conversation_id, state):
+            space = await durable.spaces.find(name)
+            if space is not None:
+                yield space
 
-async def _fetch(snaps: WorkspaceSnapshots, space: Space, cid: str) -> bytes:
-    epoch = await space.current_epoch()  # read at the floor: never raise it to review
-    bare = WorkspaceSnapshots(snaps.spaces, snaps.root, store=None)
-    return await bare._fetch(space, cid, max(epoch, 1))
+    try:
+        return await snaps.read_intact(cid, spaces())
+    except CheckpointMissing:
+        raise ReviewError(
+            f"checkpoint {cid} is in neither the store nor any Space of the lineage"
+        ) from None
+    except PermanentFailure as e:
+        raise ReviewError(str(e)) from None
 
 
 def _candidate_spaces(
@@ -334,11 +337,11 @@ async def _review_diff(
 ) -> str:
     from durable_spaces.adapter.driver import LOG_FILE
     from durable_spaces.adapter.durable import durable_spaces
-    from durable_spaces.adapter.harness import Harness
-    from durable_spaces.adapter.log import SqliteStorage
     from durable_spaces.adapter.snapshots import DirectoryCheckpointStore
-    from durable_spaces.adapter.tools import Registry
     from durable_spaces.backends import open_backend
+    from durable_spaces.harness.log import SqliteStorage
+    from durable_spaces.harness.scheduler import Harness
+    from durable_spaces.harness.tools import Registry
 
     log_path = state_dir / LOG_FILE
     if not log_path.exists():

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from durable_spaces.adapter.env import CommandResult
+from durable_spaces.harness.env import CommandResult
 
 if TYPE_CHECKING:
     from durable_spaces.adapter.durable import DurableSpaces
-    from durable_spaces.adapter.tools import ToolContext
+    from durable_spaces.harness.tools import ToolContext
 
 
 class SpaceExecutionEnv:

@@ -13,6 +13,9 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from durable_spaces.adapter.checkpoint_id import optional
+from durable_spaces.errors import BadCheckpointIdError, PermanentFailure
+
 DOC = "cua.space"
 IMAGE_DOC = "cua.space.image"
 BLOB_DOC_PREFIX = "cua.blob/"
@@ -41,7 +44,13 @@ class CallRecord:
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> CallRecord:
-        return CallRecord(**d)
+        """The record as the log holds it; its checkpoint ids must parse (they become
+        file names and shell words), else ``BadCheckpointIdError``: the log is damaged."""
+        rec = CallRecord(**d)
+        where = f"the log's record of call {str(rec.call_id)[:80]!r}"
+        rec.checkpoint = optional(rec.checkpoint, f"{where} (checkpoint)")
+        rec.before = optional(rec.before, f"{where} (checkpoint before it)")
+        return rec
 
 
 @dataclass
@@ -79,9 +88,18 @@ class SpaceState:
     def from_json(d: dict[str, Any] | None) -> SpaceState:
         if not d:
             return SpaceState()
-        d = copy.deepcopy(d)
-        calls = {k: CallRecord.from_json(v) for k, v in (d.pop("calls", None) or {}).items()}
-        return SpaceState(**d, calls=calls)
+        try:
+            d = copy.deepcopy(d)
+            calls = {k: CallRecord.from_json(v) for k, v in (d.pop("calls", None) or {}).items()}
+            state = SpaceState(**d, calls=calls)
+        except BadCheckpointIdError:
+            raise
+        except (TypeError, AttributeError, ValueError) as e:
+            raise PermanentFailure(f"the log's {DOC} document is damaged: {e}") from None
+        state.last_checkpoint = optional(
+            state.last_checkpoint, f"the log's {DOC} document (last checkpoint)"
+        )
+        return state
 
     def copy(self) -> SpaceState:
         return SpaceState.from_json(self.to_json())

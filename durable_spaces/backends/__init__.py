@@ -19,14 +19,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from durable_spaces.adapter.space import SpaceBackend
 from durable_spaces.errors import ConfigError
+from durable_spaces.space import SpaceBackend
 
 BACKENDS: dict[str, str] = {
-    "local": "durable_spaces.backends.local:LocalBackend",
-    "spacesd": "durable_spaces.backends.spacesd:SpacesdBackend",
-    "docker": "durable_spaces.backends.docker:DockerBackend",
-    "microvm": "durable_spaces.backends.microvm:MicrovmBackend",
+    "local": "durable_spaces.backends.local.backend:LocalBackend",
+    "spacesd": "durable_spaces.backends.spacesd.backend:SpacesdBackend",
+    "docker": "durable_spaces.backends.docker.backend:DockerBackend",
+    "microvm": "durable_spaces.backends.microvm.backend:MicrovmBackend",
     # A driver's view of Spaces that cluster hosts provide (found through the store).
     "remote": "durable_spaces.cluster.remote:RemoteBackend",
 }

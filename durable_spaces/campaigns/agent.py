@@ -10,25 +10,30 @@ It is also the example of how a real deployment wires the parts together.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from durable_spaces.adapter.driver import SessionHandle, StartContext, run_durable_session
+from durable_spaces.adapter.driver import (
+    SessionHandle,
+    StartContext,
+    bad_environment,
+    read_session,
+    run_durable_session,
+)
 from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
-from durable_spaces.adapter.harness import AgentConfig, Harness
 from durable_spaces.adapter.image import ImageLimits
-from durable_spaces.adapter.models import ScriptedModel
 from durable_spaces.adapter.snapshots import (
     DirectoryCheckpointStore,
     SandboxSnapshots,
     Snapshots,
     WorkspaceSnapshots,
 )
-from durable_spaces.adapter.tools import CodingTools, Registry
 from durable_spaces.backends import open_backend
 from durable_spaces.errors import ConfigError
+from durable_spaces.harness.models import ScriptedModel
+from durable_spaces.harness.scheduler import AgentConfig, Harness
+from durable_spaces.harness.tools import CodingTools, Registry
 
 CONFIG_FILE = "agent.json"
 REQUEST = "Do the scripted steps."
@@ -58,6 +63,8 @@ class AgentConfigFile:
             return AgentConfigFile(**json.loads(path.read_text()))
         except FileNotFoundError:
             raise ConfigError(f"{path} is missing") from None
+        except OSError as e:
+            raise ConfigError(f"{path} cannot be read: {e.strerror or e}") from None
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{path} is malformed: {e}") from None
 
@@ -81,11 +88,14 @@ def build(cfg: AgentConfigFile) -> tuple[DurableSpaces, ScriptedModel]:
 
 
 def main() -> int:
-    state_dir = Path(os.environ.get("CUA_SESSION_STATE_DIR", "."))
+    try:  # the environment first: agent.json is read from the state dir it names
+        session = read_session()
+    except ConfigError as e:
+        return bad_environment(e)
     try:
-        cfg = AgentConfigFile.load(state_dir)
+        cfg = AgentConfigFile.load(session.state_dir)
         durable, model = build(cfg)
-    except ConfigError as e:  # a malformed environment or configuration: permanent
+    except ConfigError as e:  # a malformed configuration: permanent
         print(f"campaign agent: {e}", file=sys.stderr)
         return 78
 

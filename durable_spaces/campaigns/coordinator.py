@@ -49,7 +49,6 @@ import fcntl
 import inspect
 import json
 import os
-import re
 import signal
 import time
 import uuid
@@ -62,17 +61,17 @@ import psutil
 
 from durable_spaces.chaos import failpoints
 from durable_spaces.errors import PermanentFailure
+from durable_spaces.session_protocol import (
+    EXIT_DONE,
+    EXIT_FENCED,
+    EXIT_PERMANENT,
+    driver_environment,
+    read_line,
+)
 
-EXIT_DONE = 0
-EXIT_FENCED = 75
-EXIT_PERMANENT = 78
 #: Not an exit code: what ``_supervise`` returns for a driver given up on (still alive).
 EXIT_ABANDONED = -1000
 
-HEARTBEAT_PREFIX = "CUA-HEARTBEAT "
-EVENT_PREFIX = "DS-EVENT "
-_MARKERS = re.compile(r"(?=CUA-HEARTBEAT |DS-EVENT )")
-_DECODER = json.JSONDecoder()
 STATE_FILE = "coordinator.json"
 LOCK_FILE = "coordinator.lock"
 
@@ -540,12 +539,9 @@ class Coordinator:
         env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED}
         env.update(self.extra_env)
         env.update(
-            CUA_SESSION_NAME=self.session_name,
-            CUA_SESSION_EPOCH=str(epoch),
-            CUA_SESSION_STATE_DIR=str(self.state_dir),
-            CUA_SESSION_HEARTBEAT_SECS=f"{self.heartbeat_secs:g}",
-            PYTHONUNBUFFERED="1",
+            driver_environment(self.session_name, epoch, self.state_dir, self.heartbeat_secs)
         )
+        env["PYTHONUNBUFFERED"] = "1"
         return env
 
     async def _spawn(self, launch: Launch, backoff_ms: float) -> Attempt:
@@ -652,21 +648,13 @@ class Coordinator:
         return code
 
     def _line(self, a: Attempt, line: str) -> None:
-        # Two threads printing without a lock can glue a heartbeat and an event into one
-        # line; split on the markers and read only the leading JSON value of an event.
-        for part in _MARKERS.split(line):
-            if part.startswith(HEARTBEAT_PREFIX):
+        for kind, data in read_line(line):
+            if kind == "heartbeat":
                 a.heartbeats += 1
-            elif part.startswith(EVENT_PREFIX):
-                self._driver_event(a, part[len(EVENT_PREFIX) :])
+            elif data is not None:
+                self._driver_event(a, dict(data))
 
-    def _driver_event(self, a: Attempt, text: str) -> None:
-        try:
-            data, _ = _DECODER.raw_decode(text.strip())
-        except json.JSONDecodeError:
-            return
-        if not isinstance(data, dict):
-            return
+    def _driver_event(self, a: Attempt, data: dict[str, Any]) -> None:
         a.events.append(data)
         if data.get("event") == "first_step" and a.first_step_ms is None:
             a.first_step_ms = float(data.get("unix_ms") or _now_ms())

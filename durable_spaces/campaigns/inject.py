@@ -248,8 +248,9 @@ class Injector:
         self, attempt: Attempt, faults: list[PointFault], hit: tuple[str, int, int | None] | None
     ) -> None:
         handed_on = False
+        trace = self.trace_of(attempt.index)
         for pf in faults:
-            at = {"point": pf.point, "n": pf.n}
+            at: dict[str, Any] = {"point": pf.point, "n": pf.n}
             if hit is not None and pf.point == ANY:
                 at["hit"] = [hit[0], hit[1]]
             value: dict[str, Any] = {"epoch": attempt.epoch}
@@ -261,6 +262,11 @@ class Injector:
             if pf.kind == "kill":
                 handed_on = True
             op = await self._invoke(attempt, pf.kind, value, at)
+            if trace is not None and pf.kind != "pause":
+                # Where the driver was when the fault had landed: its stop, if the
+                # rendezvous held (a replay compares this, so a fault that slipped is seen).
+                now = last_hit(trace)
+                self.realized[-1]["at"]["landed"] = None if now is None else [now[0], now[1]]
             if pf.kind == "kill" and op.type != "ok":
                 handed_on = False
         if not handed_on and attempt.alive:

@@ -4,25 +4,44 @@ Written as ``<campaign>/runs/<run_id>.json``; the SUMMARY line and the reports a
 computed from these files alone. Checks merge as in Jepsen: a single ``False`` makes the
 run invalid, otherwise a single ``None`` (unknown: the checker could not tell, or raised)
 makes it unknown, otherwise it is valid.
+
+A record file is read as data from outside: ``from_json`` checks every field's type
+(``RecordError`` naming the file and the field), and ``scan_records`` skips a file that
+is not a record instead of failing a whole report.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
-OUTCOMES = ("ok", "failed", "error")
+from durable_spaces.errors import RecordError
+
+OUTCOMES = ("ok", "failed", "lab_error")
+#: Outcome names older records used (read as the current name).
+_OLD_OUTCOMES = {"error": "lab_error"}
+#: A run id names its record file: one safe word (no "/", no "..").
+RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", re.ASCII)
+#: Fault and recovery kinds go into the SUMMARY line as ``name:count``.
+_COUNT_NAME_RE = re.compile(r"[^\s=,:]+")
+#: Larger than any record the runner writes; a bigger file is not read whole.
+MAX_RECORD_BYTES = 16 << 20
 
 
 class Check(TypedDict):
-    """One checker's verdict: ``valid`` True, False, or None (unknown)."""
+    """One checker's verdict: ``valid`` True, False, or None (unknown), and the named
+    anomalies that make it false (``{"name", "path", "witness", "detail"}``; records
+    written before anomalies existed have none)."""
 
     valid: bool | None
     detail: str
+    anomalies: NotRequired[list[dict[str, Any]]]
 
 
 def merge_valid(values: Iterable[bool | None]) -> bool | None:
@@ -38,8 +57,10 @@ def merge_valid(values: Iterable[bool | None]) -> bool | None:
 
 @dataclass
 class RunRecord:
-    """One run. ``outcome``: ok (every check valid), failed (a check is not valid),
-    error (the run itself broke: a harness bug, a timeout; its checks may be empty)."""
+    """One run. ``outcome``: ok (every check valid), failed (a check about the system
+    under test is not valid), lab_error (the lab itself broke: a bug or a timeout of
+    the harness, a fault of the lab's that could not be settled; its checks may be empty
+    and it says nothing about the adapter)."""
 
     run_id: str
     seed: str
@@ -68,8 +89,8 @@ class RunRecord:
         return merge_valid(c["valid"] for c in self.checks.values())
 
     def settle(self) -> RunRecord:
-        """Set ``outcome`` from the checks (an ``error`` outcome is kept)."""
-        if self.outcome != "error":
+        """Set ``outcome`` from the checks (a ``lab_error`` outcome is kept)."""
+        if self.outcome != "lab_error":
             self.outcome = "ok" if self.valid is True else "failed"
         return self
 
@@ -80,31 +101,200 @@ class RunRecord:
         return asdict(self)
 
     @staticmethod
-    def from_json(d: Mapping[str, Any]) -> RunRecord:
-        known = {f.name for f in fields(RunRecord)}
-        kw = {k: v for k, v in d.items() if k in known}
-        kw["checks"] = {
-            k: Check(valid=c.get("valid"), detail=str(c.get("detail", "")))
-            for k, c in dict(d.get("checks") or {}).items()
-        }
+    def from_json(d: Any) -> RunRecord:
+        """A record from its JSON form; ``RecordError`` names the first bad field
+        (unknown fields are ignored, so newer records still read)."""
+        if not isinstance(d, Mapping):
+            raise RecordError(f"a run record is a JSON object, not {type(d).__name__}")
+        for name in ("run_id", "seed", "mode", "backend", "calls"):
+            if name not in d:
+                raise RecordError(f"field {name!r} is missing")
+        kw: dict[str, Any] = {}
+        for f in fields(RunRecord):
+            if f.name in d:
+                kw[f.name] = _FIELD_CHECKS.get(f.name, _any)(f.name, d[f.name])
+        if not RUN_ID_RE.fullmatch(kw["run_id"]):
+            raise RecordError(f"field 'run_id' is not a safe file name: {kw['run_id']!r}")
         return RunRecord(**kw)
 
     def save(self, directory: str | Path) -> Path:
-        """Write ``<directory>/<run_id>.json`` atomically."""
+        """Write ``<directory>/<run_id>.json`` atomically (never through a symlink)."""
+        if not RUN_ID_RE.fullmatch(self.run_id):
+            raise RecordError(f"run id {self.run_id!r} is not a safe file name")
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         path = d / f"{self.run_id}.json"
         tmp = path.with_suffix(f".json.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
+        data = (json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n").encode()
+        tmp.unlink(missing_ok=True)  # a killed writer's (unlink never follows a symlink)
+        with open(tmp, "xb", opener=_nofollow) as fh:
+            fh.write(data)
         os.replace(tmp, path)
         return path
 
     @staticmethod
     def load(path: str | Path) -> RunRecord:
-        return RunRecord.from_json(json.loads(Path(path).read_text()))
+        """Read one record file; ``RecordError`` (naming the file) if it is not one."""
+        p = Path(path)
+        try:
+            with open(p, "rb", opener=_nofollow) as fh:
+                raw = fh.read(MAX_RECORD_BYTES + 1)
+        except OSError as e:
+            raise RecordError(f"{p}: cannot be read: {e.strerror or e}") from None
+        if len(raw) > MAX_RECORD_BYTES:
+            raise RecordError(f"{p}: over {MAX_RECORD_BYTES} bytes, not a run record")
+        try:
+            data = json.loads(raw)
+        except ValueError as e:  # UnicodeDecodeError included
+            raise RecordError(f"{p}: not JSON ({e})") from None
+        try:
+            return RunRecord.from_json(data)
+        except RecordError as e:
+            raise RecordError(f"{p}: {e}") from None
+
+
+def _nofollow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+
+
+# --- field checks: (name, value) -> value, or RecordError --------------------------------
+
+
+def _any(name: str, v: Any) -> Any:
+    return v
+
+
+def _str(name: str, v: Any) -> str:
+    if not isinstance(v, str):
+        raise RecordError(f"field {name!r} must be a string, not {type(v).__name__}")
+    return v
+
+
+def _opt_str(name: str, v: Any) -> str | None:
+    return None if v is None else _str(name, v)
+
+
+def _count(name: str, v: Any) -> int:
+    if type(v) is not int or v < 0:
+        raise RecordError(f"field {name!r} must be a non-negative integer, not {v!r}")
+    return v
+
+
+def _number(name: str, v: Any) -> float:
+    if type(v) not in (int, float) or not math.isfinite(v):
+        raise RecordError(f"field {name!r} must be a finite number, not {v!r}")
+    return float(v)
+
+
+def _numbers(name: str, v: Any) -> list[float]:
+    if not isinstance(v, list):
+        raise RecordError(f"field {name!r} must be a list of numbers, not {type(v).__name__}")
+    return [_number(f"{name}[{i}]", x) for i, x in enumerate(v)]
+
+
+def _counts(name: str, v: Any) -> dict[str, int]:
+    if not isinstance(v, dict):
+        raise RecordError(f"field {name!r} must be an object of counts, not {type(v).__name__}")
+    for k, n in v.items():
+        if not _COUNT_NAME_RE.fullmatch(k):
+            raise RecordError(f"field {name!r} has a kind that is not one word: {k!r}")
+        _count(f"{name}[{k!r}]", n)
+    return dict(v)
+
+
+def _obj(name: str, v: Any) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise RecordError(f"field {name!r} must be an object, not {type(v).__name__}")
+    return dict(v)
+
+
+def _opt_obj(name: str, v: Any) -> dict[str, Any] | None:
+    return None if v is None else _obj(name, v)
+
+
+def _outcome(name: str, v: Any) -> str:
+    v = _OLD_OUTCOMES.get(v, v) if isinstance(v, str) else v
+    if v not in OUTCOMES:
+        raise RecordError(f"field {name!r} must be one of {', '.join(OUTCOMES)}, not {v!r}")
+    return str(v)
+
+
+def _checks(name: str, v: Any) -> dict[str, Check]:
+    out: dict[str, Check] = {}
+    for k, c in _obj(name, v).items():
+        c = _obj(f"{name}[{k!r}]", c)
+        valid = c.get("valid")
+        if type(valid) not in (bool, type(None)):
+            raise RecordError(f"field {name}[{k!r}].valid must be true, false or null")
+        check = Check(valid=valid, detail=str(c.get("detail", "")))
+        if "anomalies" in c:  # the named anomalies behind a verdict (records may lack them)
+            found = c["anomalies"]
+            if not isinstance(found, list) or not all(isinstance(x, dict) for x in found):
+                raise RecordError(f"field {name}[{k!r}].anomalies must be a list of objects")
+            check["anomalies"] = [dict(x) for x in found]
+        out[k] = check
+    return out
+
+
+def _extra(name: str, v: Any) -> dict[str, Any]:
+    d = _obj(name, v)
+    if "recoveries_by_mode" in d and d["recoveries_by_mode"] is not None:
+        _counts(f"{name}.recoveries_by_mode", d["recoveries_by_mode"])
+    return d
+
+
+_FIELD_CHECKS: dict[str, Callable[[str, Any], Any]] = {
+    "run_id": _str,
+    "seed": _str,
+    "mode": _str,
+    "backend": _str,
+    "calls": _count,
+    "schedule": _opt_obj,
+    "faults": _counts,
+    "kills": _count,
+    "recoveries": _counts,
+    "attempts": _count,
+    "resume_latencies_ms": _numbers,
+    "resume_backoffs_ms": _numbers,
+    "outcome": _outcome,
+    "checks": _checks,
+    "duration_s": _number,
+    "repro": _str,
+    "durable_mode": _opt_str,
+    "extra": _extra,
+}
+
+
+@dataclass
+class RecordScan:
+    """The records of a campaign directory that could be read, and the files skipped."""
+
+    records: list[RunRecord]
+    skipped: list[tuple[Path, str]]
+
+
+def scan_records(campaign_dir: str | Path) -> RecordScan:
+    """Every readable ``runs/*.json``, in run-id order; each file that is not a record
+    (and each duplicate run id) is skipped with the reason, never fatal."""
+    runs = Path(campaign_dir) / "runs"
+    scan = RecordScan([], [])
+    seen: set[str] = set()
+    for p in sorted(runs.glob("*.json")):
+        try:
+            rec = RunRecord.load(p)
+        except RecordError as e:
+            scan.skipped.append((p, str(e).removeprefix(f"{p}: ")))
+            continue
+        if rec.run_id in seen:
+            scan.skipped.append((p, f"a second record of run {rec.run_id}"))
+            continue
+        seen.add(rec.run_id)
+        scan.records.append(rec)
+    return scan
 
 
 def load_records(campaign_dir: str | Path) -> list[RunRecord]:
-    """Every ``runs/*.json`` of a campaign directory, in run-id order."""
+    """Every ``runs/*.json`` of a campaign directory, in run-id order; ``RecordError`` at
+    the first file that is not a record (``scan_records`` skips such files instead)."""
     runs = Path(campaign_dir) / "runs"
     return [RunRecord.load(p) for p in sorted(runs.glob("*.json"))]

@@ -2,7 +2,7 @@
 
 Each run is a worker process of its own (``campaigns.worker``), at most ``jobs`` at a
 time, with its own state directory under ``<out>/state/<run_id>``; a run that exceeds
-``run_timeout_s`` is killed and recorded as ``error``. Layout of ``out_dir``::
+``run_timeout_s`` is killed and recorded as ``lab_error``. Layout of ``out_dir``::
 
     campaign.json         the spec, the run_one reference, times, the SUMMARY line
     runs/<run_id>.json    one RunRecord per run (what reports read)
@@ -11,9 +11,12 @@ time, with its own state directory under ``<out>/state/<run_id>``; a run that ex
     state/<run_id>/       the run's own state (log, coordinator file, Space dirs)
     work/                 the RunSpec / RunRecord files passed to and from workers
 
-Stdout gets, in order: one ``REPRO <run_id>: <command>`` line per failed run, a
+Stdout gets, in order: one ``REPRO <run_id>: <command>`` line per failed run (the
+seed's command and the exact replay of its record), a ``REPRODUCED <run_id> k/N`` line
+per failed run replayed exactly ``retries`` times (``campaigns/replay.py``), a
 ``SHRUNK <run_id>: <command>`` line per shrunk one, then the SUMMARY line last. The
-progress bar goes to stderr. ``CampaignResult.exit_code`` is 1 if any run is not ok.
+progress bar goes to stderr. ``CampaignResult.exit_code`` is 1 if any run failed, 3 if
+the only trouble was the lab's own (``lab_error`` runs: the adapter was not judged).
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -37,11 +42,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from durable_spaces.campaigns.record import RunRecord
+from durable_spaces.campaigns.replay import Reproduction, differences, exact_spec, reproduction
 from durable_spaces.campaigns.shrink import ShrinkResult, shrink
-from durable_spaces.campaigns.spec import CampaignSpec, RunSpec
+from durable_spaces.campaigns.spec import MAX_JOBS, CampaignSpec, RunSpec
 from durable_spaces.campaigns.summary import Summary
 from durable_spaces.campaigns.worker import error_record
 from durable_spaces.chaos.schedule import Schedule
+from durable_spaces.errors import ConfigError
 
 __all__ = ["CampaignResult", "CampaignSpec", "RunSpec", "run_campaign", "run_one_ref"]
 
@@ -91,14 +98,18 @@ class CampaignResult:
     repros: dict[str, str] = field(default_factory=dict)
     shrunk: dict[str, ShrinkResult] = field(default_factory=dict)
     shrunk_repros: dict[str, str] = field(default_factory=dict)
+    reproductions: dict[str, Reproduction] = field(default_factory=dict)
 
     @property
     def failed(self) -> list[RunRecord]:
+        """Every run that is not ok (failed, or the lab's own error)."""
         return [r for r in self.records if r.outcome != "ok"]
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.failed else 0
+        if any(r.outcome == "failed" for r in self.records):
+            return 1
+        return 3 if self.failed else 0
 
     @property
     def summary_line(self) -> str:
@@ -155,6 +166,19 @@ class _Runs:
         return asyncio.run(self.run(spec, tag))
 
 
+def _retry(runs: _Runs, rec: RunRecord, tries: int, state_root: str) -> Reproduction | None:
+    """Replay a failed run exactly (its realized interleaving) ``tries`` times."""
+    replays = []
+    for k in range(1, tries + 1):
+        rid = f"{rec.run_id}.exact{k}"
+        try:
+            spec = exact_spec(rec, os.path.join(state_root, rid), run_id=rid)
+        except ConfigError:
+            return None
+        replays.append(runs.run_sync(spec, f".exact{k}"))
+    return reproduction(rec, replays)
+
+
 def _progress(enabled: bool) -> Progress:
     return Progress(
         TextColumn("[bold]{task.description}"),
@@ -165,6 +189,26 @@ def _progress(enabled: bool) -> Progress:
         console=Console(stderr=True),
         disable=not enabled,
     )
+
+
+def _check_args(
+    out_dir: str | Path, jobs: int | None, run_timeout_s: float | None, shrink_budget: int
+) -> Path:
+    """``out_dir`` made absolute (drivers refuse a relative state dir), or ``ConfigError``."""
+    if jobs is not None and (type(jobs) is not int or not 1 <= jobs <= MAX_JOBS):
+        raise ConfigError(f"jobs must be an integer in 1..{MAX_JOBS}, not {jobs!r}")
+    if run_timeout_s is not None and (
+        not isinstance(run_timeout_s, int | float) or not 0 < run_timeout_s < math.inf
+    ):
+        raise ConfigError(
+            f"run_timeout_s must be a positive number of seconds or None, not {run_timeout_s!r}"
+        )
+    if type(shrink_budget) is not int or shrink_budget < 0:
+        raise ConfigError(f"shrink_budget must be an integer >= 0, not {shrink_budget!r}")
+    out = Path(out_dir).absolute()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out_dir {out} exists and is not a directory")
+    return out
 
 
 def run_campaign(
@@ -179,18 +223,20 @@ def run_campaign(
     shrink_budget: int = 40,
     progress: bool = True,
     stdout: IO[str] | None = None,
+    retries: int = 3,
 ) -> CampaignResult:
     """Run the campaign; print REPRO/SHRUNK lines and the SUMMARY line to ``stdout``.
 
     ``run_one`` is a module-level ``async def run_one(run: RunSpec) -> RunRecord`` (or its
     ``"module:function"`` name). ``schedules`` given: one run per schedule (exhaustive
-    mode), instead of ``spec.runs`` runs drawn from ``<seed_base>-<i>``.
+    mode), instead of ``spec.runs`` runs drawn from ``<seed_base>-<i>``. Bad arguments
+    raise ``ConfigError`` before anything is created.
     """
-    out = Path(out_dir)
+    out = _check_args(out_dir, jobs, run_timeout_s, shrink_budget)
     for sub in ("runs", "schedules", "logs", "state"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     ref = run_one_ref(run_one)
-    jobs = max(1, jobs or spec.jobs)
+    jobs = jobs or spec.jobs
     started = time.time()
     meta: dict[str, Any] = {"spec": spec.to_json(), "run_one": ref, "jobs": jobs,
                             "started_unix": started}  # fmt: skip
@@ -235,7 +281,19 @@ def run_campaign(
     for rec in result.failed:
         result.repros[rec.run_id] = rec.repro
         why = ",".join(rec.failing_checks()) or rec.outcome
+        kept = str(out / "runs" / f"{rec.run_id}.json")
+        exact = shlex.join(["durable-spaces", "repro", "--exact", kept])
         print(f"REPRO {rec.run_id} ({why}): {rec.repro}", file=w, flush=True)
+        print(f"REPRO {rec.run_id} (exact): {exact}", file=w, flush=True)
+    for rec in result.failed:
+        if rec.outcome != "failed" or not retries:
+            continue
+        rep = _retry(runs, rec, retries, state_root)
+        if rep is not None:
+            result.reproductions[rec.run_id] = rep
+            rec.extra["reproduction"] = rep.to_json()
+            rec.save(out / "runs")
+            print(rep.line(), file=w, flush=True)
     if shrink_failures:
         tries = itertools.count(1)  # unique tags for every candidate run
         for rec in result.failed:
@@ -270,4 +328,85 @@ def run_campaign(
     )
     (out / "campaign.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(result.summary_line, file=w, flush=True)
+    return result
+
+
+@dataclass
+class Determinism:
+    """K seeds run twice each: how many realized the same interleaving both times."""
+
+    seeds: int
+    same: int
+    profile: str
+    differences: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def fraction(self) -> float:
+        return self.same / self.seeds if self.seeds else 1.0
+
+    def line(self) -> str:
+        return (
+            f"DETERMINISM seeds={self.seeds} same={self.same} "
+            f"fraction={self.fraction:.3f} profile={self.profile}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seeds": self.seeds,
+            "same": self.same,
+            "fraction": self.fraction,
+            "profile": self.profile,
+            "differences": self.differences,
+        }
+
+
+def run_determinism(
+    spec: CampaignSpec,
+    run_one: RunOneRef,
+    seeds: int,
+    *,
+    out_dir: str | Path,
+    jobs: int | None = None,
+    run_timeout_s: float | None = 900.0,
+    stdout: IO[str] | None = None,
+) -> Determinism:
+    """Run seeds ``<seed_base>-0 .. K-1`` twice each and compare the two realized
+    interleavings (``campaigns/replay.py``'s signature); writes ``determinism.json`` and
+    the records of both runs under ``runs/`` (``<run>.a``, ``<run>.b``)."""
+    if not 1 <= seeds <= 10_000:
+        raise ConfigError(f"--determinism must be between 1 and 10000 seeds, not {seeds}")
+    out = _check_args(out_dir, jobs, run_timeout_s, 40)
+    for sub in ("runs", "logs", "state"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    runs = _Runs(run_one_ref(run_one), out, run_timeout_s)
+    state_root = str(out / "state")
+    pairs = [
+        [spec.run(i, state_root).with_(run_id=f"run-{i:04d}.{t}",
+                                        state_dir=os.path.join(state_root, f"run-{i:04d}.{t}"))
+         for t in ("a", "b")]
+        for i in range(seeds)
+    ]  # fmt: skip
+
+    async def all_runs() -> list[RunRecord]:
+        sem = asyncio.Semaphore(jobs or spec.jobs)
+
+        async def one(rs: RunSpec) -> RunRecord:
+            async with sem:
+                rec = await runs.run(rs)
+            rec.save(out / "runs")
+            return rec
+
+        return list(await asyncio.gather(*(one(rs) for pair in pairs for rs in pair)))
+
+    recs = asyncio.run(all_runs())
+    result = Determinism(seeds, 0, spec.profile)
+    for i in range(seeds):
+        a, b = recs[2 * i], recs[2 * i + 1]
+        diff = differences(a, b)
+        if diff:
+            result.differences[f"run-{i:04d}"] = diff
+        else:
+            result.same += 1
+    (out / "determinism.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    print(result.line(), file=stdout if stdout is not None else sys.stdout, flush=True)
     return result

@@ -8,6 +8,7 @@ are data with a JSON round-trip, so they cross process boundaries as text.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -23,23 +24,47 @@ DURABLE_MODES = ("transactional", "checkpoint", "auto")
 
 def _choice(var: str, value: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
-        raise ConfigError(f"{var}={value!r} is not one of {', '.join(choices)}")
+        raise ConfigError(f"{var}={value!r} is not one of: {', '.join(choices)}")
     return value
 
 
-def _positive_int(var: str, value: str | int) -> int:
-    try:
+#: Caps on what one campaign may ask for: beyond them a typo, not a plan (a run of 10k
+#: calls takes hours; 10k runs a day).
+MAX_RUNS = 10_000
+MAX_CALLS = 10_000
+MAX_JOBS = 256
+#: A seed goes into file names and printed shell commands: one safe word.
+SEED_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", re.ASCII)
+_DIGITS = re.compile(r"[0-9]+", re.ASCII)
+
+
+def _positive_int(var: str, value: str | int, cap: int) -> int:
+    """1..cap; a string must be ASCII digits (``int()`` would take " 5" or "\\uff15")."""
+    if isinstance(value, str):
+        if not _DIGITS.fullmatch(value):
+            raise ConfigError(f"{var}={value!r} is not a positive integer")
+        if len(value.lstrip("0")) > len(str(cap)):
+            raise ConfigError(f"{var}={value[:20]!r}... is over the limit of {cap}")
         n = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{var}={value!r} is not an integer") from None
+    elif type(value) is int:
+        n = value
+    else:
+        raise ConfigError(f"{var}={value!r} is not an integer")
     if n < 1:
         raise ConfigError(f"{var}={value!r} must be at least 1")
+    if n > cap:
+        raise ConfigError(f"{var}={value!r} is over the limit of {cap}")
     return n
 
 
-def _word(var: str, value: str) -> str:
-    if not value or any(c.isspace() or c == "=" for c in value):
-        raise ConfigError(f"{var}={value!r} must be one word without spaces or '='")
+def check_seed(var: str, value: str) -> str:
+    """A seed or seed base: one word of ``[A-Za-z0-9._-]`` starting with a letter or digit,
+    at most 128 characters (it names files and is pasted into shells)."""
+    if not isinstance(value, str) or not SEED_RE.fullmatch(value):
+        raise ConfigError(
+            f"{var}={value!r} must be one word of letters, digits, '.', '_' or '-' "
+            "(starting with a letter or digit, at most 128 characters)"
+        )
     return value
 
 
@@ -50,21 +75,21 @@ class CampaignSpec:
     seed_base: str = "ds"
     runs: int = 20
     calls: int = 6
-    jobs: int = field(default_factory=lambda: os.cpu_count() or 1)
+    jobs: int = field(default_factory=lambda: min(os.cpu_count() or 1, MAX_JOBS))
     #: The adapter mode; derived from ``mode`` when it names one, else transactional.
     durable_mode: str | None = None
     profile: str = "default"
 
     def __post_init__(self) -> None:
-        _choice("CRASH_MODE", self.mode, MODES)
-        _choice("CRASH_BACKEND", self.backend, BACKENDS)
-        _word("CRASH_SEED_BASE", self.seed_base)
-        _positive_int("CRASH_RUNS", self.runs)
-        _positive_int("CRASH_CALLS", self.calls)
-        _positive_int("CRASH_JOBS", self.jobs)
+        _choice("--mode/CRASH_MODE", self.mode, MODES)
+        _choice("--backend/CRASH_BACKEND", self.backend, BACKENDS)
+        check_seed("--seed-base/CRASH_SEED_BASE", self.seed_base)
+        _positive_int("--runs/CRASH_RUNS", self.runs, MAX_RUNS)
+        _positive_int("--calls/CRASH_CALLS", self.calls, MAX_CALLS)
+        _positive_int("--jobs/CRASH_JOBS", self.jobs, MAX_JOBS)
         if self.durable_mode is not None:
-            _choice("CRASH_DURABLE_MODE", self.durable_mode, DURABLE_MODES)
-        _choice("profile", self.profile, tuple(PROFILES))
+            _choice("--durable-mode/CRASH_DURABLE_MODE", self.durable_mode, DURABLE_MODES)
+        _choice("--profile/CRASH_PROFILE", self.profile, tuple(PROFILES))
         if self.mode == "server" and self.backend != "microvm":
             raise ConfigError(
                 "CRASH_MODE=server needs CRASH_BACKEND=microvm: only whole-machine "
@@ -91,9 +116,9 @@ class CampaignSpec:
             ("CRASH_SEED_BASE", "seed_base", str),
             ("CRASH_DURABLE_MODE", "durable_mode", str),
             ("CRASH_PROFILE", "profile", str),
-            ("CRASH_RUNS", "runs", lambda v: _positive_int("CRASH_RUNS", v)),
-            ("CRASH_CALLS", "calls", lambda v: _positive_int("CRASH_CALLS", v)),
-            ("CRASH_JOBS", "jobs", lambda v: _positive_int("CRASH_JOBS", v)),
+            ("CRASH_RUNS", "runs", lambda v: _positive_int("--runs/CRASH_RUNS", v, MAX_RUNS)),
+            ("CRASH_CALLS", "calls", lambda v: _positive_int("--calls/CRASH_CALLS", v, MAX_CALLS)),
+            ("CRASH_JOBS", "jobs", lambda v: _positive_int("--jobs/CRASH_JOBS", v, MAX_JOBS)),
         ):
             raw = e.get(var)
             if raw is not None and raw.strip() != "":

@@ -2,11 +2,14 @@
 
 Exactly::
 
-    SUMMARY mode=<m> backend=<b> runs=<n> ok=<n> failed=<n> kills=<n> faults=<fault:n,...>
-    recoveries=<kind:n,...> resume_p50_ms=<x> resume_p95_ms=<x> seed_base=<s>
+    SUMMARY mode=<m> backend=<b> runs=<n> ok=<n> failed=<n> lab_errors=<n> kills=<n>
+    faults=<fault:n,...> recoveries=<kind:n,...> resume_p50_ms=<x> resume_p95_ms=<x>
+    seed_base=<s> [<key>=<value> ...]
 
-on one line. Choices: ``failed`` counts every run that is not ok (failed and error
-outcomes), so ``ok + failed == runs``; a ``name:count`` list is sorted by name and is
+on one line. Choices: ``failed`` counts the runs where a check of the system under test
+failed, ``lab_errors`` the runs the lab itself broke (they say nothing about the
+adapter), so ``ok + failed + lab_errors == runs``; scenarios may append fields of their
+own after ``seed_base`` (``extra``, in order); a ``name:count`` list is sorted by name and is
 ``-`` when empty (zero counts are left out); percentiles are linear-interpolated
 (numpy's default) over every run's resume samples and printed as integers (rounded),
 ``n/a`` without samples.
@@ -23,11 +26,15 @@ from dataclasses import dataclass, field
 from durable_spaces.campaigns.record import RunRecord
 
 _FIELDS = (
-    "mode", "backend", "runs", "ok", "failed", "kills", "faults", "recoveries",
+    "mode", "backend", "runs", "ok", "failed", "lab_errors", "kills", "faults", "recoveries",
     "resume_p50_ms", "resume_p95_ms", "seed_base",
 )  # fmt: skip
 _VALUE = r"[^\s=]+"
-_LINE = re.compile(r"^SUMMARY " + " ".join(f"{k}=(?P<{k}>{_VALUE})" for k in _FIELDS) + r"$")
+_LINE = re.compile(
+    r"^SUMMARY "
+    + " ".join(f"{k}=(?P<{k}>{_VALUE})" for k in _FIELDS)
+    + rf"(?P<extra>(?: [a-z_][a-z0-9_]*={_VALUE})*)$"
+)
 
 
 def percentile(samples: Sequence[float], q: float) -> float | None:
@@ -70,14 +77,24 @@ class Summary:
     runs: int = 0
     ok: int = 0
     failed: int = 0
+    lab_errors: int = 0
     kills: int = 0
     faults: dict[str, int] = field(default_factory=dict)
     recoveries: dict[str, int] = field(default_factory=dict)
     resume_p50_ms: int | None = None
     resume_p95_ms: int | None = None
+    #: Fields a scenario adds after ``seed_base`` (name -> one word), in order.
+    extra: dict[str, str] = field(default_factory=dict)
 
     @staticmethod
-    def of(records: Iterable[RunRecord], *, mode: str, backend: str, seed_base: str) -> Summary:
+    def of(
+        records: Iterable[RunRecord],
+        *,
+        mode: str,
+        backend: str,
+        seed_base: str,
+        extra: Mapping[str, str] | None = None,
+    ) -> Summary:
         rs = list(records)
         faults: Counter[str] = Counter()
         recov: Counter[str] = Counter()
@@ -87,6 +104,7 @@ class Summary:
             recov.update(r.recoveries)
             lat.extend(r.resume_latencies_ms)
         ok = sum(1 for r in rs if r.outcome == "ok")
+        lab = sum(1 for r in rs if r.outcome == "lab_error")
         p50, p95 = percentile(lat, 50), percentile(lat, 95)
         return Summary(
             mode=mode,
@@ -94,24 +112,31 @@ class Summary:
             seed_base=seed_base,
             runs=len(rs),
             ok=ok,
-            failed=len(rs) - ok,
+            failed=len(rs) - ok - lab,
+            lab_errors=lab,
             kills=sum(r.kills for r in rs),
             faults=dict(faults),
             recoveries=dict(recov),
             resume_p50_ms=None if p50 is None else round(p50),
             resume_p95_ms=None if p95 is None else round(p95),
+            extra=dict(extra or {}),
         )
 
     def line(self) -> str:
         for k, v in (("mode", self.mode), ("backend", self.backend), ("seed_base", self.seed_base)):
             if not v or re.search(r"[\s=]", v):
                 raise ValueError(f"SUMMARY {k} must be one word without '=': {v!r}")
+        for k, v in self.extra.items():
+            if not re.fullmatch(r"[a-z_][a-z0-9_]*", k) or not v or re.search(r"[\s=]", v):
+                raise ValueError(f"a SUMMARY extra field must be word=word: {k!r}={v!r}")
+        tail = "".join(f" {k}={v}" for k, v in self.extra.items())
         return (
             f"SUMMARY mode={self.mode} backend={self.backend} runs={self.runs} ok={self.ok} "
-            f"failed={self.failed} kills={self.kills} faults={format_counts(self.faults)} "
+            f"failed={self.failed} lab_errors={self.lab_errors} kills={self.kills} "
+            f"faults={format_counts(self.faults)} "
             f"recoveries={format_counts(self.recoveries)} "
             f"resume_p50_ms={_fmt_ms(self.resume_p50_ms)} "
-            f"resume_p95_ms={_fmt_ms(self.resume_p95_ms)} seed_base={self.seed_base}"
+            f"resume_p95_ms={_fmt_ms(self.resume_p95_ms)} seed_base={self.seed_base}{tail}"
         )
 
     @staticmethod
@@ -132,11 +157,13 @@ class Summary:
             runs=int(g["runs"]),
             ok=int(g["ok"]),
             failed=int(g["failed"]),
+            lab_errors=int(g["lab_errors"]),
             kills=int(g["kills"]),
             faults=parse_counts(g["faults"]),
             recoveries=parse_counts(g["recoveries"]),
             resume_p50_ms=ms(g["resume_p50_ms"]),
             resume_p95_ms=ms(g["resume_p95_ms"]),
+            extra=dict(kv.split("=", 1) for kv in g["extra"].split()),
         )
 
 

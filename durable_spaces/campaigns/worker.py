@@ -43,7 +43,7 @@ def error_record(spec: RunSpec, detail: str, duration_s: float = 0.0) -> RunReco
         backend=spec.backend,
         calls=spec.calls,
         schedule=None if spec.schedule is None else spec.schedule.to_json(),
-        outcome="error",
+        outcome="lab_error",
         checks={"run": Check(valid=None, detail=detail[-2000:])},
         duration_s=duration_s,
         durable_mode=spec.durable_mode,

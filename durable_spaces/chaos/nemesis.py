@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from durable_spaces.adapter.space import SpaceBackend
+    from durable_spaces.space import SpaceBackend
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,11 @@ def is_stopped(pid: int) -> bool:
         return False
 
 
+#: The longest a paused driver waits for its successor's first step before it is
+#: continued anyway (the successor may be waiting for something the paused one holds).
+TAKEOVER_WAIT_S = 15.0
+
+
 class DriverPauser:
     """``pause``: SIGSTOP the driver of ``value["epoch"]`` (or find it stopped already, at
     its pause failpoint: ``value["self_stopped"]``). With ``value["takeover"]`` the
@@ -141,8 +146,14 @@ class DriverPauser:
             await asyncio.wait_for(_first(waits), delay)
 
     async def _next_first_step(self, epoch: int) -> None:
+        """Until a newer driver made its first step, or at most ``TAKEOVER_WAIT_S``: the
+        newer one may need what the paused one holds (a lock it was stopped inside, the
+        log's write transaction), and a stopped process does resume in the end."""
+        deadline = time.monotonic() + TAKEOVER_WAIT_S
         while not (self._release.is_set() or self.coordinator.settled.is_set()):
             if any(a.epoch > epoch and a.first_step_ms for a in self.coordinator.history):
+                return
+            if time.monotonic() > deadline:
                 return
             await asyncio.sleep(0.02)
 

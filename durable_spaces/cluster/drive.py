@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from durable_spaces import session_protocol as protocol
 from durable_spaces.campaigns.coordinator import Coordinator, CoordinatorResult
 from durable_spaces.cluster.leases import LEASE_SECS
 from durable_spaces.cluster.placer import Placer
@@ -65,6 +66,7 @@ _EVENTS = {
 }
 #: How long a pending session only reads the lease before asking for it again.
 PENDING_RECHECK_SECS = 5.0
+_DRIVER_EVENTS = ("first_step", "recovery", "done")
 _RESERVED = frozenset({"kind", "session", "space", "host", "coordinator"})
 
 
@@ -193,7 +195,7 @@ class ClusterCoordinator:
         events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         env = {**s.env, DB_ENV: self.db_url}
         if session.space is not None:
-            env["CUA_SESSION_SPACE"] = session.space
+            env[protocol.SPACE] = session.space
 
         async def epoch_source(floor: int) -> int:
             if floor:
@@ -216,7 +218,7 @@ class ClusterCoordinator:
         def on_event(ev: dict[str, Any]) -> None:
             kind = _EVENTS.get(ev["event"])
             data = ev.get("data") or {}
-            if ev["event"] == "driver_event" and data.get("event") in ("first_step", "recovery"):
+            if ev["event"] == "driver_event" and data.get("event") in _DRIVER_EVENTS:
                 kind = f"driver_{data['event']}"
                 ev = {**ev, **{k: v for k, v in data.items() if k != "event"}}
             if kind is not None:

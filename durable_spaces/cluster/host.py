@@ -38,7 +38,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from durable_spaces.adapter.space import Space, SpaceBackend, space_name
 from durable_spaces.backends import open_backend
 from durable_spaces.cluster.address import LocalAddress, SpacesdAddress, check_endpoint
 from durable_spaces.cluster.forward import PortForward
@@ -51,6 +50,7 @@ from durable_spaces.errors import (
     HostLostError,
     UnknownRecordError,
 )
+from durable_spaces.space import Space, SpaceBackend, space_name
 
 log = logging.getLogger(__name__)
 

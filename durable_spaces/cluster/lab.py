@@ -19,17 +19,25 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psutil
 
-from durable_spaces.adapter.space import SpaceBackend
+from durable_spaces.adapter.driver import LOG_FILE
 from durable_spaces.backends.docker import DockerBackend
 from durable_spaces.backends.local import LocalBackend
 from durable_spaces.backends.spacesd import SpacesdBackend
-from durable_spaces.campaigns.checker import History, load_history, snapshot_workspace
+from durable_spaces.campaigns.agent import AgentConfigFile
+from durable_spaces.campaigns.checker import (
+    History,
+    Inputs,
+    LaunchRecord,
+    Workload,
+    collect,
+    load_history,
+)
 from durable_spaces.cluster.drive import SharedDirectory
 from durable_spaces.cluster.host import local_name
 from durable_spaces.cluster.hostapi import HostClient
@@ -38,6 +46,7 @@ from durable_spaces.cluster.records import Event
 from durable_spaces.cluster.store import ClusterStore
 from durable_spaces.cluster.submit import agent_config, submit_session
 from durable_spaces.errors import ClusterError, HostApiError, SpaceGoneError, SpaceUnavailableError
+from durable_spaces.space import SpaceBackend
 
 T = TypeVar("T")
 CLI = (sys.executable, "-m", "durable_spaces.cli")
@@ -218,17 +227,36 @@ class Cluster:
     # -- checking ------------------------------------------------------------------------
 
     def history(self, session: str) -> History:
-        return load_history(str(self.sessions.state_dir(session) / "log.sqlite"))
+        return load_history(self.sessions.state_dir(session) / LOG_FILE)
 
-    def workspace(self, space: str) -> dict[str, bytes]:
-        """The Space's workspace read through its host's daemon (the test is an operator
-        on the same machine, with the host's files)."""
+    def launches(self, session: str) -> list[LaunchRecord]:
+        """The session's drivers as the coordinators recorded them in the store."""
+        rows: list[LaunchRecord] = []
+        for e in self.events(session=session):
+            epoch = int(e.detail.get("epoch", 0))
+            if e.kind == "driver_launched":
+                rows.append(LaunchRecord(epoch, e.detail.get("pid"), e.detail.get("unix_ms")))
+                continue
+            at = max((i for i, r in enumerate(rows) if r.epoch == epoch), default=None)
+            if at is not None and e.kind == "driver_exited":
+                rows[at] = replace(rows[at], exit_code=e.detail.get("code"))
+            elif at is not None and e.kind == "driver_done":
+                rows[at] = replace(rows[at], done_ms=e.detail.get("unix_ms"))
+        return rows
+
+    def inputs(self, session: str, space: str) -> Inputs:
+        """Everything the campaign checker reads about one session: its log, its Space's
+        workspace and processes (through the host's own backend: the test is an operator
+        on the same machine, with the host's files), its workload and its launches."""
         sp = self.store.space(space)
         if sp.state != "ready" or sp.host_id is None:
             raise SpaceUnavailableError(f"space {space} is not placed: {sp}")
         host = self.hosts[sp.host_id]
+        state_dir = self.sessions.state_dir(session)
+        cfg = AgentConfigFile.load(state_dir)
+        workload = Workload(seed=cfg.seed, calls=cfg.calls, sleep=cfg.sleep, server=cfg.server)
 
-        async def read() -> dict[str, bytes]:
+        async def read() -> Inputs:
             backend: SpaceBackend
             if host.backend == "local":
                 backend = LocalBackend(host.state_dir / "spaces")
@@ -240,7 +268,9 @@ class Cluster:
                 found = await backend.find(local_name(space, sp.generation))
                 if found is None:
                     raise SpaceGoneError(f"{space} generation {sp.generation} not on {host.id}")
-                return await snapshot_workspace(found)
+                return await collect(
+                    found, state_dir / LOG_FILE, workload=workload, launches=self.launches(session)
+                )
             finally:
                 await backend.close()
 

@@ -50,13 +50,13 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from durable_spaces.adapter.space import Space
-from durable_spaces.backends.docker_space import DockerSpace
+from durable_spaces import session_protocol as protocol
+from durable_spaces.backends.docker.space import DockerSpace
 from durable_spaces.backends.local import LocalBackend, LocalSpace
-from durable_spaces.backends.spacesd_space import SpacesdSpace
+from durable_spaces.backends.spacesd.space import SpacesdSpace
 from durable_spaces.cluster.address import LocalAddress, SpacesdAddress, parse_address
 from durable_spaces.cluster.hostapi import HostClient
-from durable_spaces.cluster.records import SpaceConnection, check_name
+from durable_spaces.cluster.records import SpaceConnection, check_int, check_name
 from durable_spaces.cluster.store import ClusterStore
 from durable_spaces.errors import (
     CapabilityMissingError,
@@ -68,12 +68,11 @@ from durable_spaces.errors import (
     SpaceUnavailableError,
     StaleEpochError,
 )
+from durable_spaces.space import Space
 
 POLL_SECS = 0.25
 #: While its host does not answer, how often a probe asks the store about its Space.
 STORE_CHECK_SECS = 1.0
-EXIT_CRASHED = 1
-EXIT_FENCED = 75
 DB_ENV = "CUA_CLUSTER_DB"
 TOKEN_ENV = "CUA_SESSION_LEASE_TOKEN"
 
@@ -123,7 +122,7 @@ class RemoteProbe:
                     file=sys.stderr,
                     flush=True,
                 )
-                os._exit(EXIT_CRASHED)
+                os._exit(protocol.EXIT_CRASHED)
 
     def _ensure_polling(self) -> None:
         with self._started:
@@ -200,7 +199,7 @@ class LeaseKeeper:
                     store.renew_lease(self._space, b.session, b.lease_token)
                 except LeaseLostError as e:
                     print(f"durable-spaces driver: fenced: {e}", file=sys.stderr, flush=True)
-                    os._exit(EXIT_FENCED)  # nothing more of this drive may run
+                    os._exit(protocol.EXIT_FENCED)  # nothing more of this drive may run
                 except ClusterError as e:
                     print(f"durable-spaces driver: lease renewal: {e}", file=sys.stderr)
         finally:
@@ -230,23 +229,21 @@ class RemoteBackend:
         url = db or e.get(DB_ENV, "")
         if not url:
             raise ConfigError(f"{DB_ENV} is not set: the remote backend needs the store's URL")
-        self.session = check_name("session", session or e.get("CUA_SESSION_NAME", ""))
-        raw = lease_token if lease_token is not None else e.get(TOKEN_ENV, "")
-        try:
-            self.lease_token = int(raw)
-        except ValueError:
-            raise ConfigError(f"{TOKEN_ENV} must be an integer, got {raw!r}") from None
+        self.session = check_name("session", session or e.get(protocol.NAME, ""))
+        if lease_token is not None:
+            self.lease_token = check_int("lease token", lease_token)
+        else:
+            self.lease_token = protocol.parse_epoch(TOKEN_ENV, e.get(TOKEN_ENV, ""))
+        hb = e.get(protocol.HEARTBEAT_SECS, "5")
+        self.renew_secs = protocol.parse_seconds(
+            protocol.HEARTBEAT_SECS, hb, lo=protocol.MIN_HEARTBEAT_S, hi=protocol.MAX_HEARTBEAT_S
+        )
         self._url = url
         self._store: ClusterStore | None = None
         self._probe_store: ClusterStore | None = None
         self._spaces: dict[str, tuple[int, str, Space]] = {}
         self._probes: list[RemoteProbe] = []
         self._keepers: dict[str, LeaseKeeper] = {}
-        hb = e.get("CUA_SESSION_HEARTBEAT_SECS", "5")
-        try:
-            self.renew_secs = float(hb)
-        except ValueError:
-            raise ConfigError(f"CUA_SESSION_HEARTBEAT_SECS must be a number, got {hb!r}") from None
 
     def __repr__(self) -> str:
         return f"RemoteBackend(session={self.session!r}, lease_token={self.lease_token})"

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from durable_spaces import session_protocol as protocol
 from durable_spaces.adapter.driver import LOG_FILE
 from durable_spaces.campaigns.agent import AgentConfigFile
 from durable_spaces.cluster.drive import SessionFiles
@@ -59,6 +60,8 @@ def submit_session(
 ) -> Session:
     """Create session ``name`` (driving durable Space ``space``, created if new)."""
     check_name("session", name)
+    if space is not None:  # drivers get it as CUA_SESSION_SPACE: the stricter rule
+        protocol.parse_space(protocol.SPACE, space)
     state_dir = files.state_dir(name)
     if not (state_dir / LOG_FILE).exists():
         replace(config, backend_dir=str(state_dir / "remote")).save(state_dir)

@@ -1,7 +1,7 @@
 """Campaign workers on many machines: ``durable-spaces worker --db URL --id ID``.
 
 A worker pulls runs from the store's queue (``dequeue_run``, oldest first, one worker per
-run), runs each with ``durable_spaces.campaigns.session.run_one`` in a process of its own
+run), runs each with ``durable_spaces.campaigns.run.run_one`` in a process of its own
 (``durable_spaces/campaigns/worker.py``: runs share nothing, a wedged run takes only
 itself down) and stores the record (``finish_run``, exactly once). What it guarantees:
 
@@ -41,7 +41,7 @@ from durable_spaces.errors import ClaimLostError, ClusterError
 
 log = logging.getLogger(__name__)
 
-RUN_ONE = "durable_spaces.campaigns.session:run_one"
+RUN_ONE = "durable_spaces.campaigns.run:run_one"
 _PR_SET_PDEATHSIG = 1
 
 

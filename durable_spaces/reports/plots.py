@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -10,8 +11,18 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
 from durable_spaces.campaigns.record import RunRecord
+from durable_spaces.reports.output import write_file
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    """Render in memory, then write whole (``write_file``: never through a symlink)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return write_file(Path(path), buf.getvalue())
 
 
 def latency_plot(records: Sequence[RunRecord], path: str | Path) -> Path:
@@ -28,10 +39,7 @@ def latency_plot(records: Sequence[RunRecord], path: str | Path) -> Path:
     hist.set(title="Resume latency", xlabel="ms (kill -> next first step)", ylabel="resumes")
     ecdf.set(title="Resume latency ECDF", xlabel="ms", ylabel="fraction <= x")
     fig.tight_layout()
-    p = Path(path)
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
-    return p
+    return _save(fig, path)
 
 
 def recoveries_plot(records: Sequence[RunRecord], path: str | Path) -> Path:
@@ -54,7 +62,4 @@ def recoveries_plot(records: Sequence[RunRecord], path: str | Path) -> Path:
         ax.text(0.5, 0.5, "no recoveries", ha="center", va="center", transform=ax.transAxes)
     ax.set(title="Recoveries in runs with each fault kind", xlabel="fault", ylabel="recoveries")
     fig.tight_layout()
-    p = Path(path)
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
-    return p
+    return _save(fig, path)

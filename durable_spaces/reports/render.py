@@ -3,6 +3,12 @@
 The Markdown links the PNGs next to it; the HTML carries them inline (base64) so it can
 be mailed or attached to an issue as one file. Tables are rendered here rather than by
 ``DataFrame.to_markdown`` to avoid an extra dependency (tabulate).
+
+The directory is read as data from outside: a run record that is not one is skipped and
+listed (``Report.skipped``, and a section of the report), a malformed ``campaign.json``
+is ignored, every string from a record is escaped for Markdown and HTML, and each output
+file is written to a fresh temporary name and renamed over the target, so a symlink
+planted at ``report.md`` is replaced, never followed.
 """
 
 from __future__ import annotations
@@ -10,20 +16,76 @@ from __future__ import annotations
 import base64
 import html
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
-from durable_spaces.campaigns.record import load_records
+from durable_spaces.campaigns.record import scan_records
+from durable_spaces.reports.output import write_file
 from durable_spaces.reports.plots import latency_plot, recoveries_plot
 from durable_spaces.reports.tables import all_tables
+
+
+def _flat(text: object) -> str:
+    """One line: control characters (newlines included) become spaces."""
+    return re.sub(r"[\x00-\x1f\x7f]+", " ", str(text))
 
 
 def _cell(v: object) -> str:
     if v is None or (isinstance(v, float) and pd.isna(v)):
         return ""
-    return str(v).replace("|", "\\|").replace("\n", " ")
+    return _flat(v).replace("|", "\\|")
+
+
+def code_span(text: object) -> str:
+    """``text`` as one Markdown code span, whatever backticks it holds."""
+    t = _flat(text)
+    fence = "`" * (max((len(m) for m in re.findall(r"`+", t)), default=0) + 1)
+    pad = " " if t.startswith("`") or t.endswith("`") else ""
+    return f"{fence}{pad}{t}{pad}{fence}"
+
+
+def _meta(path: Path) -> tuple[dict[str, Any], str | None]:
+    """``campaign.json`` if it is a JSON object, else nothing and why."""
+    if not path.is_file() or path.is_symlink():
+        return {}, None if not path.exists() else "not a regular file"
+    try:
+        meta = json.loads(path.read_bytes()[: 16 << 20])
+    except ValueError as e:
+        return {}, f"not JSON ({e})"
+    if not isinstance(meta, dict):
+        return {}, "not a JSON object"
+    return meta, None
+
+
+def _repro_info(r: Any) -> dict[str, Any] | None:
+    info = r.extra.get("reproduction")
+    return info if isinstance(info, dict) else None
+
+
+def _reproduced(r: Any) -> str:
+    """" (reproduced k/N)" for a failed run replayed exactly, flagged when never."""
+    info = _repro_info(r)
+    if info is None:
+        return ""
+    k, n = info.get("reproduced"), info.get("tries")
+    flag = ", never reproduced: see how the replays differed" if k == 0 else ""
+    return f" (reproduced {_cell(k)}/{_cell(n)}{flag})"
+
+
+def _determinism(path: Path) -> str | None:
+    """The determinism figure of ``durable-spaces campaign --determinism`` (if run)."""
+    meta, _ = _meta(path)
+    if not meta:
+        return None
+    seeds, same = meta.get("seeds"), meta.get("same")
+    return (
+        f"{same} of {seeds} seeds realized the same interleaving twice "
+        f"(fraction {meta.get('fraction')}, profile {meta.get('profile')})"
+    )
 
 
 def markdown_table(df: pd.DataFrame) -> str:
@@ -42,21 +104,28 @@ class Report:
     html: Path
     images: list[Path]
     tables: dict[str, pd.DataFrame]
+    #: Files under ``runs/`` that are not run records, with the reason; left out.
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+    #: How many run records the report is made of.
+    runs: int = 0
 
 
 def render_report(campaign_dir: str | Path) -> Report:
     """Write the report files into ``campaign_dir`` and return their paths and tables."""
     d = Path(campaign_dir)
-    records = load_records(d)
+    scan = scan_records(d)
+    records = scan.records
+    skipped = list(scan.skipped)
     tables = all_tables(records)
     images = [
         latency_plot(records, d / "resume_latency.png"),
         recoveries_plot(records, d / "recoveries.png"),
     ]
-    meta_path = d / "campaign.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    summary = meta.get("summary", "")
-    title = f"Campaign report: {d.name}"
+    meta, bad_meta = _meta(d / "campaign.json")
+    if bad_meta is not None:
+        skipped.append((d / "campaign.json", bad_meta))
+    summary = _flat(meta.get("summary", "")) if isinstance(meta.get("summary"), str) else ""
+    title = f"Campaign report: {_flat(d.name)}"
     failed = [r for r in records if r.outcome != "ok"]
 
     md = [f"# {title}", ""]
@@ -66,10 +135,18 @@ def render_report(campaign_dir: str | Path) -> Report:
         md += [f"## {name}", "", markdown_table(df), ""]
     md += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in images] + [""]
     md += ["## Failed runs", ""]
-    md += [f"- `{r.run_id}` ({', '.join(r.failing_checks()) or r.outcome}): `{r.repro}`"
-           for r in failed] or ["_(none)_"]  # fmt: skip
-    md_path = d / "report.md"
-    md_path.write_text("\n".join(md) + "\n")
+    md += [f"- {code_span(r.run_id)} ({_cell(', '.join(r.failing_checks()) or r.outcome)}): "
+           f"{code_span(r.repro)}{_reproduced(r)}" for r in failed] or ["_(none)_"]  # fmt: skip
+    for r in failed:
+        for diff in (_repro_info(r) or {}).get("differences", []) or []:
+            md += [f"  - a replay that passed differed: {_cell('; '.join(map(str, diff)))}"]
+    det = _determinism(d / "determinism.json")
+    if det is not None:
+        md += ["", "## Determinism", "", _cell(det), ""]
+    if skipped:
+        md += ["", "## Skipped files", ""]
+        md += [f"- {code_span(p.name)}: {_cell(why)}" for p, why in skipped]
+    md_path = write_file(d / "report.md", ("\n".join(md) + "\n").encode())
 
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
              "</title><style>body{font-family:sans-serif;max-width:70em;margin:auto}"
@@ -85,9 +162,17 @@ def render_report(campaign_dir: str | Path) -> Report:
         data = base64.b64encode(p.read_bytes()).decode()
         parts.append(f"<p><img alt='{p.stem}' src='data:image/png;base64,{data}'></p>")
     parts.append("<h2>Failed runs</h2><ul>")
-    parts += [f"<li><code>{html.escape(r.run_id)}</code>: <code>{html.escape(r.repro)}</code></li>"
+    parts += [f"<li><code>{html.escape(r.run_id)}</code>: <code>{html.escape(r.repro)}</code>"
+              f"{html.escape(_reproduced(r))}</li>"
               for r in failed] or ["<li><em>(none)</em></li>"]  # fmt: skip
-    parts.append("</ul></body></html>")
-    html_path = d / "report.html"
-    html_path.write_text("\n".join(parts) + "\n")
-    return Report(md_path, html_path, images, tables)
+    parts.append("</ul>")
+    if det is not None:
+        parts += ["<h2>Determinism</h2>", f"<p>{html.escape(det)}</p>"]
+    if skipped:
+        parts.append("<h2>Skipped files</h2><ul>")
+        parts += [f"<li><code>{html.escape(p.name)}</code>: {html.escape(why)}</li>"
+                  for p, why in skipped]  # fmt: skip
+        parts.append("</ul>")
+    parts.append("</body></html>")
+    html_path = write_file(d / "report.html", ("\n".join(parts) + "\n").encode())
+    return Report(md_path, html_path, images, tables, skipped, len(records))

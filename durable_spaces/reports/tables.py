@@ -131,13 +131,13 @@ def outcomes_table(records: Sequence[RunRecord]) -> pd.DataFrame:
     """Runs per outcome, per mode and backend."""
     df = runs_frame(records)
     if df.empty:
-        return pd.DataFrame(columns=["mode", "backend", "ok", "failed", "error", "runs"])
+        return pd.DataFrame(columns=["mode", "backend", "ok", "failed", "lab_error", "runs"])
     t = df.pivot_table(index=["mode", "backend"], columns="outcome", values="run_id",
                        aggfunc="count", fill_value=0)  # fmt: skip
-    for col in ("ok", "failed", "error"):
+    for col in ("ok", "failed", "lab_error"):
         if col not in t.columns:
             t[col] = 0
-    t = t[["ok", "failed", "error"]]
+    t = t[["ok", "failed", "lab_error"]]
     t["runs"] = t.sum(axis=1)
     t.columns.name = None
     return t.reset_index()

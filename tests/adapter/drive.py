@@ -19,7 +19,7 @@ from pathlib import Path
 
 from durable_spaces.backends import open_backend
 from durable_spaces.campaigns.agent import AgentConfigFile
-from durable_spaces.campaigns.checker import check_all, load_history, snapshot_workspace
+from durable_spaces.campaigns.checker import Workload, check_all, collect
 
 SESSION = "crash-session"
 
@@ -146,14 +146,17 @@ async def cleanup(tmp: Path, backend: str) -> None:
 
 
 async def check(tmp: Path, backend: str) -> dict[str, dict[str, object]]:
-    history = load_history(str(tmp / "state" / "log.sqlite"))
+    """Every campaign check on the session in ``tmp`` (no launch history: these tests
+    choose epochs by hand, a same-epoch restart included)."""
+    cfg = AgentConfigFile.load(tmp / "state")
+    workload = Workload(seed=cfg.seed, calls=cfg.calls, sleep=cfg.sleep, server=cfg.server)
     b = open_backend(backend, tmp / "spaces")
     try:
         names = await b.names()
         assert len(names) == 1, names
         space = await b.find(names[0])
         assert space is not None
-        workspace = await snapshot_workspace(space)
-        return check_all(history, workspace)
+        inputs = await collect(space, tmp / "state" / "log.sqlite", workload=workload)
+        return check_all(inputs)
     finally:
         await b.close()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from drive import AGENT, check, cleanup, driver_env, setup
 
-from durable_spaces.adapter.log import SqliteStorage
+from durable_spaces.harness.log import SqliteStorage
 
 
 def _env(tmp: Path, epoch: int) -> dict[str, str]:

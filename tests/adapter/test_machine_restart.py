@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from durable_spaces.adapter.durable import durable_spaces
-from durable_spaces.adapter.harness import AgentConfig, Harness
-from durable_spaces.adapter.log import MemoryStorage
-from durable_spaces.adapter.models import ScriptedModel
 from durable_spaces.adapter.snapshots import SandboxSnapshots
 from durable_spaces.adapter.state import DOC, SpaceState
-from durable_spaces.adapter.tools import CodingTools, Registry
 from durable_spaces.backends import open_backend, unavailable_reason
 from durable_spaces.errors import SpaceUnavailableError
+from durable_spaces.harness.log import MemoryStorage
+from durable_spaces.harness.models import ScriptedModel
+from durable_spaces.harness.scheduler import AgentConfig, Harness
+from durable_spaces.harness.tools import CodingTools, Registry
 from tests.adapter.drive import Attempt, drive, setup
 
 pytestmark = [pytest.mark.microvm, pytest.mark.slow]
@@ -93,7 +93,9 @@ def _restart_machine_after(point: str):  # type: ignore[no-untyped-def]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 90
         while loop.time() < deadline:
-            if trace.exists() and point in trace.read_text().splitlines():
+            if trace.exists() and point in {
+                " ".join(line.split()[:2]) for line in trace.read_text().splitlines()
+            }:  # lines are "point n g"
                 break
             await asyncio.sleep(0.01)
         else:

@@ -9,14 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
-from durable_spaces.adapter.harness import AgentConfig, Conversation, Harness
-from durable_spaces.adapter.log import MemoryStorage
-from durable_spaces.adapter.models import ScriptedModel
 from durable_spaces.adapter.review import workspace_at
 from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
 from durable_spaces.adapter.state import DOC, SpaceState
-from durable_spaces.adapter.tools import CodingTools, Registry
 from durable_spaces.backends import open_backend
+from durable_spaces.harness.log import MemoryStorage
+from durable_spaces.harness.models import ScriptedModel
+from durable_spaces.harness.scheduler import AgentConfig, Conversation, Harness
+from durable_spaces.harness.tools import CodingTools, Registry
 
 
 @dataclass

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from durable_spaces.adapter.space import ExecState
-from durable_spaces.backends.docker import (
+from durable_spaces.backends.docker.backend import (
     INSTANCE_LABEL,
     OWNER,
     OWNER_LABEL,
@@ -26,8 +25,9 @@ from durable_spaces.backends.docker import (
     DockerBackend,
     unavailable_reason,
 )
-from durable_spaces.backends.docker_space import DockerSpace
+from durable_spaces.backends.docker.space import DockerSpace
 from durable_spaces.errors import SpaceGoneError, SpaceUnavailableError
+from durable_spaces.space import ExecState
 
 pytestmark = pytest.mark.docker
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from durable_spaces.adapter.space import ExecState, Space, SpaceBackend
 from durable_spaces.backends import open_backend
-from durable_spaces.backends.local import LocalBackend, LocalSpace
+from durable_spaces.backends.local.backend import LocalBackend, LocalSpace
 from durable_spaces.errors import StaleEpochError
+from durable_spaces.space import ExecState, Space, SpaceBackend
 
 _CHILD = r"""
 import asyncio, sys

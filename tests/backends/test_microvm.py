@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from durable_spaces.adapter.space import ExecState
-from durable_spaces.backends.microvm import MicrovmBackend
+from durable_spaces.backends.microvm.backend import MicrovmBackend
+from durable_spaces.space import ExecState
 
 pytestmark = [pytest.mark.microvm, pytest.mark.slow]
 
@@ -30,7 +30,7 @@ COUNTER = (
 async def backend(
     state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[MicrovmBackend]:
-    from durable_spaces.backends import microvm
+    from durable_spaces.backends.microvm import backend as microvm
 
     reason = microvm.unavailable_reason()
     if reason is not None:
@@ -242,7 +242,7 @@ async def test_kill_daemon_keeps_the_machine_and_orphans_are_swept_when_asked(
 
 _CHILD = """
 import asyncio, sys
-from durable_spaces.backends.microvm import MicrovmBackend
+from durable_spaces.backends.microvm.backend import MicrovmBackend
 b = MicrovmBackend(sys.argv[1])
 op, name = sys.argv[2], sys.argv[3]
 if op == "checkpoint":

@@ -19,13 +19,12 @@ os.environ.setdefault("CUA_TELEMETRY", "0")
 
 import cua
 
-from durable_spaces.adapter.space import ExecState, Space, SpaceBackend
-from durable_spaces.backends.spacesd import (
+from durable_spaces.backends.spacesd.backend import (
     SpacesdBackend,
     unavailable_reason,
     unshare_reason,
 )
-from durable_spaces.backends.spacesd_space import check_exec_ledger
+from durable_spaces.backends.spacesd.space import check_exec_ledger
 from durable_spaces.errors import (
     CapabilityMissingError,
     PathEscapeError,
@@ -33,6 +32,7 @@ from durable_spaces.errors import (
     SpaceUnavailableError,
     StaleEpochError,
 )
+from durable_spaces.space import ExecState, Space, SpaceBackend
 
 pytestmark = [pytest.mark.spacesd]
 
@@ -395,7 +395,7 @@ async def test_concurrent_lifecycle_calls_in_one_loop(backend: SpacesdBackend) -
 async def test_advance_epoch_kills_orphans_of_older_commands(tmp_path: Path) -> None:
     """A background child of an older command (reparented to the daemon, which does not
     track it) must not survive a newer epoch: it would write after a restore."""
-    from durable_spaces.backends.spacesd import SpacesdBackend
+    from durable_spaces.backends.spacesd.backend import SpacesdBackend
 
     backend = SpacesdBackend(tmp_path / "spaces")
     try:
@@ -422,7 +422,7 @@ async def test_advance_epoch_kills_orphans_of_older_commands(tmp_path: Path) -> 
 async def test_a_write_cut_short_never_lands(backend: SpacesdBackend) -> None:
     """A write's bytes stream into a command; a stream cut short (the caller killed
     mid-upload) ends ``cat`` early, and that prefix must never be renamed into place."""
-    from durable_spaces.backends.spacesd_space import MUTATE
+    from durable_spaces.backends.spacesd.space import MUTATE
 
     space = await backend.create("cut")
     await space.write_file("f.txt", b"old", epoch=1)
@@ -447,7 +447,7 @@ async def test_a_write_killed_by_an_advance_never_lands(backend: SpacesdBackend)
         await asyncio.sleep(0.3)
         await other.advance_epoch(2)
 
-    from durable_spaces.backends import spacesd_space
+    from durable_spaces.backends.spacesd import space as spacesd_space
 
     real_feed = spacesd_space.SpacesdSpace._feed
 

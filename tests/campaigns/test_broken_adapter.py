@@ -31,14 +31,16 @@ def test_rerun_of_an_exited_command_is_caught_and_reproduced(tmp_path: Path) -> 
     out = tmp_path / "campaign"
     args = ["campaign", "--mode", "exhaustive", "--backend", "local", "--calls", "3",
             "--seed-base", "mut1", "--jobs", "2", "--out", str(out), "--no-progress",
-            "--no-report"]  # fmt: skip
+            "--no-report", "--retries", "1"]  # fmt: skip
     broken = _cli(args, tmp_path, mutant=True)
     assert broken.returncode != 0, broken.stdout[-2000:]
     lines = broken.stdout.splitlines()
     summary = lines[-1]
     assert summary.startswith("SUMMARY mode=exhaustive backend=local ")
     assert " failed=0 " not in summary
-    repros = [ln for ln in lines if ln.startswith("REPRO ")]
+    repros = [ln for ln in lines if ln.startswith("REPRO ") and "(exact)" not in ln]
+    reproduced = [ln for ln in lines if ln.startswith("REPRODUCED ")]
+    assert reproduced and all(ln.split()[2] == "1/1" for ln in reproduced), reproduced
     assert repros and all("exactly_once" in ln for ln in repros), repros
     # A kill right after the command exited is where the defect always shows (other
     # points may catch it too, depending on whether the command outlived its driver).

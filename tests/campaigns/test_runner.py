@@ -25,7 +25,7 @@ def test_all_ok_writes_records_and_summary(tmp_path: Path) -> None:
     assert res.exit_code == 0
     lines = out.getvalue().splitlines()
     assert lines == [
-        "SUMMARY mode=auto backend=local runs=3 ok=3 failed=0 kills=0 faults=- "
+        "SUMMARY mode=auto backend=local runs=3 ok=3 failed=0 lab_errors=0 kills=0 faults=- "
         "recoveries=adopted:3 resume_p50_ms=15 resume_p95_ms=20 seed_base=t1"
     ]
     recs = sorted((tmp_path / "runs").glob("*.json"))
@@ -57,8 +57,8 @@ def test_raising_run_is_an_error_not_a_crash_of_the_campaign(tmp_path: Path) -> 
     out = io.StringIO()
     spec = CampaignSpec(runs=2, calls=1, jobs=2, seed_base="t3")
     res = run_campaign(spec, raises, out_dir=tmp_path, stdout=out, progress=False)
-    assert res.exit_code == 1
-    assert [r.outcome for r in res.records] == ["error", "error"]
+    assert res.exit_code == 3  # only the lab broke: not a verdict on the adapter
+    assert [r.outcome for r in res.records] == ["lab_error", "lab_error"]
     assert "harness broke" in res.records[0].checks["run"]["detail"]
 
 
@@ -108,7 +108,8 @@ def test_toy_session_campaign_with_explicit_schedules_and_shrinking(tmp_path: Pa
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("REPRO run-0001 (toy_bug): durable-spaces repro --mode exhaustive")
     assert "--schedule" in lines[0]
-    assert lines[1].startswith("SHRUNK run-0001 (calls 5->3): ")
+    assert lines[1].startswith("REPRO run-0001 (exact): durable-spaces repro --exact ")
+    assert lines[2].startswith("SHRUNK run-0001 (calls 5->3): ")
     assert Summary.parse(lines[-1]).failed == 1
 
 
@@ -119,7 +120,7 @@ def test_run_timeout_kills_the_worker_and_its_drivers(tmp_path: Path) -> None:
     spec = CampaignSpec(runs=1, calls=1, jobs=1, seed_base="t5")
     res = run_campaign(spec, hangs, out_dir=tmp_path, stdout=out, progress=False, run_timeout_s=3.0)
     (rec,) = res.records
-    assert rec.outcome == "error" and "timed out" in rec.checks["run"]["detail"]
+    assert rec.outcome == "lab_error" and "timed out" in rec.checks["run"]["detail"]
     launched = (tmp_path / "state" / "run-0000" / "launches.log").read_text().split()
     pid = int(launched[1])
     alive = psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE

@@ -40,7 +40,7 @@ def test_summary_exact_line_and_round_trip() -> None:
     ]
     line = summary_line(rs, mode="transactional", backend="local", seed_base="b")
     assert line == (
-        "SUMMARY mode=transactional backend=local runs=4 ok=2 failed=2 kills=3 "
+        "SUMMARY mode=transactional backend=local runs=4 ok=2 failed=2 lab_errors=0 kills=3 "
         "faults=daemon_kill:1,kill:3,space_remove:1 recoveries=adopted:3,restored:1 "
         "resume_p50_ms=200 resume_p95_ms=290 seed_base=b"
     )
@@ -55,8 +55,11 @@ def test_summary_without_samples_or_faults() -> None:
     assert Summary.parse(line) == Summary.of(
         [rec(0)], mode="auto", backend="spacesd", seed_base="z"
     )
+    extra = Summary.parse(line + " drives=3 races=1")  # scenarios append fields of their own
+    assert extra.extra == {"drives": "3", "races": "1"}
+    assert extra.line() == line + " drives=3 races=1"
     with pytest.raises(ValueError):
-        Summary.parse(line + " extra=1")
+        Summary.parse(line + " Bad=1")
     with pytest.raises(ValueError):
         Summary.parse(line.replace("SUMMARY", "Summary"))
 

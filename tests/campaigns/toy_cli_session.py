@@ -1,4 +1,4 @@
-"""A stand-in for ``durable_spaces.campaigns.session`` in CLI tests."""
+"""A stand-in for ``durable_spaces.campaigns.run`` in CLI tests."""
 
 from __future__ import annotations
 

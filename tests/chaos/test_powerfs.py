@@ -443,7 +443,7 @@ def test_shell_workspace_and_clean_unmount(tmp_path: Path) -> None:
 
 _SQLITE_WRITER = """
 import sys
-from durable_spaces.adapter.log import SqliteStorage
+from durable_spaces.harness.log import SqliteStorage
 s = SqliteStorage(sys.argv[1], synchronous=sys.argv[2])
 n = len(s.load())
 for i in range(n + 1, n + 1 + int(sys.argv[3])):
@@ -453,7 +453,7 @@ for i in range(n + 1, n + 1 + int(sys.argv[3])):
 
 _JSONL_WRITER = """
 import sys, warnings
-from durable_spaces.adapter.log import JsonlStorage
+from durable_spaces.harness.log import JsonlStorage
 warnings.simplefilter("ignore")
 s = JsonlStorage(sys.argv[1])
 n = len(s.load())
@@ -491,7 +491,7 @@ def _cut_while_writing(m: Mnt, argv: list[str], rng: random.Random) -> list[int]
 def _sqlite_survivors(path: Path) -> tuple[str, list[int]]:
     import sqlite3
 
-    from durable_spaces.adapter.log import SqliteStorage
+    from durable_spaces.harness.log import SqliteStorage
 
     con = sqlite3.connect(path)
     check = con.execute("PRAGMA integrity_check").fetchone()[0]
@@ -532,7 +532,7 @@ def _jsonl_lost(m: Mnt, rng: random.Random, rounds: int) -> list[str]:
     """Run JSONL writers across cuts; the problems found (empty: the log kept its word)."""
     import warnings
 
-    from durable_spaces.adapter.log import JsonlStorage
+    from durable_spaces.harness.log import JsonlStorage
 
     problems = []
     log = m.root / "log.jsonl"
@@ -615,7 +615,7 @@ def test_cli_round_trip(tmp_path: Path) -> None:
 
 @pytest.mark.spacesd
 async def test_spacesd_data_dir_on_powerfs(tmp_path: Path) -> None:
-    from durable_spaces.backends.spacesd import SpacesdBackend, unavailable_reason
+    from durable_spaces.backends.spacesd.backend import SpacesdBackend, unavailable_reason
 
     if unavailable_reason() is not None:
         pytest.skip(f"cua-spacesd unavailable: {unavailable_reason()}")

@@ -105,6 +105,7 @@ def test_a_host_declared_lost_drops_its_spaces_and_registers_again(
     assert sandbox.is_dir()
     agent.sweep_secs = 3600.0  # the drop below is the heartbeat's doing, not the sweep's
     time.sleep(0.6)
+
     def silent_then_swept(conn: Any) -> list[str]:
         # one transaction: the agent's next heartbeat cannot slip in between
         conn.execute("UPDATE ds.hosts SET heartbeat_at = now() - interval '1 h'")

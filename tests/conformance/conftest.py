@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from durable_spaces.adapter.space import ExecResult, Space, SpaceBackend
 from durable_spaces.backends import open_backend, unavailable_reason
+from durable_spaces.space import ExecResult, Space, SpaceBackend
 
 BACKENDS = [
     pytest.param("local", id="local"),

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from durable_spaces.adapter.space import (
+from durable_spaces.errors import SpaceUnavailableError, StaleEpochError
+from durable_spaces.space import (
     EXEC_LEDGER,
     OUTPUT_TAIL_BYTES,
     ExecResult,
@@ -18,7 +19,6 @@ from durable_spaces.adapter.space import (
     Space,
     SpaceBackend,
 )
-from durable_spaces.errors import SpaceUnavailableError, StaleEpochError
 
 EPOCH = 1  # as in conftest.py
 Key = Callable[[str], str]

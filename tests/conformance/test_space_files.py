@@ -10,8 +10,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from durable_spaces.adapter.space import ExecResult, PathEntry, Space
 from durable_spaces.errors import PathEscapeError
+from durable_spaces.space import ExecResult, PathEntry, Space
 
 EPOCH = 1  # as in conftest.py
 Sh = Callable[..., Awaitable[ExecResult]]
@@ -163,7 +163,7 @@ async def test_scan_reports_unrepresentable_names(space: Space, sh: Sh, bad: str
 async def test_scan_of_a_tree_deeper_than_it_descends(space: Space, sh: Sh) -> None:
     """A tree a command made deeper than ``MAX_SCAN_DEPTH`` is one ``unsupported`` entry at
     that depth (no recursion error, no fd exhaustion), and can be removed."""
-    from durable_spaces.adapter.space import MAX_SCAN_DEPTH
+    from durable_spaces.space import MAX_SCAN_DEPTH
 
     deep = "/".join(["d"] * (MAX_SCAN_DEPTH + 40))
     r = await sh(f"mkdir -p '{deep}' && echo x > '{deep}/f' && echo y > 'ok'")

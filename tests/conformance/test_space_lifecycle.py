@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from durable_spaces.adapter.space import ExecState, Space, SpaceBackend
 from durable_spaces.errors import SpaceGoneError, SpaceUnavailableError
+from durable_spaces.space import ExecState, Space, SpaceBackend
 
 EPOCH = 1  # as in conftest.py
 

@@ -16,10 +16,11 @@ import json
 import sys
 from typing import Any
 
-from durable_spaces.adapter.env import ExecutionEnv, LocalDirEnv
-from durable_spaces.adapter.harness import AgentConfig, Harness
-from durable_spaces.adapter.log import open_storage
-from durable_spaces.adapter.tools import (
+from durable_spaces.chaos.failpoints import hit
+from durable_spaces.harness.env import ExecutionEnv, LocalDirEnv
+from durable_spaces.harness.log import open_storage
+from durable_spaces.harness.scheduler import AgentConfig, Harness
+from durable_spaces.harness.tools import (
     CodingTools,
     Extension,
     Registry,
@@ -27,7 +28,6 @@ from durable_spaces.adapter.tools import (
     ToolContext,
     ToolResult,
 )
-from durable_spaces.chaos.failpoints import hit
 from durable_spaces.testing import ScriptedModel
 
 

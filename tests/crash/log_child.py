@@ -19,14 +19,14 @@ import sys
 import time
 from typing import Any
 
-from durable_spaces.adapter.log import (
+from durable_spaces.errors import StaleEpochError
+from durable_spaces.harness.log import (
     JsonlStorage,
     SqliteStorage,
     Storage,
     open_fenced_jsonl,
     open_fenced_sqlite,
 )
-from durable_spaces.errors import StaleEpochError
 
 PARTS = 3
 

@@ -24,9 +24,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from durable_spaces.adapter.harness import Entry, Harness
-from durable_spaces.adapter.log import open_storage
-from durable_spaces.adapter.tools import CodingTools, Registry
+from durable_spaces.harness.log import open_storage
+from durable_spaces.harness.scheduler import Entry, Harness
+from durable_spaces.harness.tools import CodingTools, Registry
 from durable_spaces.testing import implied_workspace
 
 CHILD = Path(__file__).with_name("harness_child.py")

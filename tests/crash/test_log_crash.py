@@ -20,8 +20,8 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from durable_spaces.adapter.log import JsonlStorage, SqliteStorage, Storage
 from durable_spaces.errors import TornTailWarning
+from durable_spaces.harness.log import JsonlStorage, SqliteStorage, Storage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from log_child import ops_for

@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from durable_spaces.adapter.durable import durable_spaces
-from durable_spaces.adapter.harness import AgentConfig, Harness
-from durable_spaces.adapter.log import MemoryStorage
-from durable_spaces.adapter.tools import CodingTools, Registry
-from durable_spaces.backends.local import LocalBackend
+from durable_spaces.backends.local.backend import LocalBackend
+from durable_spaces.harness.log import MemoryStorage
+from durable_spaces.harness.scheduler import AgentConfig, Harness
+from durable_spaces.harness.tools import CodingTools, Registry
 from durable_spaces.testing import CallListModel
 
 _piece = st.one_of(

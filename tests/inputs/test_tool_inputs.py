@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from durable_spaces.adapter.durable import durable_spaces
-from durable_spaces.adapter.harness import AgentConfig, Harness
-from durable_spaces.adapter.log import SqliteStorage
 from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
-from durable_spaces.adapter.tools import CodingTools, Registry
 from durable_spaces.backends import open_backend, unavailable_reason
+from durable_spaces.harness.log import SqliteStorage
+from durable_spaces.harness.scheduler import AgentConfig, Harness
+from durable_spaces.harness.tools import CodingTools, Registry
 from durable_spaces.testing import CallListModel
 
 BACKENDS = [

@@ -12,11 +12,11 @@ import pytest
 from durable_spaces.adapter import image as img
 from durable_spaces.adapter.calls import CallPipeline
 from durable_spaces.adapter.durable import session_epoch
-from durable_spaces.adapter.log import MemoryFence
 from durable_spaces.adapter.snapshots import check_archive
-from durable_spaces.adapter.space import PathEntry
 from durable_spaces.adapter.state import KEEP_CALLS, CallRecord, SpaceState
 from durable_spaces.errors import ConfigError, PathEscapeError
+from durable_spaces.harness.log import MemoryFence
+from durable_spaces.space import PathEntry
 
 
 def _file(n: int) -> PathEntry:

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from durable_spaces.adapter.env import ExecutionEnv, LocalDirEnv
-from durable_spaces.adapter.harness import AgentConfig, Harness
-from durable_spaces.adapter.log import MemoryFence, MemoryStorage, Storage
-from durable_spaces.adapter.models import AssistantMessage, ToolCall
-from durable_spaces.adapter.tools import CodingTools, Registry, Tool, ToolContext, ToolResult
 from durable_spaces.errors import HaltError, PermanentFailure, StaleEpochError
+from durable_spaces.harness.env import ExecutionEnv, LocalDirEnv
+from durable_spaces.harness.log import MemoryFence, MemoryStorage, Storage
+from durable_spaces.harness.models import AssistantMessage, ToolCall
+from durable_spaces.harness.scheduler import AgentConfig, Harness
+from durable_spaces.harness.tools import CodingTools, Registry, Tool, ToolContext, ToolResult
 from durable_spaces.testing import ScriptedModel, implied_workspace
 
 

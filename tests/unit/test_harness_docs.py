@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from durable_spaces.adapter.harness import AgentConfig, Conversation, Harness, Tx
-from durable_spaces.adapter.log import MemoryStorage
-from durable_spaces.adapter.tools import Registry
+from durable_spaces.harness.log import MemoryStorage
+from durable_spaces.harness.scheduler import AgentConfig, Conversation, Harness, Tx
+from durable_spaces.harness.tools import Registry
 from durable_spaces.testing import ScriptedModel
 
 

@@ -15,20 +15,20 @@ from typing import Any
 
 import pytest
 
-from durable_spaces.adapter.log import (
-    Commit,
-    JsonlStorage,
-    MemoryStorage,
-    SqliteStorage,
-    Storage,
-    open_storage,
-)
 from durable_spaces.errors import (
     ConfigError,
     CorruptLogError,
     LogError,
     StorageLockedError,
     TornTailWarning,
+)
+from durable_spaces.harness.log import (
+    Commit,
+    JsonlStorage,
+    MemoryStorage,
+    SqliteStorage,
+    Storage,
+    open_storage,
 )
 
 Opener = Callable[[Path], Storage]
@@ -139,7 +139,7 @@ def test_jsonl_files_are_private(tmp_path: Path, umask022: None) -> None:
 OPEN_IN_CHILD = textwrap.dedent(
     """
     import sys
-    from durable_spaces.adapter.log import JsonlStorage, SqliteStorage
+    from durable_spaces.harness.log import JsonlStorage, SqliteStorage
     from durable_spaces.errors import StorageLockedError
     cls = {"sqlite": SqliteStorage, "jsonl": JsonlStorage}[sys.argv[1]]
     try:
@@ -189,7 +189,7 @@ def test_second_opener_in_same_process_is_refused(tmp_path: Path) -> None:
 def test_lock_dies_with_its_owner(tmp_path: Path) -> None:
     path = tmp_path / "log.db"
     code = (
-        "import sys; from durable_spaces.adapter.log import SqliteStorage\n"
+        "import sys; from durable_spaces.harness.log import SqliteStorage\n"
         "s = SqliteStorage(sys.argv[1]); s.append([{'n': 1}]); print('ready', flush=True)\n"
         "sys.stdin.read()\n"
     )

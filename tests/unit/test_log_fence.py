@@ -12,19 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from durable_spaces.adapter.log import (
+from durable_spaces.errors import (
+    FenceHaltedError,
+    StaleEpochError,
+    StorageLockedError,
+    TornTailWarning,
+)
+from durable_spaces.harness.log import (
     FencedFileSystem,
     JsonlStorage,
     MemoryFence,
     SqliteStorage,
     open_fenced_jsonl,
     open_fenced_sqlite,
-)
-from durable_spaces.errors import (
-    FenceHaltedError,
-    StaleEpochError,
-    StorageLockedError,
-    TornTailWarning,
 )
 
 CHILD = Path(__file__).resolve().parent.parent / "crash" / "log_child.py"

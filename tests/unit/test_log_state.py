@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from durable_spaces.adapter.log_state import AgentConfig, LogState, Tx
+from durable_spaces.harness.state import AgentConfig, LogState, Tx
 
 AGENT = AgentConfig(model="m")
 

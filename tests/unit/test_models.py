@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from durable_spaces.adapter.env import ExecutionEnv, LocalDirEnv
-from durable_spaces.adapter.harness import AgentConfig, Harness
-from durable_spaces.adapter.log import MemoryStorage
-from durable_spaces.adapter.models import OpenAIModel
-from durable_spaces.adapter.tools import CodingTools, Registry
+from durable_spaces.harness.env import ExecutionEnv, LocalDirEnv
+from durable_spaces.harness.log import MemoryStorage
+from durable_spaces.harness.models import OpenAIModel
+from durable_spaces.harness.scheduler import AgentConfig, Harness
+from durable_spaces.harness.tools import CodingTools, Registry
 from durable_spaces.testing import (
     ScriptedModel,
     fake_openai_server,

@@ -13,10 +13,7 @@ from pathlib import Path
 import pytest
 
 from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
-from durable_spaces.adapter.harness import AgentConfig, Conversation, Entry, Harness
 from durable_spaces.adapter.image import ImageLimits
-from durable_spaces.adapter.log import MemoryStorage, SqliteStorage, Storage
-from durable_spaces.adapter.models import ScriptedModel, implied_workspace
 from durable_spaces.adapter.review import (
     SYMLINK,
     Workspace,
@@ -30,10 +27,13 @@ from durable_spaces.adapter.review import (
     workspace_from_tar,
 )
 from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
-from durable_spaces.adapter.space import Space
-from durable_spaces.adapter.tools import CodingTools, Registry
-from durable_spaces.backends.local import LocalBackend
+from durable_spaces.backends.local.backend import LocalBackend
 from durable_spaces.errors import PathEscapeError, ReviewError
+from durable_spaces.harness.log import MemoryStorage, SqliteStorage, Storage
+from durable_spaces.harness.models import ScriptedModel, implied_workspace
+from durable_spaces.harness.scheduler import AgentConfig, Conversation, Entry, Harness
+from durable_spaces.harness.tools import CodingTools, Registry
+from durable_spaces.space import Space
 
 STEPS = 7
 

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from durable_spaces.adapter.env import LocalDirEnv
-from durable_spaces.adapter.tools import (
+from durable_spaces.errors import PathEscapeError
+from durable_spaces.harness.env import LocalDirEnv
+from durable_spaces.harness.tools import (
     CodingTools,
     Extension,
     Registry,
@@ -17,7 +18,6 @@ from durable_spaces.adapter.tools import (
     ToolContext,
     ToolResult,
 )
-from durable_spaces.errors import PathEscapeError
 
 
 def _ctx(root: Path, name: str = "t") -> ToolContext:

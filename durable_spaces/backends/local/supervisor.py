@@ -1,0 +1,108 @@
+"""The supervisor of one command of a ``local`` Space.
+
+Run by ``LocalSpace.spawn`` as ``python -I -S supervisor.py CMD_DIR`` in a session
+of its own: a script rather than ``-m`` so that starting it imports no site and no package
+(about 10 ms), and stdlib only for the same reason. It outlives its caller on purpose: a
+driver that is SIGKILLed leaves the command running, and the next driver reattaches by
+reading ``CMD_DIR/output`` and waiting for ``CMD_DIR/status``.
+
+Protocol with the caller:
+
+1. The caller records our pid and create time, then writes the spec to our stdin and
+   closes it: NUL-separated ``ds1, cwd, argc, argv..., KEY=VALUE..., end`` (not JSON:
+   importing json costs more than everything else here). Empty or torn stdin means the
+   caller died before recording us: we exit without running anything (the key then
+   reads ``lost``).
+2. The command runs with stdout and stderr appended to ``CMD_DIR/output`` and stdin from
+   ``CMD_DIR/stdin`` (or /dev/null), in a process group of its own: a command that
+   signals its own group (``kill 0``, a shell's job control) must not kill us, or its
+   outcome would read ``lost`` and the session would loop on it. The Space's kill finds
+   it anyway (our children, and its ``DS_SPACE`` mark).
+3. When it ends: fsync the output, write ``CMD_DIR/status`` atomically (tmp, fsync,
+   rename), exit. A status file therefore always means a complete output. The directory
+   is not fsynced: a host crash kills the command too, and a status lost with it reads
+   ``lost``, which is the truth (outcome unknown).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _write_atomic(directory: str, name: str, data: bytes) -> None:
+    tmp = os.path.join(directory, f".{name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, os.path.join(directory, name))
+
+
+def parse_spec(raw: bytes) -> tuple[str, list[str], dict[str, str]] | None:
+    """(cwd, argv, env) from the caller's spec, or None when it is torn."""
+    fields = [f.decode("utf-8", "surrogateescape") for f in raw.split(b"\0")]
+    if len(fields) < 4 or fields[0] != "ds1" or fields[-1] != "end":
+        return None
+    argc = int(fields[2])
+    argv = fields[3 : 3 + argc]
+    env = dict(kv.split("=", 1) for kv in fields[3 + argc : -1])
+    return fields[1], argv, env
+
+
+def format_spec(cwd: str, argv: list[str], env: dict[str, str]) -> bytes:
+    fields = ["ds1", cwd, str(len(argv)), *argv, *(f"{k}={v}" for k, v in env.items()), "end"]
+    return "\0".join(fields).encode("utf-8", "surrogateescape")
+
+
+def main(args: list[str]) -> int:
+    cmd_dir = args[1]
+    spec = parse_spec(sys.stdin.buffer.read())
+    if spec is None:
+        return 3  # the caller died before handing over the command: never run it
+    cwd, argv, env = spec
+    out = os.open(
+        os.path.join(cmd_dir, "output"),
+        os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+        0o600,
+    )
+    stdin_path = os.path.join(cmd_dir, "stdin")
+    inp = os.open(
+        stdin_path if os.path.exists(stdin_path) else os.devnull, os.O_RDONLY | os.O_CLOEXEC
+    )
+    try:
+        os.chdir(cwd)
+        # posix_spawnp (not subprocess: importing it costs more than the rest of this file)
+        # resolves argv[0] on our PATH, which is the command's PATH: we run with its env.
+        pid = os.posix_spawnp(
+            argv[0],
+            argv,
+            env,
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, inp, 0),
+                (os.POSIX_SPAWN_DUP2, out, 1),
+                (os.POSIX_SPAWN_DUP2, out, 2),
+            ],
+            setpgroup=0,
+        )
+    except OSError as e:
+        code = 127 if isinstance(e, FileNotFoundError) else 126
+        os.write(out, f"ds-local: cannot run {argv[0]!r}: {e.strerror}\n".encode())
+        status = f'{{"exit_code": {code}, "signal": null}}'
+    else:
+        _, wstatus = os.waitpid(pid, 0)
+        if os.WIFSIGNALED(wstatus):
+            status = f'{{"exit_code": null, "signal": {os.WTERMSIG(wstatus)}}}'
+        else:
+            code = os.waitstatus_to_exitcode(wstatus)
+            status = f'{{"exit_code": {code}, "signal": null}}'
+    os.fsync(out)
+    os.close(out)
+    _write_atomic(cmd_dir, "status", status.encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

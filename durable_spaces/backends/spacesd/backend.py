@@ -1,0 +1,348 @@
+"""Backend ``spacesd``: the real cua-spacesd binary from the ``cua`` wheel, on this host.
+
+A Space is one daemon process on a fixed loopback port with its own data dir (its exec
+ledger and epoch floor), a workspace directory (``Space.root``, an absolute host path) and
+a random token, running as pid 1 of its own PID namespace so that restarting the Space's
+machine kills every command in it (``spacesd_daemon`` explains why and the fallback).
+Everything else goes through the daemon's API (``spacesd_space``).
+
+Properties a caller can rely on:
+
+- ``restart``: SIGKILL of the whole namespace (checked: no process of it survives), then
+  a new daemon on the same data dir and port. Running commands read back ``LOST`` and
+  stop writing; files, finished records and the epoch floor survive.
+- ``kill_daemon``: SIGKILL of the daemon process alone, as a crash. Because the daemon is
+  pid 1 of the namespace, the kernel kills every command with it: here it has the same
+  effect as ``restart``. In the process-group fallback, commands survive their daemon
+  (and keep writing), as with the bare daemon.
+- ``find`` after a driver restart reconnects to the daemon from the state file; if the
+  daemon is not running (the host rebooted), it is started again on the same data dir,
+  the way a machine boots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from durable_spaces.backends.spacesd.daemon import (
+    PIDNS,
+    DaemonState,
+    LocalDaemon,
+    free_port,
+    sweep_untracked,
+    unshare_reason,
+)
+from durable_spaces.backends.spacesd.space import SpacesdSpace
+from durable_spaces.errors import (
+    BackendUnavailableError,
+    ConfigError,
+    SpaceGoneError,
+    SpaceUnavailableError,
+)
+
+__all__ = ["SpacesdBackend", "daemon_binary", "unavailable_reason", "unshare_reason"]
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+_unavailable: str | bool | None = False
+
+
+def daemon_binary() -> Path:
+    """The static daemon shipped inside the ``cua`` wheel."""
+    import cua
+
+    return Path(cua.__file__).parent / "bin" / "cua-spacesd-linux-x86_64"
+
+
+def unavailable_reason() -> str | None:
+    """None when the daemon binary exists and runs here; otherwise why not (cached)."""
+    global _unavailable
+    if _unavailable is False:
+        try:
+            exe = daemon_binary()
+        except ImportError as e:
+            _unavailable = f"the cua package is not installed: {e}"
+        else:
+            if not exe.exists():
+                _unavailable = f"no cua-spacesd binary at {exe}"
+            else:
+                try:
+                    r = subprocess.run([str(exe), "--version"], capture_output=True, timeout=20)
+                    _unavailable = (
+                        None if r.returncode == 0 else f"{exe.name} --version exited {r.returncode}"
+                    )
+                except (OSError, subprocess.TimeoutExpired) as e:
+                    _unavailable = f"{exe.name} does not run here: {e}"
+    return _unavailable if isinstance(_unavailable, str) else None
+
+
+class _Probe:
+    """Tells the Space whether its daemon is up and whether the Space still exists."""
+
+    def __init__(self, daemon: LocalDaemon, instance_id: str) -> None:
+        self._daemon = daemon
+        self._instance = instance_id
+
+    def boot_id(self) -> str | None:
+        return self._daemon.boot_id()
+
+    def gone(self) -> bool:
+        st = self._daemon.read_state()
+        return st is None or st.instance_id != self._instance
+
+
+class NamespacedSpace(SpacesdSpace):
+    """A Space whose daemon is pid 1 of its own PID namespace on this host: raising the
+    epoch also sweeps processes the daemon does not track (orphans of older commands)."""
+
+    daemon_pid = 0
+
+    async def advance_epoch(self, epoch: int) -> None:
+        await super().advance_epoch(epoch)
+        if self.daemon_pid <= 0:
+            return  # process-group fallback: the weaker, documented guarantee
+        procs = json.loads(await self._call("list_processes", False) or "[]")
+        tracked = {int(p["pid"]) for p in procs if p.get("state") == "PROCESS_STATE_RUNNING"}
+        await asyncio.to_thread(sweep_untracked, self.daemon_pid, tracked)
+
+
+class SpacesdBackend:
+    """Named cua-spacesd Spaces under ``state_dir``, one local daemon each.
+
+    Options: ``isolation`` ("auto": a PID namespace where ``unshare`` works, else a
+    process group; "pidns" to require it; "pgroup"), ``binary`` (another daemon build),
+    ``start_timeout`` (seconds to wait for a daemon's first answer), ``listen_host``
+    (the address daemons listen on: loopback by default; a host's own address when
+    drivers on other hosts reach its Spaces, as ``durable_spaces/cluster/host.py`` does).
+    """
+
+    kind = "spacesd"
+
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str],
+        *,
+        isolation: str = "auto",
+        binary: str | os.PathLike[str] | None = None,
+        start_timeout: float = 20.0,
+        listen_host: str = "127.0.0.1",
+    ) -> None:
+        if isolation not in ("auto", "pidns", "pgroup"):
+            raise ValueError(f"isolation must be auto, pidns or pgroup, not {isolation!r}")
+        reason = unavailable_reason() if binary is None else None
+        if reason is not None:
+            raise BackendUnavailableError(reason)
+        self.state_dir = Path(state_dir).absolute()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.binary = Path(binary) if binary is not None else daemon_binary()
+        self.isolation = isolation
+        self.start_timeout = start_timeout
+        self.listen_host = _check_listen_host(listen_host)
+        self._daemons: dict[str, LocalDaemon] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._spaces: dict[str, Any] = {}
+        #: Seconds from process start to the daemon's first answer, last start.
+        self.last_boot_seconds: float | None = None
+
+    def _sdk_home(self) -> str:
+        """The cua SDK's state for this backend (its sandbox registry), not ~/.cua."""
+        home = self.state_dir / ".cua-sdk"
+        home.mkdir(mode=0o700, exist_ok=True)
+        return str(home)
+
+    def _daemon(self, name: str) -> LocalDaemon:
+        if not _NAME.match(name):
+            raise ValueError(f"bad Space name {name!r}: [a-z0-9._-], at most 63, not leading '.'")
+        d = self._daemons.get(name)
+        if d is None:
+            d = LocalDaemon(self.state_dir / name, self.binary, self.isolation, self.listen_host)
+            self._daemons[name] = d
+        return d
+
+    @contextlib.asynccontextmanager
+    async def _locked(self, d: LocalDaemon) -> AsyncIterator[None]:
+        """The Space's lock: an asyncio lock within this process (a blocking flock taken
+        twice in one event loop would deadlock it), then the lock file, taken off-loop."""
+        lock = self._locks.setdefault(d.home.name, asyncio.Lock())
+        async with lock:
+            taking = asyncio.ensure_future(asyncio.to_thread(d.acquire))
+            try:
+                fd = await asyncio.shield(taking)
+            except asyncio.CancelledError:  # release it once the thread has it
+                taking.add_done_callback(_close_fd)
+                raise
+            try:
+                yield
+            finally:
+                os.close(fd)
+
+    # --- starting ----------------------------------------------------------------------
+
+    async def _boot(self, d: LocalDaemon, st: DaemonState) -> DaemonState:
+        """Start the daemon and wait for its first answer (caller holds the lock).
+        A port taken meanwhile by someone else gets a new one, recorded in the state."""
+        from durable_spaces.backends.spacesd.space import SpacesdSpace, check_exec_ledger
+
+        for attempt in range(3):
+            t0 = time.monotonic()
+            st = await asyncio.to_thread(d.start, st)
+            probe = _Probe(d, st.instance_id)
+            space = SpacesdSpace(
+                d.home.name,
+                str(d.work),
+                st.instance_id,
+                self._url(st),
+                d.token(),
+                probe,
+                sdk_home=self._sdk_home(),
+            )
+            deadline = t0 + self.start_timeout
+            caps = None
+            while caps is None:
+                try:
+                    caps = await space._call("capabilities")
+                except SpaceUnavailableError:
+                    if d.exited(st) or time.monotonic() > deadline:
+                        break
+                    space._client = None
+                    await asyncio.sleep(0.01)
+            if caps is None:
+                tail = d.log_tail()
+                await asyncio.to_thread(d.kill, st)
+                if "in use" in tail.lower() and attempt < 2:
+                    st.port = free_port(self.listen_host)
+                    continue
+                raise SpaceUnavailableError(
+                    f"cua-spacesd for Space {d.home.name!r} did not answer: {tail}"
+                )
+            self.last_boot_seconds = time.monotonic() - t0
+            try:
+                check_exec_ledger(caps)
+            except Exception:
+                await asyncio.to_thread(d.kill, st)
+                raise
+            return st
+        raise SpaceUnavailableError(f"cua-spacesd for Space {d.home.name!r} could not start")
+
+    def _space(self, d: LocalDaemon, st: DaemonState) -> Any:
+        name = d.home.name
+        sp = self._spaces.get(name)
+        if sp is not None and sp.instance_id == st.instance_id and sp._url == self._url(st):
+            return sp
+        sp = NamespacedSpace(
+            name,
+            str(d.work),
+            st.instance_id,
+            self._url(st),
+            d.token(),
+            _Probe(d, st.instance_id),
+            sdk_home=self._sdk_home(),
+        )
+        sp.daemon_pid = st.daemon_pid if st.isolation == PIDNS else 0
+        self._spaces[name] = sp
+        return sp
+
+    async def _ensure(self, d: LocalDaemon, *, create: bool) -> Any:
+        async with self._locked(d):
+            st = d.read_state()
+            if st is None:
+                if not create:
+                    return None
+                st = d.init()
+                st = await self._boot(d, st)
+            elif not d.running(st):
+                await asyncio.to_thread(d.kill, st)  # leftovers of a half-dead namespace
+                st = await self._boot(d, st)
+            return self._space(d, st)
+
+    # --- SpaceBackend ------------------------------------------------------------------
+
+    async def create(self, name: str) -> Any:
+        return await self._ensure(self._daemon(name), create=True)
+
+    async def find(self, name: str) -> Any:
+        return await self._ensure(self._daemon(name), create=False)
+
+    async def restart(self, name: str) -> None:
+        d = self._daemon(name)
+        async with self._locked(d):
+            st = d.read_state()
+            if st is None:
+                raise SpaceGoneError(f"no Space {name!r} to restart")
+            await asyncio.to_thread(d.kill, st)
+            await self._boot(d, st)
+
+    async def kill_daemon(self, name: str) -> None:
+        d = self._daemon(name)
+        async with self._locked(d):
+            st = d.read_state()
+            if st is None:
+                raise SpaceGoneError(f"no Space {name!r}")
+            await asyncio.to_thread(lambda: d.kill(st, daemon_only=True))
+            await self._boot(d, st)
+
+    async def pause(self, name: str) -> None:
+        """Freeze the Space's machine (SIGSTOP of every process in it, the daemon too):
+        requests hang until ``resume``; nothing is lost."""
+        d = self._daemon(name)
+        async with self._locked(d):
+            if d.read_state() is None:
+                raise SpaceGoneError(f"no Space {name!r}")
+            await asyncio.to_thread(d.signal_all, signal.SIGSTOP)
+
+    async def resume(self, name: str) -> None:
+        d = self._daemon(name)
+        async with self._locked(d):
+            await asyncio.to_thread(d.signal_all, signal.SIGCONT)
+
+    async def delete(self, name: str) -> None:
+        d = self._daemon(name)
+        async with self._locked(d):
+            st = d.read_state()
+            if st is not None:
+                await asyncio.to_thread(d.kill, st)
+            await asyncio.to_thread(d.remove)
+        sp = self._spaces.pop(name, None)
+        if sp is not None:
+            await sp.close()
+
+    def _url(self, st: DaemonState) -> str:
+        return f"http://{self.listen_host}:{st.port}"
+
+    async def names(self) -> list[str]:
+        return sorted(
+            p.name
+            for p in self.state_dir.iterdir()
+            if _NAME.match(p.name) and (p / "state.json").exists()
+        )
+
+    async def close(self) -> None:
+        for sp in self._spaces.values():
+            with contextlib.suppress(Exception):
+                await sp.close()
+        self._spaces.clear()
+
+
+def _close_fd(fut: asyncio.Future[int]) -> None:
+    if not fut.cancelled() and fut.exception() is None:
+        os.close(fut.result())
+
+
+def _check_listen_host(host: str) -> str:
+    """An IPv4 address (or ``localhost``) to bind: it goes into the daemon's argv."""
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        if host != "localhost":
+            raise ConfigError(f"spacesd listen_host {host!r}: give an IPv4 address") from None
+    return host

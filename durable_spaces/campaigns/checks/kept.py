@@ -1,0 +1,104 @@
+"""A run's checker inputs kept on disk, so anyone can re-check it by hand, offline.
+
+``<run dir>/kept/`` holds:
+
+- ``workspace.tar``: the workspace as the checker read it (pax tar: bytes, modes,
+  symlinks, directories, fifos, devices, times to the nanosecond; ``tar -tvf`` lists it);
+- ``log.sqlite`` (and ``log.sqlite-wal`` if there was one) or ``log.jsonl``: the raw log,
+  copied with its file times;
+- ``inputs.json``: the rest (workload, launch history, process listing, the Space's
+  kind and clock, the nodes tar cannot hold such as sockets, the log's write time).
+
+``load`` turns that back into ``Inputs``; ``durable-spaces check <run dir>`` runs every
+check on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from durable_spaces.campaigns.checks.inputs import Inputs, LaunchRecord, ProcessListing, Workload
+from durable_spaces.campaigns.checks.rawlog import log_files, read_log
+from durable_spaces.campaigns.checks.workspace import (
+    node_from_json,
+    node_to_json,
+    parse_tar,
+    to_tar,
+)
+from durable_spaces.errors import ConfigError, DurableSpacesError
+
+KEPT = "kept"
+VERSION = 1
+
+
+def keep(run_dir: str | Path, inputs: Inputs) -> Path:
+    """Write ``inputs`` under ``<run_dir>/kept`` (replacing an earlier copy)."""
+    d = Path(run_dir) / KEPT
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    tar, rest = to_tar(inputs.workspace)
+    (d / "workspace.tar").write_bytes(tar)
+    src = Path(inputs.log.path)
+    name = "log.sqlite" if inputs.log.format == "sqlite" else "log.jsonl"
+    for f in log_files(src):
+        shutil.copy2(f, d / (name + f.name[len(src.name) :]))
+    meta: dict[str, Any] = {
+        "version": VERSION,
+        "log": name,
+        "log_written_ns": inputs.log.written_ns,
+        "kind": inputs.kind,
+        "host_clock": inputs.host_clock,
+        "fine_times": inputs.workspace.fine_times,
+        "source": inputs.workspace.source,
+        "untarred": {p: node_to_json(n) for p, n in rest.items()},
+        "workload": inputs.workload.to_json() if inputs.workload else None,
+        "launches": None if inputs.launches is None else [la.to_json() for la in inputs.launches],
+        "processes": inputs.processes.to_json() if inputs.processes else None,
+        "notes": inputs.notes + inputs.workspace.notes,
+    }
+    (d / "inputs.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    return d
+
+
+def load(path: str | Path) -> Inputs:
+    """The inputs kept under ``path`` (a run directory or its ``kept/``)."""
+    d = Path(path)
+    if (d / KEPT / "inputs.json").exists():
+        d = d / KEPT
+    meta_path = d / "inputs.json"
+    if not meta_path.exists():
+        raise ConfigError(
+            f"{path} holds no kept run (no {KEPT}/inputs.json): run the campaign with --keep"
+        )
+    try:
+        meta = json.loads(meta_path.read_text())
+        if meta.get("version") != VERSION:
+            raise ConfigError(f"{meta_path}: version {meta.get('version')!r}, want {VERSION}")
+        log = read_log(d / str(meta["log"]))
+        log = dataclasses.replace(log, written_ns=meta.get("log_written_ns"))
+        ws = parse_tar((d / "workspace.tar").read_bytes(), f"kept:{d / 'workspace.tar'}")
+        ws.fine_times = ws.fine_times and bool(meta.get("fine_times", True))
+        for p, n in (meta.get("untarred") or {}).items():
+            ws.nodes[str(p)] = node_from_json(n)
+        launches = meta.get("launches")
+        return Inputs(
+            log,
+            ws,
+            workload=Workload.from_json(meta["workload"]) if meta.get("workload") else None,
+            launches=None if launches is None else [LaunchRecord(**la) for la in launches],
+            processes=ProcessListing.from_json(meta["processes"])
+            if meta.get("processes")
+            else None,
+            host_clock=bool(meta.get("host_clock")),
+            kind=str(meta.get("kind") or ""),
+            notes=[str(n) for n in meta.get("notes") or []],
+        )
+    except DurableSpacesError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, tarfile.TarError) as e:
+        raise ConfigError(f"{d}: the kept run is unreadable: {type(e).__name__}: {e}") from e

@@ -1,0 +1,133 @@
+"""A failing seed fails again: exact replays of a run, and how alike two runs were.
+
+A seed reproduces a schedule, not an interleaving: a fault placed in time lands wherever
+the machine's load puts it. What a run really went through is in its record
+(``extra["interleaving"]``, written by ``campaigns/inject.py``): every fault, the attempt
+it hit and the point of the driver's trace where it landed. ``exact_spec`` turns that
+back into a run whose every fault is placed at that point (``Schedule.exact``), so the
+replay stops each driver where the original was hit and inflicts the same fault there.
+
+``signature`` is the part of an interleaving that must be the same for two runs to have
+gone the same way (the faults with their positions and outcomes, and how each attempt
+ended); ``differences`` says where two runs parted. ``Reproduction`` is what a campaign
+reports for each failed run it replays ("reproduced k/N").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from durable_spaces.campaigns.record import RunRecord
+from durable_spaces.campaigns.spec import RunSpec
+from durable_spaces.chaos.schedule import Schedule
+from durable_spaces.errors import ConfigError
+
+
+def exact_spec(record: RunRecord, state_dir: str, run_id: str | None = None) -> RunSpec:
+    """A run that replays ``record``'s realized interleaving (``ConfigError`` when the
+    record has no interleaving or schedule to replay)."""
+    realized = record.extra.get("interleaving")
+    if not isinstance(realized, list) or record.schedule is None:
+        raise ConfigError(
+            f"run record {record.run_id} has no realized interleaving to replay exactly "
+            "(it was written before interleavings were recorded); repro it by seed"
+        )
+    drawn = Schedule.from_json(record.schedule)
+    return RunSpec(
+        run_id=run_id or record.run_id,
+        seed=record.seed,
+        mode=record.mode,
+        backend=record.backend,
+        calls=record.calls,
+        durable_mode=record.durable_mode or "transactional",
+        profile=str(record.extra.get("profile") or "default"),
+        state_dir=state_dir,
+        schedule=Schedule.exact(record.seed, drawn, realized),
+    )
+
+
+def _position(at: Mapping[str, Any]) -> tuple[Any, ...]:
+    if "trigger" in at:
+        return ("trigger", at["trigger"])
+    if "point" in at:
+        landed = at.get("landed")
+        return (at["point"], at.get("n"), *([] if landed is None else ["landed", *landed]))
+    return ("start",)
+
+
+def signature(record: RunRecord) -> list[tuple[Any, ...]]:
+    """What must match for two runs to have gone the same way: the faults (attempt, kind,
+    position, outcome) in order, each attempt's exit code, and the recovery decisions in
+    order (epoch, kind, call): where a fault landed shows in what recovery had to do."""
+    out: list[tuple[Any, ...]] = []
+    for r in record.extra.get("interleaving") or []:
+        out.append(("fault", r.get("attempt"), r.get("kind"), _position(r.get("at") or {}),
+                    r.get("type")))  # fmt: skip
+    out.extend(("exit", i, code) for i, code in enumerate(record.extra.get("exit_codes") or []))
+    out.extend(("recovery", x) for x in record.extra.get("recovery_sequence") or [])
+    return out
+
+
+def differences(a: RunRecord, b: RunRecord, limit: int = 5) -> list[str]:
+    """Where two runs' interleavings parted (empty: they went the same way)."""
+    sa, sb = signature(a), signature(b)
+    out = []
+    for i in range(max(len(sa), len(sb))):
+        x = sa[i] if i < len(sa) else None
+        y = sb[i] if i < len(sb) else None
+        if x != y:
+            out.append(f"#{i}: {_show(x)} | {_show(y)}")
+            if len(out) >= limit:
+                break
+    return out
+
+
+def _show(item: tuple[Any, ...] | None) -> str:
+    if item is None:
+        return "(nothing)"
+    if item[0] == "exit":
+        return f"attempt {item[1]} exited {item[2]}"
+    if item[0] == "recovery":
+        return f"recovery {item[1]}"
+    _, attempt, kind, pos, type_ = item
+    where = "/".join(str(p) for p in pos)
+    return f"{kind} at {where} of attempt {attempt} ({type_})"
+
+
+@dataclass
+class Reproduction:
+    """A failed run replayed exactly ``tries`` times."""
+
+    run_id: str
+    tries: int
+    reproduced: int
+    #: For each replay that did not fail: how its interleaving differed from the original.
+    differences: list[list[str]] = field(default_factory=list)
+
+    @property
+    def flaky(self) -> bool:
+        return self.reproduced == 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tries": self.tries,
+            "reproduced": self.reproduced,
+            "never_reproduced": self.flaky,
+            "differences": self.differences,
+        }
+
+    def line(self) -> str:
+        tail = " (never reproduced: the interleavings differ, see the report)" if self.flaky else ""
+        return f"REPRODUCED {self.run_id} {self.reproduced}/{self.tries}{tail}"
+
+
+def reproduction(original: RunRecord, replays: Sequence[RunRecord]) -> Reproduction:
+    rep = Reproduction(original.run_id, len(replays), 0)
+    for r in replays:
+        if r.outcome == "failed":
+            rep.reproduced += 1
+        else:
+            rep.differences.append(differences(original, r) or ["same interleaving, run passed"])
+    return rep

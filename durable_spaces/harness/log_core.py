@@ -1,0 +1,136 @@
+"""The durable log's data model: commits, the fence and storage protocols, and the
+in-memory storage. The file-backed storages (``log_sqlite``, ``log_jsonl``) build on
+these; ``durable_spaces.harness.log`` is the public face of all of them."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from durable_spaces.errors import ConfigError, FenceHaltedError, StaleEpochError
+
+Op = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One stored commit: its position in the line, the epoch that wrote it, its ops."""
+
+    seq: int
+    ops: list[Op]
+    epoch: int | None = None
+
+
+@runtime_checkable
+class Fence(Protocol):
+    """An epoch floor shared by every writer of one log."""
+
+    epoch: int
+
+    def floor(self) -> int:
+        """The current floor (the highest epoch that has written or raised it)."""
+        ...
+
+    def check(self) -> None:
+        """Raise ``StaleEpochError`` if a newer epoch has raised the floor (or halted)."""
+        ...
+
+    def halt(self, reason: str = "") -> None:
+        """Refuse every later commit of this writer (the driver's halt path)."""
+        ...
+
+    @property
+    def halted(self) -> bool: ...
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """An append-only line of atomic commits."""
+
+    def load(self) -> list[Commit]:
+        """Every stored commit, in order."""
+        ...
+
+    def append(self, ops: Sequence[Op]) -> int:
+        """Store one commit atomically and durably (per the storage's sync level);
+        return its seq. A fenced storage raises ``StaleEpochError`` and stores nothing."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class MemoryFence:
+    """A fence in memory (tests; several writers in one process share one floor)."""
+
+    epoch: int
+    _floor: list[int] = field(default_factory=lambda: [0])
+    _halted: bool = False
+
+    def floor(self) -> int:
+        return self._floor[0]
+
+    def check(self) -> None:
+        if self._halted:
+            raise FenceHaltedError("memory")
+        if self._floor[0] > self.epoch:
+            raise StaleEpochError(self.epoch, self._floor[0], "log")
+        self._floor[0] = self.epoch
+
+    def halt(self, reason: str = "") -> None:
+        self._halted = True
+
+    @property
+    def halted(self) -> bool:
+        return self._halted
+
+    def writer(self, epoch: int) -> MemoryFence:
+        """Another writer of the same log, at ``epoch``."""
+        return MemoryFence(epoch, self._floor)
+
+
+class MemoryStorage:
+    """Commits kept in memory: for tests and transient agents; gone with the process."""
+
+    def __init__(self, fence: Fence | None = None) -> None:
+        self._commits: list[Commit] = []
+        self._lock = threading.Lock()
+        self.fence = fence
+
+    def load(self) -> list[Commit]:
+        with self._lock:
+            return list(self._commits)
+
+    def append(self, ops: Sequence[Op]) -> int:
+        with self._lock:
+            if self.fence is not None:
+                self.fence.check()
+            seq = len(self._commits) + 1
+            epoch = self.fence.epoch if self.fence is not None else None
+            self._commits.append(Commit(seq, [dict(o) for o in ops], epoch))
+            return seq
+
+    def close(self) -> None:
+        pass
+
+
+#: The largest epoch a log can hold: the SQLite fence stores it in an INTEGER (int64).
+MAX_EPOCH = 2**63 - 1
+
+
+def check_epoch(epoch: object, what: str = "epoch") -> int:
+    """An epoch a fence can store: an int (not a bool) in 0..MAX_EPOCH."""
+    if type(epoch) is not int:
+        raise ConfigError(f"{what} must be an integer, not {type(epoch).__name__} {epoch!r}")
+    if not 0 <= epoch <= MAX_EPOCH:
+        raise ConfigError(f"{what} must be in 0..2**63-1 (SQLite's INTEGER), not {epoch}")
+    return epoch
+
+
+def dumps_ops(ops: Sequence[Op]) -> tuple[list[Op], str]:
+    """Copy and serialize ops *before* anything is stored (a bad op stores nothing)."""
+    copied = [dict(o) for o in ops]
+    return copied, json.dumps(copied, separators=(",", ":"))

@@ -1,0 +1,190 @@
+"""Hand-built checker inputs: a real SQLite log written by the adapter's SqliteStorage
+(the checker reads it back raw) and a real workspace directory.
+
+``scene()`` is one small consistent run of the scripted workload's three kinds of call:
+a write, two appends and an edit of the written file, then the final answer. Each test
+of an anomaly breaks one thing in it and looks for the anomaly's name and witness.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from durable_spaces.campaigns.checker import check_all
+from durable_spaces.campaigns.checks.inputs import (
+    Inputs,
+    LaunchRecord,
+    ProcessListing,
+    Workload,
+)
+from durable_spaces.campaigns.checks.rawlog import read_log
+from durable_spaces.campaigns.checks.workload import apply
+from durable_spaces.campaigns.checks.workspace import walk_host
+from durable_spaces.harness.log import MemoryFence, SqliteFence, SqliteStorage
+from durable_spaces.harness.models import ScriptedModel
+
+W = "call-s0-aaaaaaaa"  # write f0.txt
+B1 = "call-s1-bbbbbbbb"  # append to journal.txt
+E = "call-s2-cccccccc"  # edit f0.txt: its second line gains a token line after it
+B3 = "call-s3-dddddddd"  # append to journal.txt
+
+F0_WRITTEN = "s0-aaaaaaaa-0\ns0-aaaaaaaa-1\n"
+F0 = "s0-aaaaaaaa-0\ns0-aaaaaaaa-1\ns2-cccccccc-e\n"
+JOURNAL = "s1-bbbbbbbb\ns3-dddddddd\n"
+
+
+def append(token: str) -> dict[str, str]:
+    return {"command": f"printf '%s\\n' '{token}' >> journal.txt"}
+
+
+class Transcript:
+    """Commits of one conversation, each at an epoch; ``stale=True`` stores a commit at
+    an epoch below the floor (a fence that failed: what the checker must notice)."""
+
+    def __init__(self, path: Path, epoch: int = 1) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.storage = SqliteStorage(path)
+        self.epoch = epoch
+        self.n = 0
+        self.seqs: dict[str, int] = {}  # call id -> its result's commit
+        self.commit([{"op": "conversation", "id": "c1", "parent_id": None}])
+        self.commit([self._entry("user", {"content": "go"})])
+
+    def _entry(self, kind: str, data: dict[str, Any]) -> dict[str, Any]:
+        self.n += 1
+        return {"op": "entry", "id": f"e{self.n}", "conversation_id": "c1", "kind": kind,
+                "data": data}  # fmt: skip
+
+    def commit(
+        self, ops: list[dict[str, Any]], epoch: int | None = None, stale: bool = False
+    ) -> int:
+        e = self.epoch if epoch is None else epoch
+        self.storage.fence = MemoryFence(e) if stale else SqliteFence(self.storage, e)
+        return self.storage.append(ops)
+
+    def call(
+        self, cid: str, name: str, args: Mapping[str, Any], status: str | None = "ok", **kw: Any
+    ) -> int:
+        tc = {"id": cid, "name": name, "args": dict(args)}
+        seq = self.commit([self._entry("assistant", {"content": "", "tool_calls": [tc]})], **kw)
+        if status is not None:
+            data = {"call_id": cid, "name": name, "status": status, "content": status}
+            seq = self.seqs[cid] = self.commit([self._entry("tool_result", data)], **kw)
+        return seq
+
+    def doc(self, name: str, value: Any) -> int:
+        return self.commit([{"op": "doc", "conversation_id": "c1", "name": name, "value": value}])
+
+    def done(self) -> int:
+        return self.commit(
+            [
+                self._entry("assistant", {"content": "done", "tool_calls": []}),
+                {"op": "submission", "id": "s1", "state": "done"},
+            ]
+        )
+
+    def close(self) -> None:
+        self.storage.close()
+
+
+def write_tree(root: Path, files: Mapping[str, str]) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    for p, text in files.items():
+        (root / p).write_text(text)
+        os.chmod(root / p, 0o644)
+
+
+def image_docs(files: Mapping[str, str]) -> dict[str, Any]:
+    """The transactional image of ``files`` as the log's documents (format of
+    durable_spaces/adapter/image.py: a pointer, a full table, one blob per content)."""
+    table, docs = {}, {}
+    for p, text in sorted(files.items()):
+        data = text.encode()
+        sha = hashlib.sha256(data).hexdigest()
+        table[p] = {"kind": "file", "mode": 0o644, "size": len(data), "sha256": sha}
+        docs[f"cua.blob/{sha}"] = base64.b64encode(data).decode()
+    docs["cua.space.image/full/1"] = table
+    docs["cua.space.image"] = {"v": 1, "full": 1}
+    docs["cua.space"] = {"mode": "transactional", "instance": "inst-1", "calls": {}}
+    return docs
+
+
+@dataclass
+class Scene:
+    log: Path
+    root: Path
+    t: Transcript
+    launches: list[LaunchRecord] = field(default_factory=lambda: [LaunchRecord(1, pid=100)])
+    workload: Workload | None = None
+    host_clock: bool = True
+
+    def inputs(self) -> Inputs:
+        return Inputs(
+            read_log(self.log),
+            walk_host(str(self.root)),
+            workload=self.workload,
+            launches=self.launches,
+            processes=ProcessListing("mark"),
+            host_clock=self.host_clock,
+            kind="local",
+        )
+
+    def verdicts(self) -> dict[str, dict[str, Any]]:
+        return check_all(self.inputs())
+
+    def anomalies(self, check: str) -> list[dict[str, Any]]:
+        v = self.verdicts()[check]
+        return list(v["anomalies"])
+
+
+def scene(tmp: Path, *, transactional: bool = False, finish: bool = True) -> Scene:
+    """The consistent run: W, B1, E, B3, done; the workspace as it implies."""
+    t = Transcript(tmp / "log.sqlite")
+    t.call(W, "write", {"path": "f0.txt", "content": F0_WRITTEN})
+    t.call(B1, "bash", append("s1-bbbbbbbb"))
+    t.call(E, "edit", {"path": "f0.txt", "old_text": "s0-aaaaaaaa-1\n",
+                       "new_text": "s0-aaaaaaaa-1\ns2-cccccccc-e\n"})  # fmt: skip
+    t.call(B3, "bash", append("s3-dddddddd"))
+    files = {"f0.txt": F0, "journal.txt": JOURNAL}
+    if transactional:
+        for name, value in image_docs(files).items():
+            t.doc(name, value)
+    if finish:
+        t.done()
+    root = tmp / "work"
+    write_tree(root, files)
+    return Scene(tmp / "log.sqlite", root, t)
+
+
+def scripted(tmp: Path, seed: str, calls: int, interrupted: frozenset[int] = frozenset()) -> Scene:
+    """A run of the real ScriptedModel (steps in ``interrupted`` end interrupted), with
+    the workspace its transcript implies: consistent, including the replay."""
+    model = ScriptedModel(seed, calls)
+    t = Transcript(tmp / "log.sqlite")
+    files: dict[str, str] = {}
+    for step in range(calls):
+        tc = model.call(step, dict(files))
+        status = "interrupted" if step in interrupted else "ok"
+        t.call(tc.id, tc.name, tc.args, status=status)
+        if status == "ok":
+            assert apply(files, tc.name, tc.args) is None
+    t.done()
+    root = tmp / "work"
+    write_tree(root, files)
+    return Scene(tmp / "log.sqlite", root, t, workload=Workload(seed, calls))
+
+
+def names(anomalies: list[dict[str, Any]]) -> list[str]:
+    return [a["name"] for a in anomalies]
+
+
+def dump(v: Any) -> str:
+    return json.dumps(v, indent=1, default=str)[:3000]

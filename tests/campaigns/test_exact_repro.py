@@ -1,0 +1,159 @@
+"""A failing seed fails again: faults at logical points, realized interleavings as data,
+exact replays, lab errors apart from failures, and the determinism figure. Real
+coordinated sessions on the local backend."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from pathlib import Path
+
+import pytest
+
+from durable_spaces.campaigns.record import RunRecord
+from durable_spaces.campaigns.replay import differences, exact_spec, reproduction, signature
+from durable_spaces.campaigns.run import POINTS, run_one
+from durable_spaces.campaigns.runner import run_determinism
+from durable_spaces.campaigns.spec import CampaignSpec, RunSpec
+from durable_spaces.campaigns.summary import Summary
+from durable_spaces.chaos.schedule import AttemptPlan, PointFault, Schedule, SpaceFault
+
+pytestmark = pytest.mark.slow
+
+
+def _spec(tmp: Path, seed: str, schedule: Schedule | None, calls: int = 4) -> RunSpec:
+    return RunSpec(
+        run_id=f"r-{seed}",
+        seed=seed,
+        mode="transactional",
+        backend="local",
+        calls=calls,
+        durable_mode="transactional",
+        state_dir=str(tmp / seed),
+        schedule=schedule,
+    )
+
+
+def test_a_fault_at_a_logical_point_lands_exactly_there(tmp_path: Path) -> None:
+    """A daemon kill at the 2nd start mark and a removal at the 40th logical hit (after
+    the first calls made the Space): the driver stops at each, the fault lands while it
+    waits, and the record says where."""
+    sched = Schedule(
+        "lp1",
+        (
+            AttemptPlan(
+                at_points=(
+                    PointFault("adapter.start_mark", 2, "daemon_kill"),
+                    PointFault("*", 40, "space_remove"),
+                )
+            ),
+        ),
+        "manual",
+    )
+    rec = asyncio.run(run_one(_spec(tmp_path, "lp1", sched)))
+    assert rec.outcome == "ok", rec.checks
+    landed = [(r["kind"], r["at"].get("point"), r["at"].get("n"), r["type"])
+              for r in rec.extra["interleaving"]]  # fmt: skip
+    assert ("daemon_kill", "adapter.start_mark", 2, "ok") in landed
+    assert ("space_remove", "*", 40, "ok") in landed
+    assert rec.faults.get("space_remove") == 1 and rec.recoveries.get("reimaged")
+
+
+def test_a_fault_whose_point_never_comes_is_cancelled_and_recorded(tmp_path: Path) -> None:
+    sched = Schedule("lp2", (AttemptPlan(at_points=(PointFault("*", 99999, "daemon_kill"),)),))
+    rec = asyncio.run(run_one(_spec(tmp_path, "lp2", sched)))
+    assert rec.outcome == "ok"
+    (only,) = rec.extra["interleaving"]
+    assert (only["kind"], only["type"], only["at"]["n"]) == ("daemon_kill", "cancelled", 99999)
+    assert "daemon_kill" not in rec.faults, "a fault that did not land was counted"
+
+
+def test_exact_schedule_puts_each_landed_fault_where_it_landed() -> None:
+    drawn = Schedule(
+        "x",
+        (AttemptPlan(kill_after_s=(0.4,), faults=(SpaceFault("space_restart", at_s=0.2),)),),
+    )
+    realized = [
+        {"attempt": 0, "epoch": 1, "kind": "space_restart", "type": "ok",
+         "at": {"after_s": 0.21, "point": "adapter.spawn", "n": 1, "g": 7}, "value": {}},
+        {"attempt": 0, "epoch": 1, "kind": "kill", "type": "ok",
+         "at": {"after_s": 0.41, "point": "adapter.exit", "n": 1, "g": 9}, "value": {}},
+        {"attempt": 1, "epoch": 2, "kind": "daemon_kill", "type": "ok",
+         "at": {"trigger": "after_kill"}, "value": {}},
+        {"attempt": 1, "epoch": 2, "kind": "space_remove", "type": "cancelled",
+         "at": {"point": "*", "n": 40}, "value": {}},
+    ]  # fmt: skip
+    exact = Schedule.exact("x", drawn, realized)
+    a0, a1 = exact.plan(0), exact.plan(1)
+    assert a0.kill_after_s == () and a0.faults == ()  # nothing left to the clock
+    assert [(p.point, p.n, p.kind) for p in a0.at_points] == [
+        ("adapter.spawn", 1, "space_restart"),
+        ("adapter.exit", 1, "kill"),
+    ]
+    assert [(f.kind, f.trigger) for f in a1.faults] == [("daemon_kill", "after_kill")]
+    assert a1.at_points == ()  # the cancelled removal is not planned
+    assert Schedule.from_json(exact.to_json()) == exact
+
+
+def test_the_rerun_exited_mutant_reproduces_exactly_every_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure injected on purpose: the record's exact replay fails again each time,
+    with the same interleaving; without the mutant the same replay passes."""
+    monkeypatch.setenv("DS_MUTANTS", "rerun_exited")
+    sched = Schedule("mx", (AttemptPlan(at_points=(PointFault("adapter.exit", 1, "kill"),)),))
+    original = asyncio.run(run_one(_spec(tmp_path, "mx", sched, calls=3)))
+    assert original.outcome == "failed", original.checks
+    replays = [
+        asyncio.run(run_one(exact_spec(original, str(tmp_path / f"exact{k}"), f"e{k}")))
+        for k in range(3)
+    ]
+    rep = reproduction(original, replays)
+    assert rep.reproduced == 3, rep
+    assert all(not differences(original, r) for r in replays)
+    monkeypatch.delenv("DS_MUTANTS")
+
+
+def test_logical_schedules_go_the_same_way_twice(tmp_path: Path) -> None:
+    """The determinism figure for logical-point schedules (no random-time kills)."""
+    spec = CampaignSpec(
+        mode="transactional", backend="local", seed_base="det", runs=1, calls=4, jobs=2,
+        profile="logical",
+    )  # fmt: skip
+    out = io.StringIO()
+    d = run_determinism(
+        spec, "durable_spaces.campaigns.run:run_one", 3, out_dir=tmp_path / "det", stdout=out
+    )
+    assert d.seeds == 3 and d.same == 3, d.differences
+    assert out.getvalue().startswith("DETERMINISM seeds=3 same=3 fraction=1.000")
+
+
+def test_lab_errors_are_counted_apart_from_failures() -> None:
+    def rec(i: int, outcome: str) -> RunRecord:
+        return RunRecord(f"run-{i}", f"s-{i}", "transactional", "local", 3, outcome=outcome)
+
+    s = Summary.of(
+        [rec(0, "ok"), rec(1, "failed"), rec(2, "lab_error")],
+        mode="transactional",
+        backend="local",
+        seed_base="s",
+    )
+    assert (s.runs, s.ok, s.failed, s.lab_errors) == (3, 1, 1, 1)
+    assert " failed=1 lab_errors=1 " in s.line()
+    old = RunRecord.from_json({**rec(3, "ok").to_json(), "outcome": "error"})
+    assert old.outcome == "lab_error"  # records written before the split still read
+
+
+def test_signature_and_differences_name_where_two_runs_parted() -> None:
+    base = RunRecord("run-0", "s", "transactional", "local", 3)
+    a = RunRecord.from_json(base.to_json())
+    b = RunRecord.from_json(base.to_json())
+    a.extra = {"interleaving": [{"attempt": 0, "kind": "kill", "type": "ok",
+                                  "at": {"point": "adapter.exit", "n": 1}}], "exit_codes": [-9, 0]}
+    b.extra = {"interleaving": [{"attempt": 0, "kind": "kill", "type": "ok",
+                                  "at": {"point": "adapter.exit", "n": 2}}], "exit_codes": [-9, 0]}
+    assert signature(a) != signature(b)
+    (diff,) = differences(a, b)
+    assert "adapter.exit/1" in diff and "adapter.exit/2" in diff
+    assert differences(a, a) == []
+    assert POINTS  # the campaign's point list is what schedules draw from
