@@ -16,6 +16,7 @@ The processes, any of which may die:
 - ``remote.py`` (backend ``remote``): how a driver finds its Space through the store with
   its lease token; ``address.py``: what a placement's address says.
 - ``workers.py`` (``durable-spaces worker``): runs campaign runs from the queue.
+- ``forward.py``: a docker host's port forward to a container.
 - ``netns.py`` and ``lab.py``: test hosts in network namespaces, a whole cluster on one
   machine (tests, ``bench/cluster.py``).
 
@@ -29,7 +30,9 @@ directory must be the same shared mount, with working ``fcntl`` locks, on every
 coordinator's machine: it holds the sessions' fenced SQLite logs); ``durable-spaces submit
 --sessions-dir /shared/sessions --name s1 --space sp1`` to add a session; ``durable-spaces
 worker --id wN --work-dir /var/tmp/ds-runs`` on each machine that runs campaign runs.
-``local`` hosts only serve drivers on their own machine (their Spaces are directories).
+``--backend docker`` hosts forward a port of their address to each container (docker
+publishes Spaces on loopback only); ``local`` hosts only serve drivers on their own
+machine (their Spaces are directories).
 
 Import from the modules (``psycopg`` is needed only by the store).
 """
