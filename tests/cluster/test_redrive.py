@@ -3,6 +3,7 @@ hosts in network namespaces, coordinators and drivers as processes."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from typing import Any
@@ -10,9 +11,11 @@ from typing import Any
 import psutil
 import pytest
 
+from durable_spaces.backends.spacesd import SpacesdBackend
 from durable_spaces.campaigns.checker import History, check_all
 from durable_spaces.campaigns.checks.effects import diagnose
 from durable_spaces.campaigns.checks.workload import interpret
+from durable_spaces.cluster.host import local_name
 from durable_spaces.cluster.lab import CLAIM_TTL, wait_for
 from durable_spaces.errors import LeaseLostError, LogError
 
@@ -253,6 +256,35 @@ def test_a_frozen_host_is_declared_lost_and_its_driver_halts(cluster: Any) -> No
     assert (sp.host_id, sp.generation, sp.placement_reason) == ("h2", 2, "host h1 lost")
     first = cluster.events("driver_exited", "s1")[0]
     assert (first.detail["epoch"], first.detail["code"]) == (1, 1)  # halted, then resumed
+    check(cluster, "s1", "sp1")
+
+
+def test_a_space_removed_under_a_live_driver_is_placed_again(cluster: Any) -> None:
+    h1 = cluster.host("h1")
+    cluster.coordinator("c1")
+    cluster.submit("s1", "sp1", "removed1", calls=8)
+    cluster.wait_first_step("s1", 1)
+    wait_for_results(cluster, "s1", 2)
+
+    async def remove() -> None:  # an operator removes the sandbox on its (live) host
+        backend = SpacesdBackend(h1.state_dir / "spaces", listen_host=h1.ip)
+        try:
+            await backend.delete(local_name("sp1", 1))
+        finally:
+            await backend.close()
+
+    asyncio.run(remove())
+    s = cluster.wait_session("s1")
+    assert (s.state, s.reason) == ("done", "")
+    sp = cluster.store.space("sp1")
+    assert (sp.generation, sp.restored_from) == (2, "from-scratch")
+    assert sp.placement_reason.startswith("the sandbox") and sp.placement_reason.endswith(
+        "on host h1"
+    )  # the host reported it (asked before the next drive, or in its sweep)
+    placed = [(e.host, e.detail["generation"]) for e in cluster.events("space_placed")]
+    assert placed == [("h1", 1), ("h1", 2)]  # the host is up: the new copy may go there
+    kinds = [e.detail.get("driver_kind") for e in cluster.events("driver_recovery", "s1")]
+    assert "reimaged" in kinds, kinds
     check(cluster, "s1", "sp1")
 
 
