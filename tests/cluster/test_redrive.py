@@ -49,7 +49,7 @@ def test_a_host_lost_mid_session_its_space_placed_again_and_rebuilt_from_the_log
 ) -> None:
     cluster.host("h1")
     cluster.coordinator("c1")
-    cluster.submit("s1", "sp1", "lost1", calls=8)
+    cluster.submit("s1", "sp1", "lost1", calls=8, sleep=1.0)
     cluster.wait_first_step("s1", 1)
     assert cluster.store.space("sp1").host_id == "h1"
     cluster.host("h2")  # joins later: the Space stays where it is until h1 is lost
@@ -140,7 +140,7 @@ def test_two_sessions_race_for_one_space_the_second_waits_for_the_first(cluster:
     cluster.host("h1")
     cluster.coordinator("c1")
     cluster.coordinator("c2")
-    cluster.submit("a", "sp1", "racea", calls=6)
+    cluster.submit("a", "sp1", "racea", calls=6, sleep=1.0)
     cluster.wait_first_step("a", 1)
     cluster.submit("b", "sp1", "raceb", calls=4)
     pending = wait_for(
@@ -181,7 +181,7 @@ def test_the_database_restarts_mid_session(restartable_cluster: Any) -> None:
     pg = cluster.pg
     cluster.host("h1")
     cluster.coordinator("c1")
-    cluster.submit("s1", "sp1", "pgre1", calls=8)
+    cluster.submit("s1", "sp1", "pgre1", calls=8, sleep=1.0)
     cluster.wait_first_step("s1", 1)
     wait_for_results(cluster, "s1", 2)
     pg.stop("fast")
@@ -204,7 +204,9 @@ def test_checkpoint_mode_after_a_lost_host_needs_a_shared_checkpoint_store(
     cluster.host("h2")
     cluster.coordinator("c1")
     store = cluster.root / "checkpoints" if shared_store else None
-    cluster.submit("s1", "sp1", "ckpt1", calls=8, mode="checkpoint", checkpoint_dir=store)
+    cluster.submit(
+        "s1", "sp1", "ckpt1", calls=8, sleep=1.0, mode="checkpoint", checkpoint_dir=store
+    )
     wait_for_results(cluster, "s1", 2)
     cluster.lose(cluster.store.space("sp1").host_id)
     s = cluster.wait_session("s1")
@@ -245,7 +247,7 @@ def test_a_frozen_host_is_declared_lost_and_its_driver_halts(cluster: Any) -> No
     # calls to it may never return; the store declaring the host lost must stop it
     cluster.host("h1")
     cluster.coordinator("c1")
-    cluster.submit("s1", "sp1", "frozen1", calls=8)
+    cluster.submit("s1", "sp1", "frozen1", calls=8, sleep=1.0)
     cluster.wait_first_step("s1", 1)
     cluster.host("h2")
     wait_for_results(cluster, "s1", 2)
@@ -262,7 +264,7 @@ def test_a_frozen_host_is_declared_lost_and_its_driver_halts(cluster: Any) -> No
 def test_a_space_removed_under_a_live_driver_is_placed_again(cluster: Any) -> None:
     h1 = cluster.host("h1")
     cluster.coordinator("c1")
-    cluster.submit("s1", "sp1", "removed1", calls=8)
+    cluster.submit("s1", "sp1", "removed1", calls=8, sleep=1.0)
     cluster.wait_first_step("s1", 1)
     wait_for_results(cluster, "s1", 2)
 
