@@ -56,7 +56,45 @@ _EXPORTS: dict[str, str] = {
     "ConfigError": "durable_spaces.errors",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AdapterConfig",
+    "AgentConfig",
+    "CheckpointStore",
+    "CodingTools",
+    "ConfigError",
+    "Conversation",
+    "DirectoryCheckpointStore",
+    "DurableSpaces",
+    "DurableSpacesError",
+    "Extension",
+    "HaltError",
+    "Harness",
+    "ImageLimits",
+    "PermanentFailure",
+    "RecoveryEvent",
+    "Registry",
+    "SandboxSnapshots",
+    "SessionHandle",
+    "Space",
+    "SpaceBackend",
+    "StaleEpochError",
+    "StartContext",
+    "Submission",
+    "Tool",
+    "ToolResult",
+    "WorkspaceSnapshots",
+    "diff_entries",
+    "durable_spaces",
+    "fork_at",
+    "known_backends",
+    "open_backend",
+    "open_fenced_jsonl",
+    "open_fenced_sqlite",
+    "open_storage",
+    "run_durable_session",
+    "workspace_at",
+]
+assert sorted(_EXPORTS) == __all__  # one list, kept in step
 
 
 def __getattr__(name: str) -> Any:
