@@ -14,6 +14,7 @@ own). Each distinct blob is one write-once document, content-addressed.
 from __future__ import annotations
 
 import base64
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -97,6 +98,8 @@ class ImageUpdate:
     pointer: dict[str, int]
     chain: dict[str, object]
     blobs: dict[str, bytes]
+    #: The path table this update makes the image.
+    table: PathTable | None = None
 
     def write(self, tx: Tx, conv: str) -> None:
         for sha, data in self.blobs.items():
@@ -107,21 +110,51 @@ class ImageUpdate:
 
 
 def inherited(harness: Harness, conv: str, name: str) -> Any:
-    """A write-once document of the conversation, else of its nearest ancestor."""
+    """A write-once document of the conversation, else of its nearest ancestor (the
+    committed value itself: callers only read it)."""
     cid: str | None = conv
     while cid is not None:
         c = harness.conversation(cid)
-        value = c.document(name)
+        value = c.document(name, copy=False)
         if value is not None:
             return value
         cid = c.parent_id
     return None
 
 
+#: Tables read back, per harness, by (conversation, image version): a version is written
+#: once, so its table never changes. Callers must not change a table they are given.
+_tables: weakref.WeakKeyDictionary[Any, dict[tuple[str, int, int], PathTable]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _version(pointer: Mapping[str, object] | None) -> tuple[int, int] | None:
+    if not pointer or "v" not in pointer:
+        return None
+    return int(pointer["v"]), int(pointer["full"])  # type: ignore[call-overload]
+
+
 def table(harness: Harness, conv: str, as_of: str | None = None) -> PathTable:
-    """The image (path table) of a conversation, now or as of an entry."""
-    pointer = harness.conversation(conv).document(IMAGE_DOC, as_of=as_of)
-    return read_image(pointer, lambda name: inherited(harness, conv, name))
+    """The image (path table) of a conversation, now or as of an entry (read once per
+    version: the chain is replayed only for a version not seen yet)."""
+    pointer = harness.conversation(conv).document(IMAGE_DOC, as_of=as_of, copy=False)
+    version = _version(pointer)
+    if version is None:
+        return read_image(pointer, lambda name: inherited(harness, conv, name))
+    cache = _tables.setdefault(harness, {})
+    key = (conv, *version)
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = read_image(pointer, lambda name: inherited(harness, conv, name))
+    return found
+
+
+def remember(harness: Harness, conv: str, image: ImageUpdate) -> None:
+    """After ``image``'s commit: its table is known without reading the log back."""
+    version = _version(image.pointer)
+    if version is not None and image.table is not None:
+        _tables.setdefault(harness, {})[(conv, *version)] = image.table
 
 
 def blob(harness: Harness, conv: str, sha: str) -> bytes | None:
@@ -152,6 +185,7 @@ async def update(
     if not delta:
         return None
     blobs = await read_new_blobs(space, delta, lambda sha: blob(harness, conv, sha) is not None)
-    pointer = harness.conversation(conv).document(IMAGE_DOC)
-    new_pointer, chain = next_image(pointer, old, delta.apply(old))
-    return ImageUpdate(new_pointer, chain, blobs)
+    pointer = harness.conversation(conv).document(IMAGE_DOC, copy=False)
+    new = delta.apply(old)
+    new_pointer, chain = next_image(pointer, old, new)
+    return ImageUpdate(new_pointer, chain, blobs, new)

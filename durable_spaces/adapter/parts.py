@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from durable_spaces.adapter import image_log
 from durable_spaces.adapter import state as state_doc
 from durable_spaces.adapter.config import AdapterConfig
 from durable_spaces.adapter.machine import BootWatch
@@ -42,6 +43,8 @@ class Parts:
         to), with the image's new version when given."""
         self.boot.stamp(state)
         await state_doc.commit(harness, conv, state, image)
+        if image is not None:
+            image_log.remember(harness, conv, image)  # the next read needs no replay
 
     def emit(
         self,

@@ -126,7 +126,8 @@ class SpaceState:
 
 def load(harness: Harness, conv: str) -> SpaceState:
     """The conversation's ``cua.space`` document as committed now."""
-    return SpaceState.from_json(harness.conversation(conv).document(DOC))
+    # Not copied here: ``from_json`` builds its own copy.
+    return SpaceState.from_json(harness.conversation(conv).document(DOC, copy=False))
 
 
 def put(tx: Tx, conv: str, state: SpaceState) -> None:

@@ -99,9 +99,13 @@ class Conversation:
         """Visible entries: the parent's up to the fork entry, then this conversation's."""
         return self._h.state.visible(self.id)
 
-    def document(self, name: str, as_of: str | None = None, default: Any = None) -> Any:
-        """Latest value of a document, or (rewindable ones) its value as of entry ``as_of``."""
-        return self._h.state.document(self.id, name, as_of, default)
+    def document(
+        self, name: str, as_of: str | None = None, default: Any = None, *, copy: bool = True
+    ) -> Any:
+        """Latest value of a document, or (rewindable ones) its value as of entry ``as_of``.
+        ``copy=False`` returns the committed value itself, for a reader that will not
+        change it (a copy of a large document costs more than reading it)."""
+        return self._h.state.document(self.id, name, as_of, default, copy)
 
     def documents(self) -> list[str]:
         return sorted(self._h.state.convs[self.id].docs)
