@@ -55,6 +55,16 @@ def _answers(address: str) -> bool:
     return True
 
 
+def _placed_sandbox(agent: HostAgent, s: ClusterStore) -> Path:
+    """Durable Space ``sp`` placed on the agent: its sandbox directory."""
+    s.create_space("sp")
+    addr = parse_address(HostClient(agent.address).place("sp", 1)["address"])
+    assert isinstance(addr, LocalAddress)
+    sandbox = Path(addr.state_dir) / addr.name
+    assert sandbox.is_dir()
+    return sandbox
+
+
 def test_places_only_a_generation_waiting_and_reports_a_removed_sandbox(
     agent: HostAgent, stores: Any
 ) -> None:
@@ -86,10 +96,7 @@ def test_the_sweep_reports_a_removed_sandbox_without_being_asked(
     agent: HostAgent, stores: Any
 ) -> None:
     s: ClusterStore = stores()
-    s.create_space("sp")
-    addr = parse_address(HostClient(agent.address).place("sp", 1)["address"])
-    assert isinstance(addr, LocalAddress)
-    shutil.rmtree(Path(addr.state_dir) / addr.name)
+    shutil.rmtree(_placed_sandbox(agent, s))
     wait_for("the sweep's report", lambda: s.space("sp").state == "unplaced", 10)
     assert s.events("space_unplaced")[-1].detail["reason"] == "the sandbox is gone on host h1"
 
@@ -98,11 +105,7 @@ def test_a_host_declared_lost_drops_its_spaces_and_registers_again(
     agent: HostAgent, stores: Any
 ) -> None:
     s: ClusterStore = stores()
-    s.create_space("sp")
-    addr = parse_address(HostClient(agent.address).place("sp", 1)["address"])
-    assert isinstance(addr, LocalAddress)
-    sandbox = Path(addr.state_dir) / addr.name
-    assert sandbox.is_dir()
+    sandbox = _placed_sandbox(agent, s)
     agent.sweep_secs = 3600.0  # the drop below is the heartbeat's doing, not the sweep's
     time.sleep(0.6)
 
