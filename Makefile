@@ -20,12 +20,13 @@ setup:
 	$(PIP) install -q -e '.[test]'
 
 # Debian packages, a running dockerd, the docker Space image, the microvm guest, FUSE
-# for the power-loss filesystem, and PostgreSQL for the cluster state.
+# for the power-loss filesystem, PostgreSQL for the cluster state, ip/iptables for its hosts.
 system-deps:
 	bash images/space/ci-setup.sh
 	bash images/microvm/ci-setup.sh
 	sh images/powerfs/ci-setup.sh
 	sh images/postgres/ci-setup.sh
+	sh images/netns/ci-setup.sh
 
 # The README's test command: the whole suite, in parallel.
 test: setup system-deps

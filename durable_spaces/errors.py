@@ -202,6 +202,15 @@ class HostLostError(ClusterError):
     elsewhere. Its agent must drop what it provided and register again."""
 
 
+class HostApiError(ClusterError):
+    """A host agent did not answer (down, unreachable, timed out) or could not serve the
+    request now: the caller tries again later or another host."""
+
+
+class NetnsError(DurableSpacesError):
+    """A network namespace, bridge or veth of a test host could not be made or removed."""
+
+
 class DatabaseServerError(DurableSpacesError):
     """The private PostgreSQL server could not be initialised, started or stopped."""
 

@@ -188,11 +188,7 @@ async def _drive(durable: DurableSpaces, start: Start, session: Session) -> int:
     def on_stale(err: StaleEpochError) -> None:
         fenced.set()
 
-    durable.epoch = session.epoch
-    if durable.namespace is None:
-        durable.namespace = session.name
-    durable.attach(fence, on_stale)
-    chained = durable.on_recovery
+    chained = durable.config.on_recovery
     first = [True]
 
     def on_recovery(ev: RecoveryEvent) -> None:
@@ -205,8 +201,16 @@ async def _drive(durable: DurableSpaces, start: Start, session: Session) -> int:
             first[0] = False
             emit_event("first_step", epoch=session.epoch, tool=tool, call=call)
 
-    durable.on_recovery = on_recovery
-    durable.on_call = on_call
+    # This attempt's copy of the adapter: its epoch, the session's namespace, the log's
+    # fence and the driver's callbacks (``start`` gets it as ``ctx.durable``).
+    durable = durable.for_session(
+        epoch=session.epoch,
+        namespace=session.name,
+        fence=fence,
+        on_stale=on_stale,
+        on_recovery=on_recovery,
+        on_call=on_call,
+    )
     try:
         fence.check()  # a newer driver already exists: stop before doing anything
         advance = getattr(fence, "advance", None)

@@ -8,13 +8,14 @@ transaction as its outcome, so the image is always the workspace as of the last
 committed call, and ``apply`` makes any workspace equal to it again.
 
 Limits (``max_files``, ``max_bytes``) keep the log bounded; names with a backslash or a
-newline are refused by the scan. Empty directories, owners and timestamps are not
-tracked (as in the reference).
+newline (and trees deeper than a scan descends) come back from the scan as
+``unsupported`` entries, which the image refuses. Empty directories, owners and
+timestamps are not tracked (as in the reference). How the image is stored in the log is
+``image_log.py``; this module is the path tables themselves: limits, diffs, applying one.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -76,24 +77,8 @@ def diff(old: Mapping[str, PathEntry], new: Mapping[str, PathEntry]) -> Delta:
     return d
 
 
-def table_to_json(table: Mapping[str, PathEntry]) -> dict[str, dict[str, object]]:
-    return {p: e.to_json() for p, e in sorted(table.items())}
-
-
-def table_from_json(d: Mapping[str, Mapping[str, object]] | None) -> PathTable:
-    return {p: PathEntry.from_json(e) for p, e in (d or {}).items()}
-
-
 def blob_id(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def encode_blob(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def decode_blob(text: str) -> bytes:
-    return base64.b64decode(text.encode("ascii"))
 
 
 async def read_new_blobs(
@@ -146,60 +131,3 @@ async def apply(
             assert e.sha256 is not None
             await space.write_file(p, blob(e.sha256), e.mode, epoch=epoch)
     return d
-
-
-# --- the image in the log: a pointer, full tables and deltas ------------------------------
-#
-# The path table is not rewritten whole per call (1000 files would cost ~190 KiB of log per
-# call). The rewindable document IMAGE_DOC holds a small pointer {"v": n, "full": m}; the
-# table of version m is a document of its own, and versions m+1..n are deltas, each a
-# document written once. A new full table is written every FULL_EVERY versions so reading
-# never replays a long chain. Reading as of an entry reads the pointer as of it; a fork
-# finds chain documents in itself first, then in its ancestors (it writes its own versions
-# after the fork point, so a number it shares with its parent is always its own).
-
-FULL_EVERY = 16
-
-
-def full_doc(version: int) -> str:
-    return f"cua.space.image/full/{version}"
-
-
-def delta_doc(version: int) -> str:
-    return f"cua.space.image/delta/{version}"
-
-
-def read_image(pointer: Mapping[str, object] | None, lookup: Callable[[str], object]) -> PathTable:
-    """The path table a pointer names (``lookup`` finds a chain document by name)."""
-    if not pointer:
-        return {}
-    if "v" not in pointer:  # a plain table
-        return table_from_json(pointer)  # type: ignore[arg-type]
-    v, full = int(pointer["v"]), int(pointer["full"])  # type: ignore[call-overload]
-    base = lookup(full_doc(full))
-    if base is None:
-        raise KeyError(f"the image's full table {full} is missing from the log")
-    table = table_from_json(base)  # type: ignore[arg-type]
-    for k in range(full + 1, v + 1):
-        d = lookup(delta_doc(k))
-        if d is None:
-            raise KeyError(f"the image's delta {k} is missing from the log")
-        delta = Delta(table_from_json(d["put"]), list(d["delete"]))  # type: ignore[index]
-        table = delta.apply(table)
-    return table
-
-
-def next_image(
-    pointer: Mapping[str, object] | None, old: PathTable, new: PathTable
-) -> tuple[dict[str, int], dict[str, object]]:
-    """The pointer and the chain documents that record ``new`` after ``old``."""
-    prev = int(pointer["v"]) if pointer and "v" in pointer else 0  # type: ignore[call-overload]
-    v = prev + 1
-    if prev == 0 or v % FULL_EVERY == 1:
-        return {"v": v, "full": v}, {full_doc(v): table_to_json(new)}
-    assert pointer is not None
-    d = diff(old, new)
-    return (
-        {"v": v, "full": int(pointer["full"])},  # type: ignore[call-overload]
-        {delta_doc(v): {"put": table_to_json(d.put), "delete": d.delete}},
-    )

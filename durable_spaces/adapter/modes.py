@@ -15,12 +15,17 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING
 
+from durable_spaces.adapter import state as state_doc
 from durable_spaces.adapter.image import ImageLimits
+from durable_spaces.adapter.state import SpaceState
 from durable_spaces.space import Capabilities, PathTable, Space
 
-Mode = Literal["auto", "transactional", "checkpoint"]
+if TYPE_CHECKING:
+    from durable_spaces.adapter.parts import Parts
+    from durable_spaces.adapter.transactional import TransactionalKeeper
+    from durable_spaces.harness.scheduler import Harness
 
 CONTAINER_LIKE = frozenset({"local", "process", "container", "gvisor"})
 TOOLING = ("find", "stat", "xargs", "sha256sum", "tar")
@@ -67,3 +72,58 @@ async def processes_in_workspace(space: Space, epoch: int) -> list[int]:
         if line.isdigit():
             pids.append(int(line))
     return pids
+
+
+class ModeDecider:
+    """The mode of each call: asked for, or (auto) decided at every call boundary."""
+
+    def __init__(self, parts: Parts, tx: TransactionalKeeper) -> None:
+        self.p = parts
+        self.tx = tx
+
+    async def decide(
+        self,
+        harness: Harness,
+        conv: str,
+        state: SpaceState,
+        space: Space,
+        checkpoint_for: str | None = None,
+    ) -> str:
+        """The mode of the next call (auto checks every condition at the call boundary;
+        ``checkpoint_for`` is a reason the next call itself gives, e.g. a file name the
+        image cannot hold). A change of the conversation's mode is committed."""
+        asked = self.p.config.mode
+        self.tx.new_boundary(space)
+        committed = state_doc.load(harness, conv).mode
+        if state.mode is None:
+            if asked != "auto":
+                chosen, why = asked, f"mode={asked} was asked for"
+            elif state.last_checkpoint is not None:
+                chosen, why = "checkpoint", "the conversation already has checkpoints"
+            else:
+                chosen, why = "transactional", None
+            state.mode, state.mode_reason = chosen, why
+        if asked != "auto" or state.mode == "checkpoint":
+            if state.mode != committed:
+                await self.p.commit(harness, conv, state)
+            return state.mode
+        reason = checkpoint_for or await self._violation(space)
+        if reason is None:
+            if committed != "transactional":
+                await self.p.commit(harness, conv, state)
+            return "transactional"
+        state.mode, state.mode_reason = "checkpoint", reason
+        await self.p.commit(harness, conv, state)
+        self.p.emit("mode", conv, None, mode="transactional", reason=reason)
+        return "checkpoint"
+
+    async def _violation(self, space: Space) -> str | None:
+        caps = await self.p.spaces.capabilities(space)
+        v = kind_allows(caps, self.p.config.snapshots.whole_machine)
+        if not v.transactional:
+            return v.reason
+        missing = await self.p.spaces.tooling(space)
+        if missing is not None:
+            return missing
+        table = await self.tx.boundary_scan(space)  # the call's start mark reuses it
+        return limits_allow(table, self.p.config.limits).reason

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from durable_spaces.adapter.checkpoint_id import optional
 from durable_spaces.errors import BadCheckpointIdError, PermanentFailure
+
+if TYPE_CHECKING:
+    from durable_spaces.adapter.image_log import ImageUpdate
+    from durable_spaces.harness.scheduler import Harness, Tx
 
 DOC = "cua.space"
 IMAGE_DOC = "cua.space.image"
@@ -118,3 +122,27 @@ class SpaceState:
     def next_order(self) -> int:
         self.calls_total = max(self.calls_total, *(c.order for c in self.calls.values()), 0) + 1
         return self.calls_total
+
+
+def load(harness: Harness, conv: str) -> SpaceState:
+    """The conversation's ``cua.space`` document as committed now."""
+    # Not copied here: ``from_json`` builds its own copy.
+    return SpaceState.from_json(harness.conversation(conv).document(DOC, copy=False))
+
+
+def put(tx: Tx, conv: str, state: SpaceState) -> None:
+    tx.put_document(conv, DOC, state.to_json(), rewindable=True)
+
+
+async def commit(
+    harness: Harness, conv: str, state: SpaceState, image: ImageUpdate | None = None
+) -> None:
+    """One commit of the document (and, with ``image``, of the image's new version and
+    blobs in the same transaction)."""
+
+    def build(tx: Tx) -> None:
+        if image is not None:
+            image.write(tx, conv)
+        put(tx, conv, state)
+
+    await harness.commit(build)

@@ -4,12 +4,12 @@ Hypothesis's habit: backends are found by name, so a backend with heavy or missi
 dependencies (docker, QEMU) costs nothing until asked for, and every backend runs the one
 conformance suite in ``tests/conformance``.
 
-Each backend is a package (``local``, ``spacesd``, ``docker``, ``microvm``) whose
+Each backend here is a package (``local``, ``spacesd``, ``docker``, ``microvm``) whose
 ``backend`` module holds the class named here; ``guest_rootfs`` is the root filesystem
-the docker and microvm images share. Dependencies go one way: backends use
-``durable_spaces.space``, ``errors`` and ``chaos`` (failpoints, mutants), never the
-adapter, the harness or the campaigns; docker and microvm build on spacesd's
-daemon-backed Space.
+the docker and microvm images share; ``remote`` lives with the cluster, which it needs.
+Dependencies go one way: backends use ``durable_spaces.space``, ``errors`` and ``chaos``
+(failpoints, mutants), never the adapter, the harness or the campaigns; docker and
+microvm build on spacesd's daemon-backed Space.
 
 Conventions every backend module follows:
 
@@ -37,6 +37,8 @@ BACKENDS: dict[str, str] = {
     "spacesd": "durable_spaces.backends.spacesd.backend:SpacesdBackend",
     "docker": "durable_spaces.backends.docker.backend:DockerBackend",
     "microvm": "durable_spaces.backends.microvm.backend:MicrovmBackend",
+    # A driver's view of Spaces that cluster hosts provide (found through the store).
+    "remote": "durable_spaces.cluster.remote:RemoteBackend",
 }
 
 #: The optional abilities (protocols of ``durable_spaces.space``) each backend has:
@@ -46,6 +48,7 @@ CLAIMS: dict[str, tuple[type, ...]] = {
     "spacesd": (Faults,),
     "docker": (Faults,),
     "microvm": (Faults, MachineCheckpoints),
+    "remote": (),  # a driver's view: its hosts own the sandboxes and their faults
 }
 
 

@@ -100,6 +100,7 @@ def main() -> int:
         return 78
 
     async def start(ctx: StartContext) -> SessionHandle:
+        durable = ctx.durable  # this attempt's copy: its epoch, fence and callbacks
         registry = Registry().install(CodingTools).install(durable.extension)
         harness = await Harness.open(
             ctx.log, models={"scripted": model}, registry=registry, env=durable.env

@@ -4,9 +4,11 @@ Guarantees:
 
 - A host registers and heartbeats; ``mark_lost_hosts(bound)`` declares lost every host
   whose last heartbeat is older than ``bound`` (database time, so the machines' clocks do
-  not matter) and, in the same transaction, marks all its Spaces for placement again:
-  generation + 1, ``restored_from = from-scratch``, the reason, no address or token. A
-  lost host's heartbeat raises ``HostLostError`` until it registers again.
+  not matter; and never within ``bound`` of the database server's own start, since no
+  host could heartbeat while it was down) and, in the same transaction, marks all its
+  Spaces for placement again: generation + 1, ``restored_from = from-scratch``, the
+  reason, no address or token. A lost host's heartbeat raises ``HostLostError`` until it
+  registers again.
 - Exactly one placement per generation: ``place_space`` for a generation that is not the
   one waiting (a racing placer, or a stale one) raises ``ClusterConflictError``; onto a
   lost host, ``HostLostError``.
@@ -78,8 +80,11 @@ class PlacementStatements(Statements):
 
     def _mark_lost_hosts_txn(self, conn: Conn, bound_secs: float) -> list[str]:
         lost = conn.execute(
+            # Silence is counted from the server's start at the earliest: while the
+            # database was down no host could heartbeat, and none is lost for that.
             "UPDATE ds.hosts SET state = 'lost' WHERE state = 'up'"
-            " AND heartbeat_at < now() - make_interval(secs => %s) RETURNING id, heartbeat_at",
+            " AND GREATEST(heartbeat_at, pg_postmaster_start_time())"
+            " < now() - make_interval(secs => %s) RETURNING id, heartbeat_at",
             (bound_secs,),
         ).fetchall()
         for h in lost:

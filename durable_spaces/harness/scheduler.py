@@ -3,7 +3,8 @@
 Modeled on Pi Durable's rules (see ../shared/reference), in Python's terms:
 
 - Every mutation is ONE ``storage.append(ops)``; the in-memory state (``LogState``, in
-  ``adapter.log_state``; this module is the scheduler over it) is only ever changed by
+  ``state.py``; this module is the scheduler over it, ``handles.py`` the views it hands
+  out, ``tool_tasks.py`` how a tool call runs) is only ever changed by
   replaying committed ops, on open and right after each append returns. So the
   state a reader sees is always a prefix of the log, and a crash loses at most the commit in
   flight. Build + append + apply run without an ``await`` in between, which is what keeps
@@ -30,142 +31,20 @@ import asyncio
 import copy
 import json
 import os
-import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from durable_spaces.chaos.failpoints import hit
-from durable_spaces.errors import HaltError, PermanentFailure, StaleEpochError
+from durable_spaces.errors import PermanentFailure
 from durable_spaces.harness.env import ExecutionEnv, LocalDirEnv
+from durable_spaces.harness.handles import Conversation, Settled, Submission
 from durable_spaces.harness.log import Op, Storage
 from durable_spaces.harness.models import Model
 from durable_spaces.harness.state import AgentConfig, Entry, LogState, Tx
-from durable_spaces.harness.tools import Registry, Tool, ToolContext, ToolResult
-
-#: Errors that stop the harness without recording anything (never a tool result).
-FATAL: tuple[type[BaseException], ...] = (StaleEpochError, HaltError, PermanentFailure)
+from durable_spaces.harness.tool_tasks import FATAL, run_tool, tools_for
+from durable_spaces.harness.tools import Registry
 
 EnvFactory = Callable[[str], Awaitable[ExecutionEnv]]
-
-#: How often live tool output is committed at most, and how much of it is kept.
-OUTPUT_FLUSH_SECONDS = 0.2
-OUTPUT_KEEP_CHARS = 64 * 1024
-
-
-@dataclass(frozen=True)
-class Settled:
-    """How a submission ended: ``answer`` is the final assistant text."""
-
-    status: Literal["done", "failed"]
-    answer: str | None = None
-    error: str | None = None
-
-
-class Submission:
-    """An admitted input. ``wait()`` returns when it settles (in this process)."""
-
-    def __init__(self, harness: Harness, sid: str) -> None:
-        self._h = harness
-        self.id = sid
-
-    def _s(self) -> dict[str, Any]:
-        return self._h.state.subs[self.id]
-
-    @property
-    def request_id(self) -> str | None:
-        return self._s().get("request_id")
-
-    @property
-    def conversation_id(self) -> str:
-        return str(self._s()["conversation_id"])
-
-    @property
-    def status(self) -> str:
-        """queued | active | done | failed"""
-        return str(self._s()["state"])
-
-    @property
-    def settled(self) -> Settled | None:
-        s = self._s()
-        if s["state"] not in ("done", "failed"):
-            return None
-        return Settled(s["state"], s.get("answer"), s.get("error"))
-
-    async def wait(self) -> Settled:
-        """The outcome; raises the fatal error (stale epoch, halt, permanent failure) that
-        stopped the harness instead of returning."""
-        while True:
-            if (done := self.settled) is not None:
-                return done
-            if self._h._fatal is not None:
-                raise self._h._fatal
-            if self._h._closed:
-                raise RuntimeError("the harness is closed")
-            self._h._ensure_driver(self.conversation_id)
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._h._waiters.setdefault(self.id, []).append(fut)
-            await fut
-
-    def __repr__(self) -> str:
-        return f"Submission({self.id!r}, request_id={self.request_id!r}, {self.status})"
-
-
-class Conversation:
-    """A view of one conversation in a harness (cheap; holds only the id)."""
-
-    def __init__(self, harness: Harness, cid: str) -> None:
-        self._h = harness
-        self.id = cid
-
-    @property
-    def parent_id(self) -> str | None:
-        return self._h.state.convs[self.id].parent_id
-
-    @property
-    def fork_entry_id(self) -> str | None:
-        return self._h.state.convs[self.id].fork_entry_id
-
-    @property
-    def agent(self) -> AgentConfig:
-        return self._h.state.convs[self.id].agent
-
-    def entries(self) -> list[Entry]:
-        """Visible entries: the parent's up to the fork entry, then this conversation's."""
-        return self._h.state.visible(self.id)
-
-    def document(self, name: str, as_of: str | None = None, default: Any = None) -> Any:
-        """Latest value of a document, or (rewindable ones) its value as of entry ``as_of``."""
-        return self._h.state.document(self.id, name, as_of, default)
-
-    def documents(self) -> list[str]:
-        return sorted(self._h.state.convs[self.id].docs)
-
-    def submissions(self) -> list[Submission]:
-        return [
-            Submission(self._h, s)
-            for s, v in self._h.state.subs.items()
-            if v["conversation_id"] == self.id
-        ]
-
-    async def submit(self, content: str, request_id: str | None = None) -> Submission:
-        """Admit user input once per ``request_id`` (the same id again, even after a restart,
-        returns the existing submission) and start (or queue) its run."""
-        return self._h._submit(self.id, content, request_id)
-
-    async def fork(self, entry_id: str, agent: AgentConfig | None = None) -> Conversation:
-        """A new conversation seeing this one's entries up to ``entry_id`` and each
-        rewindable document as of it (copied into the fork's creation commit). It keeps
-        this conversation's agent unless ``agent`` is given."""
-        return self._h._fork(self.id, entry_id, agent)
-
-    async def commit(self, build: Callable[[Tx], Any]) -> Any:
-        """One atomic commit of app data; returns what ``build`` returned."""
-        return self._h._commit(build)
-
-    def __repr__(self) -> str:
-        return f"Conversation({self.id!r})"
-
 
 class Harness:
     """Durable conversations over a ``Storage``. Create with ``await Harness.open(...)``."""
@@ -434,7 +313,7 @@ class Harness:
                 return
         for t in self._sub_tasks(sid, "tool"):
             if t["state"] != "done":
-                await self._run_tool(t)
+                await run_tool(self, t)
                 return
         # Nothing in flight yet unsettled (cannot happen with this harness's commits):
         # ask the model again rather than hang.
@@ -463,7 +342,7 @@ class Harness:
         if error is None:
             try:
                 msg = await model.generate(
-                    self.state.visible(cid), self._tools_for(agent), agent.system
+                    self.state.visible(cid), tools_for(self, agent), agent.system
                 )
             except FATAL:
                 raise
@@ -502,141 +381,6 @@ class Harness:
 
         self._commit(answered)
         hit("harness.intent" if msg.tool_calls else "harness.answer")
-
-    def _tools_for(self, agent: AgentConfig) -> list[Tool]:
-        if agent.tools is None:
-            return self.registry.tools()
-        return [t for n in agent.tools if (t := self.registry.get(n)) is not None]
-
-    async def _run_tool(self, task: dict[str, Any]) -> None:
-        cid, tid = task["conversation_id"], task["id"]
-        tool = self.registry.get(task["name"])
-        resumed = task["state"] == "running"  # only a crash leaves a task running
-        if tool is None:
-            self._finish_tool(task, ToolResult.error(f"unknown tool {task['name']!r}"), "")
-            return
-        if resumed and tool.replay != "safe":
-            output = task.get("output", "")
-            note = (
-                f"The {task['name']} call was interrupted: the process running it stopped "
-                "before its result was recorded, and it was not run again (its effects, if "
-                "any, are unknown)."
-            )
-            if output:
-                note += f" Output committed before the interruption:\n{output}"
-            self._finish_tool(task, ToolResult.interrupted(note), output)
-            hit("harness.tool_interrupted")
-            return
-        env = await self.env(cid)  # before `running`: a refusal here records nothing
-        attempt = int(task.get("attempt", 0)) + 1
-        self._commit(lambda tx: tx._task(tid, state="running", attempt=attempt))
-        hit("harness.tool_running")
-        flusher = _OutputFlusher(self, tid)
-        ctx = ToolContext(
-            harness=self,
-            conversation_id=cid,
-            call_id=task["call_id"],
-            tool_name=task["name"],
-            task_id=tid,
-            attempt=attempt,
-            resumed=resumed,
-            env=env,
-            committed_output=task.get("output", ""),
-            on_output=flusher.add,
-        )
-        try:
-            args = task["args"]  # whatever the model sent: the tool checks it
-            result = await tool.execute(dict(args) if isinstance(args, dict) else args, ctx)
-            if not isinstance(result, ToolResult):
-                result = ToolResult.error(f"tool returned {type(result).__name__}, not ToolResult")
-        except FATAL:
-            flusher.cancel()
-            raise
-        except asyncio.CancelledError:
-            flusher.cancel()
-            raise
-        except Exception as e:
-            result = ToolResult.error(f"{type(e).__name__}: {e}")
-        flusher.cancel()
-        hit("harness.tool_returned")
-        self._finish_tool(task, result, ctx.output_so_far[-OUTPUT_KEEP_CHARS:], ctx.result_builds)
-        hit("harness.tool_result")
-
-    def _finish_tool(
-        self,
-        task: dict[str, Any],
-        result: ToolResult,
-        output: str,
-        extra: Sequence[Callable[[Tx, str], None]] = (),
-    ) -> None:
-        """The result entry, the task's end and (after the message's last tool) the next
-        generation task: one commit."""
-        cid, sid, tid = task["conversation_id"], task["submission_id"], task["id"]
-        last = all(
-            t["state"] == "done" or t["id"] == tid
-            for t in self._sub_tasks(sid, "tool")
-            if t["generation_id"] == task["generation_id"]
-        )
-
-        def build(tx: Tx) -> None:
-            data = {
-                "call_id": task["call_id"],
-                "name": task["name"],
-                "status": result.status,
-                "content": result.content,
-                "output": output,
-                "details": result.details,
-            }
-            eid = tx.entry(cid, "tool_result", data)
-            tx._task(tid, state="done", status=result.status, entry_id=eid, output=output)
-            for build_more in extra:
-                build_more(tx, eid)
-            if last:
-                tx._task(kind="generation", conversation_id=cid, submission_id=sid, state="pending")
-
-        self._commit(build)
-
-
-class _OutputFlusher:
-    """Commits a running tool's accumulated output at most every ``OUTPUT_FLUSH_SECONDS``."""
-
-    def __init__(self, harness: Harness, task_id: str) -> None:
-        self._h = harness
-        self._tid = task_id
-        self._parts: list[str] = []
-        self._committed = 0
-        self._last = 0.0
-        self._handle: asyncio.TimerHandle | None = None
-        self._closed = False
-
-    def add(self, chunk: str) -> None:
-        if self._closed:  # output after the call ended belongs to no commit
-            return
-        self._parts.append(chunk)
-        if self._handle is None:
-            delay = max(0.0, self._last + OUTPUT_FLUSH_SECONDS - time.monotonic())
-            self._handle = asyncio.get_running_loop().call_later(delay, self.flush)
-
-    def flush(self) -> None:
-        self._handle = None
-        text = "".join(self._parts)
-        if len(text) == self._committed or self._h._fatal is not None:
-            return
-        self._last = time.monotonic()
-        try:
-            self._h._commit(lambda tx: tx._task(self._tid, output=text[-OUTPUT_KEEP_CHARS:]))
-        except BaseException as e:  # _commit already stopped the harness on a fatal error
-            self._h._abort(e)
-            return
-        self._committed = len(text)
-        hit("harness.output")
-
-    def cancel(self) -> None:
-        self._closed = True
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
 
 def _local_env_factory(root: str) -> EnvFactory:
     async def factory(conversation_id: str) -> ExecutionEnv:

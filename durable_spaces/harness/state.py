@@ -227,7 +227,9 @@ class LogState:
             c.parent_id, entry
         )
 
-    def document(self, cid: str, name: str, as_of: str | None, default: Any) -> Any:
+    def document(
+        self, cid: str, name: str, as_of: str | None, default: Any, copy_value: bool = True
+    ) -> Any:
         c = self.convs[cid]
         if as_of is not None:
             entry = self.entries.get(as_of)
@@ -236,7 +238,7 @@ class LogState:
             if entry.conversation_id != cid:
                 # An entry inherited from the parent: the parent knew the state then.
                 assert c.parent_id is not None
-                return self.document(c.parent_id, name, as_of, default)
+                return self.document(c.parent_id, name, as_of, default, copy_value)
         doc = c.docs.get(name)
         if doc is None:
             return default
@@ -244,7 +246,9 @@ class LogState:
         if as_of is not None and doc.rewindable:
             at = self.entries[as_of].seq
             versions = [v for v in versions if v[0] <= at]
-        return copy.deepcopy(versions[-1][1]) if versions else default
+        if not versions:
+            return default
+        return copy.deepcopy(versions[-1][1]) if copy_value else versions[-1][1]
 
     def rewindable_at(self, cid: str, entry: Entry) -> list[str]:
         c = self.convs[cid]

@@ -54,10 +54,10 @@ async def test_a_commit_after_a_machine_restart_halts_and_the_next_driver_restor
         state = SpaceState.from_json(root.document(DOC))
         assert state.last_checkpoint is not None
         space = await durable.space(root.id)
-        await durable.require_same_machine(space)  # the same machine: no complaint
+        await durable.parts.boot.require_same(space)  # the same machine: no complaint
         await backend.restart(space.name)  # type: ignore[attr-defined]
         with pytest.raises(SpaceUnavailableError, match="booted again"):
-            await durable.require_same_machine(space)
+            await durable.parts.boot.require_same(space)
         # The checkpoint of the rebooted machine is taken but never committed.
         rec = next(iter(state.calls.values()))
         with pytest.raises(SpaceUnavailableError, match="booted again"):
@@ -77,7 +77,7 @@ async def test_a_commit_after_a_machine_restart_halts_and_the_next_driver_restor
         await durable.ensure_space(h, root.id)
         assert [e.kind for e in durable.events] == ["restored"]
         space = await durable.space(root.id)
-        await durable.require_same_machine(space)
+        await durable.parts.boot.require_same(space)
     finally:
         await h.close()
         for name in await backend.names():

@@ -62,3 +62,51 @@ def stores(pg_url: str) -> Iterator[OpenStore]:
     yield open_store
     for s in opened:
         s.close()
+
+
+def _need_hosts() -> None:
+    """Hosts in network namespaces with real cua-spacesd: skip, naming what is missing."""
+    from durable_spaces.backends.spacesd import unavailable_reason as spacesd_reason
+    from durable_spaces.cluster import netns
+
+    _need_postgres()
+    for reason in (netns.unavailable_reason(), spacesd_reason()):
+        if reason is not None:
+            pytest.skip(reason)
+
+
+@pytest.fixture
+def netns_lab() -> Iterator[Any]:
+    """A bridge and namespaces made for this test, removed after it (failed or not)."""
+    from durable_spaces.cluster import netns
+
+    _need_hosts()
+    netns.sweep_stale()  # what a killed earlier run left behind
+    with netns.NetnsLab() as lab:
+        yield lab
+
+
+def _cluster(url: str, tmp_path: Any, lab: Any) -> Iterator[Any]:
+    from durable_spaces.cluster.lab import Cluster
+
+    c = Cluster(url, tmp_path, lab)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def cluster(pg_url: str, tmp_path: Any, netns_lab: Any) -> Iterator[Any]:
+    """Hosts, coordinators and sessions on a fresh database (``clusterlab.Cluster``)."""
+    yield from _cluster(pg_url, tmp_path, netns_lab)
+
+
+@pytest.fixture
+def restartable_cluster(
+    private_pg: pgserver.PgServer, tmp_path: Any, netns_lab: Any
+) -> Iterator[Any]:
+    """A cluster on a PostgreSQL of the test's own (``.pg``: it stops and starts it)."""
+    for c in _cluster(private_pg.url(), tmp_path, netns_lab):
+        c.pg = private_pg
+        yield c

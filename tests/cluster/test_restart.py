@@ -119,3 +119,14 @@ def test_workers_drain_the_queue_across_a_crash_each_record_stored_once(
         assert all(r.state == "done" and r.record == r.spec for r in runs)
         finished = [e.detail["run"] for e in s.events("run_finished")]
         assert sorted(finished) == [r.id for r in runs]  # each stored exactly once
+
+
+def test_a_database_restart_does_not_make_every_host_look_lost(private_pg: PgServer) -> None:
+    s = ClusterStore(private_pg.url())
+    s.register_host("h1", "10.1.0.1:7000", "spacesd")
+    time.sleep(2.2)  # h1 silent for longer than the bound (its agent could not reach us)
+    private_pg.restart()
+    assert s.mark_lost_hosts(2.0) == []  # the server only just started: nobody could beat
+    time.sleep(2.2)
+    assert s.mark_lost_hosts(2.0) == ["h1"]  # silent for the bound since the start
+    s.close()

@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from durable_spaces.adapter import image as img
-from durable_spaces.adapter.calls import CallPipeline
+from durable_spaces.adapter import image_log as img
 from durable_spaces.adapter.durable import session_epoch
+from durable_spaces.adapter.effects import Effect
 from durable_spaces.adapter.snapshots import check_archive
 from durable_spaces.adapter.state import KEEP_CALLS, CallRecord, SpaceState
+from durable_spaces.adapter.tool_args import BashArgs
 from durable_spaces.errors import ConfigError, PathEscapeError
 from durable_spaces.harness.log import MemoryFence
 from durable_spaces.space import PathEntry
@@ -109,20 +110,15 @@ class _Ctx:
         self.out.append(chunk)
 
 
-class _Durable:
-    def __init__(self, fence: MemoryFence) -> None:
-        self.fence = fence
-
-
 def test_stream_fence_stops_forwarding_once_a_newer_epoch_exists() -> None:
     fence = MemoryFence(1)
     fence.check()
     ctx = _Ctx()
-    pipe = CallPipeline(_Durable(fence), "bash", {}, ctx)  # type: ignore[arg-type]
-    pipe._forward(b"before\n")
+    effect = Effect(BashArgs("true"), ctx, fence, None)  # type: ignore[arg-type]
+    effect._forward(b"before\n")
     fence.writer(2).check()  # a newer driver commits
-    pipe._fence_checked = 0.0  # the 200 ms throttle has passed
-    pipe._forward(b"after\n")
+    effect._fence_checked = 0.0  # the 200 ms throttle has passed
+    effect._forward(b"after\n")
     assert ctx.out == ["before\n"]
 
 

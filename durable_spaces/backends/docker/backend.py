@@ -45,7 +45,6 @@ import hashlib
 import os
 import re
 import secrets
-import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -53,6 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from durable_spaces.backends.docker.space import ContainerProbe, DockerSpace
+from durable_spaces.backends.spacesd.daemon import free_port
 from durable_spaces.backends.spacesd.machine import orphan_sweep_script, wait_http_health
 from durable_spaces.errors import (
     BackendUnavailableError,
@@ -119,12 +119,6 @@ def _default_image() -> str:
     from durable_spaces.backends.docker import image as docker_image
 
     return docker_image.image_tag()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class DockerBackend:
@@ -242,7 +236,7 @@ class DockerBackend:
         engine = self.engine()
         self._write_token(name)
         # Keep a previous instance's port when it is still free (stable for observers).
-        port = self._stored_port(name) or _free_port()
+        port = self._stored_port(name) or free_port()
         labels = self._labels(name)
         labels[INSTANCE_LABEL] = uuid.uuid4().hex
         last: Exception | None = None
@@ -270,7 +264,7 @@ class DockerBackend:
                 if "port is already allocated" not in str(e) and "address already" not in str(e):
                     raise
                 last = e
-                port = _free_port()
+                port = free_port()
                 continue
             (self._home(name) / "port").write_text(str(port))
             c.reload()

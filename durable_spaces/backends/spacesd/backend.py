@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import os
 import re
@@ -45,6 +46,7 @@ from durable_spaces.backends.spacesd.daemon import (
 from durable_spaces.backends.spacesd.space import SpacesdSpace, SweepWhen
 from durable_spaces.errors import (
     BackendUnavailableError,
+    ConfigError,
     SpaceGoneError,
     SpaceUnavailableError,
 )
@@ -120,7 +122,9 @@ class SpacesdBackend:
 
     Options: ``isolation`` ("auto": a PID namespace where ``unshare`` works, else a
     process group; "pidns" to require it; "pgroup"), ``binary`` (another daemon build),
-    ``start_timeout`` (seconds to wait for a daemon's first answer).
+    ``start_timeout`` (seconds to wait for a daemon's first answer), ``listen_host``
+    (the address daemons listen on: loopback by default; a host's own address when
+    drivers on other hosts reach its Spaces, as ``durable_spaces/cluster/host.py`` does).
     """
 
     kind = "spacesd"
@@ -132,6 +136,7 @@ class SpacesdBackend:
         isolation: str = "auto",
         binary: str | os.PathLike[str] | None = None,
         start_timeout: float = 20.0,
+        listen_host: str = "127.0.0.1",
     ) -> None:
         if isolation not in ("auto", "pidns", "pgroup"):
             raise ValueError(f"isolation must be auto, pidns or pgroup, not {isolation!r}")
@@ -143,6 +148,7 @@ class SpacesdBackend:
         self.binary = Path(binary) if binary is not None else daemon_binary()
         self.isolation = isolation
         self.start_timeout = start_timeout
+        self.listen_host = _check_listen_host(listen_host)
         self._daemons: dict[str, LocalDaemon] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._spaces: dict[str, NamespacedSpace] = {}
@@ -160,7 +166,7 @@ class SpacesdBackend:
             raise ValueError(f"bad Space name {name!r}: [a-z0-9._-], at most 63, not leading '.'")
         d = self._daemons.get(name)
         if d is None:
-            d = LocalDaemon(self.state_dir / name, self.binary, self.isolation)
+            d = LocalDaemon(self.state_dir / name, self.binary, self.isolation, self.listen_host)
             self._daemons[name] = d
         return d
 
@@ -196,7 +202,7 @@ class SpacesdBackend:
                 d.home.name,
                 str(d.work),
                 st.instance_id,
-                _url(st),
+                self._url(st),
                 d.token(),
                 probe,
                 sdk_home=self._sdk_home(),
@@ -215,7 +221,7 @@ class SpacesdBackend:
                 tail = d.log_tail()
                 await asyncio.to_thread(d.kill, st)
                 if "in use" in tail.lower() and attempt < 2:
-                    st.port = free_port()
+                    st.port = free_port(self.listen_host)
                     continue
                 raise SpaceUnavailableError(
                     f"cua-spacesd for Space {d.home.name!r} did not answer: {tail}"
@@ -232,13 +238,13 @@ class SpacesdBackend:
     def _space(self, d: LocalDaemon, st: DaemonState) -> NamespacedSpace:
         name = d.home.name
         sp = self._spaces.get(name)
-        if sp is not None and sp.instance_id == st.instance_id and sp._url == _url(st):
+        if sp is not None and sp.instance_id == st.instance_id and sp._url == self._url(st):
             return sp
         sp = NamespacedSpace(
             name,
             str(d.work),
             st.instance_id,
-            _url(st),
+            self._url(st),
             d.token(),
             _Probe(d, st.instance_id),
             sdk_home=self._sdk_home(),
@@ -313,6 +319,9 @@ class SpacesdBackend:
         if sp is not None:
             await sp.close()
 
+    def _url(self, st: DaemonState) -> str:
+        return f"http://{self.listen_host}:{st.port}"
+
     async def names(self) -> list[str]:
         return sorted(
             p.name
@@ -332,8 +341,14 @@ def _close_fd(fut: asyncio.Future[int]) -> None:
         os.close(fut.result())
 
 
-def _url(st: DaemonState) -> str:
-    return f"http://127.0.0.1:{st.port}"
+def _check_listen_host(host: str) -> str:
+    """An IPv4 address (or ``localhost``) to bind: it goes into the daemon's argv."""
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        if host != "localhost":
+            raise ConfigError(f"spacesd listen_host {host!r}: give an IPv4 address") from None
+    return host
 
 
 if TYPE_CHECKING:  # what mypy checks this backend against (durable_spaces.space)

@@ -81,9 +81,9 @@ def unshare_reason() -> str | None:
     return _unshare_probe if isinstance(_unshare_probe, str) else None
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -200,10 +200,14 @@ def _pgroup_members(pgid: int) -> list[int]:
 class LocalDaemon:
     """The daemon of one Space, as files under ``<state_dir>/<name>``."""
 
-    def __init__(self, home: Path, binary: Path, isolation: str = "auto") -> None:
+    def __init__(
+        self, home: Path, binary: Path, isolation: str = "auto", listen_host: str = "127.0.0.1"
+    ) -> None:
         self.home = home
         self.binary = binary
         self.isolation = isolation
+        #: Where the daemon listens (loopback unless the Space is reached from other hosts).
+        self.listen_host = listen_host
         self._popens: list[subprocess.Popen[bytes]] = []  # ours to reap
 
     # --- files -------------------------------------------------------------------------
@@ -274,7 +278,9 @@ class LocalDaemon:
         fd = os.open(self.home / "token", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_urlsafe(32))
-        st = DaemonState(port=free_port(), instance_id=secrets.token_hex(8), created=time.time())
+        st = DaemonState(
+            port=free_port(self.listen_host), instance_id=secrets.token_hex(8), created=time.time()
+        )
         self._write_state(st)
         return st
 
@@ -311,7 +317,7 @@ class LocalDaemon:
             str(self.binary),
             "serve",
             "--listen",
-            f"127.0.0.1:{st.port}",
+            f"{self.listen_host}:{st.port}",
             "--data-dir",
             str(self.data),
             "--no-desktop",

@@ -1,0 +1,167 @@
+"""Checkpoint mode: a checkpoint of the Space after every wrapped call.
+
+After a call's effects and before its result entry commits: the outcome is recorded, the
+Space is checkpointed (its workspace as a tar, or the whole machine), and ``{call,
+checkpoint}`` is recorded, so the newest recorded checkpoint is the state before the next
+call. A call whose outcome is unknown is undone by restoring the checkpoint before it
+(the epoch raised first); a lost Space is restored from the newest one. Whatever is wrong
+with a checkpoint ends the session (``PermanentFailure``): it is never let through as an
+error of the model's call.
+"""
+
+from __future__ import annotations
+
+import logging
+import tarfile
+from typing import TYPE_CHECKING
+
+from durable_spaces.adapter import state as state_doc
+from durable_spaces.adapter.parts import Parts
+from durable_spaces.adapter.snapshots import CheckpointMissing, Snapshots
+from durable_spaces.adapter.state import DOC, CallRecord, SpaceState
+from durable_spaces.chaos.failpoints import hit
+from durable_spaces.errors import (
+    CheckpointCorruptError,
+    PathEscapeError,
+    PermanentFailure,
+    SpaceError,
+    SpaceUnavailableError,
+    UnsupportedNameError,
+)
+from durable_spaces.space import Space
+
+if TYPE_CHECKING:
+    from durable_spaces.harness.scheduler import Harness
+
+logger = logging.getLogger(__name__)
+
+
+class CheckpointKeeper:
+    def __init__(self, parts: Parts) -> None:
+        self.p = parts
+
+    @property
+    def snapshots(self) -> Snapshots:
+        return self.p.config.snapshots
+
+    async def first(self, space: Space, call_id: str) -> str:
+        """The checkpoint before a conversation's first checkpointed call."""
+        epoch = self.p.epoch_for(space.name)
+        cid = await self.snapshots.checkpoint(space, f"{call_id}-before", epoch)
+        await self.p.boot.require_same(space)
+        return cid
+
+    async def take(self, harness: Harness, conv: str, rec: CallRecord, space: Space) -> None:
+        """Checkpoint after ``rec``'s recorded outcome and record it."""
+        cid = await self.snapshots.checkpoint(space, rec.call_id, self.p.epoch_for(space.name))
+        await self.p.boot.require_same(space)  # the checkpoint holds this boot's state
+        hit("adapter.checkpoint")
+        state = state_doc.load(harness, conv)
+        rec.checkpoint = cid
+        state.calls[rec.call_id] = rec
+        state.last_checkpoint = cid
+        await self.p.commit(harness, conv, state)
+        hit("adapter.checkpoint_commit")
+        await self.prune(harness, space)
+
+    async def prune(self, harness: Harness, space: Space) -> None:
+        """After a checkpoint commit: drop the Space's checkpoints that no conversation of
+        the log (this one or a fork) records any more (machine checkpoints; the Space's
+        copies of workspace tars when a store keeps them all). A crash between a
+        checkpoint and its commit leaves one nobody records; this is where it goes."""
+        prune = getattr(self.snapshots, "prune", None)
+        if prune is None:
+            return
+
+        def recorded() -> set[str]:
+            # Asked only when the provider prunes this time (not on every call).
+            ids: set[str] = set()
+            for c in harness.conversations():
+                ids |= SpaceState.from_json(c.document(DOC)).checkpoints()
+            return ids
+
+        try:
+            removed = await prune(space, recorded, self.p.epoch_for(space.name))
+        except SpaceUnavailableError:
+            raise  # the Space went away: a halt, as anywhere else
+        except (OSError, SpaceError) as e:  # housekeeping: the call's result stands
+            logger.warning("could not prune checkpoints of %s: %s", space.name, e)
+            return
+        if removed:
+            logger.debug("pruned checkpoints of %s: %s", space.name, removed)
+
+    async def restore(
+        self, space: Space, cid: str, *, gone: str, source: Space | None = None
+    ) -> Space:
+        """Restore ``cid`` into ``space``; returns the Space to use afterwards (a machine
+        restore replaces it). Whatever is wrong with the checkpoint ends the session
+        (``PermanentFailure``: ``gone``, its ``{e}`` replaced, when it is missing,
+        ``CheckpointCorruptError`` when no copy is intact). The Space failing is still a
+        ``SpaceError`` (a halt; the next driver retries)."""
+        try:
+            space = await self.snapshots.restore(
+                space, cid, self.p.epoch_for(space.name), source=source
+            )
+        except CheckpointMissing as e:
+            raise PermanentFailure(gone.replace("{e}", str(e))) from e
+        except (PathEscapeError, UnsupportedNameError, ValueError, tarfile.TarError) as e:
+            if isinstance(e, PermanentFailure):
+                raise
+            raise CheckpointCorruptError(cid, [f"{type(e).__name__}: {e}"]) from e
+        self.p.spaces.open[space.name] = space
+        return space
+
+    async def restore_before(
+        self, harness: Harness, conv: str, state: SpaceState, rec: CallRecord, space: Space
+    ) -> Space:
+        """Undo ``rec``: restore the checkpoint before it (epoch raised first)."""
+        cid = rec.before or state.last_checkpoint
+        if cid is None:
+            raise PermanentFailure(f"call {rec.call_id} has no checkpoint before it")
+        await self.p.spaces.raise_epoch_of(space)
+        space = await self.restore(
+            space,
+            cid,
+            gone=f"the checkpoint before call {rec.call_id} is gone ({{e}}); use a "
+            "CheckpointStore or mode transactional",
+        )
+        if self.p.boot.watched(space.name):
+            await self.p.boot.bind(space)
+        self.p.emit("restored", conv, rec, checkpoint=cid)
+        return space
+
+    async def restore_newest(self, conv: str, state: SpaceState, space: Space) -> Space:
+        """After the machine crashed and booted again: back to the newest checkpoint."""
+        assert state.last_checkpoint is not None
+        await self.p.spaces.raise_epoch_of(space)
+        space = await self.restore(
+            space,
+            state.last_checkpoint,
+            gone=f"the machine restarted and its checkpoint {state.last_checkpoint} is "
+            "gone ({e})",
+        )
+        await self.p.boot.bind(space)
+        self.p.emit("restored", conv, None, mode="checkpoint", reason="machine restarted")
+        return space
+
+    async def rebuild(self, conv: str, state: SpaceState, space: Space) -> Space:
+        """A Space placed again from scratch (or a fork's new one): the newest recorded
+        checkpoint, found in the store, the Space or (a fork) its parent's Space. Effects
+        recorded only in the lost Space are unknown now: their calls are recovered as
+        such (write/edit rerun, bash interrupted)."""
+        cid = state.last_checkpoint
+        if cid is None:
+            raise PermanentFailure("the Space was lost and the log records no checkpoint")
+        source = None
+        if state.space is not None and state.space != space.name:
+            source = await self.p.config.spaces.find(state.space)  # a fork's parent Space
+        space = await self.restore(
+            space,
+            cid,
+            source=source,
+            gone=f"the Space was placed again from scratch and its checkpoint {cid} is "
+            "gone with the old Space ({e}); use a CheckpointStore or mode transactional",
+        )
+        hit("recovery.restored")
+        self.p.emit("restored", conv, None, mode="checkpoint", checkpoint=cid, rebuilt=True)
+        return space

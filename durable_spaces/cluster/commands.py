@@ -1,0 +1,131 @@
+"""What ``durable-spaces host / coordinator / submit`` do, kept beside the cluster code so
+``durable_spaces/cli.py`` only parses options (and imports this only when used)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shlex
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from durable_spaces.cluster.drive import ClusterCoordinator, DriveSettings, SharedDirectory
+from durable_spaces.cluster.host import HostAgent
+from durable_spaces.cluster.store import ClusterStore
+from durable_spaces.cluster.submit import agent_config, submit_session
+from durable_spaces.errors import ConfigError
+
+
+def _logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+
+def backoff_triple(text: str) -> tuple[float, float, float]:
+    """``initial,max,factor`` as three positive numbers."""
+    try:
+        a, b, c = (float(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"backoff {text!r}: use initial,max,factor (e.g. 2,60,2)") from None
+    if min(a, b, c) <= 0:
+        raise ConfigError(f"backoff {text!r}: every number must be positive")
+    return a, b, c
+
+
+def run_host(
+    db: str,
+    host_id: str,
+    address: str,
+    backend: str,
+    state_dir: Path,
+    *,
+    listen_host: str | None,
+    heartbeat_secs: float,
+    sweep_secs: float,
+) -> None:
+    _logging()
+    agent = HostAgent(
+        db,
+        host_id,
+        address,
+        backend,
+        state_dir,
+        listen_host=listen_host,
+        heartbeat_secs=heartbeat_secs,
+        sweep_secs=sweep_secs,
+    )
+    asyncio.run(agent.run())
+
+
+def run_coordinator(
+    db: str, coordinator_id: str, sessions_dir: Path, settings: DriveSettings
+) -> None:
+    _logging()
+
+    async def main() -> None:
+        import signal
+
+        c = ClusterCoordinator(db, coordinator_id, SharedDirectory(sessions_dir), settings)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, c.stopping.set)
+        await c.run()
+
+    asyncio.run(main())
+
+
+def driver_argv(text: str | None) -> Sequence[str] | None:
+    if text is None:
+        return None
+    argv = shlex.split(text)
+    if not argv:
+        raise ConfigError("--driver is empty")
+    return argv
+
+
+def run_submit(
+    db: str,
+    sessions_dir: Path,
+    name: str,
+    *,
+    space: str | None,
+    seed: str,
+    calls: int,
+    mode: str,
+    checkpoint_dir: Path | None,
+    wait_secs: float | None,
+) -> str:
+    """Submit; with ``wait_secs``, wait until the session ended and return its state."""
+    config = agent_config(seed, calls, mode=mode, checkpoint_dir=checkpoint_dir)
+    with ClusterStore(db) as store:
+        s = submit_session(store, SharedDirectory(sessions_dir), name, config, space=space)
+        if wait_secs is None:
+            return s.state
+        end = time.monotonic() + wait_secs
+        while s.state in ("pending", "running") and time.monotonic() < end:
+            time.sleep(0.5)
+            s = store.session(name)
+        return f"{s.state} {s.reason}".strip()
+
+
+def run_worker(
+    db: str,
+    worker_id: str,
+    work_dir: Path,
+    *,
+    campaign: str | None,
+    claim_ttl: float,
+    until_empty: bool,
+) -> int:
+    """Work the queue; the number of records stored."""
+    import signal
+
+    from durable_spaces.cluster.workers import ClusterWorker
+
+    _logging()
+    w = ClusterWorker(
+        db, worker_id, work_dir, campaign=campaign, claim_ttl=claim_ttl, until_empty=until_empty
+    )
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: w.stopping.set())
+    return w.run()
