@@ -1,5 +1,5 @@
 # The docker Space: a Debian bookworm minbase (imported by `make space-image`, see
-# durable_spaces/backends/docker_image.py) plus the static cua-spacesd from the cua wheel.
+# durable_spaces/backends/docker/image.py) plus the static cua-spacesd from the cua wheel.
 # pid 1 is `cua-spacesd supervise`: it serves the daemon and reaps orphans (plain `serve`
 # as pid 1 left backgrounded commands' orphans as zombies). The token comes from a file
 # bind-mounted read-only at /run/cua/env-token, never from the environment.

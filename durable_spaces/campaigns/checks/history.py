@@ -1,6 +1,6 @@
 """The raw commits as a transcript: the root conversation's entries, calls and documents.
 
-Op shapes (as ``durable_spaces/adapter/log_state.py`` writes them): ``{"op":
+Op shapes (as ``durable_spaces/harness/state.py`` writes them): ``{"op":
 "conversation", "id", "parent_id"}``, ``{"op": "entry", "id", "conversation_id", "kind",
 "data"}`` (an ``assistant`` entry's ``data.tool_calls`` are ``{"id", "name", "args"}``;
 a ``tool_result``'s data has ``call_id`` and ``status``), ``{"op": "doc",

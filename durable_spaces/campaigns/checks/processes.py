@@ -10,7 +10,7 @@ How the processes are listed, per backend:
 
 - ``local`` has no machine of its own: its commands are host processes carrying the
   Space's instance mark (``DS_SPACE`` in their environment, see
-  ``durable_spaces/backends/local.py``). Every such process, for any instance the log
+  ``durable_spaces/backends/local/procs.py``). Every such process, for any instance the log
   recorded, is a leftover.
 - elsewhere a ledger-less command in the Space lists ``/proc`` there (spacesd runs in
   its own PID namespace, docker and microvm are machines of their own). The listing's

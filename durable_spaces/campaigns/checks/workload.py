@@ -1,6 +1,6 @@
 """The checker's own interpreter of the scripted workload's effects.
 
-The workload (``ScriptedModel`` in ``durable_spaces/adapter/models.py``) makes three
+The workload (``ScriptedModel`` in ``durable_spaces/harness/models.py``) makes three
 kinds of calls, each recognisable from its arguments alone:
 
 - ``write {path, content}``: the file becomes ``content``;
