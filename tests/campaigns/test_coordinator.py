@@ -198,8 +198,10 @@ def test_glued_lines_are_still_read(tmp_path: Path) -> None:
     from durable_spaces.campaigns.coordinator.driver import Supervisor
 
     seen: list[str] = []
-    sup = Supervisor(TOY, tmp_path, cwd=None, stall_secs=5, emit=lambda *a, **k: None,
-                     kill=lambda why: None, on_event=lambda a, e: seen.append(e["event"]))  # fmt: skip
+    sup = Supervisor(
+        TOY, tmp_path, cwd=None, stall_secs=5, emit=lambda *a, **k: None,
+        kill=lambda why: None, on_event=lambda a, e: seen.append(e["event"]),
+    )  # fmt: skip
     a = Attempt(0, 1, 0, 0.0, process=None)  # type: ignore[arg-type]
     sup.line(a, 'DS-EVENT {"event":"first_step","unix_ms":5}CUA-HEARTBEAT 1 7')
     sup.line(a, 'CUA-HEARTBEAT 1 7DS-EVENT {"event":"done"}')

@@ -90,5 +90,5 @@ def test_the_lab_draws_only_registered_points() -> None:
     assert points.unknown(faults.PAUSE_POINTS) == []
     assert points.unknown(schedule.EVERY_CALL) == []
     assert schedule.TIMER_DRIVEN == points.TIMER_ONLY
-    with pytest.raises(ValueError, match="adapter.nope"):
+    with pytest.raises(ValueError, match=r"adapter\.nope"):
         points.check(("adapter.call", "adapter.nope"), "a hand list")
