@@ -29,7 +29,7 @@ from durable_spaces.campaigns.scenarios import DEFAULT, known_scenarios, registr
 from durable_spaces.chaos.schedule import PROFILES, Schedule
 from durable_spaces.errors import ConfigError
 
-#: The adapter's modes (``durable_spaces.adapter.modes.Mode``; a test holds them equal).
+#: The adapter's modes (``durable_spaces.adapter.config.Mode``; a test holds them equal).
 DURABLE_MODES = ("transactional", "checkpoint", "auto")
 #: Scenario names ``--mode``/``CRASH_MODE`` still takes (the spelling before scenarios).
 MODE_ALIASES = ("stale", "exhaustive", "server")

@@ -1,5 +1,5 @@
 """The scenario tests use the campaign tests' helper modules (``checker_scenes``,
-``toy_spec_session``), which live one folder up."""
+``toy_cli_session``), which live one folder up."""
 
 from __future__ import annotations
 

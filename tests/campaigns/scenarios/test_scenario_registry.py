@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from durable_spaces import cli
-from durable_spaces.adapter.modes import Mode
+from durable_spaces.adapter.config import Mode
 from durable_spaces.backends import known_backends
 from durable_spaces.campaigns import scenarios
 from durable_spaces.campaigns.scenarios.base import KILL_POINTS
@@ -134,7 +134,7 @@ def test_a_repro_line_is_explicit_and_runs_the_same_spec(
     run = spec.run(7, str(tmp_path))
     line = run.repro()
     assert part in line and "--durable-mode" not in line
-    monkeypatch.setattr(cli, "SESSION_MODULE", "toy_spec_session")
+    monkeypatch.setattr(cli, "SESSION_MODULE", "toy_cli_session")
     argv = shlex.split(line)[1:]
     r = CliRunner().invoke(cli.app, [*argv, "--state-dir", str(tmp_path / "r")])
     assert r.exit_code == 0, r.output
