@@ -40,8 +40,11 @@ def test_a_gone_space_fails_space_and_leaves_the_checker_s_checks_unknown() -> N
     assert verdicts["space"]["valid"] is False
     assert verdicts["space"]["detail"] == "Space ds-x is gone after the run"
     for name in CHECKS:
-        assert verdicts[name] == {"valid": None, "anomalies": [],
-                                  "detail": "not checked: Space ds-x is gone after the run"}
+        assert verdicts[name] == {
+            "valid": None,
+            "anomalies": [],
+            "detail": "not checked: Space ds-x is gone after the run",
+        }
     assert merge(verdicts) is False
 
 

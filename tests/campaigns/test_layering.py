@@ -125,8 +125,6 @@ def test_the_workload_is_interpreted_twice_the_model_s_way_and_the_checker_s() -
     reports, is read in exactly two places, written apart: the model (what the workload
     does) and the checker (what the checker believes it did)."""
     marks = ("printf '%s", "ds-server pid")
-    readers = sorted(
-        m for m, p in MODULES.items() if any(mark in p.read_text() for mark in marks)
-    )
+    readers = sorted(m for m, p in MODULES.items() if any(mark in p.read_text() for mark in marks))
     assert readers == ["durable_spaces.campaigns.checks.workload", "durable_spaces.harness.models"]
     assert "durable_spaces.harness.models" not in GRAPH["durable_spaces.campaigns.checks.workload"]
