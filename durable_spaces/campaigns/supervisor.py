@@ -1,11 +1,13 @@
-"""One driver process of a coordinated session: its launch, its attempt, its supervision.
+"""One driver process of a coordinated session (``campaigns/coordinator.py``): its launch,
+its attempt, its supervision.
 
 A ``Supervisor`` spawns the driver (its own session, stdout piped, stderr to
 ``drivers/epoch-<n>.log``), reads its output line by line (every line counts as a sign
 of life; heartbeats and ``DS-EVENT`` lines are parsed by ``session_protocol``), kills it
 when it has been silent for ``stall_secs``, and reaps it. A driver given up on without
 being killed (``Attempt.abandon``) is left running: its reaping continues in the
-background and its exit code lands on its ``Attempt`` whenever it ends.
+background and its exit code lands on its ``Attempt`` whenever it ends; when the
+session ends, abandoned drivers are waited for (``reap_abandoned``) and none outlives it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -198,6 +201,34 @@ class Supervisor:
             abandoned=a.abandoned_ms is not None,
         )
         return code
+
+    async def stop(self, a: Attempt | None, reason: str) -> None:
+        """Kill and reap the driver ``a`` left running by a timeout or a cancellation (it
+        is the coordinator's current one: ``kill`` kills that)."""
+        if a is None or a.process.returncode is not None:
+            return
+        self._kill(reason)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(a.process.wait()), 10)
+        if a.exit_code is None:
+            a.exit_code = a.process.returncode
+            a.ended_ms = now_ms()
+            a.done.set()
+
+    async def reap_abandoned(self, attempts: Sequence[Attempt], timeout: float = 120.0) -> None:
+        """Wait for abandoned drivers to end (someone continues them); kill the ones that
+        do not end in time, so none outlives the run."""
+        left = [a for a in attempts if a.abandoned_ms is not None and a.alive]
+        if not left:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(a.done.wait() for a in left)), timeout)
+        for a in left:
+            if a.alive:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(a.pid, signal.SIGKILL)
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(a.done.wait(), 10)
 
     def line(self, a: Attempt, line: str) -> None:
         """One line of ``a``'s output: heartbeats counted, events taken (several may be

@@ -195,7 +195,7 @@ def test_coordinator_killed_between_issue_and_spawn_burns_the_epoch(tmp_path: Pa
 
 def test_glued_lines_are_still_read(tmp_path: Path) -> None:
     from durable_spaces.campaigns.coordinator import Attempt
-    from durable_spaces.campaigns.coordinator.driver import Supervisor
+    from durable_spaces.campaigns.supervisor import Supervisor
 
     seen: list[str] = []
     sup = Supervisor(
