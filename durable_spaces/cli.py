@@ -31,8 +31,8 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from durable_spaces.backends import known_backends
 from durable_spaces.campaigns.scenarios import known_scenarios
+from durable_spaces.campaigns.spec import BACKENDS
 from durable_spaces.errors import ConfigError, DurableSpacesError
 
 SESSION_MODULE = "durable_spaces.campaigns.run"
@@ -147,7 +147,7 @@ Mode = Annotated[str | None, typer.Option(
 Scenario = Annotated[str | None, typer.Option(
     help=f"CRASH_SCENARIO: how runs are driven ({', '.join(known_scenarios())})")]  # fmt: skip
 Backend = Annotated[str | None, typer.Option(
-    help=f"CRASH_BACKEND: {', '.join(known_backends())}")]  # fmt: skip
+    help=f"CRASH_BACKEND: {', '.join(BACKENDS)}")]  # fmt: skip
 DurableMode = Annotated[str | None, typer.Option(
     help="CRASH_DURABLE_MODE: the adapter's mode (an alias of --mode that wins over "
          "it)")]  # fmt: skip
@@ -415,11 +415,8 @@ def diff(
     for option, d in (("--backend-dir", backend_dir), ("--store", store)):
         if d is not None and not d.is_dir():  # opening a backend would create it
             raise _fail(f"{option} {d} is not a directory")
-    if backend is not None:
-        from durable_spaces.campaigns.spec import BACKENDS
-
-        if backend not in BACKENDS:
-            raise _fail(f"--backend={backend!r} is not one of: {', '.join(BACKENDS)}")
+    if backend is not None and backend not in BACKENDS:
+        raise _fail(f"--backend={backend!r} is not one of: {', '.join(BACKENDS)}")
     try:
         text = review_diff_main(
             state_dir, backend, backend_dir, entry_a, entry_b,

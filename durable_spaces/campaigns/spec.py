@@ -24,10 +24,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from durable_spaces.backends import known_backends
+from durable_spaces.backends import CLAIMS, known_backends
 from durable_spaces.campaigns.scenarios import DEFAULT, known_scenarios, registration
 from durable_spaces.chaos.schedule import PROFILES, Schedule
 from durable_spaces.errors import ConfigError
+from durable_spaces.space import Faults
 
 #: The adapter's modes (``durable_spaces.adapter.config.Mode``; a test holds them equal).
 DURABLE_MODES = ("transactional", "checkpoint", "auto")
@@ -35,7 +36,9 @@ DURABLE_MODES = ("transactional", "checkpoint", "auto")
 MODE_ALIASES = ("stale", "exhaustive", "server")
 #: What ``--mode``/``CRASH_MODE`` accepts.
 MODES = ("transactional", "auto", "checkpoint", *MODE_ALIASES)
-BACKENDS = tuple(known_backends())
+#: The registered backends a campaign can attack: those whose Spaces take faults (a
+#: ``remote`` Space is its cluster host's, and so are its faults).
+BACKENDS = tuple(name for name in known_backends() if Faults in CLAIMS.get(name, ()))
 SCENARIOS = tuple(known_scenarios())
 
 

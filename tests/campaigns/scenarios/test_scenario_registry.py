@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from durable_spaces import cli
 from durable_spaces.adapter.config import Mode
-from durable_spaces.backends import known_backends
+from durable_spaces.backends import CLAIMS, known_backends
 from durable_spaces.campaigns import scenarios
 from durable_spaces.campaigns.scenarios.base import KILL_POINTS
 from durable_spaces.campaigns.spec import (
@@ -28,6 +28,7 @@ from durable_spaces.campaigns.spec import (
 )
 from durable_spaces.chaos import points
 from durable_spaces.errors import ConfigError
+from durable_spaces.space import Faults
 
 
 def test_every_registered_scenario_loads_and_has_the_interface() -> None:
@@ -43,7 +44,9 @@ def test_every_registered_scenario_loads_and_has_the_interface() -> None:
 
 
 def test_names_listed_once_derive_from_their_registries() -> None:
-    assert tuple(known_backends()) == BACKENDS
+    # the campaign's backends are the registry's that take faults (remote's are its host's)
+    assert tuple(n for n in known_backends() if Faults in CLAIMS[n]) == BACKENDS
+    assert {"local", "spacesd", "docker", "microvm"} <= set(BACKENDS)
     assert set(DURABLE_MODES) == set(get_args(Mode))
     assert set(MODE_ALIASES) <= set(SCENARIOS) and scenarios.DEFAULT not in MODE_ALIASES
     assert points.unknown(KILL_POINTS) == []
