@@ -295,6 +295,10 @@ async def run_one(run: RunSpec) -> RunRecord:
     """Run, check and clean up one campaign run."""
     t0 = time.monotonic()
     scenario = scenarios.get(run.scenario)
+    whole = getattr(scenario, "run_whole", None)
+    if whole is not None:  # a scenario with a lab of its own (redrive: a whole cluster)
+        record: RunRecord = await whole(run)
+        return record
     schedule = run.schedule if run.schedule is not None else scenario.schedule(run)
     ctx = await _prepare(run, scenario.script(run), schedule)
     record = RunRecord(

@@ -43,9 +43,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.replay import Reproduction, differences, exact_spec, reproduction
+from durable_spaces.campaigns.scenarios import registration
 from durable_spaces.campaigns.shrink import ShrinkResult, shrink
 from durable_spaces.campaigns.spec import MAX_JOBS, CampaignSpec, RunSpec
-from durable_spaces.campaigns.summary import Summary
+from durable_spaces.campaigns.summary import Summary, scenario_fields
 from durable_spaces.campaigns.worker import error_record
 from durable_spaces.chaos.schedule import Schedule
 from durable_spaces.errors import ConfigError
@@ -273,9 +274,11 @@ def run_campaign(
 
     records = asyncio.run(all_runs())
     w = stdout if stdout is not None else sys.stdout
+    extra = scenario_fields(records, registration(spec.scenario).summary_fields)
     result = CampaignResult(
         spec, out, records,
-        Summary.of(records, mode=spec.mode, backend=spec.backend, seed_base=spec.seed_base),
+        Summary.of(records, mode=spec.mode, backend=spec.backend, seed_base=spec.seed_base,
+                   extra=extra),
     )  # fmt: skip
     by_id = {rs.run_id: rs for rs in specs}
     for rec in result.failed:

@@ -167,6 +167,12 @@ class Summary:
         )
 
 
+def scenario_fields(records: Iterable[RunRecord], names: Sequence[str]) -> dict[str, str]:
+    """A scenario's own SUMMARY fields: each counter summed over the runs' ``extra``."""
+    rs = list(records)
+    return {n: str(sum(int(r.extra.get(n) or 0) for r in rs)) for n in names}
+
+
 def summary_line(records: Iterable[RunRecord], *, mode: str, backend: str, seed_base: str) -> str:
     return Summary.of(records, mode=mode, backend=backend, seed_base=seed_base).line()
 

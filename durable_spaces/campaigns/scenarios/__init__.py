@@ -13,10 +13,11 @@ check names and requirements without importing any drive machinery.
   takes over; it must be fenced (``stale.py``);
 - ``exhaustive``: one kill at every failpoint hit of an uninterrupted run (``exhaustive.py``);
 - ``server``: a process started at step 0 must survive a machine checkpoint's restore
-  (``server.py``, microvm only).
-
-A scenario built elsewhere (the cluster's re-drive, ``durable_spaces/cluster/``) is wired
-in by one more entry here.
+  (``server.py``, microvm only);
+- ``redrive``: sessions through a whole cluster of their own (PostgreSQL, hosts in
+  network namespaces, coordinators; ``durable_spaces/cluster/``) and one fault of seven
+  kinds; it runs whole (``run_whole``) and adds counters to the SUMMARY line
+  (``redrive.py``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class Registration:
     #: The one backend it can run on (None: any), and why.
     backend: str | None = None
     why_backend: str = ""
+    #: Counters its runs keep in ``RunRecord.extra``, summed onto its SUMMARY line.
+    summary_fields: tuple[str, ...] = ()
 
 
 SCENARIOS: dict[str, Registration] = {
@@ -52,6 +55,17 @@ SCENARIOS: dict[str, Registration] = {
         default_mode="checkpoint",  # processes survive only whole-machine checkpoints
         backend="microvm",
         why_backend="only whole-machine checkpoints bring a process back after a restore",
+    ),
+    "redrive": Registration(
+        "durable_spaces.campaigns.scenarios.redrive:SCENARIO",
+        summary_fields=(
+            "drives",
+            "spaces_replaced",
+            "tokens_refused",
+            "races",
+            "lease_violations",
+            "epoch_violations",
+        ),
     ),
 }
 #: The scenario of a run that names none.
