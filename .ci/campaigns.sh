@@ -27,6 +27,13 @@ done
 # Logical-point schedules go the same way twice (the DETERMINISM line; exit 1 if not).
 run "determinism-local" --mode transactional --backend local --calls 6 --seed-base ci-det \
   --profile logical --determinism 4
+# The cluster: sessions through PostgreSQL, two hosts in network namespaces and two
+# coordinators, one run of each of the seven redrive fault kinds (rd237 draws all seven).
+if why=$(python -c 'from durable_spaces.campaigns.scenarios.redrive import unavailable_reason as u; import sys; r=u("local"); print(r or ""); sys.exit(1 if r else 0)'); then
+  run "redrive-local" --scenario redrive --backend local --runs 7 --calls 6 --seed-base rd237 --jobs 2
+else
+  echo "== redrive campaign skipped: $why"
+fi
 # Real containers: restarts (kill + start), removals and daemon kills, both adapter modes.
 if why=$(python -c 'from durable_spaces.backends import unavailable_reason as u; import sys; r=u("docker"); print(r or ""); sys.exit(1 if r else 0)'); then
   run "transactional-docker" --mode transactional --backend docker --runs 6 --calls 6 --seed-base ci-dtx --profile space

@@ -150,3 +150,18 @@ def test_the_scenario_refuses_a_backend_its_hosts_cannot_provide(
     rec = asyncio.run(run_one(run))
     assert rec.outcome == "lab_error"
     assert "runs on local or spacesd hosts, not docker" in rec.checks["run"]["detail"]
+
+
+def test_every_superseded_token_offered_again_is_refused_and_counted(stores: OpenStore) -> None:
+    from durable_spaces.campaigns.scenarios.redrive import probe_superseded
+
+    s = stores()
+    s.register_host("h1", "10.1.0.1:7000", "local")
+    s.create_space("sp")
+    s.create_session("a", "sp")
+    for _ in range(3):  # three drives: tokens 1, 2 superseded by 3
+        _drive(s, "a")
+    assert probe_superseded(s, "sp") == []
+    t = tally(s.events())
+    assert t.tokens_refused == 6  # renew, connect and release of tokens 1 and 2
+    assert s.lease("sp").token == 3 and s.lease("sp").holder == "a"  # nothing changed

@@ -8,7 +8,8 @@ verdicts on each session's log and workspace, and these, read from the append-on
   (``token_not_next``); a lease granted to a second session while the first still held
   it, unreleased, its session still open (``two_holders``); a driver doing its first
   step after its lease token was superseded (``stale_token_used``: a stale holder was
-  let work);
+  let work); and, from the scenario's probe (``redrive.probe_superseded``), a superseded
+  token accepted by renew, connection or release (``stale_token_accepted``);
 - ``epoch_violations``: an epoch not above every earlier one of its session
   (``epoch_not_increasing``); an epoch other than ``max(previous + 1, lease token)``
   (``epoch_not_max``); an epoch launched twice, or launched without being issued

@@ -30,7 +30,7 @@ from typing import Any
 from durable_spaces.campaigns.checker import History, check_all
 from durable_spaces.campaigns.checks.effects import diagnose
 from durable_spaces.campaigns.checks.leases import Tally, tally
-from durable_spaces.campaigns.checks.verdict import Verdict
+from durable_spaces.campaigns.checks.verdict import Anomaly, Verdict, anomaly
 from durable_spaces.campaigns.checks.workload import interpret
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.scenarios import registration
@@ -80,6 +80,18 @@ class Redrive(OneSession):
         return {}
 
 
+def unavailable_reason(backend: str = "local") -> str | None:
+    """Why a redrive run cannot run here (root and ``ip`` for the namespaces,
+    PostgreSQL's binaries, cua-spacesd for spacesd hosts), or None."""
+    from durable_spaces.backends.spacesd import unavailable_reason as spacesd_reason
+    from durable_spaces.cluster import netns, pgserver
+
+    needs = [pgserver.unavailable_reason, netns.unavailable_reason]
+    if backend == "spacesd":
+        needs.append(spacesd_reason)
+    return next((r for r in (f() for f in needs) if r is not None), None)
+
+
 def kind_of(seed: str) -> str:
     return random.Random(f"{seed}:redrive").choice(KINDS)
 
@@ -111,6 +123,8 @@ def run_redrive(run: RunSpec) -> RunRecord:
             raise ConfigError(
                 f"the redrive scenario runs on {' or '.join(BACKENDS)} hosts, not {run.backend}"
             )
+        if (why := unavailable_reason(run.backend)) is not None:
+            raise ConfigError(f"the redrive scenario cannot run here: {why}")
         with PgServer() as pg, NetnsLab() as lab:
             cluster = Cluster(pg.url(), root, lab)
             try:
@@ -320,9 +334,39 @@ def _session_checks(cluster: Any, sessions: list[str], space: str) -> dict[str, 
     return out
 
 
+def probe_superseded(store: Any, space: str) -> list[Anomaly]:
+    """Every superseded lease token of ``space`` offered again, as its stale holder
+    would: to renew, connection and release. Each must be refused (and the store counts
+    each refusal: ``tokens_refused``); one accepted is a lease violation."""
+    from durable_spaces.errors import LeaseLostError, SpaceUnavailableError
+
+    grants = [
+        (int(e.detail["token"]), str(e.session))
+        for e in store.events("lease_acquired", space=space)
+    ]
+    current = max((t for t, _ in grants), default=0)
+    out: list[Anomaly] = []
+    for token, session in grants:
+        if token == current:
+            continue
+        ops = {"renew": store.renew_lease, "connect": store.connect, "release": store.release_lease}
+        for op, fn in ops.items():
+            try:
+                fn(space, session, token)
+            except LeaseLostError:
+                continue
+            except SpaceUnavailableError:  # a connect that got past the token check
+                pass
+            detail = f"{op} with superseded token {token} of {session} accepted (current {current})"
+            out.append(anomaly("stale_token_accepted", detail, witness=[token]))
+    return out
+
+
 def fill(record: RunRecord, play: Play, cluster: Any, sessions: list[str]) -> None:
+    stale = probe_superseded(cluster.store, play.space)
     events = cluster.events()
     t: Tally = tally(events)
+    t.lease.extend(stale)
     checks: dict[str, Any] = {}
     for s in sessions:
         got = cluster.store.session(s)
