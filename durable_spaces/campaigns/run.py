@@ -295,12 +295,7 @@ async def run_one(run: RunSpec) -> RunRecord:
     """Run, check and clean up one campaign run."""
     t0 = time.monotonic()
     scenario = scenarios.get(run.scenario)
-    whole = getattr(scenario, "run_whole", None)
-    if whole is not None:  # a scenario with a lab of its own (redrive: a whole cluster)
-        record: RunRecord = await whole(run)
-        return record
     schedule = run.schedule if run.schedule is not None else scenario.schedule(run)
-    ctx = await _prepare(run, scenario.script(run), schedule)
     record = RunRecord(
         run_id=run.run_id,
         seed=run.seed,
@@ -312,6 +307,11 @@ async def run_one(run: RunSpec) -> RunRecord:
         repro=run.repro(),
         scenario=run.scenario,
     )
+    whole = getattr(scenario, "run_whole", None)
+    if whole is not None:  # a scenario with a lab of its own (redrive: a whole cluster)
+        filled: RunRecord = await whole(run, record)
+        return filled
+    ctx = await _prepare(run, scenario.script(run), schedule)
     try:
         result, injector, facts = await scenario.drive(run, ctx)
         record.extra.update(facts)

@@ -73,8 +73,9 @@ class Redrive(OneSession):
     def schedule(self, run: RunSpec) -> Schedule:
         return Schedule(run.seed, (), "drawn")  # the kind is drawn in run_whole
 
-    async def run_whole(self, run: RunSpec) -> RunRecord:
-        return await asyncio.to_thread(run_redrive, run)
+    async def run_whole(self, run: RunSpec, record: RunRecord) -> RunRecord:
+        """The whole run, ``record`` (its identity filled in by ``run.py``) completed."""
+        return await asyncio.to_thread(run_redrive, run, record)
 
     def checks(self) -> Mapping[str, Any]:
         return {}
@@ -96,7 +97,7 @@ def kind_of(seed: str) -> str:
     return random.Random(f"{seed}:redrive").choice(KINDS)
 
 
-def run_redrive(run: RunSpec) -> RunRecord:
+def run_redrive(run: RunSpec, record: RunRecord) -> RunRecord:
     """One run: its cluster up, its kind played, its sessions checked, all of it ended."""
     from durable_spaces.cluster.lab import Cluster
     from durable_spaces.cluster.netns import NetnsLab
@@ -104,17 +105,6 @@ def run_redrive(run: RunSpec) -> RunRecord:
 
     t0 = time.monotonic()
     kind = kind_of(run.seed)
-    record = RunRecord(
-        run_id=run.run_id,
-        seed=run.seed,
-        mode=run.mode,
-        backend=run.backend,
-        calls=run.calls,
-        schedule=Schedule(run.seed, (), "drawn").to_json(),
-        durable_mode=run.durable_mode,
-        repro=run.repro(),
-        scenario=run.scenario,
-    )
     root = Path(run.state_dir) / "cluster"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
