@@ -61,6 +61,10 @@ LONG_BACKOFF = "2,4,2"
 SESSION_TIMEOUT_S = 150.0
 
 
+class SessionStuck(Exception):
+    """A session did not end in time: the system under test's failure, not the lab's."""
+
+
 def _wait(what: str, fn: Callable[[], Any], timeout: float = 60.0) -> Any:
     from durable_spaces.cluster.lab import wait_for
 
@@ -125,6 +129,9 @@ def run_redrive(run: RunSpec, record: RunRecord) -> RunRecord:
             finally:
                 cluster.close()
         record.settle()
+    except SessionStuck as e:
+        record.checks = {"sessions_end": {"valid": False, "detail": str(e)}}
+        record.settle()
     except Exception as e:
         record.outcome = "lab_error"
         record.checks = {"run": {"valid": None, "detail": f"{type(e).__name__}: {e}"}}
@@ -160,6 +167,12 @@ class Play:
         for cid in ("c1", "c2"):
             self.coordinators[cid] = self.c.coordinator(cid, "--backoff", backoff)
 
+    def end(self, name: str) -> None:
+        try:
+            self.c.wait_session(name, SESSION_TIMEOUT_S)
+        except TimeoutError as e:
+            raise SessionStuck(f"{name}: {e} ({self.c.store.session(name)})") from None
+
     def submit(self, name: str, calls: int, sleep: float) -> None:
         mode = self.run_spec.durable_mode or "transactional"
         ckpt = self.c.root / "checkpoints" if mode != "transactional" else None
@@ -183,7 +196,7 @@ class Play:
             calls = max(calls, 10)
         self.submit("s1", calls, sleep)
         getattr(self, self.kind)("s1")
-        self.c.wait_session("s1", SESSION_TIMEOUT_S)
+        self.end("s1")
         return ["s1"]
 
     # -- the kinds ------------------------------------------------------------------------
@@ -290,8 +303,8 @@ class Play:
         self.faults["race"] += 1
         if self.rng.random() < 0.5 and self._kill("a", 1) is not None:
             self.faults["driver_kill"] += 1
-        self.c.wait_session("a", SESSION_TIMEOUT_S)
-        self.c.wait_session("b", SESSION_TIMEOUT_S)
+        self.end("a")
+        self.end("b")
         return ["a", "b"]
 
 
