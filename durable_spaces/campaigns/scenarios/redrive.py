@@ -193,7 +193,8 @@ class Play:
         if self.kind == "host_loss":
             # a local Space is a directory the driver writes itself: it goes on until the
             # store declares the host lost (3 s without a heartbeat), so leave it longer
-            calls = max(calls, 10)
+            # (a call takes ~0.3 s: only shell steps sleep)
+            calls = max(calls, 24)
         self.submit("s1", calls, sleep)
         getattr(self, self.kind)("s1")
         self.end("s1")
