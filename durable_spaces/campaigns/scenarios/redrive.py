@@ -59,6 +59,12 @@ BACKOFF = "0.5,2,2"
 #: A longer one where a coordinator is killed in it (a window wide enough to hit).
 LONG_BACKOFF = "2,4,2"
 SESSION_TIMEOUT_S = 150.0
+#: Calls a session makes at least: long enough for a fault to land mid-session.
+MIN_CALLS = 10
+
+
+class LateFault(Exception):
+    """The fault came after the session had ended: nothing was tested (the lab's miss)."""
 
 
 class SessionStuck(Exception):
@@ -186,10 +192,12 @@ class Play:
         sleep = self.rng.choice([0.2, 0.3, 0.5])
         if self.kind == "race":
             return self.race(calls, sleep)
+        # The fault must land mid-session (a Space lost once its session has ended is
+        # placed again only by a next session; none here), and a call takes ~0.3 s
+        # (only shell steps sleep): at least MIN_CALLS calls.
+        calls = max(calls, MIN_CALLS)
         if self.kind in ("remove_live", "host_loss", "db_restart"):
-            # the fault must land mid-session: a Space lost once its session has ended
-            # is placed again only by the next session (none here)
-            sleep, calls = max(sleep, 1.0), max(calls, 6)
+            sleep = max(sleep, 1.0)
         if self.kind == "host_loss":
             # a local Space is a directory the driver writes itself: it goes on until the
             # store declares the host lost (3 s without a heartbeat), so leave it longer
@@ -223,13 +231,21 @@ class Play:
 
     def driver_kill(self, s: str) -> None:
         self.c.wait_first_step(s, 1)
-        time.sleep(self.rng.uniform(0.0, 1.0))
+        time.sleep(self.rng.uniform(0.0, 0.5))
         killed = self._kill(s, 1)
         if killed is None:
             return
         self.faults["driver_kill"] += 1
-        nxt = self.c.wait_first_step(s, 2)
-        self.resumes.append(float(nxt.detail["unix_ms"]) - killed)
+
+        def resumed() -> Any:
+            steps = [e for e in self.c.events("driver_first_step", s) if e.detail["epoch"] == 2]
+            return steps or self.c.store.session(s).state in ("done", "failed")
+
+        nxt = _wait(f"{s} resumed", resumed)
+        if nxt is True:  # killed as it finished: the next driver had no step left
+            self.notes["killed_at_the_end"] = True
+            return
+        self.resumes.append(float(nxt[0].detail["unix_ms"]) - killed)
         self.backoffs.append(float(BACKOFF.split(",")[0]) * 1000)
 
     def _remove(self) -> None:
@@ -382,6 +398,9 @@ def fill(record: RunRecord, play: Play, cluster: Any, sessions: list[str]) -> No
             "valid": got.state == "done",
             "detail": f"{got.state} {got.reason}".strip(),
         }
+    sp = cluster.store.space(play.space)
+    if sp.state != "ready":  # removed or lost as the last driver finished
+        raise LateFault(f"the {play.kind} fault landed after the session had ended: {sp}")
     checks.update(_session_checks(cluster, sessions, play.space))
     checks.update(t.verdicts())
     if play.kind == "race":
@@ -394,7 +413,6 @@ def fill(record: RunRecord, play: Play, cluster: Any, sessions: list[str]) -> No
     record.attempts = sum(1 for e in events if e.kind == "epoch_issued")
     record.resume_latencies_ms = [round(x, 1) for x in play.resumes]
     record.resume_backoffs_ms = play.backoffs
-    sp = cluster.store.space(play.space)
     record.extra.update(
         t.counters(),
         epochs={
