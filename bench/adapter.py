@@ -158,9 +158,7 @@ class Setup:
         return sum(p.stat().st_size for p in self.store.rglob("*") if p.is_file())
 
 
-async def setup(
-    backend: SpaceBackend, tmp: Path, mode: str, tree: bytes, plain: Space
-) -> Setup:
+async def setup(backend: SpaceBackend, tmp: Path, mode: str, tree: bytes, plain: Space) -> Setup:
     store = tmp / "store"
     storage = CountingStorage(SqliteStorage(tmp / "log.sqlite"))
     snapshots: Snapshots = (
@@ -187,9 +185,9 @@ async def setup(
     return s
 
 
-def calls_for(s: Setup, tool: str, files: int, i: int) -> tuple[
-    Callable[[], Awaitable[None]], Callable[[], Awaitable[None]], int
-]:
+def calls_for(
+    s: Setup, tool: str, files: int, i: int
+) -> tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]], int]:
     """The wrapped call, its unwrapped twin, and how many files each changes."""
     tag = f"{tool}-{i}-" + "x" * 40
     if tool == "write":
@@ -215,8 +213,14 @@ def calls_for(s: Setup, tool: str, files: int, i: int) -> tuple[
 
 
 async def bench_mode(
-    name: str, backend: SpaceBackend, tmp: Path, mode: str, files: int, tree: bytes,
-    tools: Sequence[str], reps: int,
+    name: str,
+    backend: SpaceBackend,
+    tmp: Path,
+    mode: str,
+    files: int,
+    tree: bytes,
+    tools: Sequence[str],
+    reps: int,
 ) -> list[Figures]:
     plain = await backend.create(space_name(f"bench-plain-{tmp.name}"))
     await plain.advance_epoch(1)
@@ -246,6 +250,12 @@ async def bench_mode(
     return out
 
 
+def _cmp(over: float, peer: float | str | None) -> tuple[str, str]:
+    if isinstance(peer, float):
+        return f"{peer:.2f}", "yes" if over < peer else "no"
+    return "na", "na"
+
+
 def overhead_lines(figs: list[Figures], peer: dict[int, dict[str, float | str]]) -> list[str]:
     lines = []
     for f in figs:
@@ -253,12 +263,7 @@ def overhead_lines(figs: list[Figures], peer: dict[int, dict[str, float | str]])
         over = f.wrapped_ms - f.unwrapped_ms
         tar, git = p.get("tar-cf"), p.get("git-commit")
 
-        def cmp(x: float | str | None) -> tuple[str, str]:
-            if isinstance(x, float):
-                return f"{x:.2f}", "yes" if over < x else "no"
-            return "na", "na"
-
-        (tar_ms, below_tar), (git_ms, below_git) = cmp(tar), cmp(git)
+        (tar_ms, below_tar), (git_ms, below_git) = _cmp(over, tar), _cmp(over, git)
         lines.append(
             f"OVERHEAD mode={f.mode} backend={f.backend} tool={f.tool} files={f.files} "
             f"overhead_ms={over:.2f} tar_ms={tar_ms} git_ms={git_ms} "

@@ -33,9 +33,7 @@ PEERS = {
     "find-sha256sum": "find . -type f -print0 | xargs -0 sha256sum > /dev/null",
     "stat-walk": "find . -printf '%s %T@ %p\\n' > /dev/null",
 }
-GIT_INIT = (
-    "git init -q && git add -A && git -c user.name=b -c user.email=b@b commit -q -m init"
-)
+GIT_INIT = "git init -q && git add -A && git -c user.name=b -c user.email=b@b commit -q -m init"
 
 
 def path(i: int) -> str:
@@ -56,9 +54,7 @@ def tree_tar(files: int, seed: int = 13) -> bytes:
 
 
 async def populate(space: Space, data: bytes, epoch: int) -> None:
-    res = await space.exec(
-        ["tar", "-xf", "-"], key=None, epoch=epoch, cwd=space.root, stdin=data
-    )
+    res = await space.exec(["tar", "-xf", "-"], key=None, epoch=epoch, cwd=space.root, stdin=data)
     if res.exit_code != 0:
         raise RuntimeError(f"populating {space.name} failed: {res.output[-300:]!r}")
 

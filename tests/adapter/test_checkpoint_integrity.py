@@ -208,10 +208,12 @@ class Lab:
         return Path(self.space.root)
 
     def store_copy(self, cid: str | None = None) -> Path:
-        return self.tmp / "store" / f"{cid or self.cid}.tar"
+        c = CheckpointId.parse(cid or self.cid)
+        return self.tmp / "store" / f"{c}{c.suffix}"
 
     def space_copy(self, cid: str | None = None) -> Path:
-        return self.root.parent / ".ds-checkpoints" / f"{cid or self.cid}.tar"
+        c = CheckpointId.parse(cid or self.cid)
+        return self.root.parent / ".ds-checkpoints" / f"{c}{c.suffix}"
 
     def workspace(self) -> dict[str, bytes]:
         out = {}
