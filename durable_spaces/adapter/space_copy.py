@@ -169,16 +169,17 @@ async def prune(
     blobs = "" if keep_blobs is None else "\n".join(sorted(set(keep_blobs))) + "\n"
     code, out = await _sh(
         space,
-        f"cd {_q(d)} 2>/dev/null || exit 0; [ -L blobs ] && rm -f blobs; "
+        # fd 3: the blobs to keep (stdin; a pipeline's later commands have their own)
+        f"exec 3<&0; cd {_q(d)} 2>/dev/null || exit 0; [ -L blobs ] && rm -f blobs; "
         "rm -rf -- .restore-* .tmp-* .probe-*; "
         'for f in *.tar *.manifest .pending-*.tar; do [ -e "$f" ] || [ -L "$f" ] || continue; '
         f'case "$f" in {pattern}) ;; *) rm -rf -- "$f" && printf "%s\\0" "$f";; esac; done; '
         + (
             ""
             if keep_blobs is None
-            else "[ -d blobs ] && ls -A blobs | grep -xE '[0-9a-f]{64}' | LC_ALL=C sort | "
-            'LC_ALL=C comm -23 - <(LC_ALL=C sort) | while read -r b; do rm -f -- "blobs/$b"; '
-            "done; "
+            else "[ -d blobs ] && ls -A blobs | grep -xE '[0-9a-f]{64}' | "
+            'grep -vxF -f /dev/fd/3 | while read -r b; do rm -f -- "blobs/$b"; done; '
+            "exec 3<&-; "
         )
         + "exit 0",
         epoch,
