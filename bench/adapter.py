@@ -2,7 +2,7 @@
 
     python -m bench.adapter [--backends local,spacesd,docker,microvm] [--sizes 10,100,1000]
                             [--modes transactional,checkpoint] [--tools bash,write]
-                            [--reps N] [--peer-reps N]
+                            [--reps N] [--peer-reps N] [--quick]
 
 Per (mode, backend, tool, workspace size) it times the *wrapped* tool's ``execute`` (the
 tool the adapter's extension installs in a real ``Registry``, called with a real
@@ -40,6 +40,7 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -66,6 +67,8 @@ from durable_spaces.harness.tools import CodingTools, Registry, ToolContext
 from durable_spaces.space import Space, SpaceBackend, space_name
 
 TOOLS = ("bash", "write")
+#: ``--quick``: calls per tool and runs per peer.
+QUICK_REPS, QUICK_PEER_REPS = 5, 3
 #: Backends whose every exec costs tens of ms: fewer repetitions.
 SLOW = ("docker", "microvm")
 
@@ -319,7 +322,17 @@ async def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tools", default=",".join(TOOLS))
     ap.add_argument("--reps", type=int, default=None, help="calls per tool (default by size)")
     ap.add_argument("--peer-reps", type=int, default=None, help="runs per peer")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="local and spacesd only (unless --backends), 5 calls per tool, 3 runs per peer",
+    )
     args = ap.parse_args(argv)
+    if args.quick:
+        if "--backends" not in " ".join(argv if argv is not None else sys.argv):
+            args.backends = "local,spacesd"
+        args.reps = args.reps or QUICK_REPS
+        args.peer_reps = args.peer_reps or QUICK_PEER_REPS
     base = Path(tempfile.mkdtemp(prefix="bench-adapter-"))
     t_start = time.monotonic()
     try:

@@ -86,8 +86,13 @@ class Lab:
             await self.space.write_file(path, data, epoch=1)
 
 
+#: How a checkpoint reaches the workspace: read here (its directory is on this host) or
+#: through commands in the Space (what docker and microvm Spaces need).
+VIA = ["host", "commands"]
+
+
 @asynccontextmanager
-async def lab(tmp: Path, backend: str) -> AsyncIterator[Lab]:
+async def lab(tmp: Path, backend: str, via: str = "host") -> AsyncIterator[Lab]:
     _need(backend)
     b = open_backend(backend, tmp / "spaces")
     try:
@@ -95,6 +100,8 @@ async def lab(tmp: Path, backend: str) -> AsyncIterator[Lab]:
         await space.advance_epoch(1)
         store = DirectoryCheckpointStore(tmp / "store")
         x = Lab(space, WorkspaceSnapshots(b, store=store), store, tmp)
+        if via == "commands":  # as if the workspace were not a directory here
+            x.snaps.taker._seen(space).host = False
         await x.write(FILES)
         yield x
     finally:
@@ -116,11 +123,12 @@ def flip(path: Path) -> None:
 # --- cost follows the change -------------------------------------------------------------
 
 
+@pytest.mark.parametrize("via", VIA)
 @pytest.mark.parametrize("backend", BACKENDS)
 async def test_a_checkpoint_stores_only_what_changed_and_both_restore_exactly(
-    tmp_path: Path, backend: str
+    tmp_path: Path, backend: str, via: str
 ) -> None:
-    async with lab(tmp_path, backend) as x:
+    async with lab(tmp_path, backend, via) as x:
         first = await x.snaps.checkpoint(x.space, "call-1", 1)
         blobs = x.store_blobs()
         assert blobs == {blob_of(d) for d in FILES.values()}
@@ -139,11 +147,12 @@ async def test_a_checkpoint_stores_only_what_changed_and_both_restore_exactly(
 # --- restores are verified ---------------------------------------------------------------
 
 
+@pytest.mark.parametrize("via", VIA)
 @pytest.mark.parametrize("backend", BACKENDS)
 async def test_a_tampered_blob_is_refused_named_and_the_intact_copy_restored(
-    tmp_path: Path, backend: str, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, backend: str, via: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with lab(tmp_path, backend) as x:
+    async with lab(tmp_path, backend, via) as x:
         cid = await x.snaps.checkpoint(x.space, "call-1", 1)
         sha = blob_of(FILES["d2/f002.txt"])
         store_blob = tmp_path / "store" / "blobs" / sha
@@ -156,12 +165,13 @@ async def test_a_tampered_blob_is_refused_named_and_the_intact_copy_restored(
         assert blob_of(store_blob.read_bytes()) == sha  # mended from the intact copy
 
 
+@pytest.mark.parametrize("via", VIA)
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("how", ["flip-both", "gone-both", "manifest-flip-both"])
 async def test_no_intact_blob_or_manifest_is_a_clear_error_and_changes_nothing(
-    tmp_path: Path, backend: str, how: str
+    tmp_path: Path, backend: str, via: str, how: str
 ) -> None:
-    async with lab(tmp_path, backend) as x:
+    async with lab(tmp_path, backend, via) as x:
         cid = CheckpointId.parse(await x.snaps.checkpoint(x.space, "call-1", 1))
         sha = blob_of(FILES["d3/f003.txt"])
         for d in (tmp_path / "store", x.copy):
@@ -341,9 +351,7 @@ async def test_a_kill_anywhere_in_a_prune_leaves_every_kept_checkpoint_restorabl
             cids.append(await x.snaps.checkpoint(x.space, f"call-{i}", 1))
             trees.append(x.workspace())
         keep = [cids[0], cids[2]]
-        needed = set().union(
-            *(mf.blobs(mf.decode(x.store.get(c) or b"")) for c in keep)
-        )
+        needed = set().union(*(mf.blobs(mf.decode(x.store.get(c) or b"")) for c in keep))
         saved = tmp_path / "saved"
         snapshot_dirs(x, saved)
         with killed_at(monkeypatch, 10**9) as probe:
