@@ -268,7 +268,7 @@ def durable_spaces(
 ) -> DurableSpaces:
     """Build the adapter: ``mode`` auto (transactional while sound, checkpoint for good
     after), transactional or checkpoint; ``snapshots`` the checkpoint provider (default:
-    workspace tars kept in the Space); ``epoch`` the session's (default
+    incremental workspace checkpoints kept in the Space); ``epoch`` the session's (default
     ``CUA_SESSION_EPOCH``); ``transactional`` the image's limits (or ``exclude``)."""
     return DurableSpaces(
         AdapterConfig(

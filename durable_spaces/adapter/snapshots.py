@@ -112,6 +112,9 @@ class WorkspaceSnapshots:
         #: are the only copies (review and forks read them), so they are all kept.
         self.prune_every = prune_every
         self._prune_calls: dict[str, int] = {}
+        #: The blobs each manifest names (an id always names the same bytes), so a prune
+        #: reads each recorded manifest once per process, not once per prune.
+        self._needs: dict[CheckpointId, frozenset[str]] = {}
         self.taker = Taker(store)
 
     def can_rebuild(self) -> bool:
@@ -138,15 +141,18 @@ class WorkspaceSnapshots:
         for cid in sorted(keep):
             if cid.form != "manifest" or needed is None:
                 continue
-            try:
-                m = await Copies(cid).manifest(self._copies(space, epoch))
-            except (CheckpointMissing, CheckpointCorruptError, SpaceError) as e:
-                if isinstance(e, SpaceUnavailableError):
-                    raise
-                logger.warning("pruning %s keeps every blob: %s", space.name, e)
-                needed = None
-                continue
-            needed |= mf.blobs(m)
+            blobs = self._needs.get(cid)
+            if blobs is None:
+                try:
+                    m = await Copies(cid).manifest(self._copies(space, epoch))
+                except (CheckpointMissing, CheckpointCorruptError, SpaceError) as e:
+                    if isinstance(e, SpaceUnavailableError):
+                        raise
+                    logger.warning("pruning %s keeps every blob: %s", space.name, e)
+                    needed = None
+                    continue
+                blobs = self._needs[cid] = frozenset(mf.blobs(m))
+            needed |= blobs
         return await space_copy.prune(space, copy_dir(space), keep, needed, epoch)
 
     # --- reading and restoring ------------------------------------------------------------
