@@ -337,7 +337,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
         args.backends = "local,spacesd" if args.quick else "local,spacesd,docker"
         for name in ("docker", "microvm"):
             if name not in args.backends:
-                why = "--quick (name it in --backends)" if name not in OPT_IN else OPT_IN[name]
+                why = OPT_IN.get(name, "--quick (name it in --backends)")
                 print(f"SKIP backend={name} reason={why}", flush=True)
     if args.quick:
         args.reps = args.reps or QUICK_REPS
