@@ -1,0 +1,65 @@
+"""Reading many files of a daemon-backed Space in one transfer: one command that checks
+each path and streams the files as one ``tar``, read back member by member in memory.
+
+Why: ``read_file`` costs a ``stat`` per path component and a download, each a daemon
+round trip; a call that changed ten files paid forty. One ``tar`` costs one command.
+
+Path safety, as ``read_file`` and ``MUTATE``: the script walks each path's components
+and leaves out any path with a symlink on the way or at its end, or whose end is not a
+regular file (the same window between check and read as theirs, which the daemon has no
+``openat``-style API to close). Nothing is ever extracted to disk: each member must be
+a regular file named exactly as one of the paths asked for, or the whole stream is
+refused (``SpaceError``). A stream whose ``tar`` did not exit 0 (a file changed or
+vanished while it was read) yields nothing: the caller reads those paths one by one.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+from durable_spaces.errors import SpaceError
+
+#: Run as ``bash -c READ ds-read <root>`` with the paths on stdin, NUL-separated.
+READ = r"""
+cd -P -- "$1" || exit 90
+while IFS= read -r -d '' p; do
+  q=$p
+  while :; do
+    [[ -L $q ]] && continue 2
+    [[ $q == */* ]] || break
+    q=${q%/*}
+  done
+  [[ -f $p ]] && printf '%s\0' "$p"
+done | tar -c -f - --format=gnu --hard-dereference --no-recursion --null --verbatim-files-from -T -
+"""
+
+
+def read_argv(root: str) -> list[str]:
+    return ["bash", "-c", READ, "ds-read", root]
+
+
+def read_input(rels: list[str]) -> bytes:
+    return b"".join(r.encode("utf-8", "surrogateescape") + b"\0" for r in rels)
+
+
+def parse(stream: bytes, wanted: set[str]) -> dict[str, bytes]:
+    """The members of ``stream`` (a tar), each a regular file named in ``wanted``."""
+    out: dict[str, bytes] = {}
+    try:
+        with tarfile.open(
+            fileobj=io.BytesIO(stream), mode="r:", encoding="utf-8", errors="surrogateescape"
+        ) as tar:
+            for m in tar:
+                if m.name not in wanted or not m.isreg():
+                    raise SpaceError(
+                        f"the Space's file stream holds {m.name!r} (type {m.type!r}), "
+                        "which was not asked for: refused"
+                    )
+                f = tar.extractfile(m)
+                if f is None:
+                    raise SpaceError(f"the Space's file stream has no data for {m.name!r}")
+                out[m.name] = f.read()
+    except tarfile.TarError as e:
+        raise SpaceError(f"the Space's file stream is not a tar archive: {e}") from None
+    return out
