@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The CI fast subset: every campaign mode on the embedded `local` backend and on the real
-# cua-spacesd, with fixed seeds, real SQLite and real processes. Each campaign prints its
-# SUMMARY line and fails the job if a single run was inconsistent.
+# The CI fast subset: every adapter mode and every scenario on the embedded `local` backend
+# and on the real cua-spacesd, with fixed seeds, real SQLite and real processes. Each
+# campaign prints its SUMMARY line and fails the job if a single run was inconsistent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DO_NOT_TRACK=1 CUA_TELEMETRY=0
@@ -19,10 +19,10 @@ for backend in local spacesd; do
   run "transactional-$backend" --mode transactional --backend "$backend" --runs 12 --calls 6 --seed-base ci-tx
   run "auto-$backend" --mode auto --backend "$backend" --runs 8 --calls 6 --seed-base ci-auto
   run "checkpoint-$backend" --mode checkpoint --backend "$backend" --runs 12 --calls 6 --seed-base ci-cp --profile space
-  run "stale-$backend" --mode stale --backend "$backend" --runs 8 --calls 6 --seed-base ci-stale
+  run "stale-$backend" --scenario stale --backend "$backend" --runs 8 --calls 6 --seed-base ci-stale
   # Paused drivers taken over while they sleep, continued after; frozen Spaces.
   run "pause-$backend" --mode transactional --backend "$backend" --runs 8 --calls 6 --seed-base ci-pause --profile pause
-  run "exhaustive-$backend" --mode exhaustive --backend "$backend" --calls 4 --seed-base ci-ex
+  run "exhaustive-$backend" --scenario exhaustive --backend "$backend" --calls 4 --seed-base ci-ex
 done
 # Logical-point schedules go the same way twice (the DETERMINISM line; exit 1 if not).
 run "determinism-local" --mode transactional --backend local --calls 6 --seed-base ci-det \
@@ -38,7 +38,7 @@ fi
 # that must survive a driver killed after a machine checkpoint and the restore.
 if why=$(python -c 'from durable_spaces.backends import unavailable_reason as u; import sys; r=u("microvm"); print(r or ""); sys.exit(1 if r else 0)'); then
   run "checkpoint-microvm" --mode checkpoint --backend microvm --runs 4 --calls 5 --seed-base ci-mcp --profile space
-  run "server-microvm" --mode server --backend microvm --runs 2 --calls 5 --seed-base ci-msv
+  run "server-microvm" --scenario server --backend microvm --runs 2 --calls 5 --seed-base ci-msv
 else
   echo "== microvm campaigns skipped: $why"
 fi

@@ -1,7 +1,7 @@
 """The ``durable-spaces`` command: campaigns, repros, reports.
 
 ``campaign`` and ``repro`` run sessions from ``durable_spaces.campaigns.run``
-(``async def run_one(run: RunSpec) -> RunRecord``, and for ``--mode exhaustive``
+(``async def run_one(run: RunSpec) -> RunRecord``, and for ``--scenario exhaustive``
 ``exhaustive_schedules(spec: CampaignSpec, work_dir: Path) -> list[Schedule]``),
 imported only when used so ``report`` works without any backend installed.
 Options left out fall back to the ``CRASH_*`` variables, then to the defaults.
@@ -31,6 +31,8 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
+from durable_spaces.campaigns.scenarios import known_scenarios
+from durable_spaces.campaigns.spec import BACKENDS
 from durable_spaces.errors import ConfigError, DurableSpacesError
 
 SESSION_MODULE = "durable_spaces.campaigns.run"
@@ -139,10 +141,16 @@ def _session() -> ModuleType:
         raise
 
 
-Mode = Annotated[str | None, typer.Option(help="CRASH_MODE: transactional, auto, checkpoint, "
-                                          "stale, exhaustive, server")]  # fmt: skip
-Backend = Annotated[str | None, typer.Option(help="CRASH_BACKEND: local, spacesd, docker, microvm")]
-DurableMode = Annotated[str | None, typer.Option(help="CRASH_DURABLE_MODE: the adapter's mode")]
+Mode = Annotated[str | None, typer.Option(
+    help="CRASH_MODE: the adapter's mode (transactional, auto, checkpoint); stale, exhaustive "
+         "and server are still taken, as aliases of --scenario")]  # fmt: skip
+Scenario = Annotated[str | None, typer.Option(
+    help=f"CRASH_SCENARIO: how runs are driven ({', '.join(known_scenarios())})")]  # fmt: skip
+Backend = Annotated[str | None, typer.Option(
+    help=f"CRASH_BACKEND: {', '.join(BACKENDS)}")]  # fmt: skip
+DurableMode = Annotated[str | None, typer.Option(
+    help="CRASH_DURABLE_MODE: the adapter's mode (an alias of --mode that wins over "
+         "it)")]  # fmt: skip
 Calls = Annotated[int | None, typer.Option(help="CRASH_CALLS: scripted calls per run")]
 Profile = Annotated[str | None, typer.Option(help="fault profile (CRASH_PROFILE)")]
 Keep = Annotated[bool, typer.Option(help="keep each run's workspace tar and raw log (CRASH_KEEP)")]
@@ -157,6 +165,7 @@ def _keep(keep: bool) -> None:
 @app.command()
 def campaign(
     mode: Mode = None,
+    scenario: Scenario = None,
     backend: Backend = None,
     seed_base: Annotated[str | None, typer.Option(help="CRASH_SEED_BASE")] = None,
     runs: Annotated[int | None, typer.Option(help="CRASH_RUNS")] = None,
@@ -186,8 +195,8 @@ def campaign(
 
     try:
         spec = CampaignSpec.from_env(
-            mode=mode, backend=backend, seed_base=seed_base, runs=runs, calls=calls, jobs=jobs,
-            durable_mode=durable_mode, profile=profile,
+            mode=mode, scenario=scenario, backend=backend, seed_base=seed_base, runs=runs,
+            calls=calls, jobs=jobs, durable_mode=durable_mode, profile=profile,
         )  # fmt: skip
     except ConfigError as e:
         raise _fail(str(e)) from None
@@ -208,7 +217,7 @@ def campaign(
     _keep(keep)
     session = _session()
     if determinism is not None:
-        if spec.mode == "exhaustive":
+        if spec.scenario == "exhaustive":
             raise _fail("--determinism draws seeds; exhaustive runs have no seeds to redraw")
         try:
             d = run_determinism(
@@ -219,7 +228,7 @@ def campaign(
             raise _fail(str(e)) from None
         raise typer.Exit(0 if d.same == d.seeds else 1)
     schedules = None
-    if spec.mode == "exhaustive":
+    if spec.scenario == "exhaustive":
         make = getattr(session, "exhaustive_schedules", None)
         if make is None:
             raise _fail(f"{SESSION_MODULE} has no exhaustive_schedules(spec, work_dir)")
@@ -245,6 +254,7 @@ def repro(
     ] = None,
     tries: Annotated[int, typer.Option(help="with --exact: replay this many times")] = 1,
     mode: Mode = None,
+    scenario: Scenario = None,
     backend: Backend = None,
     calls: Calls = None,
     durable_mode: DurableMode = None,
@@ -267,7 +277,7 @@ def repro(
         raise _fail("give --seed (a run's seed) or --exact (a run record)")
     try:
         check_seed("--seed", seed)
-        cs = CampaignSpec.from_env(mode=mode, backend=backend, calls=calls,
+        cs = CampaignSpec.from_env(mode=mode, scenario=scenario, backend=backend, calls=calls,
                                    durable_mode=durable_mode, profile=profile, jobs=1)  # fmt: skip
     except ConfigError as e:
         raise _fail(str(e)) from None
@@ -287,7 +297,7 @@ def repro(
     run = RunSpec(
         run_id="repro", seed=seed, mode=cs.mode, backend=cs.backend, calls=cs.calls,
         durable_mode=cs.adapter_mode, profile=cs.profile, state_dir=str(state_dir),
-        schedule=sched,
+        schedule=sched, scenario=cs.scenario,
     )  # fmt: skip
     _keep(keep)
     session = _session()
@@ -405,11 +415,8 @@ def diff(
     for option, d in (("--backend-dir", backend_dir), ("--store", store)):
         if d is not None and not d.is_dir():  # opening a backend would create it
             raise _fail(f"{option} {d} is not a directory")
-    if backend is not None:
-        from durable_spaces.campaigns.spec import BACKENDS
-
-        if backend not in BACKENDS:
-            raise _fail(f"--backend={backend!r} is not one of: {', '.join(BACKENDS)}")
+    if backend is not None and backend not in BACKENDS:
+        raise _fail(f"--backend={backend!r} is not one of: {', '.join(BACKENDS)}")
     try:
         text = review_diff_main(
             state_dir, backend, backend_dir, entry_a, entry_b,

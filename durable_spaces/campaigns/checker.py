@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
-from durable_spaces.campaigns.checks import effects, epochs, image, processes, replay
+from durable_spaces.campaigns.checks import effects, epochs, image, processes, replay, server
 from durable_spaces.campaigns.checks.history import History
 from durable_spaces.campaigns.checks.inputs import Inputs, LaunchRecord, Workload
 from durable_spaces.campaigns.checks.rawlog import read_log
@@ -113,8 +114,15 @@ def merge(verdicts: Mapping[str, Verdict]) -> bool | None:
     return True
 
 
-def compose(checks: Mapping[str, Check]) -> Callable[[Inputs], dict[str, Verdict]]:
-    def run(inputs: Inputs) -> dict[str, Verdict]:
+T = TypeVar("T")
+
+
+def compose(checks: Mapping[str, Callable[[T], Verdict]]) -> Callable[[T], dict[str, Verdict]]:
+    """One function running every check on the same input (``Inputs`` here; a run's
+    whole evidence in ``campaigns/evidence.py``), a check that raises counting as
+    unknown."""
+
+    def run(inputs: T) -> dict[str, Verdict]:
         out: dict[str, Verdict] = {}
         for name, check in checks.items():
             try:
@@ -139,13 +147,14 @@ async def collect(
     launches: list[LaunchRecord] | None = None,
 ) -> Inputs:
     """Read everything the checks need: the raw log first (its write time is taken
-    before anything opens it), then the workspace and the processes of ``space``."""
+    before anything opens it), then the workspace and the processes of ``space`` (and
+    the ``server`` workload's process)."""
     log = read_log(log_path)
     kind = (await space.capabilities()).kind
     ws = await snapshot(space)
     history = History.from_log(log)
-    server = workload is not None and workload.server
-    procs = await processes.list_processes(space, history.instances(), server)
+    serves = workload is not None and workload.server
+    procs = await processes.list_processes(space, history.instances(), serves)
     return Inputs(
         log,
         ws,
@@ -154,6 +163,7 @@ async def collect(
         processes=procs,
         host_clock=kind in HOST_CLOCK_KINDS,
         kind=kind,
+        server=await server.probe(space) if serves else None,
     )
 
 

@@ -1,5 +1,9 @@
 """The coordinator: re-drives one durable session, one driver process per epoch.
 
+Here is the re-drive loop (``Coordinator``); the durable state file and epoch issuance
+are ``campaigns/coordinator_state.py``, one driver's launch, supervision and reaping
+``campaigns/supervisor.py``. What they export is importable from here too.
+
 Prior art: the reference's lab coordinator (cua-spaces-cluster sessions) and any job
 supervisor with backoff. What it must guarantee, even when it is itself SIGKILLed:
 
@@ -44,86 +48,28 @@ record the pid. The driver's environment is the coordinator's without ``DS_FAILP
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fcntl
 import inspect
-import json
 import os
 import signal
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from durable_spaces.chaos import failpoints
+from durable_spaces.campaigns.coordinator_state import LOCK_FILE, STATE_FILE, StateFile, read_state
+from durable_spaces.campaigns.supervisor import EXIT_ABANDONED, Attempt, Launch, Supervisor, now_ms
+from durable_spaces.chaos import failpoints, points
 from durable_spaces.errors import PermanentFailure
 from durable_spaces.session_protocol import (
     EXIT_DONE,
     EXIT_FENCED,
     EXIT_PERMANENT,
     driver_environment,
-    read_line,
 )
-
-#: Not an exit code: what ``_supervise`` returns for a driver given up on (still alive).
-EXIT_ABANDONED = -1000
-
-STATE_FILE = "coordinator.json"
-LOCK_FILE = "coordinator.lock"
 
 #: Variables a driver never inherits from the coordinator (set them per attempt).
 _SCRUBBED = ("DS_FAILPOINTS", "DS_FAILPOINT_TRACE")
-
-
-def _now_ms() -> float:
-    return time.time() * 1000
-
-
-@dataclass
-class Launch:
-    """Given to ``before_launch`` hooks: edit ``env`` to change this attempt's driver."""
-
-    index: int
-    epoch: int
-    env: dict[str, str]
-
-
-@dataclass
-class Attempt:
-    """One driver process (one epoch)."""
-
-    index: int
-    epoch: int
-    pid: int
-    started_ms: float
-    process: asyncio.subprocess.Process = field(repr=False)
-    exit_code: int | None = None
-    ended_ms: float | None = None
-    #: Why the coordinator killed it ("stall", "nemesis", ...), None if it died alone.
-    killed_by: str | None = None
-    killed_ms: float | None = None
-    first_step_ms: float | None = None
-    heartbeats: int = 0
-    events: list[dict[str, Any]] = field(default_factory=list)
-    log_path: Path | None = None
-    backoff_ms: float = 0.0
-    #: When the coordinator gave up on it without killing it (``abandon_current``).
-    abandoned_ms: float | None = None
-    done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
-    abandon: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
-
-    @property
-    def alive(self) -> bool:
-        return self.exit_code is None
-
-    async def wait(self) -> int:
-        await self.done.wait()
-        assert self.exit_code is not None
-        return self.exit_code
 
 
 @dataclass(frozen=True)
@@ -168,74 +114,6 @@ class CoordinatorResult:
     @property
     def resume_latencies_ms(self) -> list[float]:
         return [r.latency_ms for r in self.resumes]
-
-
-# --- the state file ---------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _locked(state_dir: Path) -> Iterator[None]:
-    fd = os.open(state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
-
-
-def read_state(state_dir: str | Path) -> dict[str, Any]:
-    """The coordinator file (``{"last_epoch": 0}`` when there is none yet)."""
-    p = Path(state_dir) / STATE_FILE
-    try:
-        data: dict[str, Any] = json.loads(p.read_text())
-    except FileNotFoundError:
-        return {"last_epoch": 0, "driver": None}
-    return data
-
-
-def _write_state(state_dir: Path, data: Mapping[str, Any]) -> None:
-    tmp = state_dir / f".{STATE_FILE}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, state_dir / STATE_FILE)
-    dfd = os.open(state_dir, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
-def _process_alive(pid: int, create_time: float | None) -> bool:
-    """Alive and the same process (a reused pid has another start time)."""
-    try:
-        p = psutil.Process(pid)
-        if create_time is not None and abs(p.create_time() - create_time) > 0.05:
-            return False
-        return p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _my_ctime() -> float | None:
-    try:
-        return float(psutil.Process().create_time())
-    except psutil.Error:
-        return None
-
-
-def _kill_and_reap(pid: int, create_time: float | None, timeout: float = 10.0) -> None:
-    """SIGKILL a process that is not our child and wait until it is dead (a zombie left
-    for a parent that does not reap counts as dead: it runs nothing)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    end = time.monotonic() + timeout
-    while _process_alive(pid, create_time) and time.monotonic() < end:
-        time.sleep(0.01)
-
-
-# --- the coordinator --------------------------------------------------------------------
 
 
 Hook = Callable[[Launch], Awaitable[None] | None]
@@ -295,12 +173,21 @@ class Coordinator:
         self._floor_seen = 0
         self._resumes: list[Resume] = []
         self._subscribers: list[asyncio.Queue[Attempt | None]] = []
-        self._background: set[asyncio.Task[int]] = set()
         #: Set once the loop has decided how the session ends (before abandoned drivers
         #: are waited for): whoever keeps a driver paused must continue it now.
         self.settled = asyncio.Event()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.state_dir / "drivers").mkdir(exist_ok=True)
+        self._state = StateFile(self.state_dir, session_name, self.id)
+        self._drivers = Supervisor(
+            self.argv,
+            self.state_dir / "drivers",
+            cwd=cwd,
+            stall_secs=stall_secs,
+            emit=self._emit,
+            kill=self.kill_current,
+            on_event=self._driver_event,
+        )
 
     # -- hooks for the runner ------------------------------------------------------------
 
@@ -310,7 +197,7 @@ class Coordinator:
         if a is None or not a.alive or a.abandoned_ms is not None:
             return None  # an abandoned driver is its pauser's (and the fence's) business
         if a.killed_ms is None:
-            a.killed_by, a.killed_ms = reason, _now_ms()
+            a.killed_by, a.killed_ms = reason, now_ms()
         try:
             os.kill(a.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -324,7 +211,7 @@ class Coordinator:
         a = self.current
         if a is None or not a.alive or a.abandoned_ms is not None:
             return None
-        a.abandoned_ms = _now_ms()
+        a.abandoned_ms = now_ms()
         if a.killed_ms is None:
             a.killed_by, a.killed_ms = reason, a.abandoned_ms
         a.abandon.set()
@@ -354,46 +241,18 @@ class Coordinator:
                 try:
                     result = await asyncio.wait_for(self._loop(), self.timeout_secs)
                 except TimeoutError:
-                    await self._stop_current("timeout")
+                    await self._drivers.stop(self.current, "timeout")
                     result = self._result("exhausted", f"timeout after {self.timeout_secs}s")
         finally:
             self.settled.set()
-            await self._stop_current("coordinator_exit")
-            await self._reap_abandoned()
+            await self._drivers.stop(self.current, "coordinator_exit")
+            await self._drivers.reap_abandoned(self.history)
             for q in self._subscribers:
                 q.put_nowait(None)
         # Abandoned drivers may have ended after the loop did: their exits count too.
         result.exit_codes = [a.exit_code for a in self.history if a.exit_code is not None]
         result.events = list(self.events)
         return result
-
-    async def _reap_abandoned(self, timeout: float = 120.0) -> None:
-        """Wait for abandoned drivers to end (someone continues them); kill the ones that
-        do not end in time, so none outlives the run."""
-        left = [a for a in self.history if a.abandoned_ms is not None and a.alive]
-        if not left:
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*(a.done.wait() for a in left)), timeout)
-        for a in left:
-            if a.alive:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(a.pid, signal.SIGKILL)
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(a.done.wait(), 10)
-
-    async def _stop_current(self, reason: str) -> None:
-        """Kill and reap a driver left running by a timeout or a cancellation."""
-        a = self.current
-        if a is None or a.process.returncode is not None:
-            return
-        self.kill_current(reason)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.shield(a.process.wait()), 10)
-        if a.exit_code is None:
-            a.exit_code = a.process.returncode
-            a.ended_ms = _now_ms()
-            a.done.set()
 
     async def _loop(self) -> CoordinatorResult:
         crashes = 0
@@ -436,7 +295,7 @@ class Coordinator:
                     continue
             attempt = await self._spawn(launch, backoff_ms)
             down_attempts += 1
-            code = await self._supervise(attempt)
+            code = await self._drivers.supervise(attempt)
             if last_death is not None and attempt.first_step_ms is not None:
                 resumes.append(
                     Resume(
@@ -453,14 +312,14 @@ class Coordinator:
             if code == EXIT_PERMANENT:
                 return self._result("failed", "driver exited 78 (permanent failure)")
             backoff_ms = 0.0
-            if self._superseded(attempt.epoch):
+            if self._state.superseded(attempt.epoch):
                 return self._result("superseded", "a newer epoch's driver is running")
             if code == EXIT_FENCED:
                 continue
             crashes += 1
             if last_death is None:
                 cause = attempt.killed_by or "crash"
-                last_death = (attempt.killed_ms or attempt.ended_ms or _now_ms(), cause)
+                last_death = (attempt.killed_ms or attempt.ended_ms or now_ms(), cause)
                 down_backoff_ms, down_attempts = 0.0, 0
             if len(self.history) + place_failures >= self.max_attempts:
                 break
@@ -476,64 +335,17 @@ class Coordinator:
     async def _next_epoch(self) -> int:
         if self.epoch_source is not None:
             epoch = await self.epoch_source(self._floor_seen)
-            failpoints.hit("coordinator.epoch_issued")
+            failpoints.hit(points.COORDINATOR_EPOCH_ISSUED)
             return epoch
         return self._issue_epoch()
 
     def _issue_epoch(self) -> int:
-        """Persist the next epoch before anything runs under it (see the module doc)."""
-        with _locked(self.state_dir):
-            st = read_state(self.state_dir)
-            drv = st.get("driver")
-            if (
-                self.kill_orphans
-                and drv
-                and not self._ours(drv)
-                and not _process_alive(int(drv["coordinator_pid"]), drv.get("coordinator_ctime"))
-                and _process_alive(int(drv["pid"]), drv.get("create_time"))
-            ):
-                _kill_and_reap(int(drv["pid"]), drv.get("create_time"))
-                self._emit("orphan_killed", int(drv["epoch"]), pid=int(drv["pid"]))
-            epoch = max(int(st.get("last_epoch", 0)), self._floor_seen) + 1
-            _write_state(
-                self.state_dir,
-                {"session": self.session_name, "last_epoch": epoch, "driver": None},
-            )
-        failpoints.hit("coordinator.epoch_issued")
-        return epoch
+        """The next epoch from the state file (``bench/coordinator.py`` times this)."""
 
-    def _record_driver(self, a: Attempt) -> None:
-        try:
-            ctime: float | None = psutil.Process(a.pid).create_time()
-        except psutil.Error:
-            ctime = None
-        with _locked(self.state_dir):
-            st = read_state(self.state_dir)
-            if int(st.get("last_epoch", 0)) != a.epoch:
-                return  # another coordinator issued a newer epoch meanwhile
-            st["driver"] = {
-                "epoch": a.epoch,
-                "pid": a.pid,
-                "create_time": ctime,
-                "coordinator_pid": os.getpid(),
-                "coordinator_ctime": _my_ctime(),
-                "coordinator_id": self.id,
-            }
-            _write_state(self.state_dir, st)
-        failpoints.hit("coordinator.driver_recorded")
+        def orphan(epoch: int, pid: int) -> None:
+            self._emit("orphan_killed", epoch, pid=pid)
 
-    def _superseded(self, epoch: int) -> bool:
-        st = read_state(self.state_dir)
-        drv = st.get("driver")
-        return bool(
-            int(st.get("last_epoch", 0)) > epoch
-            and drv
-            and not self._ours(drv)
-            and _process_alive(int(drv["pid"]), drv.get("create_time"))
-        )
-
-    def _ours(self, drv: Mapping[str, Any]) -> bool:
-        return drv.get("coordinator_id") == self.id
+        return self._state.issue(self._floor_seen, self.kill_orphans, orphan)
 
     def _driver_env(self, epoch: int) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED}
@@ -545,119 +357,16 @@ class Coordinator:
         return env
 
     async def _spawn(self, launch: Launch, backoff_ms: float) -> Attempt:
-        log_path = self.state_dir / "drivers" / f"epoch-{launch.epoch}.log"
-        log = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *self.argv,
-                env=launch.env,
-                cwd=self.cwd,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=log,
-                start_new_session=True,
-                limit=1 << 20,
-            )
-        finally:
-            log.close()
-        a = Attempt(
-            index=launch.index,
-            epoch=launch.epoch,
-            pid=proc.pid,
-            started_ms=_now_ms(),
-            process=proc,
-            log_path=log_path,
-            backoff_ms=backoff_ms,
-        )
+        a = await self._drivers.spawn(launch, backoff_ms)
         self.current = a
         self.history.append(a)
-        self._record_driver(a)
+        self._state.record_driver(a.epoch, a.pid)
         self._emit("launch", a.epoch, pid=a.pid, index=a.index)
         for q in self._subscribers:
             q.put_nowait(a)
         return a
 
-    async def _supervise(self, a: Attempt) -> int:
-        last_output = time.monotonic()
-
-        async def read() -> None:
-            nonlocal last_output
-            assert a.process.stdout is not None
-            with open(a.log_path or os.devnull, "ab") as log:
-                while True:
-                    try:
-                        raw = await a.process.stdout.readline()
-                    except ValueError:  # a line over the limit: take what is there
-                        raw = await a.process.stdout.read(1 << 20)
-                    if not raw:
-                        return
-                    last_output = time.monotonic()
-                    log.write(raw)
-                    log.flush()
-                    self._line(a, raw.decode(errors="replace").rstrip("\n"))
-
-        reader = asyncio.create_task(read())
-        waiter = asyncio.create_task(a.process.wait())
-        abandoned = asyncio.create_task(a.abandon.wait())
-        tick = min(1.0, self.stall_secs / 8)
-        try:
-            while not waiter.done() and not abandoned.done():
-                await asyncio.wait({waiter, abandoned}, timeout=tick)
-                silent = time.monotonic() - last_output
-                if (
-                    not waiter.done()
-                    and not abandoned.done()
-                    and a.killed_ms is None
-                    and silent > self.stall_secs
-                ):
-                    self._emit("stall", a.epoch, pid=a.pid, silent_s=self.stall_secs)
-                    self.kill_current("stall")
-            if not waiter.done():
-                # Given up on, not dead: reap it whenever it ends, and go on now.
-                t = asyncio.create_task(self._finish(a, reader, waiter))
-                self._background.add(t)
-                t.add_done_callback(self._background.discard)
-                return EXIT_ABANDONED
-        except BaseException:
-            for task in (reader, waiter):
-                task.cancel()
-            raise
-        finally:
-            abandoned.cancel()
-        return await self._finish(a, reader, waiter)
-
-    async def _finish(
-        self, a: Attempt, reader: asyncio.Task[None], waiter: asyncio.Task[int]
-    ) -> int:
-        code = await waiter
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(reader, 2.0)  # a grandchild may hold the pipe
-        if not reader.done():
-            reader.cancel()
-        a.exit_code = code
-        a.ended_ms = _now_ms()
-        a.done.set()
-        self._emit(
-            "exit",
-            a.epoch,
-            pid=a.pid,
-            code=code,
-            killed_by=a.killed_by,
-            abandoned=a.abandoned_ms is not None,
-        )
-        return code
-
-    def _line(self, a: Attempt, line: str) -> None:
-        for kind, data in read_line(line):
-            if kind == "heartbeat":
-                a.heartbeats += 1
-            elif data is not None:
-                self._driver_event(a, dict(data))
-
     def _driver_event(self, a: Attempt, data: dict[str, Any]) -> None:
-        a.events.append(data)
-        if data.get("event") == "first_step" and a.first_step_ms is None:
-            a.first_step_ms = float(data.get("unix_ms") or _now_ms())
         if data.get("event") == "fenced":
             floor = data.get("floor")
             if isinstance(floor, int):
@@ -665,7 +374,7 @@ class Coordinator:
         self._emit("driver_event", a.epoch, data=data)
 
     def _emit(self, event: str, epoch: int, **fields: Any) -> None:
-        ev = {"event": event, "epoch": epoch, "unix_ms": _now_ms(), **fields}
+        ev = {"event": event, "epoch": epoch, "unix_ms": now_ms(), **fields}
         self.events.append(ev)
         if self.on_event is not None:
             self.on_event(ev)
@@ -678,8 +387,23 @@ class Coordinator:
             epochs=[a.epoch for a in self.history],
             exit_codes=[a.exit_code for a in self.history if a.exit_code is not None],
             events=list(self.events),
-            resumes=list(getattr(self, "_resumes", [])),
+            resumes=list(self._resumes),
             stalls=sum(1 for a in self.history if a.killed_by == "stall"),
             kills=sum(1 for a in self.history if a.killed_by is not None),
             reason=reason,
         )
+
+
+__all__ = [
+    "EXIT_ABANDONED",
+    "LOCK_FILE",
+    "STATE_FILE",
+    "Attempt",
+    "Coordinator",
+    "CoordinatorResult",
+    "EventCallback",
+    "Hook",
+    "Launch",
+    "Resume",
+    "read_state",
+]

@@ -83,6 +83,9 @@ class RunRecord:
     durable_mode: str | None = None
     #: Free-form extras (epochs, exit codes, coordinator status, notes).
     extra: dict[str, Any] = field(default_factory=dict)
+    #: How the run was driven (``campaigns/scenarios/``); None in records from before
+    #: scenarios had a name (their ``mode`` then names it, or it was ``random``).
+    scenario: str | None = None
 
     @property
     def valid(self) -> bool | None:
@@ -262,6 +265,7 @@ _FIELD_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "repro": _str,
     "durable_mode": _opt_str,
     "extra": _extra,
+    "scenario": _opt_str,
 }
 
 

@@ -45,6 +45,7 @@ def exact_spec(record: RunRecord, state_dir: str, run_id: str | None = None) -> 
         profile=str(record.extra.get("profile") or "default"),
         state_dir=state_dir,
         schedule=Schedule.exact(record.seed, drawn, realized),
+        scenario=record.scenario or "",  # "": the one the record's mode names
     )
 
 

@@ -3,6 +3,16 @@
 A ``CampaignSpec`` is the user's request; ``RunSpec`` is one run of it, complete enough
 to be replayed alone (``durable-spaces repro``) and shrunk (``campaigns.shrink``). Both
 are data with a JSON round-trip, so they cross process boundaries as text.
+
+Two things are named apart: the **scenario** (how a run is driven: ``random``, ``stale``,
+``exhaustive``, ``server``; ``--scenario``/``CRASH_SCENARIO``, registered in
+``campaigns/scenarios/``) and the **adapter's mode** (``transactional``, ``auto``,
+``checkpoint``; ``--mode``/``CRASH_MODE``, or ``--durable-mode``/``CRASH_DURABLE_MODE``).
+Before scenarios had a name of their own, ``--mode`` took both, and it still does: a
+scenario name there (``--mode stale``) is an alias for ``--scenario stale`` with the
+scenario's default adapter mode. What a campaign is called (``mode`` after
+construction: SUMMARY's ``mode=``, the records' ``mode``, report columns) stays what it
+was: the adapter's mode of a ``random`` campaign, the scenario's name otherwise.
 """
 
 from __future__ import annotations
@@ -14,12 +24,22 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from durable_spaces.backends import CLAIMS, known_backends
+from durable_spaces.campaigns.scenarios import DEFAULT, known_scenarios, registration
 from durable_spaces.chaos.schedule import PROFILES, Schedule
 from durable_spaces.errors import ConfigError
+from durable_spaces.space import Faults
 
-MODES = ("transactional", "auto", "checkpoint", "stale", "exhaustive", "server")
-BACKENDS = ("local", "spacesd", "docker", "microvm")
+#: The adapter's modes (``durable_spaces.adapter.config.Mode``; a test holds them equal).
 DURABLE_MODES = ("transactional", "checkpoint", "auto")
+#: Scenario names ``--mode``/``CRASH_MODE`` still takes (the spelling before scenarios).
+MODE_ALIASES = ("stale", "exhaustive", "server")
+#: What ``--mode``/``CRASH_MODE`` accepts.
+MODES = ("transactional", "auto", "checkpoint", *MODE_ALIASES)
+#: The registered backends a campaign can attack: those whose Spaces take faults (a
+#: ``remote`` Space is its cluster host's, and so are its faults).
+BACKENDS = tuple(name for name in known_backends() if Faults in CLAIMS.get(name, ()))
+SCENARIOS = tuple(known_scenarios())
 
 
 def _choice(var: str, value: str, choices: tuple[str, ...]) -> str:
@@ -68,41 +88,67 @@ def check_seed(var: str, value: str) -> str:
     return value
 
 
+def resolve(mode: str, scenario: str, durable_mode: str | None) -> tuple[str, str, str]:
+    """``(scenario, adapter mode, name)`` from ``--mode``, ``--scenario`` and
+    ``--durable-mode`` as given ("" or None: not given); ``ConfigError`` naming the option.
+
+    The scenario is ``--scenario``, else the one ``--mode`` names (an alias), else
+    ``random``; the adapter's mode is ``--durable-mode``, else the one ``--mode`` names,
+    else the scenario's default. The name is the scenario's, or for ``random`` the
+    adapter mode ``--mode`` named (else the one resolved)."""
+    if mode:
+        _choice("--mode/CRASH_MODE", mode, MODES)
+    if scenario:
+        _choice("--scenario/CRASH_SCENARIO", scenario, SCENARIOS)
+    if durable_mode is not None:
+        _choice("--durable-mode/CRASH_DURABLE_MODE", durable_mode, DURABLE_MODES)
+    named = mode if mode in DURABLE_MODES else ""
+    scen = scenario or (mode if mode in MODE_ALIASES else DEFAULT)
+    adapter = durable_mode or named or registration(scen).default_mode
+    name = scen if scen != DEFAULT else (named or adapter)
+    return scen, adapter, name
+
+
 @dataclass(frozen=True)
 class CampaignSpec:
-    mode: str = "transactional"
+    """A campaign. ``mode``, ``scenario`` and ``durable_mode`` are taken as the options
+    are given (see ``resolve``); after construction ``scenario`` and ``durable_mode`` are
+    what every run is, and ``mode`` is the campaign's name (see the module doc)."""
+
+    mode: str = ""
     backend: str = "local"
     seed_base: str = "ds"
     runs: int = 20
     calls: int = 6
     jobs: int = field(default_factory=lambda: min(os.cpu_count() or 1, MAX_JOBS))
-    #: The adapter mode; derived from ``mode`` when it names one, else transactional.
+    #: The adapter mode (``--durable-mode``); resolved from ``mode`` when not given.
     durable_mode: str | None = None
     profile: str = "default"
+    scenario: str = ""
 
     def __post_init__(self) -> None:
-        _choice("--mode/CRASH_MODE", self.mode, MODES)
+        scenario, adapter, name = resolve(self.mode, self.scenario, self.durable_mode)
+        object.__setattr__(self, "scenario", scenario)
+        object.__setattr__(self, "durable_mode", adapter)
+        object.__setattr__(self, "mode", name)
         _choice("--backend/CRASH_BACKEND", self.backend, BACKENDS)
         check_seed("--seed-base/CRASH_SEED_BASE", self.seed_base)
         _positive_int("--runs/CRASH_RUNS", self.runs, MAX_RUNS)
         _positive_int("--calls/CRASH_CALLS", self.calls, MAX_CALLS)
         _positive_int("--jobs/CRASH_JOBS", self.jobs, MAX_JOBS)
-        if self.durable_mode is not None:
-            _choice("--durable-mode/CRASH_DURABLE_MODE", self.durable_mode, DURABLE_MODES)
         _choice("--profile/CRASH_PROFILE", self.profile, tuple(PROFILES))
-        if self.mode == "server" and self.backend != "microvm":
+        needs = registration(scenario)
+        if needs.backend is not None and self.backend != needs.backend:
             raise ConfigError(
-                "CRASH_MODE=server needs CRASH_BACKEND=microvm: only whole-machine "
-                "checkpoints bring a process back after a restore"
+                f"the {scenario} scenario (--scenario/CRASH_SCENARIO, or --mode/CRASH_MODE "
+                f"{scenario}) needs --backend/CRASH_BACKEND={needs.backend}: {needs.why_backend}"
             )
 
     @property
     def adapter_mode(self) -> str:
-        if self.durable_mode is not None:
-            return self.durable_mode
-        if self.mode == "server":
-            return "checkpoint"  # processes survive only whole-machine checkpoints
-        return self.mode if self.mode in DURABLE_MODES else "transactional"
+        """The adapter's mode every run of the campaign has."""
+        assert self.durable_mode is not None  # resolved in __post_init__
+        return self.durable_mode
 
     @staticmethod
     def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> CampaignSpec:
@@ -112,6 +158,7 @@ class CampaignSpec:
         kw: dict[str, Any] = {}
         for var, key, conv in (
             ("CRASH_MODE", "mode", str),
+            ("CRASH_SCENARIO", "scenario", str),
             ("CRASH_BACKEND", "backend", str),
             ("CRASH_SEED_BASE", "seed_base", str),
             ("CRASH_DURABLE_MODE", "durable_mode", str),
@@ -140,6 +187,7 @@ class CampaignSpec:
             profile=self.profile,
             state_dir=os.path.join(state_root, run_id),
             schedule=schedule,
+            scenario=self.scenario,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -148,8 +196,10 @@ class CampaignSpec:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One run. ``schedule`` None: the session draws it from ``seed`` (with its own list
-    of failpoints); given: exactly this schedule (exhaustive, shrunk, replayed)."""
+    """One run. ``schedule`` None: the scenario draws it from ``seed``; given: exactly this
+    schedule (exhaustive, shrunk, replayed). ``mode`` is the campaign's name (see the
+    module doc), ``durable_mode`` the adapter's mode, ``scenario`` how it is driven ("":
+    the one an old ``mode`` spelling names, else ``random``)."""
 
     run_id: str
     seed: str
@@ -161,18 +211,28 @@ class RunSpec:
     state_dir: str = ""
     index: int = 0
     schedule: Schedule | None = None
+    scenario: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.scenario:
+            named = self.mode if self.mode in MODE_ALIASES else DEFAULT
+            object.__setattr__(self, "scenario", named)
 
     def with_(self, **changes: Any) -> RunSpec:
         return replace(self, **changes)
 
     def repro(self, schedule_file: str | None = None) -> str:
-        """The one-line command that runs this alone."""
-        parts = [
-            "durable-spaces", "repro", "--mode", self.mode, "--backend", self.backend,
-            "--seed", self.seed, "--calls", str(self.calls),
+        """The one-line command that runs this alone: ``--scenario`` (unless ``random``)
+        and the adapter's ``--mode`` named explicitly."""
+        mode = self.mode if self.mode in DURABLE_MODES else self.durable_mode
+        parts = ["durable-spaces", "repro"]
+        if self.scenario != DEFAULT:
+            parts += ["--scenario", self.scenario]
+        parts += [
+            "--mode", mode, "--backend", self.backend, "--seed", self.seed,
+            "--calls", str(self.calls),
         ]  # fmt: skip
-        default = CampaignSpec(mode=self.mode, backend=self.backend, jobs=1).adapter_mode
-        if self.durable_mode != default:
+        if self.durable_mode != mode:  # a campaign named by one mode, run in another
             parts += ["--durable-mode", self.durable_mode]
         if self.profile != "default":
             parts += ["--profile", self.profile]

@@ -47,6 +47,7 @@ def error_record(spec: RunSpec, detail: str, duration_s: float = 0.0) -> RunReco
         checks={"run": Check(valid=None, detail=detail[-2000:])},
         duration_s=duration_s,
         durable_mode=spec.durable_mode,
+        scenario=spec.scenario,
     )
 
 

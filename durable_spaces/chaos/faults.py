@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from durable_spaces.chaos import points
 from durable_spaces.chaos.failpoints import ANY
 
 #: Space faults a schedule can carry (the driver kill is "kill", counted separately).
@@ -30,15 +31,15 @@ TRIGGERS = ("after_kill", "at_launch")
 #: Failpoints where a driver is paused with a Space mutation ahead of it or in flight: a
 #: continued stale driver would change the workspace there if the Space did not fence it.
 PAUSE_POINTS = (
-    "adapter.start_mark",
-    "adapter.before_file_op",
-    "adapter.spawn",
-    "adapter.outcome_commit",
-    "space.mutate",
-    "space.mutate_started",
-    "image.apply_op",
-    "snapshots.restore",
-    "recovery.start",
+    points.ADAPTER_START_MARK,
+    points.ADAPTER_BEFORE_FILE_OP,
+    points.ADAPTER_SPAWN,
+    points.ADAPTER_OUTCOME_COMMIT,
+    points.SPACE_MUTATE,
+    points.SPACE_MUTATE_STARTED,
+    points.IMAGE_APPLY_OP,
+    points.SNAPSHOTS_RESTORE,
+    points.RECOVERY_START,
 )
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from durable_spaces.chaos import points
 from durable_spaces.chaos.failpoints import ANY
 from durable_spaces.chaos.faults import (
     FAULT_KINDS,
@@ -39,19 +40,19 @@ from durable_spaces.chaos.profiles import PROFILES, Profile, profile_named
 
 #: Points hit only from a timer (whether they are hit depends on timing): never a
 #: logical position for a drawn fault.
-TIMER_DRIVEN = frozenset({"adapter.running"})
+TIMER_DRIVEN = points.TIMER_ONLY
 #: About how many logical hits one scripted call makes (measured: ~24, counting the log's
 #: commits): the range ``*`` positions are drawn from, a run's whole logical timeline.
 LOGICAL_HITS_PER_CALL = 20
 #: Named points every call passes, whatever its tool and mode: named positions are drawn
 #: among these so that a drawn fault lands (recovery-only points rarely exist).
 EVERY_CALL = (
-    "adapter.call",
-    "adapter.start_mark",
-    "adapter.outcome_commit",
-    "harness.intent",
-    "harness.tool_returned",
-    "harness.tool_result",
+    points.ADAPTER_CALL,
+    points.ADAPTER_START_MARK,
+    points.ADAPTER_OUTCOME_COMMIT,
+    points.HARNESS_INTENT,
+    points.HARNESS_TOOL_RETURNED,
+    points.HARNESS_TOOL_RESULT,
 )
 
 

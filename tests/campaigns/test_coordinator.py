@@ -194,12 +194,18 @@ def test_coordinator_killed_between_issue_and_spawn_burns_the_epoch(tmp_path: Pa
 
 
 def test_glued_lines_are_still_read(tmp_path: Path) -> None:
-    c = coord(tmp_path, {})
     from durable_spaces.campaigns.coordinator import Attempt
+    from durable_spaces.campaigns.supervisor import Supervisor
 
+    seen: list[str] = []
+    sup = Supervisor(
+        TOY, tmp_path, cwd=None, stall_secs=5, emit=lambda *a, **k: None,
+        kill=lambda why: None, on_event=lambda a, e: seen.append(e["event"]),
+    )  # fmt: skip
     a = Attempt(0, 1, 0, 0.0, process=None)  # type: ignore[arg-type]
-    c._line(a, 'DS-EVENT {"event":"first_step","unix_ms":5}CUA-HEARTBEAT 1 7')
-    c._line(a, 'CUA-HEARTBEAT 1 7DS-EVENT {"event":"done"}')
+    sup.line(a, 'DS-EVENT {"event":"first_step","unix_ms":5}CUA-HEARTBEAT 1 7')
+    sup.line(a, 'CUA-HEARTBEAT 1 7DS-EVENT {"event":"done"}')
+    assert seen == ["first_step", "done"]
     assert a.heartbeats == 2
     assert [e["event"] for e in a.events] == ["first_step", "done"]
     assert a.first_step_ms == 5

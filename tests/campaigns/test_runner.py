@@ -106,7 +106,9 @@ def test_toy_session_campaign_with_explicit_schedules_and_shrinking(tmp_path: Pa
     assert sr.spec.schedule is not None
     assert sr.spec.schedule.attempts[0].failpoint == Failpoint("toy.step", 3)
     lines = out.getvalue().splitlines()
-    assert lines[0].startswith("REPRO run-0001 (toy_bug): durable-spaces repro --mode exhaustive")
+    assert lines[0].startswith(
+        "REPRO run-0001 (toy_bug): durable-spaces repro --scenario exhaustive --mode transactional"
+    )
     assert "--schedule" in lines[0]
     assert lines[1].startswith("REPRO run-0001 (exact): durable-spaces repro --exact ")
     assert lines[2].startswith("SHRUNK run-0001 (calls 5->3): ")

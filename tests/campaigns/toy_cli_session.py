@@ -10,7 +10,8 @@ from durable_spaces.chaos.schedule import Schedule, exhaustive
 
 
 async def run_one(run: RunSpec) -> RunRecord:
-    """Fails on seed ``<base>-1`` and on any exhaustive kill at ``commit``."""
+    """Fails on seed ``<base>-1`` and on any exhaustive kill at ``commit``; the record's
+    ``extra["spec"]`` is the RunSpec it was given (how the CLI's options became a run)."""
     sched = run.schedule or Schedule.draw(run.seed, ["call"], run.calls)
     bad = (run.schedule is None and run.seed.endswith("-1")) or any(
         a.failpoint is not None and a.failpoint.name == "commit" for a in sched.attempts
@@ -24,6 +25,7 @@ async def run_one(run: RunSpec) -> RunRecord:
         schedule=sched.to_json(),
         kills=sched.planned_kills,
         checks={"exactly_once": Check(valid=not bad, detail="")},
+        extra={"spec": run.to_json()},
     ).settle()
 
 

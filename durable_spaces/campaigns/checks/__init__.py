@@ -10,7 +10,8 @@
 - ``workload``: the checker's own interpreter of the scripted workload's effects;
 - the checks: ``effects`` (lost, duplicate, phantom, torn), ``epochs`` (stale commits,
   two drivers at one epoch, stale writes), ``image`` (the transactional image),
-  ``replay`` (every call the one the model would ask for), ``processes``;
+  ``replay`` (every call the one the model would ask for), ``processes``, ``server``
+  (the ``server`` workload's process came back with a restore);
 - ``kept``: a run's inputs kept on disk so ``durable-spaces check`` can re-run them.
 
 Nothing here imports the adapter's storage, scanner or image code: what is under test

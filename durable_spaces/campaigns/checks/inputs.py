@@ -2,8 +2,8 @@
 
 The raw log and the raw workspace always; the rest when the caller knows it: the
 workload's parameters (for the replay), the coordinator's launch history (for the epoch
-checks), a listing of the Space's processes, and whether the Space's file times come
-from this host's clock (for stale writes).
+checks), a listing of the Space's processes, whether the Space's file times come from
+this host's clock (for stale writes), and the ``server`` workload's process.
 """
 
 from __future__ import annotations
@@ -118,6 +118,23 @@ class ProcessListing:
         )
 
 
+@dataclass(frozen=True)
+class ServerProbe:
+    """The ``server`` workload's process as a probe in the Space saw it after the run:
+    the probe's exit code and output (``<pid> <seconds since its last beat>``)."""
+
+    exit_code: int | None  # None: the probe did not exit (killed by a signal)
+    output: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> ServerProbe:
+        code = d.get("exit_code")
+        return ServerProbe(None if code is None else int(code), str(d["output"]))
+
+
 @dataclass
 class Inputs:
     log: RawLog
@@ -129,6 +146,8 @@ class Inputs:
     host_clock: bool = False
     kind: str = ""
     notes: list[str] = field(default_factory=list)
+    #: The ``server`` workload's process after the run (None: not a server run).
+    server: ServerProbe | None = None
 
     @cached_property
     def history(self) -> History:

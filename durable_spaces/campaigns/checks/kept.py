@@ -6,8 +6,9 @@
   symlinks, directories, fifos, devices, times to the nanosecond; ``tar -tvf`` lists it);
 - ``log.sqlite`` (and ``log.sqlite-wal`` if there was one) or ``log.jsonl``: the raw log,
   copied with its file times;
-- ``inputs.json``: the rest (workload, launch history, process listing, the Space's
-  kind and clock, the nodes tar cannot hold such as sockets, the log's write time).
+- ``inputs.json``: the rest (workload, launch history, process listing, the server's
+  probe, the Space's kind and clock, the nodes tar cannot hold such as sockets, the
+  log's write time).
 
 ``load`` turns that back into ``Inputs``; ``durable-spaces check <run dir>`` runs every
 check on it.
@@ -22,7 +23,13 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from durable_spaces.campaigns.checks.inputs import Inputs, LaunchRecord, ProcessListing, Workload
+from durable_spaces.campaigns.checks.inputs import (
+    Inputs,
+    LaunchRecord,
+    ProcessListing,
+    ServerProbe,
+    Workload,
+)
 from durable_spaces.campaigns.checks.rawlog import log_files, read_log
 from durable_spaces.campaigns.checks.workspace import (
     node_from_json,
@@ -59,6 +66,7 @@ def keep(run_dir: str | Path, inputs: Inputs) -> Path:
         "workload": inputs.workload.to_json() if inputs.workload else None,
         "launches": None if inputs.launches is None else [la.to_json() for la in inputs.launches],
         "processes": inputs.processes.to_json() if inputs.processes else None,
+        "server": inputs.server.to_json() if inputs.server else None,
         "notes": inputs.notes + inputs.workspace.notes,
     }
     (d / "inputs.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
@@ -97,6 +105,7 @@ def load(path: str | Path) -> Inputs:
             host_clock=bool(meta.get("host_clock")),
             kind=str(meta.get("kind") or ""),
             notes=[str(n) for n in meta.get("notes") or []],
+            server=ServerProbe.from_json(meta["server"]) if meta.get("server") else None,
         )
     except DurableSpacesError:
         raise

@@ -1,6 +1,7 @@
 """The log as raw commits, read with ``sqlite3`` and ``json`` directly.
 
-The formats (written by ``durable_spaces/harness/log_sqlite.py`` and ``durable_spaces/harness/log_jsonl.py``; read here without it):
+The formats (written by ``durable_spaces/harness/log_sqlite.py`` and
+``durable_spaces/harness/log_jsonl.py``; read here without them):
 
 - SQLite: table ``cua_commits(seq INTEGER PRIMARY KEY, epoch INTEGER, ops TEXT)`` with
   ``ops`` a JSON list, and the one-row ``cua_fence(id = 1, floor)``. Opened through a

@@ -8,7 +8,8 @@ kinds of calls, each recognisable from its arguments alone:
   becomes ``new_text``, which is that line followed by a new token line, so an edit
   applied twice leaves its token line twice;
 - ``bash "[sleep S && ]printf '%s\\n' 'TOKEN' >> PATH"``: appends a token line;
-- the server start (a command naming ``/tmp/ds-server.pid``): no workspace effect.
+- the server start (a command naming ``/tmp/ds-server.pid``): no workspace effect; its
+  result reports the server's pid (``ds-server pid N``, read by ``server_started``).
 
 Every line the workload writes carries a token unique to its step, so ``origin`` can
 name the call behind any line found in the workspace. A write applied twice in a row is
@@ -35,11 +36,25 @@ _APPEND = re.compile(
     r"^(?:sleep [0-9.]+ && )?printf '%s\\n' (?P<arg>'[^'\n]*') >> (?P<path>[A-Za-z0-9_.-]+)$"
 )
 SERVER_PID_FILE = "/tmp/ds-server.pid"
+#: The server's heartbeat: the time (``date +%s``) it last wrote, every 0.2 s.
+SERVER_BEAT_FILE = "/tmp/ds-server.beat"
+_SERVER_STARTED = re.compile(r"ds-server pid (\d+)")
 
 
 def is_server_command(command: str) -> bool:
     """The scripted "server" start (a heartbeat loop that writes only under /tmp)."""
     return SERVER_PID_FILE in command and ">> " not in command
+
+
+def server_started(history: History) -> int | None:
+    """The pid the server's start reported in its committed result (None: no result
+    reports one)."""
+    for r in history.results:
+        content = r.get("content")
+        if isinstance(content, str) and "ds-server pid" in content:
+            m = _SERVER_STARTED.search(content)
+            return int(m.group(1)) if m else None
+    return None
 
 
 def parse_append(command: str) -> tuple[str, str] | None:

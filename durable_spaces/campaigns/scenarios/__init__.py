@@ -1,0 +1,81 @@
+"""The scenarios a campaign run can be, by name: how it is driven and what it must satisfy.
+
+A scenario is one module with an object that satisfies ``base.Scenario``: the run's
+script (``script``), its schedule when none is given (``schedule``), how it is driven
+(``drive``, with what ``campaigns/run.py`` lends it) and the checks it adds to the
+composition every run is judged by (``checks``). The registry below names them; a
+scenario module is imported only when a run asks for it, so ``campaigns/spec.py`` can
+check names and requirements without importing any drive machinery.
+
+- ``random``: the drawn schedule (failpoints, random kills, pauses, Space faults) against
+  the adapter in transactional, auto or checkpoint mode (``drawn.py``);
+- ``stale``: an older driver runs on (often paused at a Space mutation) while a newer one
+  takes over; it must be fenced (``stale.py``);
+- ``exhaustive``: one kill at every failpoint hit of an uninterrupted run (``exhaustive.py``);
+- ``server``: a process started at step 0 must survive a machine checkpoint's restore
+  (``server.py``, microvm only).
+
+A scenario built elsewhere (the cluster's re-drive, ``durable_spaces/cluster/``) is wired
+in by one more entry here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from durable_spaces.errors import ConfigError
+
+if TYPE_CHECKING:
+    from durable_spaces.campaigns.scenarios.base import Scenario
+
+
+@dataclass(frozen=True)
+class Registration:
+    """Where a scenario lives (``module:attribute``) and what it asks of a campaign."""
+
+    target: str
+    #: The adapter mode a run of it gets when none is named.
+    default_mode: str = "transactional"
+    #: The one backend it can run on (None: any), and why.
+    backend: str | None = None
+    why_backend: str = ""
+
+
+SCENARIOS: dict[str, Registration] = {
+    "random": Registration("durable_spaces.campaigns.scenarios.drawn:SCENARIO"),
+    "stale": Registration("durable_spaces.campaigns.scenarios.stale:SCENARIO"),
+    "exhaustive": Registration("durable_spaces.campaigns.scenarios.exhaustive:SCENARIO"),
+    "server": Registration(
+        "durable_spaces.campaigns.scenarios.server:SCENARIO",
+        default_mode="checkpoint",  # processes survive only whole-machine checkpoints
+        backend="microvm",
+        why_backend="only whole-machine checkpoints bring a process back after a restore",
+    ),
+}
+#: The scenario of a run that names none.
+DEFAULT = "random"
+
+
+def known_scenarios() -> list[str]:
+    return list(SCENARIOS)
+
+
+def registration(name: str) -> Registration:
+    try:
+        return SCENARIOS[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown campaign scenario {name!r}; known: {', '.join(SCENARIOS)}"
+        ) from None
+
+
+def get(name: str) -> Scenario:
+    """The scenario registered as ``name`` (its module imported now)."""
+    module, _, attr = registration(name).target.partition(":")
+    scenario: Scenario = getattr(importlib.import_module(module), attr)
+    return scenario
+
+
+__all__ = ["DEFAULT", "SCENARIOS", "Registration", "get", "known_scenarios", "registration"]

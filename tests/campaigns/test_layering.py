@@ -1,0 +1,130 @@
+"""How the campaign and chaos modules depend on each other, read from their imports: one
+way (cli -> campaigns -> adapter -> harness/space <- backends, chaos at the bottom), no
+circles, a scenario never reaching back into the run that drives it, and exactly two
+interpreters of what the scripted workload does (the model's and the checker's)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import durable_spaces
+
+PACKAGE = Path(durable_spaces.__file__).parent
+ROOT = PACKAGE.parent
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _target(name: str) -> str | None:
+    """The package module ``name`` (``a.b.c`` or an attribute of one) stands for."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports(module: str) -> set[str]:
+    """Modules of the package ``module`` imports at run time (anywhere in the file;
+    ``if TYPE_CHECKING:`` blocks left out)."""
+    tree = ast.parse(MODULES[module].read_text())
+    typing_only = {
+        id(sub)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for sub in ast.walk(node)
+    }
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            t = _target(name) if name.startswith("durable_spaces") else None
+            if t is not None and t != module:
+                out.add(t)
+    return out
+
+
+GRAPH = {m: imports(m) for m in MODULES}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while (w := stack.pop()) != v:
+                comp.append(w)
+            if comp:
+                found.append(sorted([v, *comp]))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _under(prefix: str) -> list[str]:
+    return [m for m in MODULES if m == prefix or m.startswith(prefix + ".")]
+
+
+def test_no_import_circle_through_the_campaigns_chaos_or_the_cli() -> None:
+    mine = ("durable_spaces.campaigns", "durable_spaces.chaos", "durable_spaces.cli")
+    touching = [c for c in cycles(GRAPH) if any(m.startswith(mine) for m in c)]
+    assert touching == []
+
+
+def test_the_cycle_finder_finds_a_circle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_chaos_is_at_the_bottom() -> None:
+    for m in _under("durable_spaces.chaos"):
+        below = ("durable_spaces.chaos", "durable_spaces.errors")
+        above = {t for t in GRAPH[m] if not t.startswith(below)}
+        assert above == set(), m
+
+
+def test_campaigns_never_import_the_cli_and_scenarios_never_the_run() -> None:
+    for m in _under("durable_spaces.campaigns"):
+        assert "durable_spaces.cli" not in GRAPH[m], m
+    for m in _under("durable_spaces.campaigns.scenarios"):
+        assert "durable_spaces.campaigns.run" not in GRAPH[m], m
+    # the registry names scenarios without importing them (spec.py reads it)
+    assert not any(
+        m.startswith("durable_spaces.campaigns.") and m != "durable_spaces.errors"
+        for m in GRAPH["durable_spaces.campaigns.scenarios"]
+    )
+
+
+def test_the_workload_is_interpreted_twice_the_model_s_way_and_the_checker_s() -> None:
+    """What the scripted workload's calls do to a workspace, and what its server start
+    reports, is read in exactly two places, written apart: the model (what the workload
+    does) and the checker (what the checker believes it did)."""
+    marks = ("printf '%s", "ds-server pid")
+    readers = sorted(m for m, p in MODULES.items() if any(mark in p.read_text() for mark in marks))
+    assert readers == ["durable_spaces.campaigns.checks.workload", "durable_spaces.harness.models"]
+    assert "durable_spaces.harness.models" not in GRAPH["durable_spaces.campaigns.checks.workload"]
