@@ -8,9 +8,11 @@ Path safety, as ``read_file`` and ``MUTATE``: the script walks each path's compo
 and leaves out any path with a symlink on the way or at its end, or whose end is not a
 regular file (the same window between check and read as theirs, which the daemon has no
 ``openat``-style API to close). Nothing is ever extracted to disk: each member must be
-a regular file named exactly as one of the paths asked for, or the whole stream is
-refused (``SpaceError``). A stream whose ``tar`` did not exit 0 (a file changed or
-vanished while it was read) yields nothing: the caller reads those paths one by one.
+a regular file named exactly as one of the paths asked for: a member not asked for
+refuses the whole stream (``SpaceError``); one asked for that is no longer a regular
+file (a command replaced it by a symlink after the check) is left out. A stream whose
+``tar`` did not exit 0 (a file changed or vanished while it was read) yields nothing:
+the caller reads those paths one by one.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ while IFS= read -r -d '' p; do
     [[ $q == */* ]] || break
     q=${q%/*}
   done
-  [[ -f $p ]] && printf '%s\0' "$p"
+  [[ -f $p ]] && printf "%s\0" "$p"
 done | tar -c -f - --format=gnu --hard-dereference --no-recursion --null --verbatim-files-from -T -
 """
 
@@ -44,18 +46,20 @@ def read_input(rels: list[str]) -> bytes:
 
 
 def parse(stream: bytes, wanted: set[str]) -> dict[str, bytes]:
-    """The members of ``stream`` (a tar), each a regular file named in ``wanted``."""
+    """The regular-file members of ``stream`` (a tar), each named in ``wanted``."""
     out: dict[str, bytes] = {}
     try:
         with tarfile.open(
             fileobj=io.BytesIO(stream), mode="r:", encoding="utf-8", errors="surrogateescape"
         ) as tar:
             for m in tar:
-                if m.name not in wanted or not m.isreg():
+                if m.name not in wanted:
                     raise SpaceError(
-                        f"the Space's file stream holds {m.name!r} (type {m.type!r}), "
-                        "which was not asked for: refused"
+                        f"the Space's file stream holds {m.name!r}, which was not asked "
+                        "for: refused"
                     )
+                if not m.isreg():
+                    continue  # replaced after its check: the caller reads it alone
                 f = tar.extractfile(m)
                 if f is None:
                     raise SpaceError(f"the Space's file stream has no data for {m.name!r}")
