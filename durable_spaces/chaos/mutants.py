@@ -13,7 +13,7 @@ Unset (always, in production), ``active`` is one frozenset lookup.
 - ``journal_miss``: the change journal of a host workspace (``backends/local/journal.py``)
   drops the events that say a file's contents changed, as a watcher that lost them
   would: an append to an existing file never reaches the image, and the workspace and
-  the log's image part (the checker's ``log_image_mismatch``).
+  the log's image part (the checker's ``image_equals_workspace``).
 - ``no_fence_poll``: the driver does not poll the log's fence while it waits for the
   run (it stops only when a write of its own is refused). Not a defect: a test runs with
   it to prove the Space's fence alone stops a stale driver, since a poll every 0.2 s
