@@ -1,7 +1,7 @@
 """What a wrapped call costs over the same operation unwrapped, on the same Space.
 
     python -m bench.adapter [--backends local,spacesd] [--sizes 10,100,1000]
-                            [--modes transactional,checkpoint] [--reps N]
+                            [--modes transactional,checkpoint] [--reps N] [--changed K]
 
 Per (backend, mode, workspace size, tool) it times the *wrapped* tool's ``execute`` (the
 tool the adapter's extension installs in a real ``Registry``, called with a real
@@ -18,6 +18,10 @@ blobs, the image's path table and the ``cua.space`` document; checkpoint bytes p
 are the tar each call stores (in the ``CheckpointStore``, and once more in the Space).
 Transactional mode runs with ``max_files`` raised to 1100 so that 1000 files plus the
 journal fit (the default limit is 1000).
+
+``--changed K``: ``bash`` appends a line to K of the N files instead, and the unwrapped
+operations run on a twin Space populated the same way (their changes never fall into the
+wrapped call's scans); each row is also printed as one ``RATIO`` line.
 """
 
 from __future__ import annotations
@@ -114,6 +118,15 @@ class Figures:
     checkpoint_bytes: int = 0  # per call (tar)
     calls_in_doc: int = 0  # calls the cua.space document lists after the last one
     db_bytes: int = 0  # growth of the SQLite file per call
+    changed: int = 1  # files one call changes
+
+    def ratio_line(self) -> str:
+        w, p = statistics.median(self.wrapped) * 1000, statistics.median(self.plain) * 1000
+        return (
+            f"RATIO wrapped/unwrapped mode={self.mode} backend={self.backend} tool={self.tool} "
+            f"files={self.size} changed={self.changed if self.tool == 'bash' else 1} "
+            f"wrapped_ms={w:.1f} unwrapped_ms={p:.1f} x={w / p:.2f}"
+        )
 
     @property
     def ratio(self) -> float:
@@ -153,6 +166,24 @@ class Setup:
         return sum(p.stat().st_size for p in self.store.glob("*.tar"))
 
 
+async def populate(space: Space, size: int, epoch: int) -> None:
+    script = (
+        f"mkdir -p {' '.join(f'src/d{i}' for i in range(10))} && "
+        f"head -c {size * FILE_SIZE} /dev/urandom | split -b {FILE_SIZE} -a 4 - src/f && "
+        "i=0; for f in src/f*; do mv $f src/d$((i % 10))/; i=$((i+1)); done"
+    )
+    res = await space.exec(["bash", "-c", script], key=None, epoch=epoch, cwd=space.root)
+    if res.exit_code != 0:
+        raise RuntimeError(f"populating the workspace failed: {res.output!r}")
+
+
+async def some_files(space: Space, k: int) -> list[str]:
+    """K of the populated files, spread over the subdirectories (the same names on a twin)."""
+    dirs = [sorted(await space.list_dir(f"src/d{i}")) for i in range(10)]
+    picked = [f"src/d{i % 10}/{dirs[i % 10][i // 10]}" for i in range(k)]
+    return picked
+
+
 async def setup(backend: SpaceBackend, tmp: Path, mode: str, size: int) -> Setup:
     store = tmp / "store"
     storage = CountingStorage(SqliteStorage(tmp / "log.sqlite"))
@@ -175,16 +206,7 @@ async def setup(backend: SpaceBackend, tmp: Path, mode: str, size: int) -> Setup
     harness = await Harness.open(storage, models={}, registry=registry, env=durable.env)
     conv = (await harness.root(AgentConfig(model="none"))).id
     space = await durable.space(conv)
-    script = (
-        f"mkdir -p {' '.join(f'src/d{i}' for i in range(10))} && "
-        f"head -c {size * FILE_SIZE} /dev/urandom | split -b {FILE_SIZE} -a 4 - src/f && "
-        "i=0; for f in src/f*; do mv $f src/d$((i % 10))/; i=$((i+1)); done"
-    )
-    res = await space.exec(
-        ["bash", "-c", script], key=None, epoch=durable.epoch_for(space.name), cwd=space.root
-    )
-    if res.exit_code != 0:
-        raise RuntimeError(f"populating the workspace failed: {res.output!r}")
+    await populate(space, size, durable.epoch_for(space.name))
     s = Setup(harness, storage, durable, registry, conv, space, store)
     await s.wrapped("bash", {"command": "printf 'start\\n' >> journal.txt"})  # warm-up
     s.space = await durable.space(conv)
@@ -192,15 +214,27 @@ async def setup(backend: SpaceBackend, tmp: Path, mode: str, size: int) -> Setup
 
 
 async def bench_one(
-    backend_name: str, backend: SpaceBackend, tmp: Path, mode: str, size: int, reps: int
+    backend_name: str,
+    backend: SpaceBackend,
+    tmp: Path,
+    mode: str,
+    size: int,
+    reps: int,
+    changed: int = 0,
 ) -> list[Figures]:
     s = await setup(backend, tmp, mode, size)
     epoch = s.durable.epoch_for(s.space.name)
-    root = s.space.root
+    twin = s.space
+    if changed:
+        twin = await backend.create(f"twin-{mode}-{size}")
+        await populate(twin, size, epoch)
+        # The twin's names match the wrapped Space's: split names its files the same way.
+        targets = await some_files(s.space, changed)
+    root = twin.root
     out = []
     try:
         for tool in TOOLS:
-            fig = Figures(backend_name, mode, size, tool)
+            fig = Figures(backend_name, mode, size, tool, changed=changed or 1)
             log0, by0, tar0 = s.storage.total(), dict(s.storage.bytes), s.store_bytes()
             db0 = s.storage.file_bytes()
             for i in range(reps):
@@ -212,16 +246,19 @@ async def bench_one(
                         await s.wrapped("write", {"path": "notes/small.txt", "content": c})
 
                     async def plain(c: str = content) -> None:
-                        await s.space.write_file("notes/plain.txt", c.encode(), epoch=1)
+                        await twin.write_file("notes/plain.txt", c.encode(), epoch=1)
                 else:
                     cmd = f"printf '%s\\n' '{line}' >> journal.txt"
+                    if changed:
+                        files = " ".join(targets)
+                        cmd = f"for f in {files}; do printf '%s\\n' '{line}' >> $f; done"
 
                     async def wrapped(c: str = cmd) -> None:
                         await s.wrapped("bash", {"command": c})
 
                     async def plain(c: str = cmd) -> None:
-                        r = await s.space.exec(
-                            ["bash", "-c", c.replace("journal", "plain")],
+                        r = await twin.exec(
+                            ["bash", "-c", c if changed else c.replace("journal", "plain")],
                             key=None,
                             epoch=epoch,
                             cwd=root,
@@ -298,6 +335,9 @@ async def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--sizes", default="10,100,1000")
     ap.add_argument("--modes", default="transactional,checkpoint")
     ap.add_argument("--reps", type=int, default=None, help="calls per tool (default by size)")
+    ap.add_argument(
+        "--changed", type=int, default=0, help="files a bash call changes (unwrapped on a twin)"
+    )
     args = ap.parse_args(argv)
     console = Console(width=max(Console().width, 160))
     figs: list[Figures] = []
@@ -316,7 +356,9 @@ async def main(argv: Sequence[str] | None = None) -> int:
                         tmp.mkdir(parents=True)
                         t0 = time.monotonic()
                         reps = args.reps or default_reps(size)
-                        figs += await bench_one(name, backend, tmp, mode, size, reps)
+                        figs += await bench_one(
+                            name, backend, tmp, mode, size, reps, min(args.changed, size)
+                        )
                         console.print(
                             f"{name} {mode} {size} files: {time.monotonic() - t0:.1f} s",
                             style="dim",
@@ -328,6 +370,9 @@ async def main(argv: Sequence[str] | None = None) -> int:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     report(figs, console)
+    if args.changed:
+        for f in figs:
+            print(f.ratio_line())
     console.print(f"total {time.monotonic() - t_start:.1f} s", style="dim")
     return 0
 
