@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -88,6 +89,29 @@ def test_a_journaled_scan_is_what_a_full_scan_finds(root: Path, tmp_path: Path) 
     assert s.stats["full"] == 1, s.why_full
     assert s.stats["journal"] == len(STEPS)
     s.close()
+
+
+MMAP = (
+    "import mmap, os, sys\n"
+    "fd = os.open('a.txt', os.O_RDWR)\n"
+    "m = mmap.mmap(fd, 0)\n"
+    "os.close(fd)\n"  # the mapping outlives the descriptor
+    "m[0:1] = b'Z'\n"
+    "m.close()\n"
+)
+
+
+def test_stores_through_a_shared_mapping_are_seen_once_the_writer_exits(
+    root: Path, tmp_path: Path
+) -> None:
+    """No inotify event reports a store through ``mmap``; the last close of the file
+    (the mapping holds it open) does, after every store of a command that exited."""
+    s = _scanner(root, tmp_path)
+    s.scan(".", ["skip"])
+    subprocess.run([sys.executable, "-c", MMAP], cwd=root, check=True)
+    assert (root / "a.txt").read_bytes() == b"Zlpha"
+    assert s.scan(".", ["skip"]) == _full(root)
+    assert s.stats["full"] == 1
 
 
 def test_an_unchanged_workspace_costs_no_look(root: Path, tmp_path: Path) -> None:

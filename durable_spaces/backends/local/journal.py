@@ -30,10 +30,12 @@ Soundness, point by point (a full scan is the answer whenever one fails):
   changed where this kernel does not see it); a guard of the caller failing (the Space's
   machine restarted, ``LocalSpace``; its daemon started again, ``NamespacedSpace``); the
   sentinel's event not arriving; a new epoch (``reset``); a new process or Space object.
-- **Not seen at all, by the journal nor by a stat-only scan between writebacks:**
-  stores through a shared writable ``mmap`` raise no event. Auto mode already leaves the
-  image for checkpoints when a call leaves a process running in the workspace; an
-  explicit transactional workspace kept open by such a writer is not covered.
+- **Stores through a shared writable ``mmap``** raise no event of their own; the last
+  close of the file does (``IN_CLOSE_WRITE``: a mapping holds the file open, so that
+  close comes after every store), which is before the scan after a command that
+  exited. A process that outlives its call and keeps storing through a mapping is seen
+  only at its last close; auto mode already leaves the image for checkpoints when a call
+  leaves a process running in the workspace.
 
 ``DS_SPACE_JOURNAL=0`` turns journals off (full scans every time), to compare.
 The mutant ``journal_miss`` drops the events that say a file's contents changed.
@@ -69,9 +71,9 @@ _DIR_MASK = (
     F.CREATE | F.DELETE | F.MOVED_FROM | F.MOVED_TO | F.ATTRIB
     | F.DELETE_SELF | F.MOVE_SELF | F.ONLYDIR
 )  # fmt: skip
-_FILE_MASK = F.MODIFY | F.ATTRIB | F.DELETE_SELF | F.DONT_FOLLOW
+_FILE_MASK = F.MODIFY | F.CLOSE_WRITE | F.ATTRIB | F.DELETE_SELF | F.DONT_FOLLOW
 _ENTRIES = F.CREATE | F.DELETE | F.MOVED_FROM | F.MOVED_TO
-_CONTENT = F.MODIFY  # what the mutant ``journal_miss`` drops
+_CONTENT = F.MODIFY | F.CLOSE_WRITE  # what the mutant ``journal_miss`` drops
 SENTINEL = ".ds-journal-sentinel"
 
 
