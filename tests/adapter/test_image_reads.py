@@ -23,9 +23,9 @@ from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, Workspace
 from durable_spaces.backends import open_backend, unavailable_reason
 from durable_spaces.backends.local.space import LocalSpace
 from durable_spaces.harness.log import SqliteStorage
-from durable_spaces.harness.scheduler import AgentConfig, Harness
+from durable_spaces.harness.scheduler import Harness
 from durable_spaces.harness.tools import CodingTools, Registry
-from durable_spaces.testing import CallListModel
+from durable_spaces.testing import CallListModel, run_call_list
 
 BACKENDS = [
     pytest.param("local", id="local"),
@@ -85,11 +85,7 @@ async def _run(tmp: Path, backend: str, calls: list[tuple[str, Any]]) -> None:
         storage, models={"m": CallListModel(calls)}, registry=reg, env=durable.env
     )
     try:
-        conv = await h.root(AgentConfig(model="m"))
-        sub = await conv.submit("go", request_id="r")
-        done = await asyncio.wait_for(sub.wait(), 120)
-        assert done.status == "done", done
-        results = [e.data for e in conv.entries() if e.kind == "tool_result"]
+        conv, results = await run_call_list(h)
         assert [r["status"] for r in results] == ["ok"] * len(calls), results
         space = await durable.space(conv.id)
         files = _walk(space.root)
