@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import io
 import tarfile
+from collections.abc import Sequence
 
 from durable_spaces.errors import SpaceError
+from durable_spaces.space import confine, name_problem
 
 #: Run as ``bash -c READ ds-read <root>`` with the paths on stdin, NUL-separated.
 READ = r"""
@@ -35,6 +37,26 @@ while IFS= read -r -d '' p; do
   [[ -f $p ]] && printf "%s\0" "$p"
 done | tar -c -f - --format=gnu --hard-dereference --no-recursion --null --verbatim-files-from -T -
 """
+
+
+def wanted(root: str, paths: Sequence[str]) -> dict[str, str]:
+    """Each asked path -> its workspace-relative form (an escape raises, as
+    ``read_file``'s does); names the image cannot hold are not asked for."""
+    rels: dict[str, str] = {}
+    for p in paths:
+        rel = confine(root, p)
+        if rel != "." and not any(name_problem(c) for c in rel.split("/")):
+            rels[p] = rel
+    return rels
+
+
+def answer(wanted: dict[str, str], stream: bytes | None) -> dict[str, bytes]:
+    """What ``read_files`` returns from the command's stdout (None: ``tar`` failed, a
+    file changed or went while it was read; the caller reads them one by one)."""
+    if stream is None:
+        return {}
+    got = parse(stream, set(wanted.values()))
+    return {p: got[rel] for p, rel in wanted.items() if rel in got}
 
 
 def read_argv(root: str) -> list[str]:

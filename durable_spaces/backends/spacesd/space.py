@@ -87,7 +87,6 @@ from durable_spaces.space import (
     OutputCallback,
     PathTable,
     confine,
-    name_problem,
 )
 
 __all__ = ["MUTATE", "DaemonProbe", "SpacesdSpace", "check_exec_ledger"]
@@ -410,19 +409,12 @@ class SpacesdSpace:
 
     async def read_files(self, paths: Sequence[str]) -> dict[str, bytes]:
         """See ``Space.read_files``: one ``tar`` stream through one command (``bulk``)."""
-        rels: dict[str, str] = {}
-        for p in paths:
-            rel = confine(self.root, p)
-            if rel != "." and not any(name_problem(c) for c in rel.split("/")):
-                rels[p] = rel
-        if len(rels) <= 1:
+        wanted = bulk.wanted(self.root, paths)
+        if len(wanted) <= 1:
             return {}  # one file: ``read_file`` is one transfer already, and cheaper
-        wanted = sorted(set(rels.values()))
-        ex, res = await self._run(bulk.read_argv(self.root), cwd="/", stdin=bulk.read_input(wanted))
-        if res.exit_code != 0:
-            return {}  # a file changed or went while it was read: read one by one
-        got = bulk.parse(ex.stdout(), set(wanted))
-        return {p: got[rel] for p, rel in rels.items() if rel in got}
+        rels = sorted(set(wanted.values()))
+        ex, res = await self._run(bulk.read_argv(self.root), cwd="/", stdin=bulk.read_input(rels))
+        return bulk.answer(wanted, ex.stdout() if res.exit_code == 0 else None)
 
     async def write_file(
         self, path: str, data: bytes, mode: int | None = None, *, epoch: int
