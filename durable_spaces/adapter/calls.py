@@ -146,7 +146,7 @@ class CallPipeline:
         switch: str | None = None
         if state.mode == "transactional":
             update, switch = await self.d.tx.outcome_update(
-                self.h, self.conv, state, space, self.tool
+                self.h, self.conv, state, space, self.tool, self.effect.written
             )
         if switch is not None:
             state.mode, state.mode_reason = "checkpoint", switch
