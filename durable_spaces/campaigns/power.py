@@ -22,14 +22,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import os
 import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from durable_spaces.campaigns.checks.rawlog import read_sqlite
 from durable_spaces.chaos.powerfs import PowerFS, mount
-from durable_spaces.errors import SpaceError
+from durable_spaces.errors import LogError, SpaceError
 from durable_spaces.space_boot import BOOT_ENV
 
 if TYPE_CHECKING:
@@ -124,7 +126,9 @@ class PowerHost:
                 # every process of the Space (the local stand-in's "daemon" is its tree)
                 await cast("Faults", self._backend).kill_daemon(self._space)
             tear = random.Random(f"{self.seed}:tear:{self.boots}").random() < self.p_tear
+            before = self._look()
             report = self.fs.cut(tear=tear)  # no await: nothing else touches the mount now
+            after = self._look()
             self.boots += 1
             _write_boot(self.boot_file, boot_id(self.seed, self.boots))
         finally:
@@ -135,9 +139,58 @@ class PowerHost:
             "dropped_ops": report.ops,
             "dropped_bytes": report.bytes,
             "torn": len(report.torn),
+            **_compare(before, after),
         }
         self.cuts.append(cut)
         return cut
+
+    def _look(self) -> dict[str, Any]:
+        """The host's state as a reader sees it now (every process on it is dead)."""
+        return look(self.mountpoint / "session" / "log.sqlite", self._space_dir())
+
+    def _space_dir(self) -> Path:
+        return self.mountpoint / "spaces" / self._space
+
+
+def look(log: Path, space_dir: Path) -> dict[str, Any]:
+    """Commits, their highest epoch and the fence floor of the log; the highest epoch in
+    the ``local`` Space's ledger and its floor (None for what cannot be read)."""
+    out: dict[str, Any] = {"commits": None, "log_epoch": None, "log_floor": None}
+    if log.exists():
+        with contextlib.suppress(LogError):
+            raw = read_sqlite(log)
+            out["commits"] = len(raw.commits)
+            out["log_epoch"] = max((c.epoch or 0 for c in raw.commits), default=0)
+            out["log_floor"] = raw.floor
+    epochs = []
+    with contextlib.suppress(OSError):
+        for line in (space_dir / "ledger.jsonl").read_bytes().splitlines():
+            with contextlib.suppress(ValueError, AttributeError, TypeError):
+                epochs.append(int(json.loads(line).get("epoch")))
+    out["ledger_epoch"] = max(epochs, default=None)
+    floor = None
+    with contextlib.suppress(OSError, ValueError):
+        floor = int((space_dir / "epoch").read_text().strip() or 0)
+    out["space_floor"] = floor
+    return out
+
+
+def _compare(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """What one cut did (``checks/power.py`` names it)."""
+    b, a = before.get("commits"), after.get("commits")
+    lost = None if b is None else b - (a or 0)
+    log_epoch = after.get("log_epoch") or 0
+    ahead = (after.get("ledger_epoch") or 0) > log_epoch or (after.get("space_floor") or 0) > (
+        after.get("log_floor") or 0
+    )
+    return {
+        "commits_before": b,
+        "commits_after": a,
+        "lost_commits": lost,
+        "space_ahead": ahead,
+        "after": dict(after),
+    }
+
 
 
 __all__ = ["BOOT_ENV", "LOG_SYNC_ENV", "PowerHost", "boot_id"]

@@ -31,6 +31,8 @@ from durable_spaces.campaigns import scenarios
 from durable_spaces.campaigns.agent import AgentConfigFile
 from durable_spaces.campaigns.checker import LaunchRecord, Workload, collect
 from durable_spaces.campaigns.checks.kept import keep
+from durable_spaces.campaigns.checks.power import power_losses
+from durable_spaces.campaigns.checks.verdict import Verdict
 from durable_spaces.campaigns.coordinator import Coordinator, CoordinatorResult
 from durable_spaces.campaigns.evidence import Evidence, RunCheck, judge
 from durable_spaces.campaigns.inject import Injector
@@ -315,6 +317,13 @@ def _fill(record: RunRecord, result: CoordinatorResult, injector: Injector) -> N
     )
 
 
+def _power_check(host: PowerHost) -> RunCheck:
+    def check(ev: Evidence) -> Verdict:
+        return power_losses(host.cuts, host.log_synchronous)
+
+    return check
+
+
 async def _prepare(run: RunSpec, script: Script, schedule: Schedule) -> RunContext:
     """Fresh directories, the agent's configuration, the Space's placement."""
     await fresh_dirs(run)
@@ -359,7 +368,12 @@ async def run_one(run: RunSpec) -> RunRecord:
             again, _ = await ctx.drive(Schedule(run.seed, (), "manual"))
             record.extra["redriven_after_late_removal"] = again.status
             events += again.events
-        record.checks = await _check(ctx, events, result, facts, dict(scenario.checks()))
+        checks = dict(scenario.checks())
+        host = ctx.placement.host
+        if host is not None:
+            record.extra["power"] = host.cuts
+            checks["power_losses"] = _power_check(host)
+        record.checks = await _check(ctx, events, result, facts, checks)
         record.settle()
     except Exception as e:
         record.outcome = "lab_error"
