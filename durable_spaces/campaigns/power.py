@@ -81,11 +81,18 @@ class PowerHost:
         self._backend: SpaceBackend | None = None
         self._space = ""
 
-    def start(self, dirs: Sequence[str]) -> None:
+    def start(self, dirs: Sequence[str], off_host: Sequence[str] = ()) -> None:
         """Create ``dirs`` in the backing dir (durable before the first boot: the lab's
-        set-up is not what is tested), write the first boot id, mount."""
+        set-up is not what is tested) and ``off_host`` as symbolic links to directories
+        of the same name beside the mount (the lab's own records, e.g. the drivers'
+        output, which a cut must not take), write the first boot id, mount."""
         for d in dirs:
             (self.disk / d).mkdir(parents=True, exist_ok=True)
+        for d in off_host:
+            target = self.root / Path(d).name
+            target.mkdir(parents=True, exist_ok=True)
+            (self.disk / d).parent.mkdir(parents=True, exist_ok=True)
+            (self.disk / d).symlink_to(target)
         self.mountpoint.mkdir(parents=True, exist_ok=True)
         _write_boot(self.boot_file, boot_id(self.seed, 0))
         state = self.root / FS_STATE_DIR

@@ -87,8 +87,8 @@ def _host(run: RunSpec) -> PowerHost | None:
     host = PowerHost(
         Path(run.state_dir), run.seed, p_tear=prof.p_tear, log_synchronous=prof.log_synchronous
     )
-    # the coordinator's drivers/ too: it is created once, before the first launch
-    host.start(["session/drivers", "spaces", "store"])
+    # the drivers' output (the coordinator's drivers/) is the lab's record: off the host
+    host.start(["session", "spaces", "store"], off_host=["session/drivers"])
     return host
 
 
