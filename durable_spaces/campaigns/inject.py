@@ -237,12 +237,15 @@ class Injector:
                     await asyncio.sleep(WATCH_S)
                     continue
                 await self._rendezvous(attempt, faults, hit)
-        except asyncio.CancelledError:
+        finally:
+            # The attempt ended (its driver exited, or finish() cancelled this watch): what
+            # never met its point is recorded as cancelled either way. Before, only the
+            # cancellation recorded them, so a driver that exited first (a loaded machine)
+            # left them out of the interleaving.
             for pfs in by_pos.values():
                 for pf in pfs:
                     at = {"point": pf.point, "n": pf.n}
                     self._record(attempt.index, attempt.epoch, pf.kind, "cancelled", at, {})
-            raise
 
     async def _rendezvous(
         self, attempt: Attempt, faults: list[PointFault], hit: tuple[str, int, int | None] | None
