@@ -71,6 +71,7 @@ from durable_spaces.space import (
     PathTable,
     confine,
 )
+from durable_spaces.space_boot import read_host_boot_id
 
 _SUPERVISOR = str(Path(__file__).with_name("supervisor.py"))
 #: What commands inherit from the caller's environment: enough to find programs, nothing
@@ -443,6 +444,11 @@ class LocalSpace:
     async def scan(self, root: str = ".", exclude: Sequence[str] = ()) -> PathTable:
         self._check()
         return await asyncio.to_thread(self._scan_sync, root, list(exclude))
+
+    async def host_boot_id(self) -> str | None:
+        """The boot id of the host this directory is on (``durable_spaces/space_boot.py``):
+        a power loss drops the workspace's unsynced writes with the log's."""
+        return read_host_boot_id()
 
     async def close(self) -> None:
         with self._scan_lock:
