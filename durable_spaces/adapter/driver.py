@@ -135,6 +135,15 @@ def emit_event(event: str, **fields: Any) -> None:
     sys.stdout.flush()
 
 
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
 class Heartbeat:
     """Prints ``CUA-HEARTBEAT`` from its own thread until stopped."""
 
@@ -146,8 +155,15 @@ class Heartbeat:
 
     def _run(self) -> None:
         while True:
-            sys.stdout.write(heartbeat_line(self.epoch))
-            sys.stdout.flush()
+            try:
+                sys.stdout.write(heartbeat_line(self.epoch))
+                sys.stdout.flush()
+            except (BrokenPipeError, ValueError):
+                # Nobody reads us any more (the coordinator died): an orphaned driver goes
+                # on under its fence, quietly. stdout points at /dev/null from here, so
+                # neither this thread nor the interpreter's exit flush prints a traceback.
+                _silence_stdout()
+                return
             if self._stop.wait(self.every):
                 return
 
