@@ -24,6 +24,14 @@ for backend in local spacesd; do
   run "pause-$backend" --mode transactional --backend "$backend" --runs 8 --calls 6 --seed-base ci-pause --profile pause
   run "exhaustive-$backend" --scenario exhaustive --backend "$backend" --calls 4 --seed-base ci-ex
 done
+# Power losses of the host (powerfs: unsynced writes of the log, the ledger, the store and
+# the workspace dropped or torn), the log at SQLite FULL: every run consistent.
+if why=$(python -c 'from durable_spaces.chaos.powerfs import unavailable as u; import sys; r=u(); print(r or ""); sys.exit(1 if r else 0)'); then
+  run "power-local" --mode transactional --backend local --runs 8 --calls 6 --seed-base ci-power --profile power
+  run "power-checkpoint-local" --mode checkpoint --backend local --runs 6 --calls 5 --seed-base ci-pcp --profile power
+else
+  echo "== power campaigns skipped: $why"
+fi
 # Logical-point schedules go the same way twice (the DETERMINISM line; exit 1 if not).
 run "determinism-local" --mode transactional --backend local --calls 6 --seed-base ci-det \
   --profile logical --determinism 4

@@ -1,24 +1,36 @@
-"""What a wrapped call costs over the same operation unwrapped, on the same Space.
+"""What a wrapped call costs over the same call unwrapped, and over the peers.
 
-    python -m bench.adapter [--backends local,spacesd] [--sizes 10,100,1000]
-                            [--modes transactional,checkpoint] [--reps N]
+    python -m bench.adapter [--backends local,spacesd,docker[,microvm]] [--sizes 10,100,1000]
+                            [--modes transactional,checkpoint] [--tools bash,write]
+                            [--reps N] [--peer-reps N] [--quick]
 
-Per (backend, mode, workspace size, tool) it times the *wrapped* tool's ``execute`` (the
+Per (mode, backend, tool, workspace size) it times the *wrapped* tool's ``execute`` (the
 tool the adapter's extension installs in a real ``Registry``, called with a real
 ``ToolContext`` of a real ``Harness`` on a SQLite log, synchronous=NORMAL) against the
-*unwrapped* operation on the same Space: ``space.write_file`` for ``write``, and
-``space.exec(..., key=None)`` for ``bash`` (``printf ... >> journal.txt``). The two take
-turns, call by call, so drift hits both alike. The harness's own commits around a tool
-(task running, result entry) are not counted: a tool pays them wrapped or not.
+*unwrapped* call on its own Space holding an identical tree (``bench.peers``), so the
+unwrapped call's changes never fall into the wrapped call's scans or checkpoints:
+``bash`` appends a line to ten files of the tree (a different ten per call), unwrapped
+``space.exec(..., key=None)`` of the same command; ``write`` writes one small file,
+unwrapped ``space.write_file``. The two take turns, call by call, so drift hits both
+alike; the figures are medians. The harness's own commits around a tool (task running,
+result entry) are not counted: a tool pays them wrapped or not.
 
-The workspace holds N files of 4 KiB of random bytes (in 10 subdirectories) written
-before the first call; a warm-up wrapped call absorbs the first image/checkpoint. Log
-bytes per call are the JSON ops the adapter appended (what the log stores), split into
-blobs, the image's path table and the ``cua.space`` document; checkpoint bytes per call
-are the tar each call stores (in the ``CheckpointStore``, and once more in the Space).
-Transactional mode runs with ``max_files`` raised to 1100 so that 1000 files plus the
-journal fit (the default limit is 1000).
-"""
+Checkpoint mode keeps workspace checkpoints in a ``DirectoryCheckpointStore`` (machine
+checkpoints on microvm, as auto mode would use them). Transactional mode runs with
+``max_files`` raised to 1100 so that 1000 files plus the tool's own fit. It prints, one
+line each (``RATIO`` and ``PEER`` are the forms issue 13 asks for; fields only ever
+appended)::
+
+    RATIO wrapped/unwrapped mode=<m> backend=<b> tool=<t> files=<n> changed=<k> wrapped_ms=<x> unwrapped_ms=<y> x=<ratio>
+    PEER name=<p> files=<n> ms=<x> backend=<b>
+    OVERHEAD mode=<m> backend=<b> tool=<t> files=<n> overhead_ms=<x> tar_ms=<y> git_ms=<z> below_tar=<yes|no> below_git=<yes|no>
+    BYTES mode=<m> backend=<b> tool=<t> files=<n> log_per_call=<bytes> store_per_call=<bytes>
+    SKIP backend=<b> [peer=<p>] reason=<why>
+
+``OVERHEAD`` is the adapter's per-call cost (wrapped - unwrapped) beside the peers of the
+same tree on the same backend; ``BYTES`` what each wrapped call added to the log (JSON
+ops) and to the checkpoint store.
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -38,9 +50,7 @@ from typing import Any
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("CUA_TELEMETRY", "0")
 
-from rich.console import Console
-from rich.table import Table
-
+from bench.peers import CHANGED, change_command, peers, populate, tree_tar
 from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
 from durable_spaces.adapter.image import ImageLimits
 from durable_spaces.adapter.snapshots import (
@@ -49,75 +59,71 @@ from durable_spaces.adapter.snapshots import (
     Snapshots,
     WorkspaceSnapshots,
 )
-from durable_spaces.adapter.state import BLOB_DOC_PREFIX, DOC, IMAGE_DOC
 from durable_spaces.backends import open_backend, unavailable_reason
 from durable_spaces.harness.log import Commit, Op, SqliteStorage
 from durable_spaces.harness.scheduler import AgentConfig, Harness
 from durable_spaces.harness.tools import CodingTools, Registry, ToolContext
-from durable_spaces.space import Space, SpaceBackend
+from durable_spaces.space import Space, SpaceBackend, space_name
 
-FILE_SIZE = 4096
-TOOLS = ("write", "bash")
+TOOLS = ("bash", "write")
+#: Backends benched only when named (``--backends``), and why.
+OPT_IN = {"microvm": "not named in --backends (a call takes seconds under TCG: minutes)"}
+#: ``--quick``: calls per tool and runs per peer.
+QUICK_REPS, QUICK_PEER_REPS = 5, 3
+#: Backends whose every exec costs tens of ms: fewer repetitions.
+SLOW = ("docker", "microvm")
 
 
-def default_reps(size: int) -> int:
-    return 25 if size <= 10 else 15 if size <= 100 else 6
+def default_reps(backend: str, size: int) -> int:
+    n = 21 if size <= 10 else 15 if size <= 100 else 9
+    return max(3, n // 3) if backend in SLOW else n
 
 
 class CountingStorage:
-    """A SqliteStorage that also sums the JSON bytes of the ops it appends, by kind."""
+    """A SqliteStorage that also sums the JSON bytes of the ops it appends."""
 
     def __init__(self, inner: SqliteStorage) -> None:
         self.inner = inner
-        self.bytes: dict[str, int] = {}
+        self.total = 0
 
     def load(self) -> list[Commit]:
         return self.inner.load()
 
     def append(self, ops: Sequence[Op]) -> int:
-        for op in ops:
-            n = len(json.dumps(op, separators=(",", ":")))
-            name = str(op.get("name", ""))
-            kind = (
-                "blobs"
-                if name.startswith(BLOB_DOC_PREFIX)
-                else "table"
-                if name == IMAGE_DOC
-                else "state"
-                if name == DOC
-                else "other"
-            )
-            self.bytes[kind] = self.bytes.get(kind, 0) + n
+        self.total += sum(len(json.dumps(op, separators=(",", ":"))) for op in ops)
         return self.inner.append(ops)
 
     def close(self) -> None:
         self.inner.close()
 
-    def total(self) -> int:
-        return sum(self.bytes.values())
-
-    def file_bytes(self) -> int:
-        """Size of the SQLite file with its WAL folded in (what the log takes on disk)."""
-        self.inner._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        return self.inner.path.stat().st_size
-
 
 @dataclass
 class Figures:
-    backend: str
     mode: str
-    size: int
+    backend: str
     tool: str
+    files: int
+    changed: int
     wrapped: list[float] = field(default_factory=list)
     plain: list[float] = field(default_factory=list)
-    log_bytes: dict[str, int] = field(default_factory=dict)  # per call, by kind
-    checkpoint_bytes: int = 0  # per call (tar)
-    calls_in_doc: int = 0  # calls the cua.space document lists after the last one
-    db_bytes: int = 0  # growth of the SQLite file per call
+    log_per_call: int = 0
+    store_per_call: int = 0
 
     @property
-    def ratio(self) -> float:
-        return statistics.median(self.wrapped) / statistics.median(self.plain)
+    def wrapped_ms(self) -> float:
+        return statistics.median(self.wrapped) * 1000
+
+    @property
+    def unwrapped_ms(self) -> float:
+        return statistics.median(self.plain) * 1000
+
+    def ratio_line(self) -> str:
+        return (
+            f"RATIO wrapped/unwrapped mode={self.mode} backend={self.backend} "
+            f"tool={self.tool} files={self.files} changed={self.changed} "
+            f"wrapped_ms={self.wrapped_ms:.2f} unwrapped_ms={self.unwrapped_ms:.2f} "
+            f"x={self.wrapped_ms / self.unwrapped_ms:.2f}"
+        )
 
 
 @dataclass
@@ -127,7 +133,8 @@ class Setup:
     durable: DurableSpaces
     registry: Registry
     conv: str
-    space: Space
+    space: Space  # the wrapped calls' Space
+    plain: Space  # the unwrapped calls' own Space, an identical tree
     store: Path
     calls: int = 0
 
@@ -150,14 +157,14 @@ class Setup:
             raise RuntimeError(f"wrapped {tool} failed: {res.content}")
 
     def store_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.store.glob("*.tar"))
+        if not self.store.is_dir():
+            return 0
+        return sum(p.stat().st_size for p in self.store.rglob("*") if p.is_file())
 
 
-async def setup(backend: SpaceBackend, tmp: Path, mode: str, size: int) -> Setup:
+async def setup(backend: SpaceBackend, tmp: Path, mode: str, tree: bytes, plain: Space) -> Setup:
     store = tmp / "store"
     storage = CountingStorage(SqliteStorage(tmp / "log.sqlite"))
-    # A backend that checkpoints whole machines (microvm) is measured with those, as auto
-    # mode would use them; the others with workspace tars kept in a store.
     snapshots: Snapshots = (
         SandboxSnapshots(backend)
         if callable(getattr(backend, "checkpoint", None))
@@ -175,73 +182,71 @@ async def setup(backend: SpaceBackend, tmp: Path, mode: str, size: int) -> Setup
     harness = await Harness.open(storage, models={}, registry=registry, env=durable.env)
     conv = (await harness.root(AgentConfig(model="none"))).id
     space = await durable.space(conv)
-    script = (
-        f"mkdir -p {' '.join(f'src/d{i}' for i in range(10))} && "
-        f"head -c {size * FILE_SIZE} /dev/urandom | split -b {FILE_SIZE} -a 4 - src/f && "
-        "i=0; for f in src/f*; do mv $f src/d$((i % 10))/; i=$((i+1)); done"
-    )
-    res = await space.exec(
-        ["bash", "-c", script], key=None, epoch=durable.epoch_for(space.name), cwd=space.root
-    )
-    if res.exit_code != 0:
-        raise RuntimeError(f"populating the workspace failed: {res.output!r}")
-    s = Setup(harness, storage, durable, registry, conv, space, store)
+    await populate(space, tree, durable.epoch_for(space.name))
+    s = Setup(harness, storage, durable, registry, conv, space, plain, store)
     await s.wrapped("bash", {"command": "printf 'start\\n' >> journal.txt"})  # warm-up
     s.space = await durable.space(conv)
     return s
 
 
-async def bench_one(
-    backend_name: str, backend: SpaceBackend, tmp: Path, mode: str, size: int, reps: int
+def calls_for(
+    s: Setup, tool: str, files: int, i: int
+) -> tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]], int]:
+    """The wrapped call, its unwrapped twin, and how many files each changes."""
+    tag = f"{tool}-{i}-" + "x" * 40
+    if tool == "write":
+        content = (tag + "\n") * 8
+
+        async def wrapped() -> None:
+            await s.wrapped("write", {"path": "notes/small.txt", "content": content})
+
+        async def plain() -> None:
+            await s.plain.write_file("notes/small.txt", content.encode(), epoch=1)
+
+        return wrapped, plain, 1
+    cmd = change_command(files, i, tag)
+
+    async def wrapped_bash() -> None:
+        await s.wrapped("bash", {"command": cmd})
+
+    async def plain_bash() -> None:
+        r = await s.plain.exec(["bash", "-c", cmd], key=None, epoch=1, cwd=s.plain.root)
+        assert r.exit_code == 0, r.output
+
+    return wrapped_bash, plain_bash, min(CHANGED, files)
+
+
+async def bench_mode(
+    name: str,
+    backend: SpaceBackend,
+    tmp: Path,
+    mode: str,
+    files: int,
+    tree: bytes,
+    tools: Sequence[str],
+    reps: int,
 ) -> list[Figures]:
-    s = await setup(backend, tmp, mode, size)
-    epoch = s.durable.epoch_for(s.space.name)
-    root = s.space.root
+    plain = await backend.create(space_name(f"bench-plain-{tmp.name}"))
+    await plain.advance_epoch(1)
+    await populate(plain, tree, 1)
+    s = await setup(backend, tmp, mode, tree, plain)
     out = []
     try:
-        for tool in TOOLS:
-            fig = Figures(backend_name, mode, size, tool)
-            log0, by0, tar0 = s.storage.total(), dict(s.storage.bytes), s.store_bytes()
-            db0 = s.storage.file_bytes()
+        for tool in tools:
+            log0, store0 = s.storage.total, s.store_bytes()
+            fig: Figures | None = None
             for i in range(reps):
-                line = f"{tool}-{i}-" + "x" * 40
-                if tool == "write":
-                    content = (line + "\n") * 8
-
-                    async def wrapped(c: str = content) -> None:
-                        await s.wrapped("write", {"path": "notes/small.txt", "content": c})
-
-                    async def plain(c: str = content) -> None:
-                        await s.space.write_file("notes/plain.txt", c.encode(), epoch=1)
-                else:
-                    cmd = f"printf '%s\\n' '{line}' >> journal.txt"
-
-                    async def wrapped(c: str = cmd) -> None:
-                        await s.wrapped("bash", {"command": c})
-
-                    async def plain(c: str = cmd) -> None:
-                        r = await s.space.exec(
-                            ["bash", "-c", c.replace("journal", "plain")],
-                            key=None,
-                            epoch=epoch,
-                            cwd=root,
-                        )
-                        assert r.exit_code == 0
-
-                pairs: list[tuple[Callable[[], Awaitable[None]], list[float]]] = [
-                    (wrapped, fig.wrapped),
-                    (plain, fig.plain),
-                ]
+                wrapped, unwrapped, k = calls_for(s, tool, files, i)
+                fig = fig or Figures(mode, name, tool, files, k)
+                pairs = [(wrapped, fig.wrapped), (unwrapped, fig.plain)]
                 for fn, xs in pairs if i % 2 == 0 else pairs[::-1]:
                     t0 = time.perf_counter()
                     await fn()
                     xs.append(time.perf_counter() - t0)
-            # Bytes of the plain calls are none: only the wrapped calls append to the log.
-            fig.log_bytes = {k: (v - by0.get(k, 0)) // reps for k, v in s.storage.bytes.items()}
-            fig.log_bytes["total"] = (s.storage.total() - log0) // reps
-            fig.checkpoint_bytes = (s.store_bytes() - tar0) // reps
-            fig.calls_in_doc = s.calls
-            fig.db_bytes = (s.storage.file_bytes() - db0) // reps
+            assert fig is not None
+            fig.log_per_call = (s.storage.total - log0) // reps
+            fig.store_per_call = (s.store_bytes() - store0) // reps
+            print(fig.ratio_line(), flush=True)
             out.append(fig)
     finally:
         await s.harness.close()
@@ -249,86 +254,105 @@ async def bench_one(
     return out
 
 
-def _kb(n: int) -> str:
-    return f"{n / 1024:.1f}" if n else "-"
+def _cmp(over: float, peer: float | str | None) -> tuple[str, str]:
+    if isinstance(peer, float):
+        return f"{peer:.2f}", "yes" if over < peer else "no"
+    return "na", "na"
 
 
-def report(figs: list[Figures], console: Console) -> None:
-    t = Table(title="wrapped call vs the same operation unwrapped: median ms (min)")
-    cols = ["backend", "mode", "files", "tool", "n", "wrapped", "plain", "ratio"]
-    cols += ["log KiB", "db KiB", "blobs", "table", "state", "calls", "tar KiB"]
-    for col in cols:
-        left = col in ("backend", "mode", "tool")
-        t.add_column(col, justify="left" if left else "right", no_wrap=True)
+def overhead_lines(figs: list[Figures], peer: dict[int, dict[str, float | str]]) -> list[str]:
+    lines = []
     for f in figs:
-        lb = f.log_bytes
-        t.add_row(
-            f.backend,
-            f.mode,
-            str(f.size),
-            f.tool,
-            str(len(f.wrapped)),
-            f"{statistics.median(f.wrapped) * 1000:.1f} ({min(f.wrapped) * 1000:.1f})",
-            f"{statistics.median(f.plain) * 1000:.2f} ({min(f.plain) * 1000:.2f})",
-            f"{f.ratio:.0f}x",
-            _kb(lb.get("total", 0)),
-            _kb(f.db_bytes),
-            _kb(lb.get("blobs", 0)),
-            _kb(lb.get("table", 0)),
-            _kb(lb.get("state", 0)),
-            str(f.calls_in_doc),
-            _kb(f.checkpoint_bytes),
+        p = peer.get(f.files, {})
+        over = f.wrapped_ms - f.unwrapped_ms
+        tar, git = p.get("tar-cf"), p.get("git-commit")
+
+        (tar_ms, below_tar), (git_ms, below_git) = _cmp(over, tar), _cmp(over, git)
+        lines.append(
+            f"OVERHEAD mode={f.mode} backend={f.backend} tool={f.tool} files={f.files} "
+            f"overhead_ms={over:.2f} tar_ms={tar_ms} git_ms={git_ms} "
+            f"below_tar={below_tar} below_git={below_git}"
         )
-    console.print(t)
-    console.print(
-        "ratio: median wrapped / median plain. The machine is shared: compare medians "
-        "with mins before reading much into one row.\n"
-        "per call: log KiB: JSON ops the adapter appended per wrapped call (blobs: new file "
-        "contents, base64; table: the image's whole path table, rewritten per change; "
-        "state: the cua.space document, rewritten whole at each of a call's commits, listing "
-        "every call so far: 'calls' of them after the last one). db KiB: growth of "
-        "the SQLite file (WAL folded in). tar KiB: "
-        "the checkpoint stored per call (kept in the store and again inside the Space)."
-    )
+        lines.append(
+            f"BYTES mode={f.mode} backend={f.backend} tool={f.tool} files={f.files} "
+            f"log_per_call={f.log_per_call} store_per_call={f.store_per_call}"
+        )
+    return lines
+
+
+async def bench_backend(name: str, base: Path, args: argparse.Namespace) -> list[Figures]:
+    backend = open_backend(name, base / name / "spaces")
+    figs: list[Figures] = []
+    peer: dict[int, dict[str, float | str]] = {}
+    try:
+        for files in (int(x) for x in args.sizes.split(",")):
+            tree = tree_tar(files)
+            t0 = time.monotonic()
+            ps = await backend.create(space_name(f"bench-peers-{files}"))
+            await ps.advance_epoch(1)
+            await populate(ps, tree, 1)
+            peer[files] = await peers(ps, files, args.peer_reps or default_reps(name, files), 1)
+            await backend.delete(ps.name)
+            for p, ms in peer[files].items():
+                if isinstance(ms, float):
+                    print(f"PEER name={p} files={files} ms={ms:.2f} backend={name}", flush=True)
+                else:
+                    print(f"SKIP backend={name} peer={p} files={files} reason={ms}", flush=True)
+            for mode in args.modes.split(","):
+                tmp = base / name / f"{mode}-{files}"
+                tmp.mkdir(parents=True)
+                reps = args.reps or default_reps(name, files)
+                figs += await bench_mode(
+                    name, backend, tmp, mode, files, tree, args.tools.split(","), reps
+                )
+            print(f"# {name} {files} files: {time.monotonic() - t0:.1f} s", flush=True)
+        for line in overhead_lines(figs, peer):
+            print(line, flush=True)
+    finally:
+        for sp_name in await backend.names():  # stop every daemon we started
+            await backend.delete(sp_name)
+        await backend.close()
+    return figs
 
 
 async def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.adapter", description=__doc__.split("\n")[0])
-    ap.add_argument("--backends", default="local")
+    ap.add_argument(
+        "--backends",
+        default=None,
+        help="default: local,spacesd,docker (microvm only when named: minutes under TCG)",
+    )
     ap.add_argument("--sizes", default="10,100,1000")
     ap.add_argument("--modes", default="transactional,checkpoint")
+    ap.add_argument("--tools", default=",".join(TOOLS))
     ap.add_argument("--reps", type=int, default=None, help="calls per tool (default by size)")
+    ap.add_argument("--peer-reps", type=int, default=None, help="runs per peer")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="local and spacesd only (unless --backends), 5 calls per tool, 3 runs per peer",
+    )
     args = ap.parse_args(argv)
-    console = Console(width=max(Console().width, 160))
-    figs: list[Figures] = []
+    if args.backends is None:
+        args.backends = "local,spacesd" if args.quick else "local,spacesd,docker"
+        for name in ("docker", "microvm"):
+            if name not in args.backends:
+                why = OPT_IN.get(name, "--quick (name it in --backends)")
+                print(f"SKIP backend={name} reason={why}", flush=True)
+    if args.quick:
+        args.reps = args.reps or QUICK_REPS
+        args.peer_reps = args.peer_reps or QUICK_PEER_REPS
     base = Path(tempfile.mkdtemp(prefix="bench-adapter-"))
     t_start = time.monotonic()
     try:
         for name in args.backends.split(","):
             if (why := unavailable_reason(name)) is not None:
-                console.print(f"[yellow]skipping backend {name}: {why}[/]")
+                print(f"SKIP backend={name} reason={why}", flush=True)
                 continue
-            backend = open_backend(name, base / name / "spaces")
-            try:
-                for mode in args.modes.split(","):
-                    for size in (int(x) for x in args.sizes.split(",")):
-                        tmp = base / name / f"{mode}-{size}"
-                        tmp.mkdir(parents=True)
-                        t0 = time.monotonic()
-                        reps = args.reps or default_reps(size)
-                        figs += await bench_one(name, backend, tmp, mode, size, reps)
-                        console.print(
-                            f"{name} {mode} {size} files: {time.monotonic() - t0:.1f} s",
-                            style="dim",
-                        )
-            finally:
-                for sp_name in await backend.names():  # stop every daemon we started
-                    await backend.delete(sp_name)
-                await backend.close()
+            await bench_backend(name, base, args)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    report(figs, console)
-    console.print(f"total {time.monotonic() - t_start:.1f} s", style="dim")
+    print(f"# total {time.monotonic() - t_start:.1f} s", flush=True)
     return 0
 
 

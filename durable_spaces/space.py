@@ -156,6 +156,14 @@ class Space(Protocol):
 
     async def read_file(self, path: str) -> bytes: ...
 
+    async def read_files(self, paths: Sequence[str]) -> dict[str, bytes]:
+        """The bytes of several regular files (workspace-relative, confined as
+        ``read_file``), in one transfer where the Space can: path -> bytes, as of this
+        Space's last scan or later (a Space may answer from what its last scan read). A
+        path it cannot read so (missing, not a regular file, behind a symlink, changed
+        while it was read) is left out: the caller reads it alone."""
+        ...
+
     # Every mutation carries the caller's epoch and is refused (``StaleEpochError``,
     # nothing changed) when the Space's floor is above it, checked atomically with the
     # change: a driver paused mid-call and continued after a newer one took over can

@@ -5,13 +5,14 @@ and a tiny OpenAI-compatible chat server on 127.0.0.1 that answers from a script
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from durable_spaces.harness.models import (
     AssistantMessage,
@@ -20,12 +21,17 @@ from durable_spaces.harness.models import (
     implied_workspace,
 )
 
+if TYPE_CHECKING:
+    from durable_spaces.harness.handles import Conversation
+    from durable_spaces.harness.scheduler import Harness
+
 __all__ = [
     "CallListModel",
     "FakeOpenAIServer",
     "ScriptedModel",
     "fake_openai_server",
     "implied_workspace",
+    "run_call_list",
     "text_reply",
     "tool_call_reply",
 ]
@@ -46,6 +52,20 @@ class CallListModel:
             return AssistantMessage("done")
         name, args = self.calls[step]
         return AssistantMessage(f"step {step}", [ToolCall(f"call-{step}", name, args)])
+
+
+async def run_call_list(
+    harness: Harness, model: str = "m", timeout: float = 120
+) -> tuple[Conversation, list[dict[str, Any]]]:
+    """The root conversation (created on ``model``, a ``CallListModel`` say) run to its
+    end: the conversation and its tool results' data, in order."""
+    from durable_spaces.harness.scheduler import AgentConfig
+
+    conv = await harness.root(AgentConfig(model=model))
+    sub = await conv.submit("go", request_id="r")
+    done = await asyncio.wait_for(sub.wait(), timeout)
+    assert done.status == "done", done
+    return conv, [e.data for e in conv.entries() if e.kind == "tool_result"]
 
 
 def _completion(message: dict[str, Any], finish: str) -> dict[str, Any]:

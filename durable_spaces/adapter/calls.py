@@ -113,7 +113,9 @@ class CallPipeline:
         rec.n += 1
         rec.epoch = self.p.epoch_for(space.name)
         rec.instance = space.instance_id
-        key = f"{self.conv}:{rec.call_id}:{rec.n}@{rec.epoch}"
+        # The host's boot in the key too (machine.py): a log that lost its tail in a power
+        # loss may give a call the same n and epoch again; its key must still be new.
+        key = f"{self.conv}:{rec.call_id}:{rec.n}@{rec.epoch}{self.p.boot.key_suffix(space.name)}"
         rec.key = key if rec.tool == "bash" else None
 
     async def _start_mark(
@@ -146,7 +148,7 @@ class CallPipeline:
         switch: str | None = None
         if state.mode == "transactional":
             update, switch = await self.d.tx.outcome_update(
-                self.h, self.conv, state, space, self.tool
+                self.h, self.conv, state, space, self.tool, self.effect.written
             )
         if switch is not None:
             state.mode, state.mode_reason = "checkpoint", switch

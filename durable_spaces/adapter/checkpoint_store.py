@@ -1,32 +1,71 @@
 """Where workspace checkpoints live outside any Space: the ``CheckpointStore`` protocol
-and ``DirectoryCheckpointStore``, a directory of ``<id>.tar`` files.
+and ``DirectoryCheckpointStore``, a directory of manifests and content-addressed blobs.
+
+Layout: ``<id>.manifest`` (an incremental checkpoint, ``manifest.py``), ``<id>.tar``
+(one an older adapter took: still read), ``blobs/<sha256>`` (a file's bytes, stored once
+for every checkpoint that holds them), ``.lock`` and ``.generation`` (below).
 
 A store is read back after crashes and may be shared, so it trusts nothing it finds:
-names are checkpoint ids that parse (``checkpoint_id``), files are opened without
-following symlinks, and anything but a regular file is a bad copy, not a crash.
+names are checkpoint ids that parse (``checkpoint_id``) or sha256 digests, every file is
+opened relative to the store's directory without following symlinks, and anything but a
+regular file is a bad copy, not a crash. Callers verify bytes against their names.
+
+Writes go in batches (``batch``): every new blob and the manifest are written to
+temporaries, fsynced together, the blobs renamed into place and their directory fsynced
+*before* the manifest is renamed into place, so a manifest on disk never names a blob
+that is not. ``prune`` deletes manifests not kept and then blobs no remaining manifest
+names, under the store's exclusive lock (a batch holds it shared from its first look at
+what is there to its manifest's rename), bumping ``.generation`` first so that a writer
+that remembered what the store held looks again. A crash anywhere in a prune leaves
+garbage at worst: a blob goes only when no manifest left on disk names it.
+
+Large files are copied with a reflink (``FICLONE``) where the filesystem has them and
+hashed from the clone, never hard-linked: a blob never shares a mutable inode with the
+workspace it came from.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import hashlib
+import logging
 import os
+import re
 import stat
-import tempfile
+import threading
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from durable_spaces.adapter import manifest as mf
 from durable_spaces.adapter.checkpoint_id import CheckpointId
+from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import CheckpointCopyError
+
+logger = logging.getLogger(__name__)
+
+BLOBS = "blobs"
+_SHA = re.compile(r"[0-9a-f]{64}")
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+_DIR = os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW
+_FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
+#: Files at least this big are reflinked when the filesystem can (smaller ones copied).
+CLONE_MIN = 64 * 1024
+_CHUNK = 1 << 20
 
 
 @runtime_checkable
 class CheckpointStore(Protocol):
-    """Workspace checkpoints kept outside any Space, keyed by id. Writes are atomic; the
-    id records the tar's digest, so an id always names the same bytes.
+    """Workspace checkpoints kept outside any Space, keyed by id, and the blobs their
+    manifests name, keyed by sha256. Writes are atomic; an id (a blob's name) records
+    its bytes' digest, so it always names the same bytes.
 
-    ``get`` returns None when the checkpoint is not there and raises
+    ``get`` / ``get_blob`` return None when the thing is not there and raise
     ``CheckpointCopyError`` when what is there is not a usable copy (a symlink, a
-    directory, unreadable); callers verify the bytes against the id either way."""
+    directory, unreadable); callers verify the bytes against the name either way."""
 
     def put(self, checkpoint_id: str, data: bytes) -> None: ...
 
@@ -34,84 +73,432 @@ class CheckpointStore(Protocol):
 
     def delete(self, checkpoint_id: str) -> None: ...
 
+    def get_blob(self, sha: str) -> bytes | None: ...
+
+    def batch(self, sync: bool = True) -> Batch: ...
+
+
+class Batch:
+    """New blobs and a manifest for one directory, made durable together (module doc).
+    Use as a context manager; leaving it by an exception writes nothing."""
+
+    def __init__(self, store: DirectoryCheckpointStore, shared_lock: bool, sync: bool) -> None:
+        self.store = store
+        self.sync = sync
+        self._lock_fd: int | None = None
+        self._dfd = -1
+        self._bfd = -1
+        self._pending: list[tuple[int, str, str]] = []  # (fd, tmp name, blob name)
+        self._manifest: tuple[int, str, str] | None = None
+        self._shared = shared_lock
+        self.added: set[str] = set()
+        self.generation = 0
+
+    def __enter__(self) -> Batch:
+        self._dfd, self._bfd = self.store._open_dirs()
+        if self._shared:
+            self._lock_fd = self.store._lock(self._dfd, fcntl.LOCK_SH)
+        self.generation = self.store._generation(self._dfd)
+        return self
+
+    def has(self, sha: str, size: int) -> bool:
+        """Whether blob ``sha`` of ``size`` bytes is there (or added to this batch)."""
+        if sha in self.added:
+            return True
+        try:
+            st = os.lstat(sha, dir_fd=self._bfd)
+        except FileNotFoundError:
+            return False
+        return stat.S_ISREG(st.st_mode) and st.st_size == size
+
+    def present(self) -> set[str]:
+        """Every blob name in the directory (one listing)."""
+        return {n for n in os.listdir(self._bfd) if _SHA.fullmatch(n)} | self.added
+
+    def add(self, data: bytes, replace: bool = False) -> str:
+        """Add a blob (if it is not there already, or ``replace``: over a damaged one);
+        returns its sha256."""
+        sha = hashlib.sha256(data).hexdigest()
+        if sha in self.added or (not replace and self.has(sha, len(data))):
+            return sha
+        fd, tmp = self.store._tmp(self._dfd)
+        self._pending.append((fd, tmp, sha))
+        _write_all(fd, data)
+        self.added.add(sha)
+        return sha
+
+    def add_from(self, src: int, size: int) -> tuple[str, bytes | None]:
+        """Add the bytes of the open regular file ``src`` (read from where it is);
+        returns the sha256, and the bytes when they were read whole (small files):
+        large ones are reflinked where the filesystem can and hashed from the clone."""
+        if size < CLONE_MIN:
+            data = _read_all(src)
+            return self.add(data), data
+        fd, tmp = self.store._tmp(self._dfd)
+        try:
+            try:
+                fcntl.ioctl(fd, _FICLONE, src)
+                sha = _hash_fd(fd)
+            except OSError:  # no reflinks here: copy while hashing
+                os.lseek(src, 0, os.SEEK_SET)
+                sha = _copy_hashing(src, fd)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=self._dfd)
+            raise
+        if sha in self.added or self.has(sha, os.fstat(fd).st_size):
+            os.close(fd)
+            os.unlink(tmp, dir_fd=self._dfd)
+        else:
+            self._pending.append((fd, tmp, sha))
+            self.added.add(sha)
+        return sha, None
+
+    def open_blob(self, sha: str) -> int:
+        """A read descriptor of blob ``sha`` (added by this batch or already there)."""
+        for _, tmp, name in self._pending:
+            if name == sha:
+                return os.open(tmp, os.O_RDONLY | _NOFOLLOW, dir_fd=self._dfd)
+        return os.open(sha, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK, dir_fd=self._bfd)
+
+    def manifest(self, cid: CheckpointId, data: bytes) -> None:
+        """The checkpoint this batch ends with (renamed into place after its blobs): a
+        manifest, or (``put``) a tar."""
+        if not cid.matches(data):
+            raise CheckpointCopyError(f"refusing to store bytes that are not checkpoint {cid}")
+        fd, tmp = self.store._tmp(self._dfd)
+        self._manifest = (fd, tmp, f"{cid}{cid.suffix}")
+        _write_all(fd, data)
+
+    def __exit__(self, typ: object, exc: object, tb: object) -> None:
+        try:
+            if typ is None:
+                self._commit()
+        finally:
+            for fd, tmp, _ in [*self._pending, *([self._manifest] if self._manifest else [])]:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                if typ is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp, dir_fd=self._dfd)
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+            for fd in (self._bfd, self._dfd):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def _commit(self) -> None:
+        files = [*self._pending, *([self._manifest] if self._manifest else [])]
+        if self.sync:
+            _fsync_all([fd for fd, _, _ in files])
+        for _, tmp, name in self._pending:
+            self.store._install(self._dfd, tmp, self._bfd, name)
+        if self._pending and self.sync:
+            os.fsync(self._bfd)
+        if self._manifest is not None:
+            _, tmp, name = self._manifest
+            self.store._install(self._dfd, tmp, self._dfd, name)
+        if self.sync:
+            os.fsync(self._dfd)
+
 
 class DirectoryCheckpointStore:
-    """A directory (local or shared) of ``<id>.tar`` files, written tmp + fsync + rename.
+    """A directory (local or shared) of checkpoints and blobs (module doc).
 
-    The directory is 0700 and its files 0600 (it holds whole workspaces). Only valid
-    workspace ids name files; files are opened with ``O_NOFOLLOW`` after an ``lstat``,
-    so a symlink, FIFO or device planted here is refused as a bad copy, never followed
-    or opened. ``put`` of an id whose file is there but damaged replaces it."""
+    The directory is 0700 and its files 0600 (they hold workspaces). Only valid ids and
+    digests name files; every file is opened with ``O_NOFOLLOW`` after an ``lstat``, so
+    a symlink, FIFO or device planted here is refused as a bad copy, never followed or
+    opened. ``put`` of an id whose file is there but damaged replaces it.
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    ``in_space=True`` is the copy kept beside a Space's workspace when that is a
+    directory of this host (``snapshots``): no lock (the Space's own fenced command
+    prunes it), and a symlink or file planted at its own name or at ``blobs`` is removed
+    (those names are ours), never followed."""
+
+    def __init__(self, directory: str | os.PathLike[str], *, in_space: bool = False) -> None:
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with contextlib.suppress(OSError):
-            st = self.dir.stat()
-            if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
-                self.dir.chmod(0o700)
+        self.in_space = in_space
+        if not in_space:
+            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            with contextlib.suppress(OSError):
+                st = self.dir.stat()
+                if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
+                    self.dir.chmod(0o700)
 
-    def _path(self, checkpoint_id: str) -> tuple[CheckpointId, Path]:
+    # --- names ------------------------------------------------------------------------
+
+    def _path(self, checkpoint_id: str) -> tuple[CheckpointId, str]:
         cid = CheckpointId.parse(checkpoint_id, f"checkpoint store {self.dir}", "workspace")
-        return cid, self.dir / f"{cid}.tar"
+        return cid, f"{cid}{cid.suffix}"
 
     def location(self, checkpoint_id: str) -> str:
         """The file that holds (or would hold) the checkpoint, for messages."""
-        return str(self._path(checkpoint_id)[1])
+        return str(self.dir / self._path(checkpoint_id)[1])
+
+    def blob_location(self, sha: str) -> str:
+        return str(self.dir / BLOBS / _blob_name(sha))
 
     def ids(self) -> list[CheckpointId]:
         """The checkpoints in the store (files whose name is not an id are ignored)."""
-        found = (
-            CheckpointId.valid(p.name.removesuffix(".tar"), "workspace")
-            for p in self.dir.glob("*.tar")
-        )
-        return sorted(c for c in found if c is not None)
+        found = []
+        for p in self.dir.iterdir() if self.dir.is_dir() else ():
+            for suffix in (".manifest", ".tar"):
+                if p.name.endswith(suffix):
+                    cid = CheckpointId.valid(p.name.removesuffix(suffix), "workspace")
+                    if cid is not None and cid.suffix == suffix:
+                        found.append(cid)
+        return sorted(found)
+
+    # --- checkpoints and blobs ----------------------------------------------------------
 
     def put(self, checkpoint_id: str, data: bytes) -> None:
-        cid, path = self._path(checkpoint_id)
+        cid, _ = self._path(checkpoint_id)
         if not cid.matches(data):
             raise CheckpointCopyError(f"refusing to store bytes that are not checkpoint {cid}")
         with contextlib.suppress(CheckpointCopyError):
             old = self.get(cid)
             if old is not None and cid.matches(old):
                 return  # already there, intact
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".tmp-")
+        with self.batch() as b:
+            b.manifest(cid, data)
+
+    def get(self, checkpoint_id: str) -> bytes | None:
+        _, name = self._path(checkpoint_id)
+        return self._read(name, self.location(checkpoint_id), blob=False)
+
+    def get_blob(self, sha: str) -> bytes | None:
+        return self._read(_blob_name(sha), self.blob_location(sha), blob=True)
+
+    def delete(self, checkpoint_id: str) -> None:
+        _, name = self._path(checkpoint_id)
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            os.unlink(self.dir / name)
+
+    def batch(self, sync: bool = True) -> Batch:
+        """A batch of writes (``sync`` False: not fsynced, for a copy that is only a
+        fast path because a store holds the same)."""
+        return Batch(self, shared_lock=not self.in_space, sync=sync)
+
+    # --- garbage -------------------------------------------------------------------------
+
+    def prune(self, keep: Iterable[str] | None = None) -> list[str]:
+        """Delete the checkpoints not in ``keep`` (None: keep every one), then the blobs
+        no remaining manifest names and temporaries a killed writer left; returns what
+        went. A manifest that cannot be read (damaged, refused) keeps every blob: a
+        prune never guesses what a checkpoint needs."""
+        dfd, bfd = self._open_dirs()
+        removed: list[str] = []
+        lock = self._lock(dfd, fcntl.LOCK_EX)
         try:
-            os.fchmod(fd, 0o600)
-            os.write(fd, data)
+            self._bump_generation(dfd)
+            keep_ids = None if keep is None else {str(CheckpointId.parse(k)) for k in keep}
+            for cid in self.ids():
+                if keep_ids is not None and str(cid) not in keep_ids:
+                    os.unlink(f"{cid}{cid.suffix}", dir_fd=dfd)
+                    removed.append(str(cid))
+            os.fsync(dfd)
+            hit("checkpoint_store.prune")  # manifests gone, blobs not yet: garbage only
+            needed: set[str] = set()
+            for cid in self.ids():
+                if cid.form != "manifest":
+                    continue
+                data = self.get(cid)
+                if data is None or not cid.matches(data):
+                    logger.warning("prune of %s keeps every blob: %s is unreadable", self.dir, cid)
+                    return removed
+                try:
+                    needed |= mf.blobs(mf.decode(data))
+                except mf.ManifestError as e:
+                    logger.warning("prune of %s keeps every blob: %s: %s", self.dir, cid, e)
+                    return removed
+            for name in os.listdir(bfd):
+                if _SHA.fullmatch(name) and name not in needed:
+                    os.unlink(name, dir_fd=bfd)
+                    removed.append(f"{BLOBS}/{name}")
+            for name in os.listdir(dfd):
+                if name.startswith(".tmp-"):
+                    os.unlink(name, dir_fd=dfd)
+        finally:
+            os.close(lock)
+            os.close(bfd)
+            os.close(dfd)
+        return removed
+
+    # --- the directory -------------------------------------------------------------------
+
+    def _open_dirs(self) -> tuple[int, int]:
+        """File descriptors of the directory and its ``blobs`` (made if missing)."""
+        dfd = self._open_dir(os.fspath(self.dir), None)
+        try:
+            return dfd, self._open_dir(BLOBS, dfd)
+        except BaseException:
+            os.close(dfd)
+            raise
+
+    def _open_dir(self, path: str, parent: int | None) -> int:
+        for _ in range(3):
+            try:
+                return os.open(path, _DIR, dir_fd=parent)
+            except FileNotFoundError:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(path, 0o700, dir_fd=parent)
+            except (NotADirectoryError, OSError) as e:
+                if e.errno not in (errno.ENOTDIR, errno.ELOOP) or not (
+                    self.in_space or parent is not None
+                ):
+                    raise CheckpointCopyError(f"{self.dir}/{path}: {e.strerror}") from None
+                os.unlink(path, dir_fd=parent)  # a symlink or file planted at our name
+        raise CheckpointCopyError(f"{self.dir}: {path} keeps changing")
+
+    def _tmp(self, dfd: int) -> tuple[int, str]:
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW
+        for _ in range(5):
+            name = f".tmp-{os.urandom(8).hex()}"
+            with contextlib.suppress(FileExistsError):
+                return os.open(name, flags, 0o600, dir_fd=dfd), name
+        raise CheckpointCopyError(f"{self.dir}: no temporary name free")
+
+    @staticmethod
+    def _install(sfd: int, tmp: str, dfd: int, name: str) -> None:
+        """Rename ``tmp`` over ``name``: a directory planted there is removed first (a
+        rename would fail on it); a symlink there is replaced itself, never followed."""
+        try:
+            os.replace(tmp, name, src_dir_fd=sfd, dst_dir_fd=dfd)
+        except (IsADirectoryError, OSError) as e:
+            if e.errno not in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            _remove_tree(name, dfd)
+            os.replace(tmp, name, src_dir_fd=sfd, dst_dir_fd=dfd)
+
+    def _read(self, name: str, where: str, *, blob: bool) -> bytes | None:
+        """The bytes of ``name`` (in ``blobs`` when ``blob``); None when it (or the
+        directory) is not there. Changes nothing, follows nothing."""
+        fds: list[int] = []
+        try:
+            try:
+                fds.append(os.open(self.dir, _DIR))
+                if blob:
+                    fds.append(os.open(BLOBS, _DIR, dir_fd=fds[0]))
+                st = os.lstat(name, dir_fd=fds[-1])
+            except FileNotFoundError:
+                return None
+            if not stat.S_ISREG(st.st_mode):
+                raise CheckpointCopyError(f"{where} is {_kind(st.st_mode)}, not a regular file")
+            try:
+                fds.append(os.open(name, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK, dir_fd=fds[-1]))
+            except FileNotFoundError:
+                return None
+            if not stat.S_ISREG(os.fstat(fds[-1]).st_mode):  # swapped since the lstat
+                raise CheckpointCopyError(f"{where} is not a regular file")
+            return _read_all(fds[-1])
+        except OSError as e:
+            raise CheckpointCopyError(f"{where}: unreadable: {e.strerror}") from None
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _lock(self, dfd: int, how: int) -> int:
+        fd = os.open(".lock", os.O_RDWR | os.O_CREAT | _NOFOLLOW | os.O_NONBLOCK, 0o600, dir_fd=dfd)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise CheckpointCopyError(f"{self.dir}/.lock is not a regular file")
+            fcntl.flock(fd, how)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    @staticmethod
+    def _generation(dfd: int) -> int:
+        try:
+            fd = os.open(".generation", os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+        except OSError:
+            return 0
+        try:
+            return int(os.read(fd, 32).strip() or b"0")
+        except (OSError, ValueError):
+            return -1  # unreadable: never equal to what a writer remembered
+        finally:
+            os.close(fd)
+
+    def _bump_generation(self, dfd: int) -> None:
+        fd, tmp = self._tmp(dfd)
+        try:
+            _write_all(fd, str(max(0, self._generation(dfd)) + 1).encode())
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)  # replaces a planted symlink itself, never its target
-        dfd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        self._install(dfd, tmp, dfd, ".generation")
+        os.fsync(dfd)
 
-    def get(self, checkpoint_id: str) -> bytes | None:
-        _, path = self._path(checkpoint_id)
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            raise CheckpointCopyError(f"{path}: {e.strerror}") from None
-        if not stat.S_ISREG(st.st_mode):
-            raise CheckpointCopyError(f"{path} is {_kind(st.st_mode)}, not a regular file")
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            raise CheckpointCopyError(f"{path}: {e.strerror}") from None
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # swapped since the lstat
-                raise CheckpointCopyError(f"{path} is not a regular file")
-            return f.read()
 
-    def delete(self, checkpoint_id: str) -> None:
-        self._path(checkpoint_id)[1].unlink(missing_ok=True)
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _fsync_all(fds: list[int]) -> None:
+    """fsync every file, all at once: the filesystem's journal then commits them
+    together (11 files in turn ~55 ms here, at once ~8 ms)."""
+    global _pool
+    if len(fds) < 2:
+        for fd in fds:
+            os.fsync(fd)
+        return
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="ds-fsync")
+    for f in [_pool.submit(os.fsync, fd) for fd in fds]:
+        f.result()
+
+
+def _blob_name(sha: str) -> str:
+    if not isinstance(sha, str) or not _SHA.fullmatch(sha):
+        raise CheckpointCopyError(f"not a blob id: {str(sha)[:80]!r}")
+    return sha
+
+
+def _remove_tree(name: str, dfd: int) -> None:
+    try:
+        fd = os.open(name, _DIR, dir_fd=dfd)
+    except OSError:
+        os.unlink(name, dir_fd=dfd)
+        return
+    try:
+        for child in os.listdir(fd):
+            _remove_tree(child, fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dfd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, _CHUNK):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _hash_fd(fd: int) -> str:
+    h = hashlib.sha256()
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, _CHUNK):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def _copy_hashing(src: int, dst: int) -> str:
+    h = hashlib.sha256()
+    while chunk := os.read(src, _CHUNK):
+        h.update(chunk)
+        _write_all(dst, chunk)
+    return h.hexdigest()
 
 
 #: ``stat.filemode``'s first letter -> what a file of that type is, for messages.

@@ -1,7 +1,7 @@
 """Checkpoint mode: a checkpoint of the Space after every wrapped call.
 
 After a call's effects and before its result entry commits: the outcome is recorded, the
-Space is checkpointed (its workspace as a tar, or the whole machine), and ``{call,
+Space is checkpointed (its workspace incrementally, or the whole machine), and ``{call,
 checkpoint}`` is recorded, so the newest recorded checkpoint is the state before the next
 call. A call whose outcome is unknown is undone by restoring the checkpoint before it
 (the epoch raised first); a lost Space is restored from the newest one. Whatever is wrong
@@ -67,7 +67,7 @@ class CheckpointKeeper:
     async def prune(self, harness: Harness, space: Space) -> None:
         """After a checkpoint commit: drop the Space's checkpoints that no conversation of
         the log (this one or a fork) records any more (machine checkpoints; the Space's
-        copies of workspace tars when a store keeps them all). A crash between a
+        copies of workspace checkpoints when a store keeps them all). A crash between a
         checkpoint and its commit leaves one nobody records; this is where it goes."""
         prune = getattr(self.snapshots, "prune", None)
         if prune is None:

@@ -6,7 +6,8 @@ Contract with the coordinator (README.md, "The adapter in code"):
   ``CUA_SESSION_STATE_DIR`` (absolute; the fenced SQLite log lives there),
   ``CUA_SESSION_HEARTBEAT_SECS`` (default 30; 0.01..threading.TIMEOUT_MAX), optional
   ``CUA_SESSION_SPACE`` (the Space to fence before anything runs); each is checked
-  strictly by ``session_env`` before anything is opened or created;
+  strictly by ``session_env`` before anything is opened or created; optional
+  ``DS_LOG_SYNCHRONOUS`` (``NORMAL``, the default, or ``FULL``: the log's SQLite level);
 - exit codes: 0 done, 78 permanent (bad environment, ``PermanentFailure``, a submission
   that ended unanswered, a Space that cannot be fenced for good), 75 fenced (a newer
   epoch exists; returned as soon as the log's fence refuses, even if the run never
@@ -134,6 +135,15 @@ def emit_event(event: str, **fields: Any) -> None:
     sys.stdout.flush()
 
 
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
 class Heartbeat:
     """Prints ``CUA-HEARTBEAT`` from its own thread until stopped."""
 
@@ -145,8 +155,15 @@ class Heartbeat:
 
     def _run(self) -> None:
         while True:
-            sys.stdout.write(heartbeat_line(self.epoch))
-            sys.stdout.flush()
+            try:
+                sys.stdout.write(heartbeat_line(self.epoch))
+                sys.stdout.flush()
+            except (BrokenPipeError, ValueError):
+                # Nobody reads us any more (the coordinator died): an orphaned driver goes
+                # on under its fence, quietly. stdout points at /dev/null from here, so
+                # neither this thread nor the interpreter's exit flush prints a traceback.
+                _silence_stdout()
+                return
             if self._stop.wait(self.every):
                 return
 
@@ -182,7 +199,11 @@ def run_durable_session(durable: DurableSpaces, start: Start) -> int:
 
 
 async def _drive(durable: DurableSpaces, start: Start, session: Session) -> int:
-    storage, fence = open_fenced_sqlite(str(session.state_dir / LOG_FILE), session.epoch)
+    storage, fence = open_fenced_sqlite(
+        str(session.state_dir / LOG_FILE),
+        session.epoch,
+        synchronous=os.environ.get("DS_LOG_SYNCHRONOUS") or "NORMAL",  # a bad one: ConfigError
+    )
     fenced = asyncio.Event()
 
     def on_stale(err: StaleEpochError) -> None:

@@ -25,6 +25,7 @@ from durable_spaces.adapter.calls import CallPipeline
 from durable_spaces.adapter.checkpointing import CheckpointKeeper
 from durable_spaces.adapter.config import AdapterConfig, Mode, session_epoch
 from durable_spaces.adapter.image import ImageLimits
+from durable_spaces.adapter.machine import BootWatch
 from durable_spaces.adapter.modes import ModeDecider
 from durable_spaces.adapter.parts import Parts
 from durable_spaces.adapter.recovery import RecoveryEvent, RecoveryListener
@@ -203,8 +204,12 @@ class DurableSpaces:
         keeper.open[name] = space
         if lost and state.has_history:
             space = await self._rebuild(harness, conv, state, space)
-        elif state.has_history and (await keeper.capabilities(space)).machine_checkpoints:
+        elif state.has_history and (
+            BootWatch.reports(space) or (await keeper.capabilities(space)).machine_checkpoints
+        ):
             space = await self._after_machine_crash(harness, conv, state, space)
+        elif BootWatch.reports(space) and not self.parts.boot.watched(space.name):
+            await self.parts.boot.bind(space)  # the first commit carries the host's boot
         return space
 
     async def _rebuild(self, harness: Harness, conv: str, state: SpaceState, space: Space) -> Space:
@@ -234,6 +239,10 @@ class DurableSpaces:
         for rec in state.calls.values():
             if rec.checkpoint is None and state.mode == "checkpoint":
                 rec.instance = None  # its effects may be gone with the crash: unknown
+            elif rec.outcome is None:
+                # In flight (transactional): the workspace went back to the image, so a
+                # ledger that kept its command's exit must not be replayed over it.
+                rec.instance = None
         await self.parts.commit(harness, conv, state)
         return space
 
@@ -268,7 +277,7 @@ def durable_spaces(
 ) -> DurableSpaces:
     """Build the adapter: ``mode`` auto (transactional while sound, checkpoint for good
     after), transactional or checkpoint; ``snapshots`` the checkpoint provider (default:
-    workspace tars kept in the Space); ``epoch`` the session's (default
+    incremental workspace checkpoints kept in the Space); ``epoch`` the session's (default
     ``CUA_SESSION_EPOCH``); ``transactional`` the image's limits (or ``exclude``)."""
     return DurableSpaces(
         AdapterConfig(

@@ -11,6 +11,7 @@ carries the caller's epoch like every mutation of a Space.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from typing import Any
 
@@ -58,6 +59,9 @@ class Effect:
         self._fence_checked = 0.0
         self._fence_ok = True
         self._streamed = 0
+        #: sha256 -> bytes this attempt's write/edit wrote: the image's blob for the file
+        #: when the scan after it finds that content there (it is never read back).
+        self.written: dict[str, bytes] = {}
 
     def argv(self) -> list[str]:
         assert isinstance(self.args, BashArgs)
@@ -115,6 +119,7 @@ class Effect:
         if isinstance(self.args, WriteArgs):
             path, data = self.args.path, self.args.content.encode()
             await space.write_file(path, data, epoch=epoch)
+            self.written[hashlib.sha256(data).hexdigest()] = data
             return {"status": "ok", "content": f"wrote {len(data)} bytes to {path}"}
         assert isinstance(self.args, EditArgs)
         path = self.args.path
@@ -129,7 +134,9 @@ class Effect:
         if count != 1:
             why = "not found" if count == 0 else f"found {count} times"
             return {"status": "error", "content": f"edit: old_text {why} in {path}"}
-        await space.write_file(path, data.replace(old, new, 1), st.mode, epoch=epoch)
+        edited = data.replace(old, new, 1)
+        await space.write_file(path, edited, st.mode, epoch=epoch)
+        self.written[hashlib.sha256(edited).hexdigest()] = edited
         return {"status": "ok", "content": f"edited {path}"}
 
     def outcome(self, res: ExecResult) -> dict[str, Any]:

@@ -82,16 +82,40 @@ def blob_id(data: bytes) -> str:
 
 
 async def read_new_blobs(
-    space: Space, delta: Delta, known: Callable[[str], bool]
+    space: Space,
+    delta: Delta,
+    known: Callable[[str], bool],
+    written: Mapping[str, bytes] | None = None,
 ) -> dict[str, bytes]:
-    """Fetch the bytes of every file in ``delta`` whose blob the log lacks."""
+    """Fetch the bytes of every file in ``delta`` whose blob the log lacks: ``written``
+    (sha256 -> bytes the caller itself just wrote) first, then all the rest in one
+    ``read_files`` transfer, and alone only what that left out. Nothing is trusted
+    unchecked: the scan named each file's sha256, and bytes are stored only under their
+    own (a file changed between scan and read is stored as read, its entry updated, and
+    the next scan sees the difference)."""
     blobs: dict[str, bytes] = {}
+    wanted: dict[str, PathEntry] = {}
     for path, entry in delta.put.items():
         if entry.kind != "file" or entry.sha256 is None:
             continue
-        if entry.sha256 in blobs or known(entry.sha256):
+        sha = entry.sha256
+        if sha in blobs or known(sha):
             continue
-        data = await space.read_file(path)
+        if written is not None and sha in written:
+            blobs[sha] = written[sha]  # its own content address: what the scan found
+            continue
+        wanted[path] = entry
+    # Two paths with the same new content are read once (the second alone if the
+    # first turned out to hold something else by the time it was read).
+    first: dict[str, str] = {}
+    for path, entry in wanted.items():
+        first.setdefault(entry.sha256 or "", path)
+    got = await space.read_files(sorted(first.values())) if first else {}
+    for path in [*sorted(first.values()), *sorted(set(wanted) - set(first.values()))]:
+        entry = wanted[path]
+        if entry.sha256 in blobs:
+            continue
+        data = got[path] if path in got else await space.read_file(path)
         if blob_id(data) != entry.sha256:
             # The file changed between scan and read: store what we read under its own
             # id and let the caller's next scan see the difference.

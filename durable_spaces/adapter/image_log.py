@@ -176,15 +176,22 @@ def need_blob(harness: Harness, conv: str) -> Callable[[str], bytes]:
 
 
 async def update(
-    harness: Harness, conv: str, space: Space, new_table: PathTable
+    harness: Harness,
+    conv: str,
+    space: Space,
+    new_table: PathTable,
+    written: Mapping[str, bytes] | None = None,
 ) -> ImageUpdate | None:
     """What a commit must add so the image becomes ``new_table`` (None: nothing); the
-    bytes of files whose blob the log lacks are read from the Space."""
+    bytes of files whose blob the log lacks are read from the Space, unless ``written``
+    (sha256 -> bytes the call itself wrote) has them."""
     old = table(harness, conv)
     delta = diff(old, new_table)
     if not delta:
         return None
-    blobs = await read_new_blobs(space, delta, lambda sha: blob(harness, conv, sha) is not None)
+    blobs = await read_new_blobs(
+        space, delta, lambda sha: blob(harness, conv, sha) is not None, written
+    )
     pointer = harness.conversation(conv).document(IMAGE_DOC, copy=False)
     new = delta.apply(old)
     new_pointer, chain = next_image(pointer, old, new)

@@ -12,7 +12,10 @@ remembers the one it bound to. Two rules follow:
 - before a commit that vouches for the machine's state (a checkpoint, a scan) the boot
   id is read again, and the driver halts instead of committing a torn disk.
 
-Only whole-machine Spaces are watched (``machine_checkpoints``): one exec per commit.
+Watched are whole-machine Spaces (``machine_checkpoints``: one exec per commit) and
+Spaces whose state is on the driver's own host (``space_boot.HostBoot``: the ``local``
+stand-in, one file read), whose host can lose power and with it the unsynced tail of
+the log *and* of the workspace (the Space may then be ahead of the log, or behind it).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from durable_spaces.adapter.spaces import SpaceKeeper
 from durable_spaces.adapter.state import SpaceState
 from durable_spaces.errors import SpaceUnavailableError
 from durable_spaces.space import Space
+from durable_spaces.space_boot import HostBoot
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
@@ -33,6 +37,8 @@ class BootWatch:
         self._boot: dict[str, str] = {}
 
     async def read(self, space: Space) -> str | None:
+        if isinstance(space, HostBoot):  # its state is on this host: the host's boot id
+            return await space.host_boot_id()
         res = await space.exec(
             ["cat", BOOT_ID], key=None, epoch=self.spaces.epoch_for(space.name), cwd="/"
         )
@@ -47,6 +53,19 @@ class BootWatch:
         if boot:
             self._boot[space.name] = boot
         return boot
+
+    @staticmethod
+    def reports(space: Space) -> bool:
+        """Whether ``space`` says which boot of its host runs without a machine of its own
+        (the host's boot id)."""
+        return isinstance(space, HostBoot)
+
+    def key_suffix(self, name: str) -> str:
+        """What an exec key carries of the boot this driver is bound to ("" when none):
+        keys of one boot never match another's, whatever the log forgot."""
+        boot = self._boot.get(name)
+        word = "".join(c for c in boot or "" if c.isascii() and c.isalnum())[:12]
+        return f"-{word}" if word else ""
 
     def watched(self, name: str) -> bool:
         return name in self._boot

@@ -13,6 +13,7 @@ transactional mode marks the image stale.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from durable_spaces.adapter import image_log
@@ -62,11 +63,18 @@ class TransactionalKeeper:
         return await image_log.update(harness, conv, space, table)
 
     async def outcome_update(
-        self, harness: Harness, conv: str, state: SpaceState, space: Space, tool: str
+        self,
+        harness: Harness,
+        conv: str,
+        state: SpaceState,
+        space: Space,
+        tool: str,
+        written: Mapping[str, bytes] | None = None,
     ) -> tuple[ImageUpdate | None, str | None]:
         """After the effect: the call's diff for the outcome's commit, or why the image
         cannot hold the workspace now. Returns (update, reason to switch to checkpoint
-        mode); explicit transactional mode records the reason as ``image_stale``."""
+        mode); explicit transactional mode records the reason as ``image_stale``.
+        ``written``: sha256 -> bytes a write/edit just wrote (never read back)."""
         table = await space.scan(".", self.limits.exclude)
         why = self.limits.violation(table)
         auto = self.p.config.mode == "auto"
@@ -80,7 +88,7 @@ class TransactionalKeeper:
             state.image_stale = why
             return None, None
         await self.p.boot.require_same(space)
-        return await image_log.update(harness, conv, space, table), None
+        return await image_log.update(harness, conv, space, table, written), None
 
     # --- bringing the workspace back ------------------------------------------------------
 

@@ -237,12 +237,15 @@ class Injector:
                     await asyncio.sleep(WATCH_S)
                     continue
                 await self._rendezvous(attempt, faults, hit)
-        except asyncio.CancelledError:
+        finally:
+            # The attempt ended (its driver exited, or finish() cancelled this watch): what
+            # never met its point is recorded as cancelled either way. Before, only the
+            # cancellation recorded them, so a driver that exited first (a loaded machine)
+            # left them out of the interleaving.
             for pfs in by_pos.values():
                 for pf in pfs:
                     at = {"point": pf.point, "n": pf.n}
                     self._record(attempt.index, attempt.epoch, pf.kind, "cancelled", at, {})
-            raise
 
     async def _rendezvous(
         self, attempt: Attempt, faults: list[PointFault], hit: tuple[str, int, int | None] | None
@@ -259,15 +262,15 @@ class Injector:
                 handed_on = True  # the pause nemesis continues it
             if pf.duration_s is not None:
                 value["duration_s"] = pf.duration_s
-            if pf.kind == "kill":
-                handed_on = True
+            if pf.kind in ("kill", "power_loss"):
+                handed_on = True  # the driver is dead (a power loss kills it too)
             op = await self._invoke(attempt, pf.kind, value, at)
             if trace is not None and pf.kind != "pause":
                 # Where the driver was when the fault had landed: its stop, if the
                 # rendezvous held (a replay compares this, so a fault that slipped is seen).
                 now = last_hit(trace)
                 self.realized[-1]["at"]["landed"] = None if now is None else [now[0], now[1]]
-            if pf.kind == "kill" and op.type != "ok":
+            if pf.kind in ("kill", "power_loss") and op.type != "ok":
                 handed_on = False
         if not handed_on and attempt.alive:
             with contextlib.suppress(ProcessLookupError):

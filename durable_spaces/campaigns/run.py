@@ -31,9 +31,12 @@ from durable_spaces.campaigns import scenarios
 from durable_spaces.campaigns.agent import AgentConfigFile
 from durable_spaces.campaigns.checker import LaunchRecord, Workload, collect
 from durable_spaces.campaigns.checks.kept import keep
+from durable_spaces.campaigns.checks.power import power_losses
+from durable_spaces.campaigns.checks.verdict import Verdict
 from durable_spaces.campaigns.coordinator import Coordinator, CoordinatorResult
 from durable_spaces.campaigns.evidence import Evidence, RunCheck, judge
 from durable_spaces.campaigns.inject import Injector
+from durable_spaces.campaigns.power import HOST_DIR, PowerHost
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.scenarios import exhaustive
 from durable_spaces.campaigns.scenarios.base import KILL_POINTS, Script
@@ -43,11 +46,14 @@ from durable_spaces.chaos.nemesis import (
     DriverKiller,
     DriverPauser,
     Nemesis,
+    PowerLoss,
     SpaceNemesis,
     compose,
 )
+from durable_spaces.chaos.profiles import profile_named
 from durable_spaces.chaos.schedule import Schedule
 from durable_spaces.errors import SpaceUnavailableError
+from durable_spaces.harness.log_files import fsync_dir
 from durable_spaces.space import space_name
 
 #: The failpoints the campaign kills at (``scenarios.base.KILL_POINTS``).
@@ -69,7 +75,21 @@ class RunPaths:
 
 def _paths(run: RunSpec) -> RunPaths:
     root = Path(run.state_dir)
-    return RunPaths(root, root / "session", root / "spaces", root / "store")
+    disk = root / HOST_DIR if profile_named(run.profile).power else root  # campaigns/power.py
+    return RunPaths(root, disk / "session", disk / "spaces", disk / "store")
+
+
+def _host(run: RunSpec) -> PowerHost | None:
+    """The run's host that can lose power, mounted (a ``power`` profile), or None."""
+    prof = profile_named(run.profile)
+    if not prof.power:
+        return None
+    host = PowerHost(
+        Path(run.state_dir), run.seed, p_tear=prof.p_tear, log_synchronous=prof.log_synchronous
+    )
+    # the drivers' output (the coordinator's drivers/) is the lab's record: off the host
+    host.start(["session", "spaces", "store"], off_host=["session/drivers"])
+    return host
 
 
 async def fresh_dirs(run: RunSpec) -> RunPaths:
@@ -117,10 +137,13 @@ class Placement:
     """The coordinator's side of one run's Space: its fixed name (``CUA_SESSION_SPACE``),
     the backend handle the nemesis uses, and placing the Space again when it was lost."""
 
-    def __init__(self, run: RunSpec, spaces_dir: Path, script: Script) -> None:
+    def __init__(
+        self, run: RunSpec, spaces_dir: Path, script: Script, host: PowerHost | None = None
+    ) -> None:
         self.name = space_name(f"{run.run_id}/{script.seed}")
         self.backend = open_backend(run.backend, spaces_dir)
         self.placed = 0
+        self.host = host
 
     async def place_space(self) -> None:
         """A removed Space is created again, empty (generation n+1, "from scratch"); the
@@ -135,6 +158,8 @@ class Placement:
                 await self.backend.delete(name)
         with contextlib.suppress(Exception):
             await self.backend.close()
+        if self.host is not None:
+            self.host.stop()
 
 
 def _nemesis(coordinator: Coordinator, placement: Placement) -> Composed:
@@ -145,6 +170,9 @@ def _nemesis(coordinator: Coordinator, placement: Placement) -> Composed:
             placement.backend, placement.name
         ),
     }
+    if placement.host is not None:  # before the injector's hooks: a launch waits for the host
+        placement.host.attach(coordinator, placement.backend, placement.name)
+        routes["power_loss"] = PowerLoss(placement.host)
     return compose(routes)
 
 
@@ -264,9 +292,14 @@ def _fill(record: RunRecord, result: CoordinatorResult, injector: Injector) -> N
     random_kills = sum(
         1 for op in injector.nemesis.history if op.kind == "kill" and op.type == "ok"
     )
+    power_kills = sum(  # a power loss kills the driver too: not a failpoint's death
+        1
+        for op in injector.nemesis.history
+        if op.kind == "power_loss" and op.type == "ok" and (op.value or {}).get("killed")
+    )
     faults.pop("kill", None)
     faults["random_kill"] = random_kills
-    faults["failpoint"] = max(0, got.kills - random_kills)
+    faults["failpoint"] = max(0, got.kills - random_kills - power_kills)
     record.faults = dict(sorted((k, v) for k, v in faults.items() if v))
     record.kills = got.kills
     record.recoveries = dict(sorted(recoveries.items()))
@@ -284,11 +317,26 @@ def _fill(record: RunRecord, result: CoordinatorResult, injector: Injector) -> N
     )
 
 
+def _power_check(host: PowerHost) -> RunCheck:
+    def check(ev: Evidence) -> Verdict:
+        return power_losses(host.cuts, host.log_synchronous)
+
+    return check
+
+
 async def _prepare(run: RunSpec, script: Script, schedule: Schedule) -> RunContext:
     """Fresh directories, the agent's configuration, the Space's placement."""
     await fresh_dirs(run)
+    host = _host(run)
     paths = write_config(run, script)
-    return RunContext(run, paths, Placement(run, paths.spaces, script), schedule)
+    if host is not None:  # agent.json durable too: it is the lab's, not under test
+        fd = os.open(paths.session / "agent.json", os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(paths.session)
+    return RunContext(run, paths, Placement(run, paths.spaces, script, host), schedule)
 
 
 async def run_one(run: RunSpec) -> RunRecord:
@@ -324,7 +372,12 @@ async def run_one(run: RunSpec) -> RunRecord:
             again, _ = await ctx.drive(Schedule(run.seed, (), "manual"))
             record.extra["redriven_after_late_removal"] = again.status
             events += again.events
-        record.checks = await _check(ctx, events, result, facts, dict(scenario.checks()))
+        checks = dict(scenario.checks())
+        host = ctx.placement.host
+        if host is not None:
+            record.extra["power"] = host.cuts
+            checks["power_losses"] = _power_check(host)
+        record.checks = await _check(ctx, events, result, facts, checks)
         record.settle()
     except Exception as e:
         record.outcome = "lab_error"
@@ -334,7 +387,9 @@ async def run_one(run: RunSpec) -> RunRecord:
         if record.outcome == "ok":
             # A consistent run's log stays for the report; its Spaces' state (machine
             # checkpoints are ~100 MB each) and checkpoint store go.
-            for d in (ctx.paths.spaces, ctx.paths.store):
+            host = ctx.placement.host  # unmounted by now: its state is on the backing disk
+            base = ctx.paths.root if host is None else host.disk
+            for d in (base / "spaces", base / "store"):
                 shutil.rmtree(d, ignore_errors=True)
         record.duration_s = round(time.monotonic() - t0, 3)
     return record

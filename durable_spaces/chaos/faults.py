@@ -23,7 +23,9 @@ from durable_spaces.chaos import points
 from durable_spaces.chaos.failpoints import ANY
 
 #: Space faults a schedule can carry (the driver kill is "kill", counted separately).
-FAULT_KINDS = ("daemon_kill", "space_restart", "space_remove", "space_pause")
+#: ``power_loss`` is the host's: every process on it killed, its unsynced writes dropped
+#: (``chaos/powerfs``), the host booted again (``campaigns/power.py``).
+FAULT_KINDS = ("daemon_kill", "space_restart", "space_remove", "space_pause", "power_loss")
 #: What a ``PointFault`` may inflict: the Space faults and the driver's own kill/pause.
 POINT_KINDS = ("kill", "pause", *FAULT_KINDS)
 #: Triggers a Space fault may wait for instead of a time.

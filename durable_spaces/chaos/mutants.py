@@ -10,6 +10,10 @@ Unset (always, in production), ``active`` is one frozenset lookup.
 - ``unfenced_mutations``: the Space's file operations (write, symlink, remove) ignore
   the caller's epoch, as they did before they were fenced: a driver paused mid-call and
   continued after a takeover writes into the newer driver's workspace.
+- ``journal_miss``: the change journal of a host workspace (``backends/local/journal.py``)
+  drops the events that say a file's contents changed, as a watcher that lost them
+  would: an append to an existing file never reaches the image, and the workspace and
+  the log's image part (the checker's ``image_equals_workspace``).
 - ``no_fence_poll``: the driver does not poll the log's fence while it waits for the
   run (it stops only when a write of its own is refused). Not a defect: a test runs with
   it to prove the Space's fence alone stops a stale driver, since a poll every 0.2 s
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-MUTANTS = ("rerun_exited", "unfenced_mutations", "no_fence_poll")
+MUTANTS = ("rerun_exited", "unfenced_mutations", "journal_miss", "no_fence_poll")
 
 _active = frozenset(filter(None, os.environ.get("DS_MUTANTS", "").split(",")))
 _unknown = _active - set(MUTANTS)

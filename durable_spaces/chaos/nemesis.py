@@ -8,7 +8,7 @@ times in the composed nemesis's ``history``, which is what a run record counts.
 
 Kinds: ``kill`` (SIGKILL the current driver), ``pause`` (SIGSTOP it, maybe let a newer
 driver take over, SIGCONT it later), ``daemon_kill``, ``space_restart``, ``space_remove``
-and ``space_pause`` (through a ``SpaceBackend``).
+and ``space_pause`` (through a ``SpaceBackend``), ``power_loss`` (through a ``Host``).
 """
 
 from __future__ import annotations
@@ -232,6 +232,30 @@ class SpaceNemesis:
         except Exception as e:
             return _done(op, "info", error=f"{type(e).__name__}: {e}")
         return _done(op, "ok", value=op.value if op.kind == "space_pause" else self.name)
+
+
+class Host(Protocol):
+    """A machine that can lose power (``campaigns/power.py``): every process on it killed,
+    its unsynced writes dropped, booted again. Returns what the cut dropped."""
+
+    async def power_loss(self, value: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+class PowerLoss:
+    """``power_loss`` of a ``Host``. ``ok`` with the cut's report; ``info`` on an error
+    (the power may have gone, or only some processes)."""
+
+    kinds = frozenset({"power_loss"})
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    async def invoke(self, op: Op) -> Op:
+        try:
+            report = await self.host.power_loss(dict(op.value or {}))
+        except Exception as e:
+            return _done(op, "info", error=f"{type(e).__name__}: {e}")
+        return _done(op, "ok", value={**dict(op.value or {}), **report})
 
 
 class Composed:

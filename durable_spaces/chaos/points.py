@@ -84,6 +84,9 @@ IMAGE_APPLY_OP = _point(
 SNAPSHOTS_RESTORE = _point(
     "snapshots.restore", RECOVERY, "a checkpoint restore is about to land in the Space"
 )
+CHECKPOINT_STORE_PRUNE = _point(
+    "checkpoint_store.prune", RECOVERY, "a store prune removed manifests, not yet their blobs"
+)
 
 # --- the harness (durable_spaces/harness/scheduler.py) -----------------------------------
 HARNESS = "harness"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from durable_spaces.errors import ConfigError
 
@@ -37,6 +37,18 @@ class Profile:
     #: default: a replay puts them in the same place) or "timed" (seconds after launch).
     #: Random kills stay timed: they are the in-between moments no trace names.
     placement: str = "logical"
+    #: A power loss of the whole host (``chaos/faults.py``); a profile with it runs on a
+    #: powerfs mount (``campaigns/power.py``).
+    p_power_loss: float = 0.0
+    #: A power loss tears the last unsynced write of each file (drawn per cut).
+    p_tear: float = 0.5
+    #: The log's SQLite ``synchronous`` level the drivers open it with (None: the default).
+    log_synchronous: str | None = None
+
+    @property
+    def power(self) -> bool:
+        """Whether runs of this profile need a host that can lose power."""
+        return self.p_power_loss > 0
 
     def p_fault(self, kind: str) -> float:
         return {
@@ -44,8 +56,21 @@ class Profile:
             "space_restart": self.p_space_restart,
             "space_remove": self.p_space_remove,
             "space_pause": self.p_space_pause,
+            "power_loss": self.p_power_loss,
         }[kind]
 
+
+_POWER = Profile(
+    p_failpoint=0.4,
+    p_random_kill=0.2,
+    p_daemon_kill=0.0,
+    p_space_restart=0.0,
+    p_space_remove=0.0,
+    p_power_loss=0.7,
+    p_after_kill=0.3,
+    faulty_attempts=3,
+    log_synchronous="FULL",
+)
 
 #: Named profiles (``CampaignSpec.profile``).
 PROFILES: dict[str, Profile] = {
@@ -81,6 +106,10 @@ PROFILES: dict[str, Profile] = {
         p_space_remove=0.05,
         p_space_pause=0.2,
     ),
+    # Power losses of the host (every process killed, unsynced writes dropped or torn),
+    # between driver kills, with the log at SQLite FULL ("power") or NORMAL.
+    "power": _POWER,
+    "power-normal": replace(_POWER, log_synchronous="NORMAL"),
     # nothing goes wrong: a baseline run
     "calm": Profile(
         p_failpoint=0.0,

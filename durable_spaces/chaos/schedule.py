@@ -186,8 +186,8 @@ class Schedule:
             faults: list[SpaceFault] = []
             for kind in FAULT_KINDS:
                 p_kind = prof.p_fault(kind)
-                if kind == "space_pause" and not p_kind:
-                    continue
+                if kind in ("space_pause", "power_loss") and not p_kind:
+                    continue  # kinds added later draw nothing where they are off
                 if rng.random() < p_kind:
                     dur = (
                         round(rng.uniform(*prof.space_pause_s), 3)

@@ -1,5 +1,5 @@
 """What ``durable-spaces host / coordinator / submit`` do, kept beside the cluster code so
-``durable_spaces/cli.py`` only parses options (and imports this only when used)."""
+``durable_spaces/cli/cluster.py`` only parses options (and imports this only when used)."""
 
 from __future__ import annotations
 

@@ -32,6 +32,7 @@ from types import SimpleNamespace
 import pytest
 from drive import AGENT, cleanup, driver_env, setup
 
+from durable_spaces.adapter import manifest as mf
 from durable_spaces.adapter.checkpoint_id import CheckpointId
 from durable_spaces.adapter.snapshots import (
     CheckpointMissing,
@@ -62,6 +63,12 @@ MALFORMED = {
     "10kb": "a" * 10240,
 }
 GOOD_WS = "call-1-" + "0" * 64
+
+
+def fname(cid: str | None) -> str:
+    """A checkpoint's file name in a store or a Space's copy."""
+    c = CheckpointId.parse(cid)
+    return f"{c}{c.suffix}"
 
 
 def _need(backend: str) -> None:
@@ -208,10 +215,12 @@ class Lab:
         return Path(self.space.root)
 
     def store_copy(self, cid: str | None = None) -> Path:
-        return self.tmp / "store" / f"{cid or self.cid}.tar"
+        c = CheckpointId.parse(cid or self.cid)
+        return self.tmp / "store" / f"{c}{c.suffix}"
 
     def space_copy(self, cid: str | None = None) -> Path:
-        return self.root.parent / ".ds-checkpoints" / f"{cid or self.cid}.tar"
+        c = CheckpointId.parse(cid or self.cid)
+        return self.root.parent / ".ds-checkpoints" / f"{c}{c.suffix}"
 
     def workspace(self) -> dict[str, bytes]:
         out = {}
@@ -254,6 +263,11 @@ async def lab(tmp: Path, backend: str, store: bool = True) -> AsyncIterator[Lab]
         await b.close()
 
 
+async def _no_spaces() -> AsyncIterator[Space]:
+    return
+    yield
+
+
 def _other_tar() -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as t:
@@ -270,7 +284,8 @@ def tamper(path: Path, how: str) -> None:
         data[len(data) // 3] ^= 0x01
         path.write_bytes(bytes(data))
     elif how == "truncate":
-        path.write_bytes(path.read_bytes()[:700])
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
     elif how == "other-tar":
         path.write_bytes(_other_tar())
     elif how == "symlink":
@@ -347,8 +362,8 @@ async def test_a_fork_restores_from_its_parent_when_its_own_copy_is_bad(
         intact = x.space_copy().read_bytes()
         parent = await open_backend(backend, tmp_path / "spaces").create(space_name("parent"))
         await parent.advance_epoch(3)
-        (Path(parent.root).parent / ".ds-checkpoints").mkdir(exist_ok=True)
-        (Path(parent.root).parent / ".ds-checkpoints" / f"{x.cid}.tar").write_bytes(intact)
+        theirs = Path(parent.root).parent / ".ds-checkpoints"
+        shutil.copytree(x.space_copy().parent, theirs, dirs_exist_ok=True)
         await x.mess_up()
         tamper(x.space_copy(), "flip")
         await x.snaps.restore(x.space, x.cid, 1, source=parent)
@@ -464,9 +479,8 @@ async def test_special_files_are_left_out_of_checkpoints(
         except PermissionError:
             pytest.skip(f"cannot make a {special} node here (no CAP_MKNOD)")
         cid = await asyncio.wait_for(x.snaps.checkpoint(x.space, "call-2", 1), 60)
-        with tarfile.open(fileobj=io.BytesIO(x.store_copy(cid).read_bytes())) as t:
-            names = t.getnames()
-        assert "./d/special" not in names and "./d/b.txt" in names
+        names = mf.decode(x.store_copy(cid).read_bytes())
+        assert "d/special" not in names and "d/b.txt" in names
         await x.mess_up()
         await asyncio.wait_for(x.snaps.restore(x.space, cid, 1), 60)
         assert x.workspace() == expected() and not path.exists()
@@ -496,7 +510,7 @@ async def test_checkpoints_with_the_old_16_digit_ids_still_restore(
     tmp_path: Path, backend: str
 ) -> None:
     async with lab(tmp_path, backend) as x:
-        data = x.store_copy().read_bytes()
+        data = await x.snaps.read_intact(x.cid, _no_spaces())  # the tar an old adapter kept
         old = CheckpointId.parse(f"call-1-{hashlib.sha256(data).hexdigest()[:16]}")
         x.space_copy(old).write_bytes(data)  # what an older adapter left in the Space
         await x.mess_up()
@@ -518,9 +532,9 @@ async def test_review_reads_only_intact_copies(tmp_path: Path) -> None:
         last = [e for e in run.root.entries() if e.kind == "tool_result"][-1]
         want = await workspace_at(run.harness, run.durable, run.root.id, last.id)
         cid = SpaceState.from_json(run.root.document("cua.space", as_of=last.id)).last_checkpoint
-        tamper(tmp_path / "store" / f"{cid}.tar", "other-tar")
+        tamper(tmp_path / "store" / fname(cid), "other-tar")
         assert await workspace_at(run.harness, run.durable, run.root.id, last.id) == want
-        tamper(run.checkpoints_dir / f"{cid}.tar", "flip")
+        tamper(run.checkpoints_dir / fname(cid), "flip")
         with pytest.raises(ReviewError, match=f"no intact copy of checkpoint {cid}"):
             await workspace_at(run.harness, run.durable, run.root.id, last.id)
 
@@ -596,15 +610,15 @@ def test_driver_restores_the_intact_copy_when_the_store_is_tampered(
 
     _, cid = killed_session(tmp_path, backend)
     try:
-        for copy in (tmp_path / "store").glob("*.tar"):
+        for copy in (tmp_path / "store").glob("*.manifest"):
             tamper(copy, how)
         p = run_driver(tmp_path, 2)
         assert p.returncode == 0, p.stderr[-2000:]
-        assert str(tmp_path / "store" / f"{cid}.tar") in p.stderr  # the warning names it
+        assert str(tmp_path / "store" / fname(cid)) in p.stderr  # the warning names it
         assert '"kind": "restored"' in p.stdout
         verdicts = asyncio.run(check(tmp_path, backend))
         assert all(v.get("valid") is True for v in verdicts.values()), verdicts
-        assert CheckpointId.parse(cid).matches((tmp_path / "store" / f"{cid}.tar").read_bytes())
+        assert CheckpointId.parse(cid).matches((tmp_path / "store" / fname(cid)).read_bytes())
     finally:
         asyncio.run(cleanup(tmp_path, backend))
 
@@ -613,8 +627,8 @@ def test_driver_restores_the_intact_copy_when_the_store_is_tampered(
 def test_driver_exits_78_when_no_copy_is_intact(tmp_path: Path, backend: str) -> None:
     root, cid = killed_session(tmp_path, backend)
     try:
-        tamper(tmp_path / "store" / f"{cid}.tar", "flip")
-        tamper(root.parent / ".ds-checkpoints" / f"{cid}.tar", "other-tar")
+        tamper(tmp_path / "store" / fname(cid), "flip")
+        tamper(root.parent / ".ds-checkpoints" / fname(cid), "other-tar")
         workspace, (seq, doc), before = tree(root), space_doc(tmp_path), commits(tmp_path)
         p = run_driver(tmp_path, 2)
         assert p.returncode == 78, p.stderr[-2000:]

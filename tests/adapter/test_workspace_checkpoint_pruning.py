@@ -1,5 +1,6 @@
-"""Workspace checkpoints (tars): the Space's copies are pruned by the log when a store
-keeps every tar; without a store they are the only copies and are all kept."""
+"""Workspace checkpoints (manifests and blobs): the Space's copies are pruned by the log
+when a store keeps every checkpoint; without a store they are the only copies and are all
+kept."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from durable_spaces.adapter import manifest as mf
 from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
 from durable_spaces.adapter.review import workspace_at
 from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
@@ -68,9 +70,15 @@ async def session(tmp: Path, store: bool, leftover: bool = False) -> AsyncIterat
 
 async def test_copies_in_the_space_are_pruned_when_a_store_keeps_them(tmp_path: Path) -> None:
     async with session(tmp_path, store=True, leftover=True) as run:
-        in_space = {p.name.removesuffix(".tar") for p in run.checkpoints_dir.iterdir()}
+        names = {p.name for p in run.checkpoints_dir.iterdir()} - {"blobs"}
+        in_space = {n.removesuffix(".manifest") for n in names}
         assert in_space == run.recorded()  # the pending leftover is gone too
-        assert len(list((tmp_path / "store").glob("*.tar"))) > len(in_space)
+        assert len(list((tmp_path / "store").glob("*.manifest"))) > len(in_space)
+        needed = set()
+        for cid in in_space:
+            needed |= mf.blobs(mf.decode((run.checkpoints_dir / f"{cid}.manifest").read_bytes()))
+        blobs = {p.name for p in (run.checkpoints_dir / "blobs").iterdir()}
+        assert blobs == needed  # what no recorded manifest names is gone, nothing else
         assert await run.first_call_is_reviewable()  # read from the store
 
 

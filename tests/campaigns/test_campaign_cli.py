@@ -16,7 +16,7 @@ runner = CliRunner()
 
 @pytest.fixture
 def toy_session(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "SESSION_MODULE", "toy_cli_session")
+    monkeypatch.setattr(cli.campaigns, "SESSION_MODULE", "toy_cli_session")
 
 
 def test_campaign_failure_exit_status_repro_and_report(toy_session: None, tmp_path: Path) -> None:
@@ -99,7 +99,7 @@ def test_bad_env_names_the_variable(toy_session: None, tmp_path: Path) -> None:
 def test_missing_session_module_is_a_clear_error(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(cli, "SESSION_MODULE", "durable_spaces.campaigns.no_such_session")
+    monkeypatch.setattr(cli.campaigns, "SESSION_MODULE", "durable_spaces.campaigns.no_such_session")
     r = runner.invoke(cli.app, ["repro", "--seed", "s-1", "--state-dir", str(tmp_path)])
     assert r.exit_code == 2 and "not part of this build" in r.stderr
 

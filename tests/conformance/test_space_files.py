@@ -235,3 +235,32 @@ async def test_writes_leave_no_temporary_in_the_workspace(space: Space) -> None:
     names = await space.list_dir("w")
     assert names == sorted([*(f"{i}.txt" for i in range(5)), *(f"l{i}" for i in range(5))])
     assert sorted(await space.list_dir(".")) == ["w"]
+
+
+async def test_read_files_reads_many_in_one_go_and_leaves_out_what_it_cannot(
+    space: Space, sh: Sh, outside: str
+) -> None:
+    """``read_files``: every regular file asked for, byte for byte as of the last scan
+    or later; missing paths, directories and anything behind or at a symlink are left
+    out (``read_file`` refuses them too); a path escaping the workspace is refused as
+    ``read_file`` refuses it."""
+    data = {f"r/{i}.bin": bytes(range(256)) * (i + 1) for i in range(6)}
+    data["top.txt"] = b"top"
+    data["sp ace/n\xc3\xa9.txt"] = b"unicode"
+    for p, d in data.items():
+        await space.write_file(p, d, epoch=EPOCH)
+    await space.symlink("l", "top.txt", epoch=EPOCH)
+    await space.symlink("ldir", outside, epoch=EPOCH)
+    await space.scan()
+    before = dict(data)
+    r = await sh("printf changed > r/0.bin && printf fresh > new.txt")
+    assert r.exit_code == 0, r.output
+    data["r/0.bin"], data["new.txt"] = b"changed", b"fresh"
+    got = await space.read_files([*data, "missing", "r", "l", "ldir/secret", "ldir"])
+    assert set(got) == set(data), sorted(got)
+    for p, d in got.items():
+        assert d in (data[p], before.get(p)), p
+    assert got["r/1.bin"] == data["r/1.bin"] and got["new.txt"] == b"fresh"
+    assert await space.read_files([]) == {}
+    with pytest.raises(PathEscapeError):
+        await space.read_files(["top.txt", "../etc/passwd"])

@@ -24,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from durable_spaces.errors import StorageLockedError
 from durable_spaces.harness.log import open_storage
 from durable_spaces.harness.scheduler import Entry, Harness
 from durable_spaces.harness.tools import CodingTools, Registry
@@ -45,9 +46,25 @@ class Snapshot:
     settled: str | None
 
 
+def _open_after_kill(url: str) -> Any:
+    """The log, opened as soon as its killed owner's lock is gone.
+
+    A child the killed driver forked holds the lock's open file description until it
+    execs (close-on-exec), a window of microseconds that a loaded machine stretches past
+    the parent's death; a lock still held after a few seconds is a real leak and fails."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            return open_storage(url)  # raises if the log were corrupt or still owned
+        except StorageLockedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def _snapshot(url: str) -> Snapshot:
     async def read() -> Snapshot:
-        storage = open_storage(url)  # raises if the log were corrupt or still owned
+        storage = _open_after_kill(url)
         try:
             h = await Harness.open(storage, models={}, registry=Registry().install(CodingTools))
             convs = h.conversations()

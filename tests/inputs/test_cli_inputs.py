@@ -33,7 +33,7 @@ def cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for var in [v for v in os.environ if v.startswith("CRASH_")]:
         monkeypatch.delenv(var)
     # a check that lets bad input through fails fast here instead of running a campaign
-    monkeypatch.setattr(cli, "SESSION_MODULE", "durable_spaces.campaigns.no_such_session")
+    monkeypatch.setattr(cli.campaigns, "SESSION_MODULE", "durable_spaces.campaigns.no_such_session")
     return d
 
 

@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 from durable_spaces.adapter.durable import durable_spaces
 from durable_spaces.backends.local.backend import LocalBackend
 from durable_spaces.harness.log import MemoryStorage
-from durable_spaces.harness.scheduler import AgentConfig, Harness
+from durable_spaces.harness.scheduler import Harness
 from durable_spaces.harness.tools import CodingTools, Registry
-from durable_spaces.testing import CallListModel
+from durable_spaces.testing import CallListModel, run_call_list
 
 _piece = st.one_of(
     st.sampled_from(["a", "b.txt", "..", ".", "", "d", "x y", "-rf", "$(id)", "*", "~"]),
@@ -95,11 +95,7 @@ async def _run(root: Path, mode: str, calls: list[tuple[str, Any]]) -> None:
         MemoryStorage(), models={"m": CallListModel(calls)}, registry=reg, env=durable.env
     )
     try:
-        conv = await h.root(AgentConfig(model="m"))
-        sub = await conv.submit("go", request_id="r")
-        done = await asyncio.wait_for(sub.wait(), 60)
-        assert done.status == "done", done
-        results = [e.data for e in conv.entries() if e.kind == "tool_result"]
+        conv, results = await run_call_list(h, timeout=60)
         assert len(results) == len(calls)
         assert all(r["status"] in ("ok", "error") for r in results), results
         space = await durable.space(conv.id)

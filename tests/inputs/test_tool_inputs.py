@@ -18,9 +18,9 @@ from durable_spaces.adapter.durable import durable_spaces
 from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
 from durable_spaces.backends import open_backend, unavailable_reason
 from durable_spaces.harness.log import SqliteStorage
-from durable_spaces.harness.scheduler import AgentConfig, Harness
+from durable_spaces.harness.scheduler import Harness
 from durable_spaces.harness.tools import CodingTools, Registry
-from durable_spaces.testing import CallListModel
+from durable_spaces.testing import CallListModel, run_call_list
 
 BACKENDS = [
     pytest.param("local", id="local"),
@@ -58,11 +58,7 @@ async def _run(tmp: Path, backend: str, mode: str, calls: Sequence[tuple[str, An
         storage, models={"m": CallListModel(calls)}, registry=reg, env=durable.env
     )
     try:
-        conv = await h.root(AgentConfig(model="m"))
-        sub = await conv.submit("go", request_id="r")
-        done = await asyncio.wait_for(sub.wait(), 120)
-        assert done.status == "done", done
-        results = [e.data for e in conv.entries() if e.kind == "tool_result"]
+        conv, results = await run_call_list(h)
         space = await durable.space(conv.id)
         state = conv.document("cua.space") or {}
         return Ran(results, _walk(space.root), space.root, state.get("mode"), 0)

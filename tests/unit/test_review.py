@@ -21,13 +21,13 @@ from durable_spaces.adapter.review import (
     diff_workspaces,
     entry_before,
     fork_at,
-    review_diff_main,
     state_before,
     workspace_at,
     workspace_from_tar,
 )
 from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
 from durable_spaces.backends.local.backend import LocalBackend
+from durable_spaces.cli.review_diff import review_diff_main
 from durable_spaces.errors import PathEscapeError, ReviewError
 from durable_spaces.harness.log import MemoryStorage, SqliteStorage, Storage
 from durable_spaces.harness.models import ScriptedModel, implied_workspace

@@ -118,6 +118,8 @@ class LocalBackend:
             kill_space(space._d, space.instance_id)
             for cmd in (space._d / "cmds").glob("p-*"):
                 shutil.rmtree(cmd, ignore_errors=True)  # unkeyed commands leave no record
+            # A new boot: no change journal kept from before is trusted (``LocalSpace``).
+            write_atomic(space._d / "boot", uuid.uuid4().hex.encode(), fsync=False)
 
     async def restart(self, name: str) -> None:
         await asyncio.to_thread(self._restart_sync, name)

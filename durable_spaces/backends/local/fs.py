@@ -11,7 +11,11 @@ never written through; ``stat`` is ``lstat``.
 
 The scanner re-hashes a file only when its (size, mtime_ns, inode, ctime_ns) changed. Like
 git's "racily clean" rule, a file whose mtime or ctime is within ``RACY_NS`` of the scan's
-start is not cached, since a rewrite in the same timestamp tick would look unchanged.
+start is not cached, since a rewrite in the same timestamp tick would look unchanged. A
+``Watch`` given to a scan (the change journal, ``journal.py``) is told of each directory
+before it is listed and of each file before it is looked at, so that any change after
+the scan read something is an event. The bytes of the small files a scan hashed are
+kept (``Scanner.kept``) until the next scan: reading them back costs nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import stat as st
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 from durable_spaces.errors import PathEscapeError
 from durable_spaces.space import (
@@ -39,6 +44,10 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: Timestamps this close to a scan's start are not trusted for caching (kernel ticks are
 #: a few ms; this is an order of magnitude more).
 RACY_NS = 50_000_000
+#: The bytes of a hashed file are kept for ``read_files`` up to this size, and up to
+#: ``KEEP_TOTAL`` per scan (the image's default ``max_bytes``).
+KEEP_FILE = 1 << 20
+KEEP_TOTAL = 16 << 20
 
 
 def _parts(root: str, path: str) -> list[str]:
@@ -242,48 +251,98 @@ def _rmtree_at(dfd: int, name: str) -> None:
         os.rmdir(here, dir_fd=dfd)
 
 
-def _sha256(name: str, dir_fd: int) -> str:
+def _sha256(name: str, dir_fd: int, keep: bool = False) -> tuple[str, bytes | None]:
+    """The file's sha256, and its bytes when ``keep`` (read once, hashed in memory)."""
     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     with os.fdopen(fd, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        if keep:
+            data = f.read()
+            return hashlib.sha256(data).hexdigest(), data
+        return hashlib.file_digest(f, "sha256").hexdigest(), None
 
 
 _Sig = tuple[int, int, int, int]
+
+
+class Watch(Protocol):
+    """What a scan tells a change journal: a directory before it is listed (``fd`` is
+    open on it), a regular file before it is stat-ed and read (``name`` in ``dir_fd``)."""
+
+    def dir(self, rel: str, fd: int) -> None: ...
+
+    def file(self, rel: str, dir_fd: int, name: str) -> None: ...
 
 
 class Scanner:
     """Per-Space scan cache: workspace-relative path -> (stat signature, sha256).
 
     ``stats["hashed"]`` counts files actually hashed (cumulative), so a test can prove
-    that an unchanged file is not read again.
+    that an unchanged file is not read again. ``kept`` holds the bytes of the files the
+    last scan hashed (small ones, ``KEEP_FILE``/``KEEP_TOTAL``), by path.
     """
 
     def __init__(self) -> None:
         self._cache: dict[str, tuple[_Sig, str]] = {}
         self.stats: dict[str, int] = {"hashed": 0, "scans": 0, "files": 0}
+        self.kept: dict[str, bytes] = {}
+        self._kept_bytes = 0
 
-    def scan(self, root: str, path: str = ".", exclude: Sequence[str] = ()) -> PathTable:
+    def begin(self) -> int:
+        """Start a scan: forget the last one's bytes; returns the scan's start time."""
+        self.kept = {}
+        self._kept_bytes = 0
+        return time.time_ns()
+
+    def scan(
+        self,
+        root: str,
+        path: str = ".",
+        exclude: Sequence[str] = (),
+        watch: Watch | None = None,
+    ) -> PathTable:
         parts = _parts(root, path)
         top = "/".join(parts) or "."
         excl = [confine(root, e) for e in exclude]
         if "." in excl:
             return {}
-        start = time.time_ns()
+        start = self.begin()
         table: PathTable = {}
         fresh: dict[str, tuple[_Sig, str]] = {}
         try:
             with _dir(root, parts) as dfd:
-                self._walk(dfd, top, excl, start, table, fresh, len(parts))
+                if watch is not None:
+                    watch.dir(top, dfd)
+                self._walk(dfd, top, excl, start, table, fresh, len(parts), watch)
         except (FileNotFoundError, NotADirectoryError):
             pass
         if top == ".":
             self._cache = fresh
         else:
-            for k in [k for k in self._cache if k == top or k.startswith(top + "/")]:
-                del self._cache[k]
+            self._forget(top)
             self._cache.update(fresh)
         self.stats["scans"] += 1
         self.stats["files"] = len(table)
+        return table
+
+    def _forget(self, top: str) -> None:
+        for k in [k for k in self._cache if k == top or k.startswith(top + "/")]:
+            del self._cache[k]
+
+    def subtree(
+        self,
+        dfd: int,
+        top: str,
+        excl: list[str],
+        start: int,
+        watch: Watch | None,
+    ) -> PathTable:
+        """The entries under the directory ``top`` (open as ``dfd``), for a journal's
+        rescan of a directory that appeared or moved: the walk of ``scan``."""
+        table: PathTable = {}
+        fresh: dict[str, tuple[_Sig, str]] = {}
+        self._walk(dfd, top, excl, start, table, fresh, top.count("/") + 1, watch)
+        self._forget(top)
+        self._cache.update(fresh)
         return table
 
     def _walk(
@@ -295,6 +354,7 @@ class Scanner:
         table: PathTable,
         fresh: dict[str, tuple[_Sig, str]],
         top_depth: int,
+        watch: Watch | None = None,
     ) -> None:
         """Depth first, with an explicit stack (a tree a command made thousands of levels
         deep must not exhaust Python's recursion), holding one open fd per level at most
@@ -323,7 +383,11 @@ class Scanner:
                     table[rel] = unsupported(why)
                     continue
                 try:
-                    s = e.stat(follow_symlinks=False)
+                    if watch is not None and e.is_file(follow_symlinks=False):
+                        watch.file(rel, dfd, e.name)  # before the stat: later changes are events
+                        s = os.lstat(e.name, dir_fd=dfd)
+                    else:
+                        s = e.stat(follow_symlinks=False)
                     if st.S_ISLNK(s.st_mode):
                         table[rel] = PathEntry(
                             kind="symlink", mode=0o777, target=os.readlink(e.name, dir_fd=dfd)
@@ -334,12 +398,14 @@ class Scanner:
                             continue
                         sub = _open_dir(e.name, dfd)
                         try:
+                            if watch is not None:
+                                watch.dir(rel, sub)  # before the listing
                             enter(sub, rel)
                         except BaseException:
                             os.close(sub)
                             raise
                     elif st.S_ISREG(s.st_mode):
-                        self._file(e, dfd, rel, s, start, table, fresh)
+                        table[rel] = self.file_entry(dfd, e.name, rel, s, start, fresh)
                     # fifos, sockets, devices: not representable in the image, skipped
                 except (FileNotFoundError, NotADirectoryError):
                     continue  # vanished while scanning (a command is still writing)
@@ -347,23 +413,33 @@ class Scanner:
             for dfd, _, _ in stack:
                 os.close(dfd)
 
-    def _file(
+    def file_entry(
         self,
-        e: os.DirEntry[str],
         dfd: int,
+        name: str,
         rel: str,
         s: os.stat_result,
         start: int,
-        table: PathTable,
-        fresh: dict[str, tuple[_Sig, str]],
-    ) -> None:
+        fresh: dict[str, tuple[_Sig, str]] | None = None,
+        cached: bool = True,
+    ) -> PathEntry:
+        """The entry of the regular file ``name`` of ``dfd`` whose lstat is ``s``: hashed
+        unless ``cached`` and its signature is the cache's (``cached=False``: a journal
+        said it changed). Non-racy results go into ``fresh`` (or the cache itself)."""
         sig = (s.st_size, s.st_mtime_ns, s.st_ino, s.st_ctime_ns)
-        cached = self._cache.get(rel)
-        if cached is not None and cached[0] == sig:
-            sha = cached[1]
+        hit = self._cache.get(rel) if cached else None
+        if hit is not None and hit[0] == sig:
+            sha = hit[1]
         else:
-            sha = _sha256(e.name, dfd)
+            keep = s.st_size <= KEEP_FILE and self._kept_bytes + s.st_size <= KEEP_TOTAL
+            sha, data = _sha256(name, dfd, keep)
             self.stats["hashed"] += 1
+            if data is not None:
+                self.kept[rel] = data
+                self._kept_bytes += len(data)
+        target = self._cache if fresh is None else fresh
         if max(s.st_mtime_ns, s.st_ctime_ns) < start - RACY_NS:
-            fresh[rel] = (sig, sha)
-        table[rel] = PathEntry(kind="file", mode=s.st_mode & 0o777, size=s.st_size, sha256=sha)
+            target[rel] = (sig, sha)
+        else:
+            target.pop(rel, None)
+        return PathEntry(kind="file", mode=s.st_mode & 0o777, size=s.st_size, sha256=sha)

@@ -47,12 +47,19 @@ import psutil
 from durable_spaces.backends.local import fs as local_fs
 from durable_spaces.backends.local.disk import read_json, write_atomic
 from durable_spaces.backends.local.execution import LocalExecution
+from durable_spaces.backends.local.journal import ChangeJournal
+from durable_spaces.backends.local.journaled import JournaledScanner
 from durable_spaces.backends.local.ledger import Ledger, record
 from durable_spaces.backends.local.procs import kill_space, reap, track
 from durable_spaces.backends.local.supervisor import format_spec
 from durable_spaces.chaos import mutants
 from durable_spaces.chaos.failpoints import hit
-from durable_spaces.errors import SpaceGoneError, SpaceUnavailableError, StaleEpochError
+from durable_spaces.errors import (
+    PathEscapeError,
+    SpaceGoneError,
+    SpaceUnavailableError,
+    StaleEpochError,
+)
 from durable_spaces.space import (
     EXEC_LEDGER,
     Capabilities,
@@ -64,6 +71,7 @@ from durable_spaces.space import (
     PathTable,
     confine,
 )
+from durable_spaces.space_boot import read_host_boot_id
 
 _SUPERVISOR = str(Path(__file__).with_name("supervisor.py"))
 #: What commands inherit from the caller's environment: enough to find programs, nothing
@@ -97,14 +105,31 @@ class LocalSpace:
         self.instance_id = instance_id
         self._d = directory
         self.root = str(directory / "work")
-        self._scanner = local_fs.Scanner()
+        self._scanner = JournaledScanner(self.root, self._journal)
         self._scan_lock = threading.Lock()
         self._ledger = Ledger(directory / "ledger.jsonl", self._check)
 
     @property
     def scan_stats(self) -> dict[str, int]:
-        """Counters of the incremental scan (``hashed``: files read and hashed, cumulative)."""
+        """Counters of the incremental scan (``hashed``: files read and hashed, cumulative;
+        ``full`` / ``journal``: scans that walked everything / that the journal answered)."""
         return self._scanner.stats
+
+    def _boot(self) -> str:
+        try:
+            return (self._d / "boot").read_text()
+        except FileNotFoundError:
+            return ""
+
+    def _journal(self, root: str) -> ChangeJournal:
+        """The change journal of a full scan: trusted until the machine restarts (the
+        backend's ``restart`` writes a new ``boot``) or the epoch rises."""
+        boot = self._boot()
+
+        def guard() -> str | None:
+            return None if self._boot() == boot else "the Space's machine restarted"
+
+        return ChangeJournal(root, self._staging, guard)
 
     # --- guards -------------------------------------------------------------------------
 
@@ -329,6 +354,8 @@ class LocalSpace:
                 return
             kill_space(self._d, self.instance_id, below_epoch=epoch)
             write_atomic(self._d / "epoch", str(epoch).encode())
+        with self._scan_lock:
+            self._scanner.reset("a new epoch")
 
     async def advance_epoch(self, epoch: int) -> None:
         self._check()
@@ -348,6 +375,26 @@ class LocalSpace:
     async def read_file(self, path: str) -> bytes:
         self._check()
         return local_fs.read_file(self.root, path)
+
+    def _read_files_sync(self, paths: list[str]) -> dict[str, bytes]:
+        with self._scan_lock:
+            kept = self._scanner.kept  # what the last scan read (a new dict per scan)
+        out: dict[str, bytes] = {}
+        for p in paths:
+            rel = confine(self.root, p)
+            data = kept.get(rel)
+            if data is None:
+                try:
+                    data = local_fs.read_file(self.root, rel)
+                except (OSError, PathEscapeError):
+                    continue  # missing, not a file, or behind a symlink: left out
+            out[p] = data
+        return out
+
+    async def read_files(self, paths: Sequence[str]) -> dict[str, bytes]:
+        """See ``Space.read_files``: the bytes the last scan read where it kept them."""
+        self._check()
+        return await asyncio.to_thread(self._read_files_sync, list(paths))
 
     def _mutate_sync(self, epoch: int, op: Callable[[], None]) -> None:
         """A file operation, fenced: under the lock ``advance_epoch`` holds from its kill
@@ -390,11 +437,20 @@ class LocalSpace:
 
     def _scan_sync(self, root: str, exclude: Sequence[str]) -> PathTable:
         with self._scan_lock:
-            return self._scanner.scan(self.root, root, exclude)
+            table = self._scanner.scan(root, exclude)
+        assert table is not None  # a local scan always walks this host
+        return table
 
     async def scan(self, root: str = ".", exclude: Sequence[str] = ()) -> PathTable:
         self._check()
         return await asyncio.to_thread(self._scan_sync, root, list(exclude))
 
+    async def host_boot_id(self) -> str | None:
+        """The boot id of the host this directory is on (``durable_spaces/space_boot.py``):
+        a power loss drops the workspace's unsynced writes with the log's."""
+        return read_host_boot_id()
+
     async def close(self) -> None:
+        with self._scan_lock:
+            self._scanner.close()
         reap()

@@ -18,6 +18,11 @@ Properties a caller can rely on:
 - ``find`` after a driver restart reconnects to the daemon from the state file; if the
   daemon is not running (the host rebooted), it is started again on the same data dir,
   the way a machine boots.
+- ``scan`` runs on this host, kept by a change journal (``local.journal``: the workspace
+  is a directory here) for as long as the journal is trusted; it trusts nothing across
+  a new start of the daemon, and leaves scanning to the daemon when its mount namespace
+  could show the workspace otherwise (a mount inside it) or the journal is off.
+  ``read_files`` answers from the bytes that scan read, the rest through one ``tar``.
 """
 
 from __future__ import annotations
@@ -27,14 +32,18 @@ import contextlib
 import ipaddress
 import json
 import os
+import posixpath
 import re
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from durable_spaces.backends.local.journal import ChangeJournal
+from durable_spaces.backends.local.journaled import JournaledScanner
 from durable_spaces.backends.spacesd.daemon import (
     PIDNS,
     DaemonState,
@@ -50,6 +59,7 @@ from durable_spaces.errors import (
     SpaceGoneError,
     SpaceUnavailableError,
 )
+from durable_spaces.space import PathTable, confine
 
 __all__ = ["SpacesdBackend", "daemon_binary", "unavailable_reason", "unshare_reason"]
 
@@ -100,12 +110,73 @@ class _Probe:
         st = self._daemon.read_state()
         return st is None or st.instance_id != self._instance
 
+    def namespace_pid(self) -> int:
+        """Host pid of the daemon when it runs in its own namespaces (0: it shares ours)."""
+        st = self._daemon.read_state()
+        return st.daemon_pid if st is not None and st.isolation == PIDNS else 0
+
 
 class NamespacedSpace(SpacesdSpace):
     """A Space whose daemon is pid 1 of its own PID namespace on this host: raising the
-    epoch also sweeps processes the daemon does not track (orphans of older commands)."""
+    epoch also sweeps processes the daemon does not track (orphans of older commands);
+    its workspace is scanned here, kept by a change journal (module docstring)."""
 
     daemon_pid = 0
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._host = JournaledScanner(
+            self.root, self._journal, host_fallback=False, stats=self._scans.stats
+        )
+        self._host_lock = threading.Lock()
+
+    def _journal(self, root: str) -> ChangeJournal:
+        probe = self._probe
+        boot = probe.boot_id()
+        pid = probe.namespace_pid() if isinstance(probe, _Probe) else self.daemon_pid
+        mountinfo = ["/proc/self/mountinfo"] + ([f"/proc/{pid}/mountinfo"] if pid else [])
+
+        def guard() -> str | None:
+            if boot is None or probe.boot_id() != boot:
+                return "the Space's daemon started again"
+            return None
+
+        staging = posixpath.join(posixpath.dirname(root.rstrip("/")), ".ds-staging")
+        return ChangeJournal(root, staging, guard, mountinfo)
+
+    def _host_scan(self, root: str, exclude: list[str]) -> PathTable | None:
+        if self._probe.boot_id() is None:
+            return None  # the daemon is down: the Space answers as it does
+        with self._host_lock:
+            return self._host.scan(root, exclude)
+
+    async def scan(self, root: str = ".", exclude: Sequence[str] = ()) -> PathTable:
+        table = await asyncio.to_thread(self._host_scan, root, list(exclude))
+        return table if table is not None else await super().scan(root, exclude)
+
+    def _kept(self) -> dict[str, bytes]:
+        with self._host_lock:
+            return self._host.kept
+
+    async def read_files(self, paths: Sequence[str]) -> dict[str, bytes]:
+        kept = await asyncio.to_thread(self._kept)
+        out = {p: kept[confine(self.root, p)] for p in paths if confine(self.root, p) in kept}
+        rest = [p for p in paths if p not in out]
+        if rest:
+            out.update(await super().read_files(rest))
+        return out
+
+    def _reset(self, why: str) -> None:
+        with self._host_lock:
+            self._host.reset(why)
+
+    async def advance_epoch(self, epoch: int) -> None:
+        await super().advance_epoch(epoch)
+        await asyncio.to_thread(self._reset, "a new epoch")
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._reset, "closed")
+        await super().close()
 
     def _sweep_when(self) -> SweepWhen:
         # The process-group fallback has no sweep: the weaker, documented guarantee.
@@ -239,6 +310,7 @@ class SpacesdBackend:
         name = d.home.name
         sp = self._spaces.get(name)
         if sp is not None and sp.instance_id == st.instance_id and sp._url == self._url(st):
+            sp.daemon_pid = st.daemon_pid if st.isolation == PIDNS else 0  # a restart's
             return sp
         sp = NamespacedSpace(
             name,

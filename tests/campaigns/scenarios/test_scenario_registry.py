@@ -137,7 +137,7 @@ def test_a_repro_line_is_explicit_and_runs_the_same_spec(
     run = spec.run(7, str(tmp_path))
     line = run.repro()
     assert part in line and "--durable-mode" not in line
-    monkeypatch.setattr(cli, "SESSION_MODULE", "toy_cli_session")
+    monkeypatch.setattr(cli.campaigns, "SESSION_MODULE", "toy_cli_session")
     argv = shlex.split(line)[1:]
     r = CliRunner().invoke(cli.app, [*argv, "--state-dir", str(tmp_path / "r")])
     assert r.exit_code == 0, r.output

@@ -1,0 +1,352 @@
+"""Taking an incremental workspace checkpoint: a manifest, plus the blobs of what changed.
+
+Per Space instance this process remembers each file's stat key and sha256 from the last
+checkpoint (``workspace_tree``), so a checkpoint reads only the files whose key changed;
+the rest of the manifest comes from memory. A new driver, a restore, a new Space
+instance or a store whose ``.generation`` moved (a prune) starts from nothing: that one
+checkpoint reads every file (and stores only the blobs missing).
+
+Every checkpoint is written to the store (when there is one) and to the copy beside the
+workspace (``.ds-checkpoints``), blobs first, the manifest last (``checkpoint_store``).
+The copy in the Space is where an agent can reach, so each checkpoint lists the blobs it
+holds and puts back any the manifest needs that went missing.
+
+When the workspace is a directory of this host (a probe file written through the Space
+and read here proves it, once per Space instance), the walk, the reads and the copy
+beside the workspace are done here: no command runs, and large files are reflinked where
+the filesystem can. That writes beside the workspace without an epoch: only new files
+named by their own digest, which a stale driver can add but never change (a name always
+means the same bytes) and which the fenced prune removes if nothing records them. The
+workspace itself is never written here. Otherwise one command lists the workspace and
+tars what changed (``workspace_tree.list_script``), and one more writes the copy
+(``space_copy.write``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import posixpath
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from durable_spaces.adapter import manifest as mf
+from durable_spaces.adapter import space_copy
+from durable_spaces.adapter.checkpoint_id import CheckpointId
+from durable_spaces.adapter.checkpoint_store import Batch, CheckpointStore, DirectoryCheckpointStore
+from durable_spaces.adapter.image import blob_id
+from durable_spaces.adapter.workspace_tree import (
+    FETCH_ARGV,
+    RACY_NS,
+    Listing,
+    Node,
+    TreeChanged,
+    fetch_input,
+    list_script,
+    parse_files,
+    parse_listing,
+    walk_host,
+)
+from durable_spaces.errors import SpaceError
+from durable_spaces.space import Space
+
+#: Lists of a tree that keeps changing under them before a checkpoint gives up.
+ATTEMPTS = 3
+
+
+
+@dataclass
+class Seen:
+    """What this process knows of one Space instance's workspace."""
+
+    host: bool | None = None  # the workspace is a directory here (None: not probed yet)
+    files: dict[str, tuple[Node, str]] = field(default_factory=dict)  # path -> (node, sha)
+    generation: int | None = None  # of the store, when ``files`` was filled
+    since_ns: int | None = None  # commands: the clock of the last listing, less RACY_NS
+
+
+def copy_dir(space: Space) -> str:
+    """Where a Space keeps its own copies: beside the workspace, not in it."""
+    return posixpath.join(posixpath.dirname(space.root.rstrip("/")), ".ds-checkpoints")
+
+
+def build(listing: Listing, sha: Callable[[str], str]) -> mf.Manifest:
+    """The manifest of ``listing``; ``sha(path)`` gives a file's blob. Paths sharing an
+    inode become hard links of the first of them (in manifest order)."""
+    out: mf.Manifest = {}
+    first: dict[int, str] = {}
+    for path in mf.ordered(listing.nodes):
+        n = listing.nodes[path]
+        if n.kind == mf.FILE:
+            if n.nlink > 1 and n.ino in first:
+                out[path] = mf.Entry(mf.HARDLINK, 0, 0, first[n.ino], 0)
+                continue
+            if n.nlink > 1:
+                first[n.ino] = path
+            out[path] = mf.Entry(mf.FILE, n.mode, n.size, sha(path), n.mtime_ns)
+        elif n.kind == mf.SYMLINK:
+            out[path] = mf.Entry(mf.SYMLINK, 0o777, 0, n.target, n.mtime_ns)
+        else:
+            out[path] = mf.Entry(mf.DIR, n.mode, 0, None, n.mtime_ns)
+    return out
+
+
+class Taker:
+    """Takes incremental checkpoints into ``store`` (optional) and each Space's copy."""
+
+    def __init__(self, store: CheckpointStore | None) -> None:
+        self.store = store
+        self.seen: dict[tuple[str, str], Seen] = {}
+
+    def forget(self, space: Space) -> None:
+        """After a restore: the workspace's files are all new."""
+        self.seen.pop((space.name, space.instance_id), None)
+
+    def _seen(self, space: Space) -> Seen:
+        key = (space.name, space.instance_id)
+        if key not in self.seen:
+            self.seen = {k: v for k, v in self.seen.items() if k[0] != space.name}
+            self.seen[key] = Seen()
+        return self.seen[key]
+
+    async def is_host(self, space: Space, epoch: int) -> bool:
+        """Whether the workspace is a directory of this host (probed once per instance)."""
+        seen = self._seen(space)
+        if seen.host is None:
+            seen.host = await probe_host(space, epoch)
+        return seen.host
+
+    async def checkpoint(self, space: Space, call_id: str, epoch: int) -> CheckpointId:
+        seen = self._seen(space)
+        await self.is_host(space, epoch)
+        for attempt in range(ATTEMPTS):
+            try:
+                if seen.host:
+                    return await self._on_host(space, seen, call_id)
+                return await self._by_commands(space, seen, call_id, epoch)
+            except TreeChanged as e:
+                seen.files.clear()
+                if attempt == ATTEMPTS - 1:
+                    raise SpaceError(
+                        f"the workspace of Space {space.name} kept changing under its "
+                        f"checkpoint: {e}"
+                    ) from None
+        raise AssertionError("unreachable")
+
+    # --- the workspace is a directory here --------------------------------------------
+
+    async def _on_host(self, space: Space, seen: Seen, call_id: str) -> CheckpointId:
+        try:
+            return await asyncio.to_thread(self._host_sync, space, seen, call_id)
+        except (TreeChanged, SpaceError):
+            raise
+        except OSError as e:
+            await space.stat(".")  # the Space's own error when it is gone or down
+            raise SpaceError(f"checkpoint of Space {space.name} failed: {e}") from e
+
+    def _host_sync(self, space: Space, seen: Seen, call_id: str) -> CheckpointId:
+        copy = DirectoryCheckpointStore(copy_dir(space), in_space=True)
+        outer = self.store.batch() if self.store is not None else contextlib.nullcontext()
+        with outer as sb, copy.batch(sync=self.store is None) as cb:
+            self._check_generation(seen, sb)
+            fresh: dict[str, tuple[Node, str]] = {}
+            files = seen.files
+
+            def want(path: str, node: Node) -> bool:
+                known = files.get(path)
+                return known is None or known[0] != node
+
+            def take(path: str, node: Node, fd: int) -> None:
+                sha, data = (sb or cb).add_from(fd, node.size)
+                if sb is not None:
+                    _also(cb, sb, sha, node.size, data)
+                fresh[path] = (node, sha)
+
+            listing = walk_host(space.root, want, take)
+            m = build(listing, lambda p: (fresh.get(p) or seen.files[p])[1])
+            self._heal_host(space, m, cb, sb)
+            data = mf.encode(m)
+            cid = CheckpointId.for_manifest(call_id, data)
+            if sb is not None:
+                sb.manifest(cid, data)
+            cb.manifest(cid, data)
+        self._remember(seen, listing, {**seen.files, **fresh})
+        return cid
+
+    def _heal_host(self, space: Space, m: mf.Manifest, cb: Batch, sb: Batch | None) -> None:
+        """Put back blobs the manifest needs that the Space's copy lost."""
+        missing = mf.blobs(m) - cb.present()
+        for path, e in m.items():
+            if e.kind != mf.FILE or e.ref not in missing:
+                continue
+            data = self.store.get_blob(e.ref) if self.store is not None else None
+            if data is None or blob_id(data) != e.ref:
+                data = _read_host(space.root, path)
+            if blob_id(data) != e.ref:
+                raise TreeChanged(f"{path!r} changed while its blob was put back")
+            cb.add(data)
+            missing.discard(e.ref)
+
+    def _check_generation(self, seen: Seen, sb: Batch | None) -> None:
+        gen = sb.generation if sb is not None else 0
+        if seen.generation != gen:  # a prune ran: blobs remembered may be gone
+            seen.files.clear()
+            seen.generation = gen
+
+    @staticmethod
+    def _remember(seen: Seen, listing: Listing, shas: Mapping[str, tuple[Node, str]]) -> None:
+        seen.files = {
+            p: (n, shas[p][1])
+            for p, n in listing.nodes.items()
+            if n.kind == mf.FILE and p in shas and n.trusted(listing.clock_ns)
+        }
+        seen.since_ns = listing.clock_ns - RACY_NS
+
+    # --- through commands in the Space ---------------------------------------------------
+
+    async def _by_commands(
+        self, space: Space, seen: Seen, call_id: str, epoch: int
+    ) -> CheckpointId:
+        d = copy_dir(space)
+        script = list_script(shlex.quote(space.root), seen.since_ns, shlex.quote(d))
+        out = await _sh(space, script, epoch)
+        listing, in_copy, files = parse_listing(out)
+        missed = [
+            p
+            for p, n in listing.nodes.items()
+            if n.kind == mf.FILE and p not in files and _stale(seen, p, n)
+        ]
+        if missed:
+            res = await space.exec(
+                list(FETCH_ARGV), key=None, epoch=epoch, cwd=space.root, stdin=fetch_input(missed)
+            )
+            files.update(parse_files(res.output))
+            if any(p not in files for p in missed):
+                raise TreeChanged("files listed were gone when read")
+        fresh = {
+            p: (listing.nodes[p], blob_id(data))
+            for p, data in files.items()
+            if p in listing.nodes and listing.nodes[p].kind == mf.FILE
+        }
+        blobs = {fresh[p][1]: data for p, data in files.items() if p in fresh}
+        outer = self.store.batch() if self.store is not None else contextlib.nullcontext()
+        with outer as sb:
+            self._check_generation(seen, sb)
+            for data in blobs.values():
+                if sb is not None:
+                    sb.add(data)
+            m = build(listing, lambda p: (fresh.get(p) or seen.files[p])[1])
+            data = mf.encode(m)
+            cid = CheckpointId.for_manifest(call_id, data)
+            if sb is not None:
+                sb.manifest(cid, data)
+        upload = {s: b for s, b in blobs.items() if s not in in_copy}
+        for sha in mf.blobs(m) - in_copy - set(upload):  # lost from the copy: put back
+            upload[sha] = await self._blob_for(space, m, sha, epoch)
+        await space_copy.write(space, d, upload, cid, data, epoch)
+        self._remember(seen, listing, {**seen.files, **fresh})
+        return cid
+
+    async def _blob_for(self, space: Space, m: mf.Manifest, sha: str, epoch: int) -> bytes:
+        data = self.store.get_blob(sha) if self.store is not None else None
+        if data is not None and blob_id(data) == sha:
+            return data
+        path = next(p for p, e in m.items() if e.kind == mf.FILE and e.ref == sha)
+        res = await space.exec(
+            list(FETCH_ARGV), key=None, epoch=epoch, cwd=space.root, stdin=fetch_input([path])
+        )
+        data = parse_files(res.output).get(path, b"")
+        if blob_id(data) != sha:
+            raise TreeChanged(f"{path!r} changed while its blob was put back")
+        return data
+
+
+def _stale(seen: Seen, path: str, node: Node) -> bool:
+    known = seen.files.get(path)
+    return known is None or known[0] != node
+
+
+def _also(cb: Batch, sb: Batch, sha: str, size: int, data: bytes | None) -> None:
+    """The blob ``sb`` just took, into the Space's copy too (cloned from the store's
+    when it was too big to hold)."""
+    if data is not None:
+        cb.add(data)
+        return
+    fd = sb.open_blob(sha)
+    try:
+        cb.add_from(fd, size)
+    finally:
+        os.close(fd)
+
+
+def _read_host(root: str, path: str) -> bytes:
+    """A workspace file's bytes, every directory opened without following links."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        *dirs, name = path.split("/")
+        for part in dirs:
+            sub = os.open(part, flags, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+        f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    except OSError as e:
+        raise TreeChanged(f"{path!r}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+    try:
+        chunks = []
+        while chunk := os.read(f, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(f)
+
+
+async def _sh(space: Space, script: str, epoch: int) -> bytes:
+    res = await space.exec(["bash", "-c", script], key=None, epoch=epoch, cwd="/")
+    if res.exit_code != 0:
+        raise SpaceError(f"checkpoint command failed ({res.exit_code}): {res.output[-300:]!r}")
+    return res.output
+
+
+async def probe_host(space: Space, epoch: int) -> bool:
+    """Whether ``space.root`` is the workspace as this host sees it: a random token
+    written beside it through the Space must read back here."""
+    if not os.path.isdir(space.root):
+        return False
+    d = copy_dir(space)
+    token = os.urandom(16).hex()
+    name = f".probe-{token}"
+    q = shlex.quote
+    res = await space.exec(
+        [
+            "bash",
+            "-c",
+            f'd={q(d)}; if [ -L "$d" ] || {{ [ -e "$d" ] && [ ! -d "$d" ]; }}; then '
+            f'rm -f -- "$d"; fi; mkdir -p -- "$d" && printf %s {token} > "$d/{name}"',
+        ],
+        key=None,
+        epoch=epoch,
+        cwd="/",
+    )
+    if res.exit_code != 0:
+        return False
+    try:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        try:
+            ok = os.read(f, 64) == token.encode()
+        finally:
+            os.close(f)
+        os.unlink(name, dir_fd=fd)
+        return ok
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

@@ -1,0 +1,203 @@
+"""A host that can lose power, for the runs of a ``power`` profile (``chaos/profiles.py``).
+
+The run's durable state lives under one powerfs mount (``chaos/powerfs``): the drivers'
+state dir with the log and the coordinator's file, the ``local`` Spaces' root and the
+checkpoint store, at ``<run>/host`` over the backing dir ``<run>/host.disk``. They are
+on one disk of one machine, so one cut drops their unsynced writes together.
+
+``power_loss`` (the nemesis's ``Host``) is a host crash: every process of the host is
+SIGKILLed (the driver, and the Space's supervisors and commands: the ``local`` stand-in's
+"daemon"), the mount loses power (its volatile state dropped; with a drawn tear the last
+unsynced write of each file lands in part), and the host boots again: a new boot id in
+``<run>/boot_id``, which the drivers' ``local`` Spaces report (``DS_HOST_BOOT_ID``; on a
+real host that is ``/proc/sys/kernel/random/boot_id``). The coordinator (the control
+plane, off the host) waits until the host is up before it launches the next driver.
+
+The cut itself runs on the event loop without yielding: no file operation of the
+coordinator is half-way through the mount while the power goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from durable_spaces.campaigns.checks.rawlog import read_sqlite
+from durable_spaces.chaos.powerfs import PowerFS, mount
+from durable_spaces.errors import LogError, SpaceError
+from durable_spaces.space_boot import BOOT_ENV
+
+if TYPE_CHECKING:
+    from durable_spaces.campaigns.coordinator import Coordinator, Launch
+    from durable_spaces.space import Faults, SpaceBackend
+
+#: The driver's log's SQLite ``synchronous`` level (``adapter/driver.py``).
+LOG_SYNC_ENV = "DS_LOG_SYNCHRONOUS"
+HOST_DIR = "host"
+DISK_DIR = "host.disk"
+FS_STATE_DIR = "host.powerfs"
+BOOT_FILE = "boot_id"
+#: How long a killed driver gets to be reaped before the power goes anyway.
+_REAP_S = 30.0
+
+
+def boot_id(seed: str, boot: int) -> str:
+    """The host's boot id of its ``boot``-th boot (from the run's seed: reproducible)."""
+    h = hashlib.sha256(f"{seed}:boot:{boot}".encode()).hexdigest()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _write_boot(path: Path, value: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(value + "\n")
+    os.replace(tmp, path)
+
+
+class PowerHost:
+    """One run's host: ``start(dirs)`` lays the given directories (relative to the
+    mount) out durably and mounts; ``power_loss`` is the fault; ``stop()`` unmounts."""
+
+    def __init__(self, root: Path, seed: str, *, p_tear: float, log_synchronous: str | None):
+        self.root = root
+        self.seed = seed
+        self.p_tear = p_tear
+        self.log_synchronous = log_synchronous
+        self.mountpoint = root / HOST_DIR
+        self.disk = root / DISK_DIR
+        self.boot_file = root / BOOT_FILE
+        self.boots = 0
+        self.fs: PowerFS | None = None
+        self.up = asyncio.Event()
+        self.up.set()
+        self.cuts: list[dict[str, Any]] = []
+        self._coordinator: Coordinator | None = None
+        self._backend: SpaceBackend | None = None
+        self._space = ""
+
+    def start(self, dirs: Sequence[str], off_host: Sequence[str] = ()) -> None:
+        """Create ``dirs`` in the backing dir (durable before the first boot: the lab's
+        set-up is not what is tested) and ``off_host`` as symbolic links to directories
+        of the same name beside the mount (the lab's own records, e.g. the drivers'
+        output, which a cut must not take), write the first boot id, mount."""
+        for d in dirs:
+            (self.disk / d).mkdir(parents=True, exist_ok=True)
+        for d in off_host:
+            target = self.root / Path(d).name
+            target.mkdir(parents=True, exist_ok=True)
+            (self.disk / d).parent.mkdir(parents=True, exist_ok=True)
+            (self.disk / d).symlink_to(target)
+        self.mountpoint.mkdir(parents=True, exist_ok=True)
+        _write_boot(self.boot_file, boot_id(self.seed, 0))
+        state = self.root / FS_STATE_DIR
+        self.fs = mount(self.disk, self.mountpoint, seed=self.seed, state_dir=state)
+
+    def stop(self) -> None:
+        """A clean unmount (everything made durable, as umount flushes)."""
+        if self.fs is not None:
+            with contextlib.suppress(Exception):
+                self.fs.unmount()
+            self.fs = None
+
+    def attach(self, coordinator: Coordinator, backend: SpaceBackend, space: str) -> None:
+        """The coordinator whose drivers run on this host and the Space the host holds."""
+        self._coordinator = coordinator
+        self._backend = backend
+        self._space = space
+        coordinator.before_launch.append(self.before_launch)
+
+    async def before_launch(self, launch: Launch) -> None:
+        """A driver starts only on a host that is up, told where its boot id is."""
+        await self.up.wait()
+        launch.env[BOOT_ENV] = str(self.boot_file)
+        if self.log_synchronous is not None:
+            launch.env[LOG_SYNC_ENV] = self.log_synchronous
+
+    async def power_loss(self, value: Mapping[str, Any]) -> dict[str, Any]:
+        if self.fs is None or self._coordinator is None or self._backend is None:
+            raise RuntimeError("power_loss before the host was started and attached")
+        self.up.clear()
+        try:
+            attempt = self._coordinator.current
+            pid = self._coordinator.kill_current("power_loss")
+            if pid is not None and attempt is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(attempt.done.wait(), _REAP_S)
+            with contextlib.suppress(SpaceError):
+                # every process of the Space (the local stand-in's "daemon" is its tree)
+                await cast("Faults", self._backend).kill_daemon(self._space)
+            tear = random.Random(f"{self.seed}:tear:{self.boots}").random() < self.p_tear
+            before = self._look()
+            report = self.fs.cut(tear=tear)  # no await: nothing else touches the mount now
+            after = self._look()
+            self.boots += 1
+            _write_boot(self.boot_file, boot_id(self.seed, self.boots))
+        finally:
+            self.up.set()
+        cut = {
+            "killed": pid,
+            "tear": tear,
+            "dropped_ops": report.ops,
+            "dropped_bytes": report.bytes,
+            "torn": len(report.torn),
+            **_compare(before, after),
+        }
+        self.cuts.append(cut)
+        return cut
+
+    def _look(self) -> dict[str, Any]:
+        """The host's state as a reader sees it now (every process on it is dead)."""
+        return look(self.mountpoint / "session" / "log.sqlite", self._space_dir())
+
+    def _space_dir(self) -> Path:
+        return self.mountpoint / "spaces" / self._space
+
+
+def look(log: Path, space_dir: Path) -> dict[str, Any]:
+    """Commits, their highest epoch and the fence floor of the log; the highest epoch in
+    the ``local`` Space's ledger and its floor (None for what cannot be read)."""
+    out: dict[str, Any] = {"commits": None, "log_epoch": None, "log_floor": None}
+    if log.exists():
+        with contextlib.suppress(LogError):
+            raw = read_sqlite(log)
+            out["commits"] = len(raw.commits)
+            out["log_epoch"] = max((c.epoch or 0 for c in raw.commits), default=0)
+            out["log_floor"] = raw.floor
+    epochs = []
+    with contextlib.suppress(OSError):
+        for line in (space_dir / "ledger.jsonl").read_bytes().splitlines():
+            with contextlib.suppress(ValueError, AttributeError, TypeError):
+                epochs.append(int(json.loads(line).get("epoch")))
+    out["ledger_epoch"] = max(epochs, default=None)
+    floor = None
+    with contextlib.suppress(OSError, ValueError):
+        floor = int((space_dir / "epoch").read_text().strip() or 0)
+    out["space_floor"] = floor
+    return out
+
+
+def _compare(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """What one cut did (``checks/power.py`` names it)."""
+    b, a = before.get("commits"), after.get("commits")
+    lost = None if b is None else b - (a or 0)
+    log_epoch = after.get("log_epoch") or 0
+    ahead = (after.get("ledger_epoch") or 0) > log_epoch or (after.get("space_floor") or 0) > (
+        after.get("log_floor") or 0
+    )
+    return {
+        "commits_before": b,
+        "commits_after": a,
+        "lost_commits": lost,
+        "space_ahead": ahead,
+        "after": dict(after),
+    }
+
+
+
+__all__ = ["BOOT_ENV", "LOG_SYNC_ENV", "PowerHost", "boot_id"]

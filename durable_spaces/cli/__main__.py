@@ -1,0 +1,5 @@
+"""``python -m durable_spaces.cli``: the same command as ``durable-spaces``."""
+
+from durable_spaces.cli import main
+
+main()

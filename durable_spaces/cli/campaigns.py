@@ -1,0 +1,267 @@
+"""``campaign``, ``repro`` and ``agent``: running the lab's sessions.
+
+``campaign`` and ``repro`` run sessions from ``durable_spaces.campaigns.run``
+(``async def run_one(run: RunSpec) -> RunRecord``, and for ``--scenario exhaustive``
+``exhaustive_schedules(spec: CampaignSpec, work_dir: Path) -> list[Schedule]``),
+imported only when used so ``report`` works without any backend installed.
+Options left out fall back to the ``CRASH_*`` variables, then to the defaults.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Annotated
+
+import typer
+
+from durable_spaces.campaigns.scenarios import known_scenarios
+from durable_spaces.campaigns.spec import BACKENDS
+from durable_spaces.cli.app import app, fail, usable_dir
+from durable_spaces.errors import ConfigError
+
+SESSION_MODULE = "durable_spaces.campaigns.run"
+#: A week: a run that needs longer is wedged (the default is 900 s).
+MAX_RUN_TIMEOUT_S = 7 * 24 * 3600.0
+#: Schedules are a few KB; a bigger (or endless, /dev/zero) file is not one.
+MAX_SCHEDULE_BYTES = 16 << 20
+
+
+def _run_timeout(value: float) -> float:
+    if not math.isfinite(value) or not 0 < value <= MAX_RUN_TIMEOUT_S:
+        raise fail(f"--run-timeout must be more than 0 and at most {MAX_RUN_TIMEOUT_S:g} s")
+    return value
+
+
+def _session() -> ModuleType:
+    try:
+        return importlib.import_module(SESSION_MODULE)
+    except ModuleNotFoundError as e:
+        if e.name == SESSION_MODULE:
+            raise fail(
+                f"the campaign session ({SESSION_MODULE}) is not part of this build yet; "
+                "campaign and repro need it"
+            ) from None
+        raise
+
+
+Mode = Annotated[str | None, typer.Option(
+    help="CRASH_MODE: the adapter's mode (transactional, auto, checkpoint); stale, exhaustive "
+         "and server are still taken, as aliases of --scenario")]  # fmt: skip
+Scenario = Annotated[str | None, typer.Option(
+    help=f"CRASH_SCENARIO: how runs are driven ({', '.join(known_scenarios())})")]  # fmt: skip
+Backend = Annotated[str | None, typer.Option(
+    help=f"CRASH_BACKEND: {', '.join(BACKENDS)}")]  # fmt: skip
+DurableMode = Annotated[str | None, typer.Option(
+    help="CRASH_DURABLE_MODE: the adapter's mode (an alias of --mode that wins over "
+         "it)")]  # fmt: skip
+Calls = Annotated[int | None, typer.Option(help="CRASH_CALLS: scripted calls per run")]
+Profile = Annotated[str | None, typer.Option(help="fault profile (CRASH_PROFILE)")]
+Keep = Annotated[bool, typer.Option(help="keep each run's workspace tar and raw log (CRASH_KEEP)")]
+
+
+def _keep(keep: bool) -> None:
+    """Runs read CRASH_KEEP (workers inherit this process's environment)."""
+    if keep:
+        os.environ["CRASH_KEEP"] = "1"
+
+
+@app.command()
+def campaign(
+    mode: Mode = None,
+    scenario: Scenario = None,
+    backend: Backend = None,
+    seed_base: Annotated[str | None, typer.Option(help="CRASH_SEED_BASE")] = None,
+    runs: Annotated[int | None, typer.Option(help="CRASH_RUNS")] = None,
+    calls: Calls = None,
+    jobs: Annotated[int | None, typer.Option(help="CRASH_JOBS: runs in parallel")] = None,
+    durable_mode: DurableMode = None,
+    profile: Profile = None,
+    out: Annotated[Path | None, typer.Option(help="campaign directory")] = None,
+    force: Annotated[bool, typer.Option(help="reuse a non-empty --out")] = False,
+    shrink: Annotated[bool, typer.Option(help="shrink every failed run")] = False,
+    run_timeout: Annotated[float, typer.Option(help="seconds before a run is killed")] = 900.0,
+    report: Annotated[bool, typer.Option(help="write report.md/html at the end")] = True,
+    progress: Annotated[bool, typer.Option(help="live progress bar on stderr")] = True,
+    keep: Keep = False,
+    retries: Annotated[
+        int, typer.Option(help="replay each failed run exactly this many times (0: never)")
+    ] = 3,
+    determinism: Annotated[
+        int | None,
+        typer.Option(help="instead: run K seeds twice each, report how many went the same way"),
+    ] = None,
+) -> None:
+    """Run a crash campaign; SUMMARY is the last line; exit 1 if any run failed (3 if
+    only the lab itself broke)."""
+    from durable_spaces.campaigns.runner import run_campaign, run_determinism
+    from durable_spaces.campaigns.spec import CampaignSpec
+
+    try:
+        spec = CampaignSpec.from_env(
+            mode=mode, scenario=scenario, backend=backend, seed_base=seed_base, runs=runs,
+            calls=calls, jobs=jobs, durable_mode=durable_mode, profile=profile,
+        )  # fmt: skip
+    except ConfigError as e:
+        raise fail(str(e)) from None
+    run_timeout = _run_timeout(run_timeout)
+    if out is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        out = Path("campaigns-out") / f"{spec.mode}-{spec.backend}-{spec.seed_base}-{stamp}"
+    out = usable_dir("--out", out)  # absolute: drivers refuse a relative state dir
+    runs_dir = out / "runs"
+    if runs_dir.is_symlink() or (runs_dir.exists() and not runs_dir.is_dir()):
+        raise fail(f"{runs_dir} is not a directory of run records")
+    if runs_dir.is_dir() and any(runs_dir.iterdir()):
+        if not force:
+            raise fail(f"{out} already holds runs (pass --force to replace them)")
+        shutil.rmtree(runs_dir)
+    if not 0 <= retries <= 100:
+        raise fail(f"--retries must be between 0 and 100, not {retries}")
+    _keep(keep)
+    session = _session()
+    if determinism is not None:
+        if spec.scenario == "exhaustive":
+            raise fail("--determinism draws seeds; exhaustive runs have no seeds to redraw")
+        try:
+            d = run_determinism(
+                spec, f"{SESSION_MODULE}:run_one", determinism, out_dir=out,
+                run_timeout_s=run_timeout,
+            )  # fmt: skip
+        except ConfigError as e:
+            raise fail(str(e)) from None
+        raise typer.Exit(0 if d.same == d.seeds else 1)
+    schedules = None
+    if spec.scenario == "exhaustive":
+        make = getattr(session, "exhaustive_schedules", None)
+        if make is None:
+            raise fail(f"{SESSION_MODULE} has no exhaustive_schedules(spec, work_dir)")
+        schedules = make(spec, out / "trace")
+    result = run_campaign(
+        spec, f"{SESSION_MODULE}:run_one", out_dir=out, schedules=schedules,
+        run_timeout_s=run_timeout, shrink_failures=shrink, progress=progress, retries=retries,
+    )  # fmt: skip
+    if report:
+        from durable_spaces.reports.render import render_report
+
+        rep = render_report(out)
+        typer.echo(f"report: {rep.markdown} {rep.html}", err=True)
+    raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def repro(
+    seed: Annotated[str | None, typer.Option(help="the failed run's seed")] = None,
+    exact: Annotated[
+        Path | None,
+        typer.Option(help="a run record (runs/<id>.json): replay its realized interleaving"),
+    ] = None,
+    tries: Annotated[int, typer.Option(help="with --exact: replay this many times")] = 1,
+    mode: Mode = None,
+    scenario: Scenario = None,
+    backend: Backend = None,
+    calls: Calls = None,
+    durable_mode: DurableMode = None,
+    profile: Profile = None,
+    schedule: Annotated[Path | None, typer.Option(help="an explicit schedule JSON")] = None,
+    state_dir: Annotated[Path | None, typer.Option(help="where the run keeps its state")] = None,
+    keep: Keep = False,
+) -> None:
+    """Run one campaign run alone, from its seed (and schedule), or exactly as a run
+    record says it went (--exact); exit 1 if it fails."""
+    from durable_spaces.campaigns.spec import CampaignSpec, RunSpec, check_seed
+    from durable_spaces.chaos.schedule import Schedule
+
+    if exact is not None:
+        if seed is not None or schedule is not None:
+            raise fail("--exact replays a run record: give it alone, without --seed/--schedule")
+        _keep(keep)
+        raise typer.Exit(_repro_exact(exact, tries, state_dir))
+    if seed is None:
+        raise fail("give --seed (a run's seed) or --exact (a run record)")
+    try:
+        check_seed("--seed", seed)
+        cs = CampaignSpec.from_env(mode=mode, scenario=scenario, backend=backend, calls=calls,
+                                   durable_mode=durable_mode, profile=profile, jobs=1)  # fmt: skip
+    except ConfigError as e:
+        raise fail(str(e)) from None
+    sched = None
+    if schedule is not None:
+        if not schedule.is_file() or schedule.stat().st_size > MAX_SCHEDULE_BYTES:
+            raise fail(f"--schedule {schedule} is not a schedule file (a JSON file)")
+        try:
+            sched = Schedule.load(schedule)
+            check_seed("the schedule's seed", sched.seed)
+        except (ConfigError, OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise fail(f"--schedule {schedule} is not a schedule file: {e}") from None
+    if state_dir is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        state_dir = Path("campaigns-out") / "repro" / f"{seed}-{stamp}"
+    state_dir = usable_dir("--state-dir", state_dir)
+    run = RunSpec(
+        run_id="repro", seed=seed, mode=cs.mode, backend=cs.backend, calls=cs.calls,
+        durable_mode=cs.adapter_mode, profile=cs.profile, state_dir=str(state_dir),
+        schedule=sched, scenario=cs.scenario,
+    )  # fmt: skip
+    _keep(keep)
+    session = _session()
+    rec = asyncio.run(session.run_one(run))
+    rec.save(state_dir)
+    typer.echo(json.dumps(rec.to_json(), indent=2, sort_keys=True))
+    failing = ",".join(rec.failing_checks()) or "-"
+    typer.echo(f"RESULT seed={seed} outcome={rec.outcome} failing={failing}")
+    raise typer.Exit(0 if rec.outcome == "ok" else 1)
+
+
+def _repro_exact(path: Path, tries: int, state_dir: Path | None) -> int:
+    from durable_spaces.campaigns.record import RunRecord
+    from durable_spaces.campaigns.replay import differences, exact_spec, reproduction
+    from durable_spaces.errors import RecordError
+
+    if not 1 <= tries <= 100:
+        raise fail(f"--tries must be between 1 and 100, not {tries}")
+    if not path.is_file():
+        raise fail(f"--exact {path} is not a run record file")
+    try:
+        original = RunRecord.load(path)
+        if state_dir is None:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            state_dir = Path("campaigns-out") / "repro" / f"{original.run_id}-exact-{stamp}"
+        state_dir = usable_dir("--state-dir", state_dir)
+        specs = [
+            exact_spec(original, str(state_dir / f"try-{k}"), run_id=f"exact-{k}")
+            for k in range(1, tries + 1)
+        ]
+    except (RecordError, ConfigError, ValueError, KeyError, TypeError) as e:
+        raise fail(f"--exact {path}: {e}") from None
+    session = _session()
+    replays = []
+    for spec in specs:
+        Path(spec.state_dir).mkdir(parents=True, exist_ok=True)
+        rec = asyncio.run(session.run_one(spec))
+        rec.save(state_dir)
+        replays.append(rec)
+        diff = differences(original, rec)
+        failing = ",".join(rec.failing_checks()) or "-"
+        typer.echo(f"RESULT run={rec.run_id} outcome={rec.outcome} failing={failing} "
+                   f"interleaving={'same' if not diff else 'different'}")  # fmt: skip
+        for d in diff:
+            typer.echo(f"  differs {d}")
+    rep = reproduction(original, replays)
+    typer.echo(rep.line())
+    return 0 if all(r.outcome == "ok" for r in replays) else 1
+
+
+@app.command()
+def agent() -> None:
+    """The campaign's scripted driver entry (a coordinator runs it once per attempt)."""
+    from durable_spaces.campaigns.agent import main as agent_main
+
+    raise typer.Exit(agent_main())

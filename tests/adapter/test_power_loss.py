@@ -1,0 +1,138 @@
+"""A host that lost power: the log kept fewer commits than the Space acted on (the
+Space is *ahead* of the log). Made here without a FUSE layer, exactly: the log file of
+an earlier moment is put back (what SQLite ``NORMAL`` may leave after a power cut) and
+the host's boot id changes (``DS_HOST_BOOT_ID``, ``durable_spaces/space_boot.py``). The
+next driver must bring the workspace back to what the log implies (transactional: the
+image; checkpoint: the newest recorded checkpoint), so the calls the log forgot run
+again exactly once."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
+from durable_spaces.adapter.machine import BootWatch
+from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
+from durable_spaces.adapter.state import DOC, SpaceState
+from durable_spaces.backends import open_backend
+from durable_spaces.harness.log import SqliteStorage
+from durable_spaces.harness.models import ScriptedModel
+from durable_spaces.harness.scheduler import AgentConfig, Harness
+from durable_spaces.harness.tools import CodingTools, Registry
+from durable_spaces.space_boot import BOOT_ENV, read_host_boot_id
+
+SEED = "power-3"  # steps 0-2 and 3-5 each hold a bash call
+
+
+def _files(spaces: Path) -> dict[str, bytes]:
+    (work,) = spaces.glob("*/work")
+    return {str(p.relative_to(work)): p.read_bytes() for p in work.rglob("*") if p.is_file()}
+
+
+class Host:
+    def __init__(self, tmp: Path, mode: str) -> None:
+        self.tmp = tmp
+        self.mode = mode
+        self.log = tmp / "log.sqlite"
+        self.backend = open_backend("local", tmp / "spaces")
+        self.store = DirectoryCheckpointStore(tmp / "store")
+
+    def adapter(self, epoch: int) -> DurableSpaces:
+        snaps = WorkspaceSnapshots(self.backend, store=self.store)
+        return durable_spaces(self.backend, snapshots=snaps, mode=self.mode, epoch=epoch)  # type: ignore[arg-type]
+
+    async def submit(self, epoch: int, request: str, steps: int) -> DurableSpaces:
+        durable = self.adapter(epoch)
+        reg = Registry().install(CodingTools).install(durable.extension)
+        storage = SqliteStorage(str(self.log), synchronous="FULL")
+        h = await Harness.open(
+            storage,
+            models={"s": ScriptedModel(SEED, steps)},
+            registry=reg,
+            env=durable.env,
+        )
+        try:
+            root = await h.root(AgentConfig(model="s"))
+            if steps:
+                done = await (await root.submit(request, request_id=request)).wait()
+                assert done.status == "done"
+            else:
+                await durable.ensure_space(h, root.id)
+            self.state = SpaceState.from_json(root.document(DOC))
+        finally:
+            await h.close()
+            storage.close()
+        return durable
+
+
+@pytest.mark.parametrize(
+    ("mode", "kind"), [("transactional", "reverted"), ("checkpoint", "restored")]
+)
+async def test_a_space_ahead_of_a_rolled_back_log_is_brought_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, kind: str
+) -> None:
+    boot = tmp_path / "boot_id"
+    boot.write_text("boot-a\n")
+    monkeypatch.setenv(BOOT_ENV, str(boot))
+    host = Host(tmp_path, mode)
+    await host.submit(1, "first", 3)
+    assert host.state.boot == "boot-a"  # the log knows which boot it committed on
+    kept = _files(tmp_path / "spaces")
+    shutil.copy(host.log, tmp_path / "log.kept")  # what a power cut leaves of the log
+    await host.submit(2, "second", 6)  # three more calls change the Space
+    ahead = _files(tmp_path / "spaces")
+    assert ahead != kept
+
+    # Power loss: the log's tail is gone, the Space kept its effects, the host rebooted.
+    shutil.copy(tmp_path / "log.kept", host.log)
+    boot.write_text("boot-b\n")
+    durable = await host.submit(3, "", 0)  # the next driver binds to the Space
+    assert [e.kind for e in durable.events] == [kind]
+    assert _files(tmp_path / "spaces") == kept, "the Space is still ahead of the log"
+    assert host.state.boot == "boot-b"
+
+    # The forgotten calls, asked for again, run once each: the same workspace as before.
+    durable = await host.submit(4, "second", 6)
+    assert _files(tmp_path / "spaces") == ahead
+    # Keys carry the boot they were started on: a call the log forgot, issued again with
+    # the same n (and, were the epoch source lost too, the same epoch) gets a new key.
+    keys = {int(c.split("-")[1][1:]): r.key for c, r in host.state.calls.items() if r.key}
+    assert keys and all(k.endswith("-boota" if n < 3 else "-bootb") for n, k in keys.items())
+    assert any(n >= 3 for n in keys), keys
+
+
+async def test_the_same_boot_is_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    boot = tmp_path / "boot_id"
+    boot.write_text("boot-a\n")
+    monkeypatch.setenv(BOOT_ENV, str(boot))
+    host = Host(tmp_path, "transactional")
+    await host.submit(1, "first", 3)
+    durable = await host.submit(2, "", 0)
+    assert durable.events == []
+
+
+def test_exec_keys_of_two_boots_differ_and_boot_ids_are_validated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    watch = BootWatch(None)  # type: ignore[arg-type]
+    assert watch.key_suffix("s") == ""
+    watch._boot["s"] = "1f2e-3d4c-5b6a-7980"
+    assert watch.key_suffix("s") == "-1f2e3d4c5b6a"
+    watch._boot["s"] = "9f2e-3d4c-5b6a-7980"
+    assert watch.key_suffix("s") == "-9f2e3d4c5b6a"
+    f = tmp_path / "b"
+    monkeypatch.setenv(BOOT_ENV, str(f))
+    assert read_host_boot_id() is None  # missing
+    f.write_text("two words\n")
+    assert read_host_boot_id() is None
+    f.write_text("x" * 200)
+    assert read_host_boot_id() is None
+    f.write_text("abc-123\n")
+    assert read_host_boot_id() == "abc-123"
+    monkeypatch.delenv(BOOT_ENV)
+    assert read_host_boot_id() == Path("/proc/sys/kernel/random/boot_id").read_text().strip()

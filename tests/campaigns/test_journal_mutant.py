@@ -1,0 +1,42 @@
+"""The lab must catch a change journal that misses events (``DS_MUTANTS=journal_miss``:
+appends to existing files never reach the image): a short transactional campaign on
+``local`` fails it on the image-versus-workspace check, and the same campaign on the
+correct build passes. What the journal vouches for is therefore checked, not assumed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _campaign(out: Path, mutant: bool) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.pop("DS_MUTANTS", None)
+    env.pop("DS_SPACE_JOURNAL", None)
+    if mutant:
+        env["DS_MUTANTS"] = "journal_miss"
+    args = ["campaign", "--mode", "transactional", "--backend", "local", "--runs", "4",
+            "--calls", "8", "--seed-base", "jmiss", "--jobs", "2", "--out", str(out),
+            "--no-progress", "--no-report", "--retries", "0"]  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "durable_spaces.cli", *args],
+        cwd=out.parent, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def test_a_journal_that_misses_events_is_caught_and_the_real_one_passes(tmp_path: Path) -> None:
+    broken = _campaign(tmp_path / "broken", mutant=True)
+    summary = broken.stdout.splitlines()[-1]
+    assert broken.returncode == 1, broken.stdout[-2000:]
+    assert summary.startswith("SUMMARY mode=transactional backend=local ")
+    assert " failed=0 " not in summary
+    assert "(image_equals_workspace)" in broken.stdout, broken.stdout[-2000:]
+    fixed = _campaign(tmp_path / "fixed", mutant=False)
+    assert fixed.returncode == 0, fixed.stdout[-2000:]
+    assert " failed=0 " in fixed.stdout.splitlines()[-1]

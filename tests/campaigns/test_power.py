@@ -1,0 +1,105 @@
+"""Power losses: the host's state on powerfs, the ``power_loss`` fault and what the
+checker names after it (``campaigns/power.py``, ``checks/power.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from durable_spaces.campaigns.checks.power import power_losses
+from durable_spaces.campaigns.coordinator_state import StateFile, read_state
+from durable_spaces.campaigns.spec import CampaignSpec, RunSpec
+from durable_spaces.chaos.powerfs import mount, unavailable
+from durable_spaces.chaos.profiles import PROFILES
+from durable_spaces.chaos.schedule import Schedule
+from durable_spaces.errors import ConfigError
+
+_WHY = unavailable()
+needs_fuse = pytest.mark.skipif(_WHY is not None, reason=f"powerfs cannot run here: {_WHY}")
+
+POINTS = ["adapter.call", "adapter.start_mark", "adapter.outcome_commit"]
+
+
+def test_power_profiles_draw_power_losses_and_others_never_do() -> None:
+    power = [Schedule.draw(f"p-{i}", POINTS, 6, "power") for i in range(50)]
+    kinds = {f.kind for s in power for a in s.attempts for f in a.faults}
+    kinds |= {p.kind for s in power for a in s.attempts for p in a.at_points}
+    assert "power_loss" in kinds
+    for name, prof in PROFILES.items():
+        if prof.power:
+            continue
+        drawn = [Schedule.draw(f"p-{i}", POINTS, 6, name) for i in range(50)]
+        assert "power_loss" not in {k for s in drawn for k in s.planned_faults()}, (
+            f"profile {name} drew a power loss"
+        )
+    assert PROFILES["power"].log_synchronous == "FULL"
+    assert PROFILES["power-normal"].log_synchronous == "NORMAL"
+
+
+def test_power_profiles_refuse_other_backends() -> None:
+    with pytest.raises(ConfigError, match="local only"):
+        CampaignSpec(mode="transactional", backend="spacesd", profile="power")
+
+
+def test_a_full_log_that_lost_commits_fails_and_a_normal_one_is_named() -> None:
+    cut = {"lost_commits": 3, "commits_after": 7, "space_ahead": True}
+    full = power_losses([cut], "FULL")
+    assert full["valid"] is False
+    assert [a["name"] for a in full["anomalies"]] == ["log_rolled_back"]
+    normal = power_losses([cut], "NORMAL")
+    assert normal["valid"] is True
+    assert "log_rolled_back: 1" in normal["detail"] and "space_ahead: 1" in normal["detail"]
+    kept = power_losses([{"lost_commits": 0, "space_ahead": False}], "FULL")
+    assert kept["valid"] is True and "nothing lost" in kept["detail"]
+
+
+@needs_fuse
+def test_issued_epochs_survive_a_power_loss(tmp_path: Path) -> None:
+    """The coordinator's file is synced (file, rename, directory) before a driver runs
+    under the epoch: a cut never gives an old epoch out again."""
+    (tmp_path / "disk" / "session").mkdir(parents=True)
+    (tmp_path / "host").mkdir()
+    fs = mount(tmp_path / "disk", tmp_path / "host")
+    try:
+        state = StateFile(tmp_path / "host" / "session", "s", "c1")
+        assert [state.issue(0, False, lambda e, p: None) for _ in range(3)] == [1, 2, 3]
+        fs.cut(tear=True)
+        assert read_state(tmp_path / "host" / "session")["last_epoch"] == 3
+        assert (
+            StateFile(tmp_path / "host" / "session", "s", "c2").issue(0, False, lambda e, p: None)
+            == 4
+        )
+    finally:
+        fs.unmount()
+
+
+@needs_fuse
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("mode", "profile", "seed"),
+    [("transactional", "power", "pt-1"), ("checkpoint", "power-normal", "pt-4")],
+)
+def test_a_power_run_is_consistent(tmp_path: Path, mode: str, profile: str, seed: str) -> None:
+    """One campaign run of a power profile: the power goes at least once, the run is
+    consistent, and the cut's observation is in the record."""
+    from durable_spaces.campaigns.run import run_one
+
+    run = RunSpec(
+        run_id="run-0000",
+        seed=seed,
+        mode=mode,
+        backend="local",
+        calls=5,
+        durable_mode=mode,
+        state_dir=str(tmp_path / "run"),
+        profile=profile,
+    )
+    rec = asyncio.run(run_one(run))
+    assert rec.faults.get("power_loss", 0) >= 1, rec.faults
+    assert rec.outcome == "ok", {k: v["detail"] for k, v in rec.checks.items() if not v["valid"]}
+    assert rec.checks["power_losses"]["valid"] is True
+    cuts = rec.extra["power"]
+    assert cuts and all("lost_commits" in c for c in cuts)
+    assert not (tmp_path / "run" / "host").is_mount()  # unmounted after the run
