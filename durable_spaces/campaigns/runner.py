@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import psutil
 from rich.console import Console
@@ -115,6 +115,14 @@ class CampaignResult:
     @property
     def summary_line(self) -> str:
         return self.summary.line()
+
+
+class RunExecutor(Protocol):
+    """Where a campaign's runs run: ``_Runs`` (a process each, on this machine) by
+    default; ``durable_spaces/cluster/campaign_queue.py`` puts them on the cluster's queue
+    for workers anywhere. Replays of failures and shrinking stay on this machine."""
+
+    async def run(self, spec: RunSpec) -> RunRecord: ...
 
 
 class _Runs:
@@ -225,6 +233,7 @@ def run_campaign(
     progress: bool = True,
     stdout: IO[str] | None = None,
     retries: int = 3,
+    executor: RunExecutor | None = None,
 ) -> CampaignResult:
     """Run the campaign; print REPRO/SHRUNK lines and the SUMMARY line to ``stdout``.
 
@@ -253,6 +262,9 @@ def run_campaign(
         if rs.schedule is not None:
             sched_files[rs.run_id] = str(rs.schedule.save(out / "schedules" / f"{rs.run_id}.json"))
     runs = _Runs(ref, out, run_timeout_s)
+    first: RunExecutor = runs if executor is None else executor
+    if executor is not None:
+        jobs = len(specs) or 1  # all on the queue at once: the workers are the parallelism
 
     async def all_runs() -> list[RunRecord]:
         sem = asyncio.Semaphore(jobs)
@@ -262,7 +274,7 @@ def run_campaign(
 
             async def one(rs: RunSpec) -> RunRecord:
                 async with sem:
-                    rec = await runs.run(rs)
+                    rec = await first.run(rs)
                 if not rec.repro:
                     rec.repro = rs.repro(sched_files.get(rs.run_id))
                 rec.save(out / "runs")

@@ -25,7 +25,7 @@ import typer
 from durable_spaces.campaigns.scenarios import known_scenarios
 from durable_spaces.campaigns.spec import BACKENDS
 from durable_spaces.cli.app import app, fail, usable_dir
-from durable_spaces.errors import ConfigError
+from durable_spaces.errors import ConfigError, DurableSpacesError
 
 SESSION_MODULE = "durable_spaces.campaigns.run"
 #: A week: a run that needs longer is wedged (the default is 900 s).
@@ -98,6 +98,10 @@ def campaign(
         int | None,
         typer.Option(help="instead: run K seeds twice each, report how many went the same way"),
     ] = None,
+    db: Annotated[
+        str | None,
+        typer.Option("--db", help="run on the cluster's queue (workers anywhere): its libpq URL"),
+    ] = None,
 ) -> None:
     """Run a crash campaign; SUMMARY is the last line; exit 1 if any run failed (3 if
     only the lab itself broke)."""
@@ -112,6 +116,10 @@ def campaign(
     except ConfigError as e:
         raise fail(str(e)) from None
     run_timeout = _run_timeout(run_timeout)
+    if db is not None and determinism is not None:
+        raise fail("--db and --determinism: the determinism check runs here, not queued")
+    if db is not None and spec.scenario == "redrive":
+        raise fail("--db: a redrive run brings its own cluster; run it without the queue")
     if out is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         out = Path("campaigns-out") / f"{spec.mode}-{spec.backend}-{spec.seed_base}-{stamp}"
@@ -144,10 +152,25 @@ def campaign(
         if make is None:
             raise fail(f"{SESSION_MODULE} has no exhaustive_schedules(spec, work_dir)")
         schedules = make(spec, out / "trace")
-    result = run_campaign(
-        spec, f"{SESSION_MODULE}:run_one", out_dir=out, schedules=schedules,
-        run_timeout_s=run_timeout, shrink_failures=shrink, progress=progress, retries=retries,
-    )  # fmt: skip
+    executor = None
+    if db is not None:
+        from durable_spaces.cluster.campaign_queue import QueuedRuns, campaign_name
+
+        try:
+            executor = QueuedRuns(db, campaign_name(out.name, time.time()),
+                                  run_timeout_s=run_timeout)  # fmt: skip
+        except DurableSpacesError as e:
+            raise fail(str(e), 1) from None
+        typer.echo(f"campaign {executor.campaign}: runs queued for workers", err=True)
+    try:
+        result = run_campaign(
+            spec, f"{SESSION_MODULE}:run_one", out_dir=out, schedules=schedules,
+            run_timeout_s=run_timeout, shrink_failures=shrink, progress=progress,
+            retries=retries, executor=executor,
+        )  # fmt: skip
+    finally:
+        if executor is not None:
+            executor.close()
     if report:
         from durable_spaces.reports.render import render_report
 
