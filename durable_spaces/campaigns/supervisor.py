@@ -157,7 +157,11 @@ class Supervisor:
         tick = min(1.0, self.stall_secs / 8)
         try:
             while not waiter.done() and not abandoned.done():
-                await asyncio.wait({waiter, abandoned}, timeout=tick)
+                # FIRST_COMPLETED: the default (all) would notice a death only at the
+                # next tick, adding up to a second to every resume.
+                await asyncio.wait(
+                    {waiter, abandoned}, timeout=tick, return_when=asyncio.FIRST_COMPLETED
+                )
                 silent = time.monotonic() - last_output
                 if (
                     not waiter.done()
