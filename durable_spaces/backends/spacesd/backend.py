@@ -52,7 +52,7 @@ from durable_spaces.backends.spacesd.daemon import (
     sweep_untracked,
     unshare_reason,
 )
-from durable_spaces.backends.spacesd.space import SpacesdSpace, SweepWhen
+from durable_spaces.backends.spacesd.space import SpacesdSpace, SweepWhen, start_runtime
 from durable_spaces.errors import (
     BackendUnavailableError,
     ConfigError,
@@ -64,6 +64,7 @@ from durable_spaces.space import PathTable, confine
 __all__ = ["SpacesdBackend", "daemon_binary", "unavailable_reason", "unshare_reason"]
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+_SDK_HOME = ".cua-sdk"
 _unavailable: str | bool | None = False
 
 
@@ -226,9 +227,18 @@ class SpacesdBackend:
         #: Seconds from process start to the daemon's first answer, last start.
         self.last_boot_seconds: float | None = None
 
+    @staticmethod
+    def warm_up(state_dir: str | os.PathLike[str]) -> None:
+        """For a driver started before its launch (``adapter/warm_driver.py``): check the
+        binary and start the SDK runtime of this state dir now, not on the first call.
+        Opens no Space and creates nothing."""
+        home = Path(state_dir).absolute() / _SDK_HOME
+        if unavailable_reason() is None and home.is_dir():
+            start_runtime(str(home))
+
     def _sdk_home(self) -> str:
         """The cua SDK's state for this backend (its sandbox registry), not ~/.cua."""
-        home = self.state_dir / ".cua-sdk"
+        home = self.state_dir / _SDK_HOME
         home.mkdir(mode=0o700, exist_ok=True)
         return str(home)
 

@@ -126,6 +126,12 @@ def _runtime(sdk_home: str | None) -> Any:
     return rt
 
 
+def start_runtime(sdk_home: str) -> None:
+    """Start the SDK runtime of ``sdk_home`` ahead of the first call (a warm driver
+    before its launch); it connects to nothing and writes nothing."""
+    _runtime(sdk_home)
+
+
 class SpacesdSpace:
     """A Space whose machine runs a cua-spacesd daemon at ``url``."""
 
