@@ -19,6 +19,7 @@ from typing import Any
 
 import psutil
 import pytest
+from toy_driver import launches
 
 from durable_spaces.campaigns.coordinator import Coordinator, Launch
 from durable_spaces.campaigns.warm import Spares
@@ -31,22 +32,12 @@ TOY_M = [sys.executable, "-m", "toy_driver"]
 PATH_ENV = {"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
 
 
-def launches(state_dir: Path) -> list[tuple[int, int]]:
-    p = state_dir / "launches.log"
-    if not p.exists():
-        return []
-    return [(int(a), int(b)) for a, b in (ln.split() for ln in p.read_text().splitlines())]
-
-
 def coord(tmp_path: Path, plan: dict[str, Any], **kw: Any) -> Coordinator:
-    kw.setdefault("stall_secs", 10)
-    kw.setdefault("heartbeat_secs", 0.1)
-    kw.setdefault("backoff", (0.05, 0.5, 2))
-    kw.setdefault("max_attempts", 6)
-    kw.setdefault("timeout_secs", 90)
-    kw.setdefault("warm", True)
+    """A coordinator of the toy driver run by ``-m`` (so it can be warm), warm by default."""
     env = {"TOY_PLAN": json.dumps(plan), **PATH_ENV, **kw.pop("env", {})}
-    return Coordinator(TOY_M, tmp_path, "toy", env=env, **kw)
+    opts: dict[str, Any] = dict(stall_secs=10, heartbeat_secs=0.1, backoff=(0.05, 0.5, 2))
+    opts.update(max_attempts=6, timeout_secs=90, warm=True)
+    return Coordinator(TOY_M, tmp_path, "toy", env=env, **(opts | kw))
 
 
 def spares(c: Coordinator) -> Spares:
