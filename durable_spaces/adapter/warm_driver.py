@@ -50,16 +50,22 @@ def _prepare(state_dir: Path, module: str) -> None:
 
 
 def _become(launch: wl.WarmLaunch, sock: socket.socket, fd: int) -> None:
-    """Take the launch's stderr, stdin /dev/null (as a cold driver's), its environment
-    and argv; the failpoints are armed from that environment."""
+    """Take the launch's stderr, stdin /dev/null (as a cold driver's), its argv and its
+    variables read at run time; the failpoints are armed from them. Only those change:
+    the rest of the launch's environment is the spare's own (checked in ``main``), and
+    what the spare's imports wrote into it (``setdefault``s) stays, as in a cold driver
+    whose imports ran after its environment was set."""
     os.dup2(fd, 2)
     os.close(fd)
     sock.detach()  # fd 0 becomes /dev/null below; the socket must not close it later
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    os.environ.clear()
-    os.environ.update(launch.env)
+    for k in sorted(wl.RUNTIME_VARS):
+        if k in launch.env:
+            os.environ[k] = launch.env[k]
+        else:
+            os.environ.pop(k, None)
     failpoints.arm()
     sys.argv = list(launch.argv)
 
@@ -72,6 +78,8 @@ def main(argv: list[str]) -> int:
         module = wl.check_module(argv[1])
     except ConfigError as e:
         return _refuse(e)
+    # Before any import of the driver's: this module's own imports write no variable.
+    started_with = dict(os.environ)
     _prepare(state_dir, module)
     try:
         sock = socket.socket(fileno=0)
@@ -94,6 +102,9 @@ def main(argv: list[str]) -> int:
         wl.check_stderr(fds[0])
         usable = fds[0]
         launch = wl.decode(data, argv[1:])
+        differs = wl.cold_reason(started_with, launch.env)
+        if differs is not None:
+            raise ConfigError(f"the launch cannot be taken warm: {differs}")
     except ConfigError as e:
         return _refuse(e, usable)
     finally:

@@ -187,12 +187,13 @@ async def test_warm_drivers_can_be_turned_off(
 class Spare:
     """A real spare of the toy driver, on a socket pair, outside any coordinator."""
 
-    def __init__(self, tmp: Path, module: str = "toy_driver") -> None:
+    def __init__(self, tmp: Path, module: str = "toy_driver", *args: str) -> None:
         self.tmp = tmp
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.env = {**os.environ, **PATH_ENV, "TOY_PLAN": json.dumps({"default": "done"})}
+        path = os.pathsep.join([str(tmp), PATH_ENV["PYTHONPATH"]])
+        self.env = {**os.environ, "PYTHONPATH": path, "TOY_PLAN": json.dumps({"default": "done"})}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", WARM_MODULE, str(tmp), module],
+            [sys.executable, "-m", WARM_MODULE, str(tmp), module, *args],
             stdin=theirs,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -234,6 +235,10 @@ def _bad_cases(sp: Spare) -> dict[str, tuple[bytes, str]]:
         "a string epoch": (_message(sp, epoch="3"), "integer"),
         "a NUL in a value": (_message(sp, env={**env3, "X": "a\x00b"}), "NUL"),
         "a name with =": (_message(sp, env={**env3, "A=B": "1"}), "variable name"),
+        "an import-time variable not the spare's": (
+            _message(sp, env={**env3, "DS_MUTANTS": "rerun_exited"}),
+            "cannot be taken warm: DS_MUTANTS",
+        ),
         "a zero epoch": (
             _message(sp, epoch=0, env={**env3, "CUA_SESSION_EPOCH": "0"}),
             ">= 1",
@@ -253,6 +258,7 @@ def _bad_cases(sp: Spare) -> dict[str, tuple[bytes, str]]:
         "a string epoch",
         "a NUL in a value",
         "a name with =",
+        "an import-time variable not the spare's",
         "a zero epoch",
     ],
 )
@@ -293,6 +299,27 @@ def test_a_good_launch_runs_the_driver_as_that_epoch(tmp_path: Path) -> None:
     assert code == 0, err
     assert launches(tmp_path) == [(3, sp.proc.pid)]
     assert '"first_step"' in out and "CUA-HEARTBEAT 3 " in out
+
+
+def test_what_the_spares_imports_wrote_into_its_environment_stays(tmp_path: Path) -> None:
+    # As in a cold driver, whose imports run after its environment is set (the spacesd
+    # backend's setdefault of DO_NOT_TRACK, say).
+    # (In a module the driver imports: the driver's own module runs again at launch.)
+    (tmp_path / "envtoy_dep.py").write_text(
+        "import os\nos.environ.setdefault('ENVTOY', 'set by an import')\n"
+    )
+    (tmp_path / "envtoy.py").write_text(
+        "import os, sys\n"
+        "import envtoy_dep\n"
+        "if __name__ == '__main__':\n"
+        "    print(os.environ.get('ENVTOY'), os.environ['CUA_SESSION_EPOCH'], sys.argv[1:])\n"
+    )
+    sp = Spare(tmp_path, "envtoy", "--flag")
+    with open(sp.log, "ab") as log:
+        sp.send(encode(5, ["envtoy", "--flag"], sp.env_of(5)), [log.fileno()])
+    code, out, err = sp.finish()
+    assert code == 0, err
+    assert out.strip() == "set by an import 5 ['--flag']"
 
 
 def test_end_of_file_before_a_launch_exits_0_having_done_nothing(tmp_path: Path) -> None:
