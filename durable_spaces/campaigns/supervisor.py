@@ -221,6 +221,9 @@ class Supervisor:
         a.exit_code = code
         a.ended_ms = now_ms()
         a.done.set()
+        silent = a.killed_by == "stall" and not a.heartbeats and not a.events
+        if a.warm and silent and self.spares is not None:  # from its launch on: no more
+            self.spares.give_up(f"the warm driver of epoch {a.epoch} never spoke")
         self._emit(
             "exit",
             a.epoch,

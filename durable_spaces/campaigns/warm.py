@@ -13,6 +13,9 @@ uses it):
 - a spare that dies while waiting is replaced; after ``MAX_LOSSES`` deaths in a row the
   coordinator stops keeping one (a spare that cannot start would otherwise be restarted
   for ever) and every attempt is cold;
+- a warm attempt that never printed a line before being killed as stalled (a
+  ``warm_up`` that hangs, say) makes the coordinator ``give_up`` on spares: a cold
+  driver never runs ``warm_up``, so warm attempts must not be what keeps failing;
 - ``close()`` kills and reaps the spare: none outlives its coordinator. A coordinator
   that dies without closing leaves the spare reading end of file on its socket: it exits
   without having done anything.
@@ -71,6 +74,7 @@ class Spares:
         self._starting: asyncio.Task[None] | None = None
         self._env: dict[str, str] | None = None
         self._losses = 0
+        self._discarding: set[asyncio.Task[None]] = set()
         self.closed = False
 
     @property
@@ -149,6 +153,16 @@ class Spares:
         self._losses = 0
         return spare.process
 
+    def give_up(self, why: str) -> None:
+        """No more spares for this coordinator: every attempt from now on is cold."""
+        self._losses = MAX_LOSSES
+        self._emit("warm_off", 0, reason=why)
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            task = asyncio.create_task(self._discard(spare))
+            self._discarding.add(task)
+            task.add_done_callback(self._discarding.discard)
+
     async def _discard(self, spare: Spare) -> None:
         spare.sock.close()
         if spare.watcher is not None:
@@ -167,3 +181,5 @@ class Spares:
         spare, self._spare = self._spare, None
         if spare is not None:
             await self._discard(spare)
+        if self._discarding:
+            await asyncio.gather(*self._discarding, return_exceptions=True)

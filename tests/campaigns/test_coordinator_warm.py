@@ -402,3 +402,28 @@ async def test_a_warm_driver_killed_mid_call_recovers_like_a_cold_one(tmp_path: 
     assert cold_warm == [False, False, False] and hot_warm == [False, True, True]
     assert hot_rec == cold_rec and hot_rec  # the same recoveries, decided the same way
     assert cold_ok and hot_ok  # the workspace is what the committed log implies
+
+
+async def test_a_warm_driver_that_never_speaks_turns_spares_off(tmp_path: Path) -> None:
+    # A warm_up that hangs leaves the launched spare silent: killed as stalled, and the
+    # attempts after it are cold (a cold driver never runs warm_up).
+    (tmp_path / "hangs_warm.py").write_text(
+        "import time\n"
+        "from toy_driver import main\n"
+        "def warm_up(state_dir):\n"
+        "    time.sleep(3600)\n"
+        "if __name__ == '__main__':\n"
+        "    raise SystemExit(main())\n"
+    )
+    path = os.pathsep.join([str(tmp_path), PATH_ENV["PYTHONPATH"]])
+    c = Coordinator(
+        [sys.executable, "-m", "hangs_warm"], tmp_path, "toy",
+        env={"TOY_PLAN": json.dumps({"1": "crash", "default": "done"}), "PYTHONPATH": path},
+        stall_secs=2.0, heartbeat_secs=0.1, backoff=(0.05, 0.5, 2), max_attempts=6,
+        timeout_secs=90, warm=True,
+    )  # fmt: skip
+    r = await c.run()
+    assert r.status == "done"
+    assert [a.warm for a in c.history] == [False, True, False]
+    assert r.exit_codes == [1, -signal.SIGKILL, 0] and r.stalls == 1
+    assert [e["event"] for e in r.events].count("warm_off") == 1
