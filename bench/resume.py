@@ -1,13 +1,15 @@
 """Resume after a kill, backoff excluded: cold drivers against warm ones, back to back.
 
     python -m bench.resume [--backends local,spacesd] [--kills 12] [--rounds 2]
+                           [--kill-after 0.1]
 
 The campaign's own driver (``python -m durable_spaces.campaigns.agent``, transactional
-mode, one Space) re-driven by a ``Coordinator``: each driver is SIGKILLed 0.1-0.2 s after
-its first step; the next driver's first step ends the resume. The figure is what the
-campaign's SUMMARY and the report's "p50 excl. backoff" column measure
+mode, one Space) re-driven by a ``Coordinator``: each driver is SIGKILLed 0.1-0.2 s
+(``--kill-after``) after its first step; the next driver's first step ends the resume.
+The figure is the campaign report's "p50 excl. backoff" column
 (``Resume.latency_excl_backoff_ms``: the coordinator's kill to the next driver's
-``first_step`` event, minus the backoff slept). Cold (``warm=False``) and warm
+``first_step`` event, minus the backoff slept; SUMMARY's ``resume_p50_ms`` keeps the
+backoff in). Cold (``warm=False``) and warm
 (``warm=True``) alternate per round so that a loaded machine weighs on both alike.
 Prints one line per backend and mode::
 
@@ -28,7 +30,8 @@ from durable_spaces.campaigns.agent import AgentConfigFile
 from durable_spaces.campaigns.coordinator import Coordinator
 from durable_spaces.campaigns.summary import percentile
 
-DELAY = 0.1
+#: Seconds after a driver's first step that it is killed (plus up to 0.1 s drawn).
+KILL_AFTER_S = 0.1
 AGENT = [sys.executable, "-m", "durable_spaces.campaigns.agent"]
 
 
@@ -64,7 +67,7 @@ async def resumes(backend: str, kills: int, warm: bool, seed: str) -> tuple[list
                 while a.alive and a.first_step_ms is None:
                     await asyncio.sleep(0.005)
                 if n < kills and a.alive:
-                    await asyncio.sleep(DELAY + 0.1 * rng.random())
+                    await asyncio.sleep(KILL_AFTER_S + 0.1 * rng.random())
                     if c.kill_current("nemesis") is not None:
                         n += 1
 
@@ -80,11 +83,14 @@ async def resumes(backend: str, kills: int, warm: bool, seed: str) -> tuple[list
 
 
 def main() -> None:
+    global KILL_AFTER_S
     ap = argparse.ArgumentParser()
     ap.add_argument("--backends", default="local,spacesd")
     ap.add_argument("--kills", type=int, default=12, help="kills per round")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--kill-after", type=float, default=KILL_AFTER_S, help="seconds")
     args = ap.parse_args()
+    KILL_AFTER_S = args.kill_after
     for backend in args.backends.split(","):
         reason = unavailable_reason(backend)
         if reason is not None:
