@@ -45,7 +45,7 @@ async def resumes(backend: str, kills: int, warm: bool, seed: str) -> tuple[list
             backend_dir=str(root / "spaces"),
             mode="transactional",
             seed=seed,
-            calls=kills * 3 + 6,
+            calls=kills * max(3, int(KILL_AFTER_S * 40)) + 6,  # enough to outlast the kills
             store_dir=str(root / "store"),
         ).save(root / "session")
         c = Coordinator(
