@@ -1,7 +1,8 @@
-"""The spacesd Space's helper commands (the scan's ``find`` and ``xargs sha256sum``) run
-under the epoch the Space was last advanced to, so a helper its driver's death left
-waiting (an ``xargs`` never fed its stdin) is killed by the successor's advance. Under
-epoch 0 it outlived every advance: the campaigns' ``resurrected_process``."""
+"""The spacesd Space's helper commands (the daemon-side scan's ``find`` and ``xargs
+sha256sum``, ``read_files``' ``tar``) run under the epoch the Space was last advanced to,
+so a helper its driver's death left waiting (an ``xargs`` never fed its stdin) is killed
+by the successor's advance. Under epoch 0 it outlived every advance: the campaigns'
+``resurrected_process``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import psutil
@@ -37,19 +37,10 @@ async def main():
     space = await SpacesdBackend(sys.argv[1]).find("helper")
     await space.advance_epoch(1)
     SpacesdSpace._feed = die
-    await space.scan()
+    await SpacesdSpace.scan(space)  # the daemon's scan (this host's would not need one)
 
 asyncio.run(main())
 """
-
-
-@pytest.fixture
-async def backend(tmp_path: Path) -> AsyncIterator[SpacesdBackend]:
-    b = SpacesdBackend(tmp_path / "spaces")
-    yield b
-    for name in await b.names():
-        await b.delete(name)
-    await b.close()
 
 
 def _waiting_helpers(root: str) -> list[int]:
@@ -64,9 +55,16 @@ def _waiting_helpers(root: str) -> list[int]:
     return out
 
 
-async def test_a_helper_left_by_a_dead_driver_dies_with_the_next_epoch(
-    backend: SpacesdBackend, tmp_path: Path
-) -> None:
+async def test_a_helper_left_by_a_dead_driver_dies_with_the_next_epoch(tmp_path: Path) -> None:
+    backend = SpacesdBackend(tmp_path / "spaces")
+    try:
+        await _left_helper_is_killed(backend, tmp_path)
+    finally:
+        await backend.delete("helper")
+        await backend.close()
+
+
+async def _left_helper_is_killed(backend: SpacesdBackend, tmp_path: Path) -> None:
     space = await backend.create("helper")
     await space.write_file("a.txt", b"to hash", epoch=1)
     r = await asyncio.to_thread(
