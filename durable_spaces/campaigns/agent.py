@@ -29,7 +29,7 @@ from durable_spaces.adapter.snapshots import (
     Snapshots,
     WorkspaceSnapshots,
 )
-from durable_spaces.backends import open_backend
+from durable_spaces.backends import backend_class, open_backend
 from durable_spaces.errors import ConfigError
 from durable_spaces.harness.models import ScriptedModel
 from durable_spaces.harness.scheduler import AgentConfig, Harness
@@ -85,6 +85,15 @@ def build(cfg: AgentConfigFile) -> tuple[DurableSpaces, ScriptedModel]:
         transactional=limits,
     )
     return durable, ScriptedModel(cfg.seed, cfg.calls, sleep=cfg.sleep, server=cfg.server)
+
+
+def warm_up(state_dir: Path) -> None:
+    """Before a warm driver's launch (``adapter/warm_driver.py``): import this run's
+    backend and let it start what it can without a Space (its class's ``warm_up``)."""
+    cfg = AgentConfigFile.load(state_dir)
+    warm = getattr(backend_class(cfg.backend), "warm_up", None)
+    if callable(warm):
+        warm(cfg.backend_dir)
 
 
 def main() -> int:

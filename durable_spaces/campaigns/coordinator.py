@@ -59,6 +59,7 @@ from typing import Any
 
 from durable_spaces.campaigns.coordinator_state import LOCK_FILE, STATE_FILE, StateFile, read_state
 from durable_spaces.campaigns.supervisor import EXIT_ABANDONED, Attempt, Launch, Supervisor, now_ms
+from durable_spaces.campaigns.warm import enabled_by_env
 from durable_spaces.chaos import failpoints, points
 from durable_spaces.errors import PermanentFailure
 from durable_spaces.session_protocol import (
@@ -146,6 +147,7 @@ class Coordinator:
         timeout_secs: float | None = None,
         cwd: str | Path | None = None,
         epoch_source: Callable[[int], Awaitable[int]] | None = None,
+        warm: bool | None = None,
     ) -> None:
         self.argv = list(argv)
         self.state_dir = Path(state_dir)
@@ -187,6 +189,8 @@ class Coordinator:
             emit=self._emit,
             kill=self.kill_current,
             on_event=self._driver_event,
+            # A spare driver per coordinator (campaigns/warm.py): on unless turned off.
+            warm=enabled_by_env() if warm is None else warm,
         )
 
     # -- hooks for the runner ------------------------------------------------------------
@@ -245,6 +249,7 @@ class Coordinator:
                     result = self._result("exhausted", f"timeout after {self.timeout_secs}s")
         finally:
             self.settled.set()
+            await self._drivers.close_spares()
             await self._drivers.stop(self.current, "coordinator_exit")
             await self._drivers.reap_abandoned(self.history)
             for q in self._subscribers:
@@ -361,7 +366,7 @@ class Coordinator:
         self.current = a
         self.history.append(a)
         self._state.record_driver(a.epoch, a.pid)
-        self._emit("launch", a.epoch, pid=a.pid, index=a.index)
+        self._emit("launch", a.epoch, pid=a.pid, index=a.index, warm=a.warm)
         for q in self._subscribers:
             q.put_nowait(a)
         return a

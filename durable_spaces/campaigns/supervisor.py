@@ -8,6 +8,11 @@ when it has been silent for ``stall_secs``, and reaps it. A driver given up on w
 being killed (``Attempt.abandon``) is left running: its reaping continues in the
 background and its exit code lands on its ``Attempt`` whenever it ends; when the
 session ends, abandoned drivers are waited for (``reap_abandoned``) and none outlives it.
+
+With ``warm`` on, an attempt takes the coordinator's spare (``campaigns/warm.py``: a
+driver process started before its epoch, imports done) instead of a new interpreter
+when it can, and a new spare is started after each launch; either way the attempt is one
+process with the same pid, process group, pipes and exit codes, supervised the same.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from durable_spaces.campaigns.warm import Spares
 from durable_spaces.session_protocol import read_line
 
 #: Not an exit code: what ``Supervisor.supervise`` returns for a driver given up on
@@ -63,6 +69,8 @@ class Attempt:
     events: list[dict[str, Any]] = field(default_factory=list)
     log_path: Path | None = None
     backoff_ms: float = 0.0
+    #: Launched from the coordinator's spare (a warm driver), not a new interpreter.
+    warm: bool = False
     #: When the coordinator gave up on it without killing it (``abandon_current``).
     abandoned_ms: float | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
@@ -95,6 +103,7 @@ class Supervisor:
         emit: Emit,
         kill: Callable[[str], int | None],
         on_event: Callable[[Attempt, dict[str, Any]], None],
+        warm: bool = False,
     ) -> None:
         self.argv = list(argv)
         self.drivers_dir = drivers_dir
@@ -104,23 +113,33 @@ class Supervisor:
         self._kill = kill
         self._on_event = on_event
         self._background: set[asyncio.Task[int]] = set()
+        self.spares: Spares | None = (
+            Spares(self.argv, drivers_dir.parent, cwd=cwd, emit=emit) if warm else None
+        )
 
     async def spawn(self, launch: Launch, backoff_ms: float) -> Attempt:
         log_path = self.drivers_dir / f"epoch-{launch.epoch}.log"
         log = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *self.argv,
-                env=launch.env,
-                cwd=self.cwd,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=log,
-                start_new_session=True,
-                limit=1 << 20,
-            )
+            proc = None
+            if self.spares is not None:
+                proc = await self.spares.take(launch.epoch, launch.env, log)
+            warm = proc is not None
+            if proc is None:
+                proc = await asyncio.create_subprocess_exec(
+                    *self.argv,
+                    env=launch.env,
+                    cwd=self.cwd,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=log,
+                    start_new_session=True,
+                    limit=1 << 20,
+                )
         finally:
             log.close()
+        if self.spares is not None:
+            self.spares.refill(launch.env)  # the next attempt's, started now
         return Attempt(
             index=launch.index,
             epoch=launch.epoch,
@@ -129,7 +148,13 @@ class Supervisor:
             process=proc,
             log_path=log_path,
             backoff_ms=backoff_ms,
+            warm=warm,
         )
+
+    async def close_spares(self) -> None:
+        """Kill and reap the spare: none outlives the session."""
+        if self.spares is not None:
+            await self.spares.close()
 
     async def supervise(self, a: Attempt) -> int:
         """Until the driver exits (its code) or is abandoned (``EXIT_ABANDONED``)."""
@@ -157,7 +182,11 @@ class Supervisor:
         tick = min(1.0, self.stall_secs / 8)
         try:
             while not waiter.done() and not abandoned.done():
-                await asyncio.wait({waiter, abandoned}, timeout=tick)
+                # FIRST_COMPLETED: the default (all) would notice a death only at the
+                # next tick, adding up to a second to every resume.
+                await asyncio.wait(
+                    {waiter, abandoned}, timeout=tick, return_when=asyncio.FIRST_COMPLETED
+                )
                 silent = time.monotonic() - last_output
                 if (
                     not waiter.done()
@@ -192,6 +221,9 @@ class Supervisor:
         a.exit_code = code
         a.ended_ms = now_ms()
         a.done.set()
+        silent = a.killed_by == "stall" and not a.heartbeats and not a.events
+        if a.warm and silent and self.spares is not None:  # from its launch on: no more
+            self.spares.give_up(f"the warm driver of epoch {a.epoch} never spoke")
         self._emit(
             "exit",
             a.epoch,

@@ -13,19 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from toy_driver import launches
 
 from durable_spaces.campaigns.coordinator import Coordinator, Launch, read_state
 from durable_spaces.errors import PermanentFailure, SpaceUnavailableError
 
 HERE = Path(__file__).parent
 TOY = [sys.executable, str(HERE / "toy_driver.py")]
-
-
-def launches(state_dir: Path) -> list[tuple[int, int]]:
-    p = state_dir / "launches.log"
-    if not p.exists():
-        return []
-    return [(int(a), int(b)) for a, b in (ln.split() for ln in p.read_text().splitlines())]
 
 
 def coord(tmp_path: Path, plan: dict[str, Any], **kw: Any) -> Coordinator:

@@ -29,6 +29,14 @@ def say(line: str) -> None:
         sys.stdout.flush()
 
 
+def launches(state_dir: Path) -> list[tuple[int, int]]:
+    """The ``(epoch, pid)`` of every launch so far, as the drivers logged them."""
+    p = state_dir / "launches.log"
+    if not p.exists():
+        return []
+    return [(int(a), int(b)) for a, b in (ln.split() for ln in p.read_text().splitlines())]
+
+
 def event(**fields: object) -> None:
     say("DS-EVENT " + json.dumps({**fields, "unix_ms": int(time.time() * 1000)}))
 

@@ -52,7 +52,7 @@ from durable_spaces.backends.spacesd.daemon import (
     sweep_untracked,
     unshare_reason,
 )
-from durable_spaces.backends.spacesd.space import SpacesdSpace, SweepWhen
+from durable_spaces.backends.spacesd.space import SpacesdSpace, SweepWhen, start_runtime
 from durable_spaces.errors import (
     BackendUnavailableError,
     ConfigError,
@@ -64,6 +64,7 @@ from durable_spaces.space import PathTable, confine
 __all__ = ["SpacesdBackend", "daemon_binary", "unavailable_reason", "unshare_reason"]
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+_SDK_HOME = ".cua-sdk"
 _unavailable: str | bool | None = False
 
 
@@ -74,25 +75,30 @@ def daemon_binary() -> Path:
     return Path(cua.__file__).parent / "bin" / "cua-spacesd-linux-x86_64"
 
 
+def _missing_reason() -> str | None:
+    """Why there is no daemon binary to run (no ``cua``, no file), or None: the cheap
+    half of ``unavailable_reason``."""
+    try:
+        exe = daemon_binary()
+    except ImportError as e:
+        return f"the cua package is not installed: {e}"
+    return None if exe.exists() else f"no cua-spacesd binary at {exe}"
+
+
 def unavailable_reason() -> str | None:
     """None when the daemon binary exists and runs here; otherwise why not (cached)."""
     global _unavailable
     if _unavailable is False:
-        try:
+        _unavailable = _missing_reason()
+        if _unavailable is None:
             exe = daemon_binary()
-        except ImportError as e:
-            _unavailable = f"the cua package is not installed: {e}"
-        else:
-            if not exe.exists():
-                _unavailable = f"no cua-spacesd binary at {exe}"
-            else:
-                try:
-                    r = subprocess.run([str(exe), "--version"], capture_output=True, timeout=20)
-                    _unavailable = (
-                        None if r.returncode == 0 else f"{exe.name} --version exited {r.returncode}"
-                    )
-                except (OSError, subprocess.TimeoutExpired) as e:
-                    _unavailable = f"{exe.name} does not run here: {e}"
+            try:
+                r = subprocess.run([str(exe), "--version"], capture_output=True, timeout=20)
+                _unavailable = (
+                    None if r.returncode == 0 else f"{exe.name} --version exited {r.returncode}"
+                )
+            except (OSError, subprocess.TimeoutExpired) as e:
+                _unavailable = f"{exe.name} does not run here: {e}"
     return _unavailable if isinstance(_unavailable, str) else None
 
 
@@ -211,9 +217,12 @@ class SpacesdBackend:
     ) -> None:
         if isolation not in ("auto", "pidns", "pgroup"):
             raise ValueError(f"isolation must be auto, pidns or pgroup, not {isolation!r}")
-        reason = unavailable_reason() if binary is None else None
+        # Only the cheap check here: a driver that reconnects to a running daemon never
+        # runs the binary, so its ``--version`` run (~50 ms) waits for ``_boot``.
+        reason = _missing_reason() if binary is None else None
         if reason is not None:
             raise BackendUnavailableError(reason)
+        self._checked = binary is not None
         self.state_dir = Path(state_dir).absolute()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.binary = Path(binary) if binary is not None else daemon_binary()
@@ -226,9 +235,18 @@ class SpacesdBackend:
         #: Seconds from process start to the daemon's first answer, last start.
         self.last_boot_seconds: float | None = None
 
+    @staticmethod
+    def warm_up(state_dir: str | os.PathLike[str]) -> None:
+        """For a driver started before its launch (``adapter/warm_driver.py``): check the
+        binary and start the SDK runtime of this state dir now, not on the first call.
+        Opens no Space and creates nothing."""
+        home = Path(state_dir).absolute() / _SDK_HOME
+        if unavailable_reason() is None and home.is_dir():
+            start_runtime(str(home))
+
     def _sdk_home(self) -> str:
         """The cua SDK's state for this backend (its sandbox registry), not ~/.cua."""
-        home = self.state_dir / ".cua-sdk"
+        home = self.state_dir / _SDK_HOME
         home.mkdir(mode=0o700, exist_ok=True)
         return str(home)
 
@@ -265,6 +283,11 @@ class SpacesdBackend:
         A port taken meanwhile by someone else gets a new one, recorded in the state."""
         from durable_spaces.backends.spacesd.space import SpacesdSpace, check_exec_ledger
 
+        if not self._checked:
+            reason = await asyncio.to_thread(unavailable_reason)
+            if reason is not None:
+                raise BackendUnavailableError(reason)
+            self._checked = True
         for attempt in range(3):
             t0 = time.monotonic()
             st = await asyncio.to_thread(d.start, st)

@@ -126,6 +126,12 @@ def _runtime(sdk_home: str | None) -> Any:
     return rt
 
 
+def start_runtime(sdk_home: str) -> None:
+    """Start the SDK runtime of ``sdk_home`` ahead of the first call (a warm driver
+    before its launch); it connects to nothing and writes nothing."""
+    _runtime(sdk_home)
+
+
 class SpacesdSpace:
     """A Space whose machine runs a cua-spacesd daemon at ``url``."""
 
@@ -156,6 +162,10 @@ class SpacesdSpace:
         self._client: Any = None
         self._lock = asyncio.Lock()
         self._scans = ScanCache()
+        #: The epoch this object last advanced the Space to: its helper commands run
+        #: under it, so a driver's next successor kills one its death left waiting (an
+        #: epoch-0 helper outlives every advance, e.g. an unfed ``xargs``).
+        self._helper_epoch = 0
 
     def __repr__(self) -> str:  # never shows the token
         return f"SpacesdSpace({self.name!r}, {self._url!r})"
@@ -253,6 +263,7 @@ class SpacesdSpace:
         if epoch < before:
             raise StaleEpochError(epoch, before, "space")
         await self._rpc("AdvanceEpoch", {"epoch": epoch})
+        self._helper_epoch = max(self._helper_epoch, epoch)
         if when == "always" or (when == "rise" and epoch > before):
             try:
                 await self._sweep_strays()
@@ -354,8 +365,10 @@ class SpacesdSpace:
     async def _run(
         self, argv: Sequence[str], *, cwd: str, stdin: bytes | None = None
     ) -> tuple[SpacesdExecution | RecordedExecution, ExecResult]:
-        """A ledger-less, epoch-less helper command; returns the execution after exit."""
-        ex = await self.spawn(argv, key=None, epoch=0, cwd=cwd, stdin=stdin is not None)
+        """A ledger-less helper command under ``_helper_epoch``; the execution after exit."""
+        ex = await self.spawn(
+            argv, key=None, epoch=self._helper_epoch, cwd=cwd, stdin=stdin is not None
+        )
         if stdin is not None:
             await self._feed(ex, stdin)
         res = await ex.wait()
