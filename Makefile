@@ -15,9 +15,12 @@ export CRASH_MODE CRASH_BACKEND CRASH_RUNS CRASH_CALLS CRASH_SEED_BASE
 .PHONY: setup system-deps test campaign ci bench lint space-image microvm-image \
         bench-log bench-spaces bench-adapter bench-docker bench-microvm bench-campaign
 
-# Python packages (PyPI only), the project itself in editable mode.
+# Python packages (PyPI only), the project itself in editable mode, its bytecode compiled
+# once: with PYTHONDONTWRITEBYTECODE set (as on these machines) every driver a campaign
+# starts would compile every module again (~30 ms of CPU each; bench/resume.py).
 setup:
 	$(PIP) install -q -e '.[test]'
+	$(PYTHON) -m compileall -q durable_spaces
 
 # Debian packages, a running dockerd, the docker Space image, the microvm guest, FUSE
 # for the power-loss filesystem, PostgreSQL for the cluster state, ip/iptables for its hosts.
