@@ -14,6 +14,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from import_graph import circles
+
 import durable_spaces
 
 PKG = Path(durable_spaces.__file__).parent
@@ -59,40 +61,6 @@ def graph(paths: list[Path]) -> dict[str, set[str]]:
             if mod.startswith(dep + "."):  # a submodule importing its own package
                 deps.discard(dep)
     return g
-
-
-def circles(g: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in g.get(v, ()):
-            if w not in g:
-                continue
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                found.append(sorted(comp))
-
-    for v in sorted(g):
-        if v not in index:
-            visit(v)
-    return found
 
 
 def _modules() -> list[Path]:
