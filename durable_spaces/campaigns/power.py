@@ -129,15 +129,23 @@ class PowerHost:
             if pid is not None and attempt is not None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(attempt.done.wait(), _REAP_S)
+            power_off = getattr(self._backend, "power_off", None)
             with contextlib.suppress(SpaceError):
-                # every process of the Space (the local stand-in's "daemon" is its tree)
-                await cast("Faults", self._backend).kill_daemon(self._space)
+                # every process of the Space (the local stand-in's "daemon" is its tree;
+                # a spacesd daemon is killed whole and not started again before the cut)
+                if power_off is not None:
+                    await power_off(self._space)
+                else:
+                    await cast("Faults", self._backend).kill_daemon(self._space)
             tear = random.Random(f"{self.seed}:tear:{self.boots}").random() < self.p_tear
             before = self._look()
             report = self.fs.cut(tear=tear)  # no await: nothing else touches the mount now
             after = self._look()
             self.boots += 1
             _write_boot(self.boot_file, boot_id(self.seed, self.boots))
+            if power_off is not None:
+                with contextlib.suppress(SpaceError):
+                    await self._backend.find(self._space)  # the machine boots with the host
         finally:
             self.up.set()
         cut = {
@@ -153,15 +161,18 @@ class PowerHost:
 
     def _look(self) -> dict[str, Any]:
         """The host's state as a reader sees it now (every process on it is dead)."""
-        return look(self.mountpoint / "session" / "log.sqlite", self._space_dir())
+        space = self.mountpoint / "spaces" / self._space
+        data = space / "data"  # a spacesd daemon's (backends/spacesd/daemon.py)
+        if data.is_dir():
+            ledger, epoch = data / "exec-ledger.jsonl", data / "exec-epoch"
+        else:
+            ledger, epoch = space / "ledger.jsonl", space / "epoch"
+        return look(self.mountpoint / "session" / "log.sqlite", ledger, epoch)
 
-    def _space_dir(self) -> Path:
-        return self.mountpoint / "spaces" / self._space
 
-
-def look(log: Path, space_dir: Path) -> dict[str, Any]:
+def look(log: Path, ledger: Path, epoch_file: Path) -> dict[str, Any]:
     """Commits, their highest epoch and the fence floor of the log; the highest epoch in
-    the ``local`` Space's ledger and its floor (None for what cannot be read)."""
+    the Space's exec ledger and its floor (None for what cannot be read)."""
     out: dict[str, Any] = {"commits": None, "log_epoch": None, "log_floor": None}
     if log.exists():
         with contextlib.suppress(LogError):
@@ -171,13 +182,13 @@ def look(log: Path, space_dir: Path) -> dict[str, Any]:
             out["log_floor"] = raw.floor
     epochs = []
     with contextlib.suppress(OSError):
-        for line in (space_dir / "ledger.jsonl").read_bytes().splitlines():
+        for line in ledger.read_bytes().splitlines():
             with contextlib.suppress(ValueError, AttributeError, TypeError):
                 epochs.append(int(json.loads(line).get("epoch")))
     out["ledger_epoch"] = max(epochs, default=None)
     floor = None
     with contextlib.suppress(OSError, ValueError):
-        floor = int((space_dir / "epoch").read_text().strip() or 0)
+        floor = int(epoch_file.read_text().strip() or 0)
     out["space_floor"] = floor
     return out
 
