@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from durable_spaces.campaigns.checks.rawlog import read_sqlite
+from durable_spaces.campaigns.checks.rawlog import read_log
 from durable_spaces.chaos.powerfs import PowerFS, mount
 from durable_spaces.errors import LogError, SpaceError
 from durable_spaces.space_boot import BOOT_ENV
@@ -38,8 +38,9 @@ if TYPE_CHECKING:
     from durable_spaces.campaigns.coordinator import Coordinator, Launch
     from durable_spaces.space import Faults, SpaceBackend
 
-#: The driver's log's SQLite ``synchronous`` level (``adapter/driver.py``).
+#: The driver's log's SQLite ``synchronous`` level and format (``adapter/driver.py``).
 LOG_SYNC_ENV = "DS_LOG_SYNCHRONOUS"
+LOG_FORMAT_ENV = "DS_LOG_FORMAT"
 HOST_DIR = "host"
 DISK_DIR = "host.disk"
 FS_STATE_DIR = "host.powerfs"
@@ -64,11 +65,20 @@ class PowerHost:
     """One run's host: ``start(dirs)`` lays the given directories (relative to the
     mount) out durably and mounts; ``power_loss`` is the fault; ``stop()`` unmounts."""
 
-    def __init__(self, root: Path, seed: str, *, p_tear: float, log_synchronous: str | None):
+    def __init__(
+        self,
+        root: Path,
+        seed: str,
+        *,
+        p_tear: float,
+        log_synchronous: str | None,
+        log_format: str = "sqlite",
+    ):
         self.root = root
         self.seed = seed
         self.p_tear = p_tear
         self.log_synchronous = log_synchronous
+        self.log_format = log_format
         self.mountpoint = root / HOST_DIR
         self.disk = root / DISK_DIR
         self.boot_file = root / BOOT_FILE
@@ -118,6 +128,7 @@ class PowerHost:
         launch.env[BOOT_ENV] = str(self.boot_file)
         if self.log_synchronous is not None:
             launch.env[LOG_SYNC_ENV] = self.log_synchronous
+        launch.env[LOG_FORMAT_ENV] = self.log_format
 
     async def power_loss(self, value: Mapping[str, Any]) -> dict[str, Any]:
         if self.fs is None or self._coordinator is None or self._backend is None:
@@ -167,7 +178,8 @@ class PowerHost:
             ledger, epoch = data / "exec-ledger.jsonl", data / "exec-epoch"
         else:
             ledger, epoch = space / "ledger.jsonl", space / "epoch"
-        return look(self.mountpoint / "session" / "log.sqlite", ledger, epoch)
+        name = "log.jsonl" if self.log_format == "jsonl" else "log.sqlite"
+        return look(self.mountpoint / "session" / name, ledger, epoch)
 
 
 def look(log: Path, ledger: Path, epoch_file: Path) -> dict[str, Any]:
@@ -176,7 +188,7 @@ def look(log: Path, ledger: Path, epoch_file: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"commits": None, "log_epoch": None, "log_floor": None}
     if log.exists():
         with contextlib.suppress(LogError):
-            raw = read_sqlite(log)
+            raw = read_log(log)
             out["commits"] = len(raw.commits)
             out["log_epoch"] = max((c.epoch or 0 for c in raw.commits), default=0)
             out["log_floor"] = raw.floor
@@ -208,7 +220,6 @@ def _compare(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, A
         "space_ahead": ahead,
         "after": dict(after),
     }
-
 
 
 __all__ = ["BOOT_ENV", "LOG_SYNC_ENV", "PowerHost", "boot_id"]
