@@ -191,7 +191,7 @@ def look(log: Path, ledger: Path, epoch_file: Path) -> dict[str, Any]:
             raw = read_log(log)
             out["commits"] = len(raw.commits)
             out["log_epoch"] = max((c.epoch or 0 for c in raw.commits), default=0)
-            out["log_floor"] = raw.floor
+            out["log_floor"] = raw.floor if raw.format == "sqlite" else _marker_floor(log)
     epochs = []
     with contextlib.suppress(OSError):
         for line in ledger.read_bytes().splitlines():
@@ -203,6 +203,17 @@ def look(log: Path, ledger: Path, epoch_file: Path) -> dict[str, Any]:
         floor = int(epoch_file.read_text().strip() or 0)
     out["space_floor"] = floor
     return out
+
+
+def _marker_floor(log: Path) -> int | None:
+    """A JSONL log's fence floor: its highest ``epoch-<n>`` marker
+    (``harness/log_jsonl.py``'s ``FencedFileSystem``), None when there is none."""
+    try:
+        names = os.listdir(f"{log}.fence")
+    except OSError:
+        return None
+    epochs = [int(n[6:]) for n in names if n.startswith("epoch-") and n[6:].isdigit()]
+    return max(epochs, default=None)
 
 
 def _compare(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:

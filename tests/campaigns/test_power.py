@@ -169,3 +169,20 @@ def test_a_power_run_is_consistent(
     assert all(c["commits_before"] is not None for c in cuts)  # the log was read
     assert any(c["after"]["ledger_epoch"] is not None for c in cuts)  # so was the ledger
     assert not (tmp_path / "run" / "host").is_mount()  # unmounted after the run
+
+
+def test_the_host_reads_a_jsonl_logs_floor_from_its_markers(tmp_path: Path) -> None:
+    """A JSONL log's fence is its marker files: the host's look at it must see the floor
+    there (else every cut would read as ``space_ahead``)."""
+    from durable_spaces.campaigns.power import look
+    from durable_spaces.harness.log import open_fenced_jsonl
+
+    log = tmp_path / "log.jsonl"
+    storage, _ = open_fenced_jsonl(log, 3)
+    try:
+        storage.append([])
+    finally:
+        storage.close()
+    (tmp_path / "epoch").write_text("3\n")
+    seen_now = look(log, tmp_path / "ledger.jsonl", tmp_path / "epoch")
+    assert (seen_now["commits"], seen_now["log_epoch"], seen_now["log_floor"]) == (1, 3, 3)
