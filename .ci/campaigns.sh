@@ -29,6 +29,8 @@ done
 if why=$(python -c 'from durable_spaces.chaos.powerfs import unavailable as u; import sys; r=u(); print(r or ""); sys.exit(1 if r else 0)'); then
   run "power-local" --mode transactional --backend local --runs 8 --calls 6 --seed-base ci-power --profile power
   run "power-checkpoint-local" --mode checkpoint --backend local --runs 6 --calls 5 --seed-base ci-pcp --profile power
+  # the cua-spacesd daemon's data dir (ledger, epoch floor) on the mount too (~30 s)
+  run "power-spacesd" --mode transactional --backend spacesd --runs 4 --calls 6 --seed-base ci-psd --profile power
 else
   echo "== power campaigns skipped: $why"
 fi

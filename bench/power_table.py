@@ -2,7 +2,8 @@
 
     python -m bench.power_table OUT_DIR [OUT_DIR ...]
 
-Each ``OUT_DIR`` is a ``durable-spaces campaign --profile power|power-normal`` output
+Each ``OUT_DIR`` is a ``durable-spaces campaign --profile power|power-normal|power-jsonl|
+power-jsonl-nofsync`` output
 (``campaigns/runner.py``'s layout). One Markdown row per campaign: the log's level, the
 adapter's mode, consistent runs of all, power losses that landed, commits lost per cut
 (mean and max, read by the host just before and just after each cut:
@@ -18,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from durable_spaces.campaigns.checks.power import seen
+from durable_spaces.campaigns.checks.power import log_label, seen
 from durable_spaces.chaos.profiles import profile_named
 
 
@@ -36,11 +37,12 @@ def row(out: Path) -> list[str]:
             names["lab_error"] += 1
     lost = [int(c["lost_commits"]) for c in cuts if c.get("lost_commits") is not None]
     ok = sum(1 for r in records if r["outcome"] == "ok")
-    sync = profile_named(meta["profile"]).log_synchronous or "NORMAL"
+    prof = profile_named(meta["profile"])
     per_cut = f"{sum(lost) / len(lost):.1f} (max {max(lost)})" if lost else "-"
     found = ", ".join(f"{k} {v}" for k, v in sorted(names.items())) or "none"
     return [
-        f"SQLite {sync}",
+        log_label(prof.log_synchronous, prof.log_format),
+        str(meta["backend"]),
         str(meta["durable_mode"]),
         f"{ok}/{len(records)}",
         str(len(cuts)),
@@ -53,7 +55,8 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
-    head = ["log", "mode", "consistent", "power losses", "commits lost per cut", "anomalies"]
+    head = ["log", "backend", "mode", "consistent", "power losses", "commits lost per cut"]
+    head.append("anomalies")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for d in argv:

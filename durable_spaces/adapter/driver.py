@@ -8,6 +8,8 @@ Contract with the coordinator (README.md, "The adapter in code"):
   ``CUA_SESSION_SPACE`` (the Space to fence before anything runs); each is checked
   strictly by ``session_env`` before anything is opened or created; optional
   ``DS_LOG_SYNCHRONOUS`` (``NORMAL``, the default, or ``FULL``: the log's SQLite level);
+  optional ``DS_LOG_FORMAT`` (``sqlite``, the default, or ``jsonl``: ``log.jsonl`` with
+  its marker-file fence, an fsync per commit unless ``DS_LOG_SYNCHRONOUS=OFF``);
 - exit codes: 0 done, 78 permanent (bad environment, ``PermanentFailure``, a submission
   that ended unanswered, a Space that cannot be fenced for good), 75 fenced (a newer
   epoch exists; returned as soon as the log's fence refuses, even if the run never
@@ -40,7 +42,7 @@ from durable_spaces.errors import (
     PermanentFailure,
     StaleEpochError,
 )
-from durable_spaces.harness.log import Fence, Storage, open_fenced_sqlite
+from durable_spaces.harness.log import Fence, Storage, open_fenced_jsonl, open_fenced_sqlite
 from durable_spaces.session_protocol import (
     EXIT_CRASHED,
     EXIT_DONE,
@@ -59,6 +61,8 @@ from durable_spaces.session_protocol import (
 )
 
 LOG_FILE = "log.sqlite"
+JSONL_LOG_FILE = "log.jsonl"
+LOG_FORMAT_ENV = "DS_LOG_FORMAT"
 
 
 @dataclass(frozen=True)
@@ -198,12 +202,24 @@ def run_durable_session(durable: DurableSpaces, start: Start) -> int:
             return EXIT_CRASHED
 
 
+def _open_log(session: Session) -> tuple[Storage, Fence]:
+    """The session's log as ``DS_LOG_FORMAT``/``DS_LOG_SYNCHRONOUS`` ask (module doc)."""
+    fmt = os.environ.get(LOG_FORMAT_ENV) or "sqlite"
+    sync = os.environ.get("DS_LOG_SYNCHRONOUS") or "NORMAL"
+    if fmt == "jsonl":
+        if sync not in ("NORMAL", "FULL", "OFF"):
+            raise ConfigError(f"DS_LOG_SYNCHRONOUS={sync!r} for a JSONL log: NORMAL, FULL or OFF")
+        return open_fenced_jsonl(
+            str(session.state_dir / JSONL_LOG_FILE), session.epoch, fsync=sync != "OFF"
+        )
+    if fmt != "sqlite":
+        raise ConfigError(f"{LOG_FORMAT_ENV}={fmt!r}: sqlite or jsonl")
+    # a bad level: ConfigError
+    return open_fenced_sqlite(str(session.state_dir / LOG_FILE), session.epoch, synchronous=sync)
+
+
 async def _drive(durable: DurableSpaces, start: Start, session: Session) -> int:
-    storage, fence = open_fenced_sqlite(
-        str(session.state_dir / LOG_FILE),
-        session.epoch,
-        synchronous=os.environ.get("DS_LOG_SYNCHRONOUS") or "NORMAL",  # a bad one: ConfigError
-    )
+    storage, fence = _open_log(session)
     fenced = asyncio.Event()
 
     def on_stale(err: StaleEpochError) -> None:

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from durable_spaces.campaigns.checks.rawlog import read_sqlite
+from durable_spaces.campaigns.checks.rawlog import read_log
 from durable_spaces.chaos.powerfs import PowerFS, mount
 from durable_spaces.errors import LogError, SpaceError
 from durable_spaces.space_boot import BOOT_ENV
@@ -38,8 +38,9 @@ if TYPE_CHECKING:
     from durable_spaces.campaigns.coordinator import Coordinator, Launch
     from durable_spaces.space import Faults, SpaceBackend
 
-#: The driver's log's SQLite ``synchronous`` level (``adapter/driver.py``).
+#: The driver's log's SQLite ``synchronous`` level and format (``adapter/driver.py``).
 LOG_SYNC_ENV = "DS_LOG_SYNCHRONOUS"
+LOG_FORMAT_ENV = "DS_LOG_FORMAT"
 HOST_DIR = "host"
 DISK_DIR = "host.disk"
 FS_STATE_DIR = "host.powerfs"
@@ -64,11 +65,20 @@ class PowerHost:
     """One run's host: ``start(dirs)`` lays the given directories (relative to the
     mount) out durably and mounts; ``power_loss`` is the fault; ``stop()`` unmounts."""
 
-    def __init__(self, root: Path, seed: str, *, p_tear: float, log_synchronous: str | None):
+    def __init__(
+        self,
+        root: Path,
+        seed: str,
+        *,
+        p_tear: float,
+        log_synchronous: str | None,
+        log_format: str = "sqlite",
+    ):
         self.root = root
         self.seed = seed
         self.p_tear = p_tear
         self.log_synchronous = log_synchronous
+        self.log_format = log_format
         self.mountpoint = root / HOST_DIR
         self.disk = root / DISK_DIR
         self.boot_file = root / BOOT_FILE
@@ -118,6 +128,7 @@ class PowerHost:
         launch.env[BOOT_ENV] = str(self.boot_file)
         if self.log_synchronous is not None:
             launch.env[LOG_SYNC_ENV] = self.log_synchronous
+        launch.env[LOG_FORMAT_ENV] = self.log_format
 
     async def power_loss(self, value: Mapping[str, Any]) -> dict[str, Any]:
         if self.fs is None or self._coordinator is None or self._backend is None:
@@ -129,15 +140,23 @@ class PowerHost:
             if pid is not None and attempt is not None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(attempt.done.wait(), _REAP_S)
+            power_off = getattr(self._backend, "power_off", None)
             with contextlib.suppress(SpaceError):
-                # every process of the Space (the local stand-in's "daemon" is its tree)
-                await cast("Faults", self._backend).kill_daemon(self._space)
+                # every process of the Space (the local stand-in's "daemon" is its tree;
+                # a spacesd daemon is killed whole and not started again before the cut)
+                if power_off is not None:
+                    await power_off(self._space)
+                else:
+                    await cast("Faults", self._backend).kill_daemon(self._space)
             tear = random.Random(f"{self.seed}:tear:{self.boots}").random() < self.p_tear
             before = self._look()
             report = self.fs.cut(tear=tear)  # no await: nothing else touches the mount now
             after = self._look()
             self.boots += 1
             _write_boot(self.boot_file, boot_id(self.seed, self.boots))
+            if power_off is not None:
+                with contextlib.suppress(SpaceError):
+                    await self._backend.find(self._space)  # the machine boots with the host
         finally:
             self.up.set()
         cut = {
@@ -153,33 +172,48 @@ class PowerHost:
 
     def _look(self) -> dict[str, Any]:
         """The host's state as a reader sees it now (every process on it is dead)."""
-        return look(self.mountpoint / "session" / "log.sqlite", self._space_dir())
+        space = self.mountpoint / "spaces" / self._space
+        data = space / "data"  # a spacesd daemon's (backends/spacesd/daemon.py)
+        if data.is_dir():
+            ledger, epoch = data / "exec-ledger.jsonl", data / "exec-epoch"
+        else:
+            ledger, epoch = space / "ledger.jsonl", space / "epoch"
+        name = "log.jsonl" if self.log_format == "jsonl" else "log.sqlite"
+        return look(self.mountpoint / "session" / name, ledger, epoch)
 
-    def _space_dir(self) -> Path:
-        return self.mountpoint / "spaces" / self._space
 
-
-def look(log: Path, space_dir: Path) -> dict[str, Any]:
+def look(log: Path, ledger: Path, epoch_file: Path) -> dict[str, Any]:
     """Commits, their highest epoch and the fence floor of the log; the highest epoch in
-    the ``local`` Space's ledger and its floor (None for what cannot be read)."""
+    the Space's exec ledger and its floor (None for what cannot be read)."""
     out: dict[str, Any] = {"commits": None, "log_epoch": None, "log_floor": None}
     if log.exists():
         with contextlib.suppress(LogError):
-            raw = read_sqlite(log)
+            raw = read_log(log)
             out["commits"] = len(raw.commits)
             out["log_epoch"] = max((c.epoch or 0 for c in raw.commits), default=0)
-            out["log_floor"] = raw.floor
+            out["log_floor"] = raw.floor if raw.format == "sqlite" else _marker_floor(log)
     epochs = []
     with contextlib.suppress(OSError):
-        for line in (space_dir / "ledger.jsonl").read_bytes().splitlines():
+        for line in ledger.read_bytes().splitlines():
             with contextlib.suppress(ValueError, AttributeError, TypeError):
                 epochs.append(int(json.loads(line).get("epoch")))
     out["ledger_epoch"] = max(epochs, default=None)
     floor = None
     with contextlib.suppress(OSError, ValueError):
-        floor = int((space_dir / "epoch").read_text().strip() or 0)
+        floor = int(epoch_file.read_text().strip() or 0)
     out["space_floor"] = floor
     return out
+
+
+def _marker_floor(log: Path) -> int | None:
+    """A JSONL log's fence floor: its highest ``epoch-<n>`` marker
+    (``harness/log_jsonl.py``'s ``FencedFileSystem``), None when there is none."""
+    try:
+        names = os.listdir(f"{log}.fence")
+    except OSError:
+        return None
+    epochs = [int(n[6:]) for n in names if n.startswith("epoch-") and n[6:].isdigit()]
+    return max(epochs, default=None)
 
 
 def _compare(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
@@ -197,7 +231,6 @@ def _compare(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, A
         "space_ahead": ahead,
         "after": dict(after),
     }
-
 
 
 __all__ = ["BOOT_ENV", "LOG_SYNC_ENV", "PowerHost", "boot_id"]

@@ -85,7 +85,11 @@ def _host(run: RunSpec) -> PowerHost | None:
     if not prof.power:
         return None
     host = PowerHost(
-        Path(run.state_dir), run.seed, p_tear=prof.p_tear, log_synchronous=prof.log_synchronous
+        Path(run.state_dir),
+        run.seed,
+        p_tear=prof.p_tear,
+        log_synchronous=prof.log_synchronous,
+        log_format=prof.log_format,
     )
     # the drivers' output (the coordinator's drivers/) is the lab's record: off the host
     host.start(["session", "spaces", "store"], off_host=["session/drivers"])
@@ -248,6 +252,8 @@ async def _check(
     placement = ctx.placement
     ev = Evidence(placement.name, None, result.status, result.reason, facts=facts)
     log = ctx.paths.session / "log.sqlite"
+    if not log.exists() and (ctx.paths.session / "log.jsonl").exists():
+        log = ctx.paths.session / "log.jsonl"  # DS_LOG_FORMAT=jsonl (a power-jsonl profile)
     if not log.exists():
         ev.missing = "no log was written"
     else:
@@ -319,7 +325,7 @@ def _fill(record: RunRecord, result: CoordinatorResult, injector: Injector) -> N
 
 def _power_check(host: PowerHost) -> RunCheck:
     def check(ev: Evidence) -> Verdict:
-        return power_losses(host.cuts, host.log_synchronous)
+        return power_losses(host.cuts, host.log_synchronous, host.log_format)
 
     return check
 

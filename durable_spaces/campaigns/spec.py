@@ -137,11 +137,11 @@ class CampaignSpec:
         _positive_int("--calls/CRASH_CALLS", self.calls, MAX_CALLS)
         _positive_int("--jobs/CRASH_JOBS", self.jobs, MAX_JOBS)
         _choice("--profile/CRASH_PROFILE", self.profile, tuple(PROFILES))
-        if PROFILES[self.profile].power and self.backend != "local":
+        if PROFILES[self.profile].power and self.backend not in ("local", "spacesd"):
             raise ConfigError(
                 f"--profile/CRASH_PROFILE {self.profile} (power losses) runs on "
-                "--backend/CRASH_BACKEND=local only: its Spaces' state is on the host's "
-                f"powerfs mount (campaigns/power.py), not {self.backend}'s"
+                "--backend/CRASH_BACKEND=local or spacesd only: their Spaces' state is on "
+                f"the host's powerfs mount (campaigns/power.py), not {self.backend}'s"
             )
         needs = registration(scenario)
         if needs.backend is not None and self.backend != needs.backend:

@@ -42,8 +42,11 @@ class Profile:
     p_power_loss: float = 0.0
     #: A power loss tears the last unsynced write of each file (drawn per cut).
     p_tear: float = 0.5
-    #: The log's SQLite ``synchronous`` level the drivers open it with (None: the default).
+    #: The log's SQLite ``synchronous`` level the drivers open it with (None: the default);
+    #: for a JSONL log ``OFF`` means no fsync per commit (``adapter/driver.py``).
     log_synchronous: str | None = None
+    #: The drivers' log: ``sqlite`` or ``jsonl`` (``DS_LOG_FORMAT``).
+    log_format: str = "sqlite"
 
     @property
     def power(self) -> bool:
@@ -110,6 +113,9 @@ PROFILES: dict[str, Profile] = {
     # between driver kills, with the log at SQLite FULL ("power") or NORMAL.
     "power": _POWER,
     "power-normal": replace(_POWER, log_synchronous="NORMAL"),
+    # ... with a JSONL log, an fsync per commit or none
+    "power-jsonl": replace(_POWER, log_format="jsonl"),
+    "power-jsonl-nofsync": replace(_POWER, log_format="jsonl", log_synchronous="OFF"),
     # nothing goes wrong: a baseline run
     "calm": Profile(
         p_failpoint=0.0,

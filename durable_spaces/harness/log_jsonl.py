@@ -50,7 +50,8 @@ def _create_private(path: Path) -> bool:
 
 class JsonlStorage:
     """An append-only JSON-lines log: ``{"seq":..,"epoch":..,"ops":[..]}`` per line, one
-    ``write`` and ``fsync`` per commit.
+    ``write`` and ``fsync`` per commit (``fsync=False``: the write alone, so a commit
+    survives a crash of the process but not of the host; measured in README "Power loss").
 
     A torn last line (a crash mid-append) is ignored, reported in ``torn_tail`` and a
     ``TornTailWarning``, and truncated away before the next append. A bad line anywhere
@@ -65,9 +66,11 @@ class JsonlStorage:
         *,
         fence: Fence | None = None,
         exclusive: bool = True,
+        fsync: bool = True,
     ) -> None:
         self.path = Path(path)
         self.fence = fence
+        self._fsync = fsync
         self.torn_tail: str | None = None
         self._mutex = threading.Lock()
         self._commits: list[Commit] = []
@@ -215,7 +218,8 @@ class JsonlStorage:
                     view = view[os.write(fd, view) :]
                     if view:  # a short write (disk full, file size limit): a line half out
                         failpoints.hit("log.short_write")
-                os.fsync(fd)
+                if self._fsync:
+                    os.fsync(fd)
             except BaseException:
                 os.ftruncate(fd, self._size)  # a failed write (ENOSPC) leaves no torn line
                 raise
@@ -304,8 +308,9 @@ def open_fenced_jsonl(
     epoch: int,
     *,
     fence_dir: str | os.PathLike[str] | None = None,
+    fsync: bool = True,
 ) -> tuple[JsonlStorage, FencedFileSystem]:
     """Open a JSONL log fenced at ``epoch`` by marker files in ``fence_dir`` (default
     ``<path>.fence/``). Best effort: see ``FencedFileSystem`` for the window."""
     fence = FencedFileSystem(fence_dir if fence_dir is not None else f"{path}.fence", epoch)
-    return JsonlStorage(path, fence=fence, exclusive=False), fence
+    return JsonlStorage(path, fence=fence, exclusive=False, fsync=fsync), fence

@@ -38,9 +38,30 @@ def test_power_profiles_draw_power_losses_and_others_never_do() -> None:
     assert PROFILES["power-normal"].log_synchronous == "NORMAL"
 
 
-def test_power_profiles_refuse_other_backends() -> None:
-    with pytest.raises(ConfigError, match="local only"):
-        CampaignSpec(mode="transactional", backend="spacesd", profile="power")
+def test_power_profiles_refuse_backends_off_the_mount() -> None:
+    with pytest.raises(ConfigError, match="local or spacesd only"):
+        CampaignSpec(mode="transactional", backend="docker", profile="power")
+    CampaignSpec(mode="transactional", backend="spacesd", profile="power")
+
+
+@needs_fuse
+def test_a_spacesd_space_record_survives_a_power_loss(tmp_path: Path) -> None:
+    """The daemon's state file, token and directories are synced when the Space is laid
+    out: after a cut the host still knows its Space (and boots its daemon again)."""
+    from durable_spaces.backends.spacesd.daemon import PGROUP, LocalDaemon
+
+    (tmp_path / "disk" / "spaces").mkdir(parents=True)
+    (tmp_path / "host").mkdir()
+    fs = mount(tmp_path / "disk", tmp_path / "host")
+    try:
+        d = LocalDaemon(tmp_path / "host" / "spaces" / "s", Path("/bin/false"), PGROUP, "127.0.0.1")
+        st = d.init()
+        fs.cut(tear=True)
+        back = d.read_state()
+        assert back is not None and back.instance_id == st.instance_id
+        assert d.token() and d.data.is_dir() and d.work.is_dir()
+    finally:
+        fs.unmount()
 
 
 def test_a_full_log_that_lost_commits_fails_and_a_normal_one_is_named() -> None:
@@ -53,6 +74,34 @@ def test_a_full_log_that_lost_commits_fails_and_a_normal_one_is_named() -> None:
     assert "log_rolled_back: 1" in normal["detail"] and "space_ahead: 1" in normal["detail"]
     kept = power_losses([{"lost_commits": 0, "space_ahead": False}], "FULL")
     assert kept["valid"] is True and "nothing lost" in kept["detail"]
+    assert power_losses([cut], "FULL", "jsonl")["valid"] is False  # an fsync per commit
+    unsynced = power_losses([cut], "OFF", "jsonl")
+    assert unsynced["valid"] is True and "JSONL no fsync" in unsynced["detail"]
+
+
+@needs_fuse
+@pytest.mark.parametrize("fsync", [True, False])
+def test_a_jsonl_commit_survives_a_power_loss_only_with_its_fsync(
+    tmp_path: Path, fsync: bool
+) -> None:
+    from durable_spaces.campaigns.checks.rawlog import read_log
+    from durable_spaces.harness.log import open_fenced_jsonl
+
+    (tmp_path / "disk" / "session").mkdir(parents=True)
+    (tmp_path / "host").mkdir()
+    fs = mount(tmp_path / "disk", tmp_path / "host")
+    try:
+        log = tmp_path / "host" / "session" / "log.jsonl"
+        storage, _ = open_fenced_jsonl(log, 1, fsync=fsync)
+        try:
+            storage.append([])
+            storage.append([])
+        finally:
+            storage.close()
+        fs.cut()
+        assert len(read_log(log).commits) == (2 if fsync else 0)
+    finally:
+        fs.unmount()
 
 
 @needs_fuse
@@ -78,19 +127,34 @@ def test_issued_epochs_survive_a_power_loss(tmp_path: Path) -> None:
 @needs_fuse
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("mode", "profile", "seed"),
-    [("transactional", "power", "pt-1"), ("checkpoint", "power-normal", "pt-4")],
+    ("mode", "profile", "seed", "backend"),
+    [
+        ("transactional", "power", "pt-1", "local"),
+        ("checkpoint", "power-normal", "pt-8", "local"),
+        ("transactional", "power", "pt-1", "spacesd"),
+        ("transactional", "power-jsonl", "pt-1", "local"),
+        ("transactional", "power-jsonl-nofsync", "pt-1", "local"),
+    ],
 )
-def test_a_power_run_is_consistent(tmp_path: Path, mode: str, profile: str, seed: str) -> None:
+def test_a_power_run_is_consistent(
+    tmp_path: Path, mode: str, profile: str, seed: str, backend: str
+) -> None:
     """One campaign run of a power profile: the power goes at least once, the run is
-    consistent, and the cut's observation is in the record."""
+    consistent, and the cut's observation is in the record (the daemon's own ledger
+    read on spacesd, the JSONL log's commits counted)."""
     from durable_spaces.campaigns.run import run_one
 
+    if backend == "spacesd":
+        from durable_spaces.backends.spacesd.backend import unavailable_reason
+
+        why = unavailable_reason()
+        if why is not None:
+            pytest.skip(f"cua-spacesd cannot run here: {why}")
     run = RunSpec(
         run_id="run-0000",
         seed=seed,
         mode=mode,
-        backend="local",
+        backend=backend,
         calls=5,
         durable_mode=mode,
         state_dir=str(tmp_path / "run"),
@@ -102,4 +166,23 @@ def test_a_power_run_is_consistent(tmp_path: Path, mode: str, profile: str, seed
     assert rec.checks["power_losses"]["valid"] is True
     cuts = rec.extra["power"]
     assert cuts and all("lost_commits" in c for c in cuts)
+    assert all(c["commits_before"] is not None for c in cuts)  # the log was read
+    assert any(c["after"]["ledger_epoch"] is not None for c in cuts)  # so was the ledger
     assert not (tmp_path / "run" / "host").is_mount()  # unmounted after the run
+
+
+def test_the_host_reads_a_jsonl_logs_floor_from_its_markers(tmp_path: Path) -> None:
+    """A JSONL log's fence is its marker files: the host's look at it must see the floor
+    there (else every cut would read as ``space_ahead``)."""
+    from durable_spaces.campaigns.power import look
+    from durable_spaces.harness.log import open_fenced_jsonl
+
+    log = tmp_path / "log.jsonl"
+    storage, _ = open_fenced_jsonl(log, 3)
+    try:
+        storage.append([])
+    finally:
+        storage.close()
+    (tmp_path / "epoch").write_text("3\n")
+    seen_now = look(log, tmp_path / "ledger.jsonl", tmp_path / "epoch")
+    assert (seen_now["commits"], seen_now["log_epoch"], seen_now["log_floor"]) == (1, 3, 3)

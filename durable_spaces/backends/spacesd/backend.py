@@ -60,6 +60,7 @@ from durable_spaces.errors import (
     SpaceUnavailableError,
 )
 from durable_spaces.space import PathTable, confine
+from durable_spaces.space_boot import read_host_boot_id
 
 __all__ = ["SpacesdBackend", "daemon_binary", "unavailable_reason", "unshare_reason"]
 
@@ -183,6 +184,11 @@ class NamespacedSpace(SpacesdSpace):
     async def close(self) -> None:
         await asyncio.to_thread(self._reset, "closed")
         await super().close()
+
+    async def host_boot_id(self) -> str | None:
+        """The boot id of the host the daemon's data dir and workspace are on
+        (``durable_spaces/space_boot.py``): a power loss drops their unsynced writes."""
+        return read_host_boot_id()
 
     def _sweep_when(self) -> SweepWhen:
         # The process-group fallback has no sweep: the weaker, documented guarantee.
@@ -388,6 +394,15 @@ class SpacesdBackend:
                 raise SpaceGoneError(f"no Space {name!r}")
             await asyncio.to_thread(lambda: d.kill(st, daemon_only=True))
             await self._boot(d, st)
+
+    async def power_off(self, name: str) -> None:
+        """SIGKILL of the whole machine, not started again: the host lost power
+        (``campaigns/power.py``); the next ``find`` boots it on what its disk kept."""
+        d = self._daemon(name)
+        async with self._locked(d):
+            st = d.read_state()
+            if st is not None:
+                await asyncio.to_thread(d.kill, st)
 
     async def pause(self, name: str) -> None:
         """Freeze the Space's machine (SIGSTOP of every process in it, the daemon too):

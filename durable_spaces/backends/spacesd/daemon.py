@@ -102,6 +102,15 @@ class DaemonState:
     booted: float = 0.0
 
 
+def _sync_dir(path: Path) -> None:
+    """fsync a directory: its new entries survive a host crash, not only a process's."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _start_time(pid: int) -> float | None:
     """Start time of a live (non-zombie) process, else None."""
     try:
@@ -246,6 +255,7 @@ class LocalDaemon:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.state_path)
+        _sync_dir(self.home)  # the record survives a host crash (campaigns/power.py)
 
     def token(self) -> str:
         return (self.home / "token").read_text().strip()
@@ -278,10 +288,13 @@ class LocalDaemon:
         fd = os.open(self.home / "token", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_urlsafe(32))
+            f.flush()
+            os.fsync(f.fileno())
         st = DaemonState(
             port=free_port(self.listen_host), instance_id=secrets.token_hex(8), created=time.time()
         )
-        self._write_state(st)
+        self._write_state(st)  # and the home dir's entries with it
+        _sync_dir(self.home.parent)
         return st
 
     # --- process -----------------------------------------------------------------------

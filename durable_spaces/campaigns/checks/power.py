@@ -14,7 +14,10 @@ of the ``local`` Space. Per cut it names:
   the log (revert to the image, or restore the newest checkpoint);
 - a ``duplicate_effect`` or ``lost_effect`` after that is ``checks/effects.py``'s.
 
-The check passes unless a ``FULL`` log rolled back; its detail counts what it saw.
+The same holds for a JSONL log with an fsync per commit (durable like ``FULL``) and one
+without (``OFF``: like ``NORMAL``, it may lose its newest commits).
+
+The check passes unless a durable log rolled back; its detail counts what it saw.
 """
 
 from __future__ import annotations
@@ -39,27 +42,43 @@ def seen(cut: Mapping[str, Any]) -> list[str]:
     return names
 
 
-def power_losses(cuts: Sequence[Mapping[str, Any]], synchronous: str | None) -> Verdict:
-    """Every cut of the run; failed when a log promised as durable (``FULL``) lost a
-    commit."""
+def log_label(synchronous: str | None, log_format: str = "sqlite") -> str:
+    """The log as the README's table names it: ``SQLite FULL``, ``JSONL fsync``, ..."""
+    sync = (synchronous or "NORMAL").upper()
+    if log_format == "jsonl":
+        return "JSONL no fsync" if sync == "OFF" else "JSONL fsync"
+    return f"SQLite {sync}"
+
+
+def durable(synchronous: str | None, log_format: str = "sqlite") -> bool:
+    """Whether the log promises its commits survive a host crash."""
+    return log_label(synchronous, log_format) in ("SQLite FULL", "JSONL fsync")
+
+
+def power_losses(
+    cuts: Sequence[Mapping[str, Any]], synchronous: str | None, log_format: str = "sqlite"
+) -> Verdict:
+    """Every cut of the run; failed when a log promised as durable (``FULL``, JSONL with
+    an fsync per commit) lost a commit."""
     if not cuts:
         return passed("no power loss landed")
     counts: Counter[str] = Counter(n for c in cuts for n in seen(c))
     lost = sum(int(c.get("lost_commits") or 0) for c in cuts)
     summary = ", ".join(f"{n}: {counts[n]}" for n in NAMES if counts[n]) or "nothing lost"
-    detail = f"{len(cuts)} cuts, {lost} commits lost ({summary}; log {synchronous or 'NORMAL'})"
+    label = log_label(synchronous, log_format)
+    detail = f"{len(cuts)} cuts, {lost} commits lost ({summary}; log {label})"
     bad = []
-    if (synchronous or "NORMAL").upper() == "FULL":
+    if durable(synchronous, log_format):
         for i, c in enumerate(cuts):
             if "log_rolled_back" in seen(c):
                 bad.append(
                     anomaly(
                         "log_rolled_back",
-                        f"cut {i}: {c['lost_commits']} commits of a synchronous=FULL log lost",
+                        f"cut {i}: {c['lost_commits']} commits of a durable log ({label}) lost",
                         witness=[int(c.get("commits_after") or 0) + 1],
                     )
                 )
     return judge(bad, detail)
 
 
-__all__ = ["NAMES", "power_losses", "seen"]
+__all__ = ["NAMES", "durable", "log_label", "power_losses", "seen"]

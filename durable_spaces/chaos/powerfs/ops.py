@@ -15,6 +15,14 @@ inode table here. Locks are left to the kernel: no ``lock``/``flock`` callback, 
 does not offer FUSE_POSIX_LOCKS/FLOCK_LOCKS and fcntl and flock locks are local (correct
 for one machine). No ``direct_io``: the page cache serves mmap (SQLite's -shm), and
 without writeback caching every write() reaches the server before it returns.
+
+Unlinked open files: high-level libfuse gives each name of a hard link its own node, and a
+node whose name is gone answers a getattr (the kernel sends ``fstat`` without a file
+handle) with ESTALE. So ``hard_remove`` is off: libfuse renames an open file it is told to
+unlink (or to rename over) to ``.fuse_hidden...`` and unlinks that name at the last
+release. Those renames never touch the live tree's directories: the file moves to a
+private directory beside it (``<live>.hidden``), the old entry counts as removed, and the
+hidden name resolves there, its link not counted in ``st_nlink``.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ _AT_FDCWD = -100
 _CAP_POSIX_LOCKS = 1 << 1
 _CAP_FLOCK_LOCKS = 1 << 10
 _CAP_WRITEBACK_CACHE = 1 << 16
+_HIDDEN = ".fuse_hidden"  # libfuse's prefix for an open file's unlinked name
 _libc = ctypes.CDLL(None, use_errno=True)
 # Deliberately broken builds (tests/chaos/test_powerfs.py proves its checks catch them):
 # "fsync_noop" makes file fsync/fdatasync do nothing, "dirsync_noop" directory fsync.
@@ -86,6 +95,9 @@ class PowerOps(mfusepy.Operations):
         self.mutex = threading.RLock()
         self.files: dict[int, _Open] = {}
         self.dirs: dict[int, int] = {}  # dir fh -> live inode
+        self.hidden_dir = self.live + ".hidden"
+        self.hidden: dict[str, str] = {}  # libfuse's hidden name -> the file's private path
+        self.hidden_links: dict[int, int] = {}  # live inode -> its hidden names
         self.counters = {
             "writes": 0,
             "fsyncs": 0,
@@ -97,7 +109,33 @@ class PowerOps(mfusepy.Operations):
     # --- helpers ---------------------------------------------------------------------
 
     def _p(self, path: str) -> str:
-        return self.live if path == "/" else self.live + path
+        if path == "/":
+            return self.live
+        return self.hidden.get(path) or self.live + path
+
+    @staticmethod
+    def _is_hidden(path: str) -> bool:
+        return os.path.basename(path).startswith(_HIDDEN)
+
+    def _hide(self, old: str, new: str) -> None:
+        """libfuse hides an open file: move it out of the live tree (its entry is gone)."""
+        if old in self.hidden or os.path.isdir(self._p(old)):
+            raise mfusepy.FuseOSError(errno.EBUSY)  # libfuse then refuses the unlink
+        private = os.path.join(self.hidden_dir, str(len(self.hidden)) + "-" + os.path.basename(new))
+        os.makedirs(self.hidden_dir, mode=0o700, exist_ok=True)
+        os.rename(self._p(old), private)
+        self._parent_changed(old)
+        self.hidden[new] = private
+        ino = os.lstat(private).st_ino
+        self.hidden_links[ino] = self.hidden_links.get(ino, 0) + 1
+
+    def _unhide(self, path: str) -> None:
+        private = self.hidden.pop(path)
+        ino = os.lstat(private).st_ino
+        os.unlink(private)
+        left = self.hidden_links.pop(ino, 1) - 1
+        if left:
+            self.hidden_links[ino] = left
 
     @staticmethod
     def _reserve(path: str) -> None:
@@ -143,7 +181,7 @@ class PowerOps(mfusepy.Operations):
     def init_with_config(self, conn: Any, config: Any) -> None:
         if config is not None:
             config.use_ino = 1  # st_ino of the live tree: tar and find see hard links
-            config.hard_remove = 1  # no .fuse_hidden files: they would be dir entries
+            config.hard_remove = 0  # open files unlinked are hidden (module docstring)
         if conn is not None:
             conn.want &= ~(_CAP_WRITEBACK_CACHE | _CAP_POSIX_LOCKS | _CAP_FLOCK_LOCKS)
         self.on_ready()
@@ -164,6 +202,7 @@ class PowerOps(mfusepy.Operations):
             "st_rdev",
         )
         attrs = {k: getattr(st, k) for k in keys}
+        attrs["st_nlink"] -= self.hidden_links.get(st.st_ino, 0)
         attrs.update(st_atime=st.st_atime_ns, st_mtime=st.st_mtime_ns, st_ctime=st.st_ctime_ns)
         return attrs
 
@@ -381,6 +420,9 @@ class PowerOps(mfusepy.Operations):
 
     def unlink(self, path: str) -> int:
         with self.mutex:
+            if path in self.hidden:
+                self._unhide(path)
+                return 0
             os.unlink(self._p(path))
             self._parent_changed(path)
         return 0
@@ -394,6 +436,9 @@ class PowerOps(mfusepy.Operations):
     def rename(self, old: str, new: str, flags: int = 0) -> int:
         self._reserve(new)
         with self.mutex:
+            if self._is_hidden(new) and not flags and new not in self.hidden:
+                self._hide(old, new)
+                return 0
             if flags:
                 _renameat2(self._p(old), self._p(new), flags)
             else:

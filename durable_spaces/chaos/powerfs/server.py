@@ -31,6 +31,7 @@ def lay_out(backing: str, live: str) -> None:
     a copy of the durable image (``cp -a`` keeps hard links, modes, owners, times)."""
     shutil.rmtree(os.path.join(backing, AREA), ignore_errors=True)
     shutil.rmtree(live, ignore_errors=True)
+    shutil.rmtree(live + ".hidden", ignore_errors=True)  # ops.PowerOps: unlinked open files
     os.mkdir(live, 0o700)
     subprocess.run(
         ["cp", "-a", "--reflink=auto", "--", os.path.join(backing, "."), live],
@@ -121,7 +122,6 @@ def main(argv: list[str] | None = None) -> None:
         allow_other=True,
         default_permissions=True,
         use_ino=True,
-        hard_remove=True,
         fsname="powerfs",
         subtype="powerfs",
     )

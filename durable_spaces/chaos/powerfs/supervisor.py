@@ -184,6 +184,7 @@ class Supervisor:
         self._stop(kill=not sync)
         shutil.rmtree(os.path.join(self.backing, AREA), ignore_errors=True)
         shutil.rmtree(self.live, ignore_errors=True)
+        shutil.rmtree(self.live + ".hidden", ignore_errors=True)
 
     # --- the socket ------------------------------------------------------------------
 
