@@ -30,7 +30,7 @@ import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from durable_spaces import session_protocol as sp
 from durable_spaces.adapter.durable import DurableSpaces
@@ -139,13 +139,17 @@ def emit_event(event: str, **fields: Any) -> None:
     sys.stdout.flush()
 
 
-def _silence_stdout() -> None:
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError):
-        pass
+def _orphaned() -> NoReturn:
+    """Nobody reads our heartbeats any more: the coordinator that launched us died. Stop
+    at once, as a SIGKILL would (whatever call is in flight is recovered by the next
+    driver, under a newer epoch: that is the crash this system is built for), with one
+    line instead of a BrokenPipe traceback, and never as a driver nobody supervises."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(
+            "durable-spaces driver: orphaned: the coordinator's pipe closed; exiting\n"
+        )
+        sys.stderr.flush()
+    os._exit(EXIT_FENCED)
 
 
 class Heartbeat:
@@ -163,11 +167,7 @@ class Heartbeat:
                 sys.stdout.write(heartbeat_line(self.epoch))
                 sys.stdout.flush()
             except (BrokenPipeError, ValueError):
-                # Nobody reads us any more (the coordinator died): an orphaned driver goes
-                # on under its fence, quietly. stdout points at /dev/null from here, so
-                # neither this thread nor the interpreter's exit flush prints a traceback.
-                _silence_stdout()
-                return
+                _orphaned()
             if self._stop.wait(self.every):
                 return
 

@@ -1,5 +1,6 @@
-"""A driver whose coordinator died: its heartbeats hit a closed pipe. It must go on quietly
-(its fence still guards the Space), not print a thread traceback on every stop."""
+"""A driver whose coordinator died: its heartbeats hit a closed pipe. Nobody supervises it
+any more, so it stops at once with one line (exit 75, as a superseded driver), never a
+thread traceback and never running on unsupervised."""
 
 from __future__ import annotations
 
@@ -11,20 +12,22 @@ CHILD = """
 import sys, time
 from durable_spaces.adapter.driver import Heartbeat
 with Heartbeat(1, 0.02):
-    time.sleep(1.0)
+    time.sleep(30.0)
 print("still here", file=sys.stderr)
 """
 
 
-def test_a_closed_heartbeat_pipe_is_quiet_and_the_driver_goes_on() -> None:
+def test_a_closed_heartbeat_pipe_stops_the_driver_with_one_line() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     assert proc.stdout is not None and proc.stderr is not None
     assert proc.stdout.readline().startswith(b"CUA-HEARTBEAT 1 ")
+    t0 = time.monotonic()
     proc.stdout.close()  # the coordinator is gone
-    time.sleep(0.2)
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
-    assert b"still here" in err
+    _, err = proc.communicate(timeout=20)
+    assert time.monotonic() - t0 < 20
+    assert proc.returncode == 75, err
+    assert b"orphaned: the coordinator's pipe closed" in err
+    assert b"still here" not in err
     assert b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()
