@@ -24,7 +24,7 @@ from durable_spaces.backends.spacesd.backend import (
     unavailable_reason,
     unshare_reason,
 )
-from durable_spaces.backends.spacesd.space import check_exec_ledger
+from durable_spaces.backends.spacesd.runtime import check_exec_ledger
 from durable_spaces.errors import (
     CapabilityMissingError,
     PathEscapeError,

@@ -52,7 +52,8 @@ from durable_spaces.backends.spacesd.daemon import (
     sweep_untracked,
     unshare_reason,
 )
-from durable_spaces.backends.spacesd.space import SpacesdSpace, SweepWhen, start_runtime
+from durable_spaces.backends.spacesd.runtime import start_runtime
+from durable_spaces.backends.spacesd.space import SpacesdSpace, SweepWhen
 from durable_spaces.errors import (
     BackendUnavailableError,
     ConfigError,
@@ -287,7 +288,8 @@ class SpacesdBackend:
     async def _boot(self, d: LocalDaemon, st: DaemonState) -> DaemonState:
         """Start the daemon and wait for its first answer (caller holds the lock).
         A port taken meanwhile by someone else gets a new one, recorded in the state."""
-        from durable_spaces.backends.spacesd.space import SpacesdSpace, check_exec_ledger
+        from durable_spaces.backends.spacesd.runtime import check_exec_ledger
+        from durable_spaces.backends.spacesd.space import SpacesdSpace
 
         if not self._checked:
             reason = await asyncio.to_thread(unavailable_reason)

@@ -60,6 +60,7 @@ from durable_spaces.backends.spacesd.mutate import (
     mutate_error,
     stopped_reading,
 )
+from durable_spaces.backends.spacesd.runtime import check_exec_ledger, runtime
 from durable_spaces.backends.spacesd.scan import (
     HASH_ARGV,
     LIST_ARGV,
@@ -70,7 +71,6 @@ from durable_spaces.backends.spacesd.scan import (
 from durable_spaces.chaos import mutants
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import (
-    CapabilityMissingError,
     PathEscapeError,
     SpaceError,
     SpaceGoneError,
@@ -97,39 +97,6 @@ _FILE_OPS = frozenset({"download", "make_dir", "remove", "stat", "list_dir", "mo
 
 #: When ``advance_epoch`` sweeps stray processes: never, when the floor rises, or always.
 SweepWhen = Literal["never", "rise", "always"]
-
-
-def check_exec_ledger(caps: Any) -> None:
-    """Refuse a daemon that does not report ``process.exec_ledger`` as supported.
-
-    ``caps`` is a ``cua.SpacesdCapabilities`` (or anything with ``features`` of objects
-    with ``name`` and ``supported``)."""
-    for f in caps.features:
-        if f.name == EXEC_LEDGER and f.supported:
-            return
-    version = getattr(caps, "version", "?")
-    raise CapabilityMissingError(
-        f"cua-spacesd {version} does not report {EXEC_LEDGER!r}: without an exec ledger "
-        "commands could run twice after a crash; use a daemon that has it"
-    )
-
-
-_runtimes: dict[str | None, Any] = {}
-
-
-def _runtime(sdk_home: str | None) -> Any:
-    """One SDK runtime per state dir, shared by the Spaces that use it (each runtime has
-    its own threads; one per Space would grow with the number of Spaces)."""
-    rt = _runtimes.get(sdk_home)
-    if rt is None:
-        rt = _runtimes[sdk_home] = cua.embedded(state_dir=sdk_home, spaces_home=sdk_home)
-    return rt
-
-
-def start_runtime(sdk_home: str) -> None:
-    """Start the SDK runtime of ``sdk_home`` ahead of the first call (a warm driver
-    before its launch); it connects to nothing and writes nothing."""
-    _runtime(sdk_home)
 
 
 class SpacesdSpace:
@@ -191,7 +158,7 @@ class SpacesdSpace:
                         raise SpaceGoneError(f"Space {self.name!r} no longer exists")
                     try:
                         sb = (
-                            await _runtime(self._sdk_home)
+                            await runtime(self._sdk_home)
                             .sandboxes()
                             .connect_url(self._url, self._token, f"ds-{self.name}")
                         )
