@@ -16,16 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from wrapped_harness import wrapped_harness
 
 from durable_spaces.adapter import image_log
-from durable_spaces.adapter.durable import durable_spaces
-from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
-from durable_spaces.backends import open_backend, unavailable_reason
+from durable_spaces.backends import unavailable_reason
 from durable_spaces.backends.local.space import LocalSpace
-from durable_spaces.harness.log import SqliteStorage
-from durable_spaces.harness.scheduler import Harness
-from durable_spaces.harness.tools import CodingTools, Registry
-from durable_spaces.testing import CallListModel, run_call_list
+from durable_spaces.testing import run_call_list
 
 BACKENDS = [
     pytest.param("local", id="local"),
@@ -74,17 +70,7 @@ def _walk(root: str) -> dict[str, bytes]:
 
 async def _run(tmp: Path, backend: str, calls: list[tuple[str, Any]]) -> None:
     """Runs ``calls`` (transactional); checks the recorded image against the workspace."""
-    spaces = open_backend(backend, tmp / "spaces")
-    snaps = WorkspaceSnapshots(spaces, store=DirectoryCheckpointStore(tmp / "store"))
-    durable = durable_spaces(
-        spaces, snapshots=snaps, mode="transactional", epoch=1, namespace=tmp.name
-    )
-    reg = Registry().install(CodingTools).install(durable.extension)
-    storage = SqliteStorage(tmp / "log.sqlite")
-    h = await Harness.open(
-        storage, models={"m": CallListModel(calls)}, registry=reg, env=durable.env
-    )
-    try:
+    async with wrapped_harness(tmp, backend, "transactional", calls) as (h, durable):
         conv, results = await run_call_list(h)
         assert [r["status"] for r in results] == ["ok"] * len(calls), results
         space = await durable.space(conv.id)
@@ -93,12 +79,6 @@ async def _run(tmp: Path, backend: str, calls: list[tuple[str, Any]]) -> None:
         assert set(table) == set(files)
         for path, entry in table.items():
             assert image_log.blob(h, conv.id, entry.sha256 or "") == files[path], path
-    finally:
-        await h.close()
-        storage.close()
-        for n in await spaces.names():
-            await spaces.delete(n)
-        await spaces.close()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

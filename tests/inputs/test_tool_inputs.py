@@ -13,14 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from wrapped_harness import wrapped_harness
 
-from durable_spaces.adapter.durable import durable_spaces
-from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
-from durable_spaces.backends import open_backend, unavailable_reason
-from durable_spaces.harness.log import SqliteStorage
-from durable_spaces.harness.scheduler import Harness
-from durable_spaces.harness.tools import CodingTools, Registry
-from durable_spaces.testing import CallListModel, run_call_list
+from durable_spaces.backends import unavailable_reason
+from durable_spaces.testing import run_call_list
 
 BACKENDS = [
     pytest.param("local", id="local"),
@@ -49,25 +45,11 @@ def _walk(root: str) -> dict[str, bytes]:
 
 
 async def _run(tmp: Path, backend: str, mode: str, calls: Sequence[tuple[str, Any]]) -> Ran:
-    spaces = open_backend(backend, tmp / "spaces")
-    snaps = WorkspaceSnapshots(spaces, store=DirectoryCheckpointStore(tmp / "store"))
-    durable = durable_spaces(spaces, snapshots=snaps, mode=mode, epoch=1, namespace=tmp.name)  # type: ignore[arg-type]
-    reg = Registry().install(CodingTools).install(durable.extension)
-    storage = SqliteStorage(tmp / "log.sqlite")
-    h = await Harness.open(
-        storage, models={"m": CallListModel(calls)}, registry=reg, env=durable.env
-    )
-    try:
+    async with wrapped_harness(tmp, backend, mode, calls) as (h, durable):
         conv, results = await run_call_list(h)
         space = await durable.space(conv.id)
         state = conv.document("cua.space") or {}
         return Ran(results, _walk(space.root), space.root, state.get("mode"), 0)
-    finally:
-        await h.close()
-        storage.close()
-        for n in await spaces.names():
-            await spaces.delete(n)
-        await spaces.close()
 
 
 def _skip(backend: str) -> None:
