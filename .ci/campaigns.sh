@@ -5,6 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DO_NOT_TRACK=1 CUA_TELEMETRY=0
+# Every campaign below names what it runs: the Makefile's (or a user's) CRASH_* knobs for
+# `make campaign` must not leak in (CRASH_MODE=transactional once ran the server scenario
+# without machine checkpoints, so its kills never landed).
+unset CRASH_MODE CRASH_SCENARIO CRASH_BACKEND CRASH_RUNS CRASH_CALLS CRASH_JOBS \
+  CRASH_SEED_BASE CRASH_DURABLE_MODE CRASH_PROFILE
 out=${CI_CAMPAIGNS_OUT:-campaigns-out/ci}
 rm -rf "$out"
 status=0
@@ -55,7 +60,7 @@ fi
 # that must survive a driver killed after a machine checkpoint and the restore.
 if why=$(python -c 'from durable_spaces.backends import unavailable_reason as u; import sys; r=u("microvm"); print(r or ""); sys.exit(1 if r else 0)'); then
   run "checkpoint-microvm" --mode checkpoint --backend microvm --runs 4 --calls 5 --seed-base ci-mcp --profile space
-  run "server-microvm" --scenario server --backend microvm --runs 2 --calls 5 --seed-base ci-msv
+  run "server-microvm" --scenario server --mode checkpoint --backend microvm --runs 2 --calls 5 --seed-base ci-msv
 else
   echo "== microvm campaigns skipped: $why"
 fi

@@ -149,6 +149,14 @@ class CampaignSpec:
                 f"the {scenario} scenario (--scenario/CRASH_SCENARIO, or --mode/CRASH_MODE "
                 f"{scenario}) needs --backend/CRASH_BACKEND={needs.backend}: {needs.why_backend}"
             )
+        if needs.modes is not None and adapter not in needs.modes:
+            # Not silently run in another mode: the server scenario's kills wait on machine
+            # checkpoints, so in transactional mode they never landed and every run passed
+            # having tested nothing (CI inherited CRASH_MODE=transactional from the Makefile).
+            raise ConfigError(
+                f"the {scenario} scenario runs the adapter in {' or '.join(needs.modes)} mode "
+                f"(--mode/CRASH_MODE or --durable-mode), not {adapter}: {needs.why_modes}"
+            )
 
     @property
     def adapter_mode(self) -> str:

@@ -42,6 +42,9 @@ class Registration:
     #: The one backend it can run on (None: any), and why.
     backend: str | None = None
     why_backend: str = ""
+    #: The adapter modes it can test (None: any), and why.
+    modes: tuple[str, ...] | None = None
+    why_modes: str = ""
     #: Counters its runs keep in ``RunRecord.extra``, summed onto its SUMMARY line.
     summary_fields: tuple[str, ...] = ()
 
@@ -55,6 +58,8 @@ SCENARIOS: dict[str, Registration] = {
         default_mode="checkpoint",  # processes survive only whole-machine checkpoints
         backend="microvm",
         why_backend="only whole-machine checkpoints bring a process back after a restore",
+        modes=("checkpoint",),
+        why_modes="its drivers are killed right after a machine checkpoint",
     ),
     "redrive": Registration(
         "durable_spaces.campaigns.scenarios.redrive:SCENARIO",

@@ -107,6 +107,16 @@ def test_the_environment_and_its_precedence() -> None:
         CampaignSpec(scenario="server", backend="local", jobs=1)
 
 
+def test_a_scenario_is_never_run_in_a_mode_it_cannot_test() -> None:
+    """The server scenario's kills wait on machine checkpoints: in transactional mode they
+    never land. An inherited CRASH_MODE (the Makefile exports one) is refused by name."""
+    ok = CampaignSpec.from_env({}, scenario="server", backend="microvm", jobs=1)
+    assert ok.adapter_mode == "checkpoint"
+    for env in ({"CRASH_MODE": "transactional"}, {"CRASH_DURABLE_MODE": "auto"}):
+        with pytest.raises(ConfigError, match="server scenario runs the adapter in checkpoint"):
+            CampaignSpec.from_env(env, scenario="server", backend="microvm", jobs=1)
+
+
 def test_a_run_from_an_old_record_or_spec_file_gets_its_scenario_from_its_mode() -> None:
     old = {"run_id": "r", "seed": "s-1", "mode": "stale", "backend": "local", "calls": 3,
            "durable_mode": "checkpoint", "profile": "default", "state_dir": "", "index": 0,
