@@ -41,6 +41,7 @@ from pathlib import Path
 
 import psutil
 
+from durable_spaces.backends.local.disk import fsync_dir
 from durable_spaces.errors import SpaceError, SpaceUnavailableError
 
 log = logging.getLogger(__name__)
@@ -100,15 +101,6 @@ class DaemonState:
     daemon_pid: int = 0  # host pid of the daemon (pid 1 of the namespace)
     daemon_start: float = 0.0
     booted: float = 0.0
-
-
-def _sync_dir(path: Path) -> None:
-    """fsync a directory: its new entries survive a host crash, not only a process's."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _start_time(pid: int) -> float | None:
@@ -255,7 +247,7 @@ class LocalDaemon:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.state_path)
-        _sync_dir(self.home)  # the record survives a host crash (campaigns/power.py)
+        fsync_dir(self.home)  # the record survives a host crash (campaigns/power.py)
 
     def token(self) -> str:
         return (self.home / "token").read_text().strip()
@@ -294,7 +286,7 @@ class LocalDaemon:
             port=free_port(self.listen_host), instance_id=secrets.token_hex(8), created=time.time()
         )
         self._write_state(st)  # and the home dir's entries with it
-        _sync_dir(self.home.parent)
+        fsync_dir(self.home.parent)
         return st
 
     # --- process -----------------------------------------------------------------------
