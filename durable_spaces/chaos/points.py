@@ -123,6 +123,15 @@ SPACE_MUTATE_STARTED = _point(
 SPACE_LOCAL_LEDGER_WRITTEN = _point(
     "space.local.ledger_written", SPACE, "local: the exec ledger holds the key, nothing runs"
 )
+SPACE_LOCAL_SERVER_STARTED = _point(
+    "space.local.server_started", SPACE, "local: the Space's fork server listens, is recorded"
+)
+SPACE_LOCAL_SERVER_FORKED = _point(
+    "space.local.server_forked", SPACE, "local: the fork server forked a supervisor (in it)"
+)
+SPACE_LOCAL_FORKED = _point(
+    "space.local.forked", SPACE, "local: a forked supervisor answered, is not recorded"
+)
 SPACE_LOCAL_SUPERVISOR_RECORDED = _point(
     "space.local.supervisor_recorded", SPACE, "local: the supervisor is recorded, not started"
 )

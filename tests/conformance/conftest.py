@@ -1,6 +1,7 @@
 """The conformance suite's fixtures: every test here runs once per backend in BACKENDS.
 
-Adding a backend is one line in BACKENDS. The backend must be registered in
+Adding a backend is one line in BACKENDS (``name:variant`` runs a variant of one, as
+``local:direct``, the local backend without its fork server). The backend must be registered in
 ``durable_spaces.backends.BACKENDS``, build with ``open_backend(name, state_dir)`` and
 no other options, and may define ``unavailable_reason() -> str | None`` in its module:
 a non-None reason (no binary, no Docker, no QEMU) skips its tests with that reason, and
@@ -20,6 +21,9 @@ from durable_spaces.space import ExecResult, Space, SpaceBackend
 
 BACKENDS = [
     pytest.param("local", id="local"),
+    # The local backend without its fork server (DS_LOCAL_FORKSERVER=0): every command's
+    # supervisor started directly, the fallback when the server cannot be had.
+    pytest.param("local:direct", id="local-direct"),
     pytest.param("spacesd", marks=pytest.mark.spacesd, id="spacesd"),
     pytest.param("docker", marks=pytest.mark.docker, id="docker"),
     pytest.param("microvm", marks=[pytest.mark.microvm, pytest.mark.slow], id="microvm"),
@@ -32,8 +36,10 @@ Sh = Callable[..., Awaitable[ExecResult]]
 
 
 @pytest.fixture(params=BACKENDS)
-def backend_name(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
+def backend_name(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    name, _, variant = str(request.param).partition(":")
+    if variant == "direct":
+        monkeypatch.setenv("DS_LOCAL_FORKSERVER", "0")  # its drivers inherit it too
     reason = unavailable_reason(name)
     if reason is not None:
         pytest.skip(f"backend {name} cannot run here: {reason}")

@@ -4,7 +4,9 @@ supervisors this process started.
 
 A process is the Space's when it is a recorded supervisor (pid and create time in its
 ``cmds/<id>/meta.json``) or in one's tree, or when its environment carries the Space's
-mark (``DS_SPACE=<instance>``, with ``DS_EPOCH``). A process that both leaves the group
+mark (``DS_SPACE=<instance>``, with ``DS_EPOCH``); its fork server (``forkserver.py``)
+carries ``DS_LOCAL_SERVER=<instance>`` instead, and dies only with the whole machine
+(restart, delete), never by an epoch. A process that both leaves the group
 and clears its environment escapes: the documented weak spot of a stand-in. Liveness is
 psutil with the create time, so a reused pid is not mistaken for ours, and a zombie
 counts as dead (pid 1 of these machines does not reap orphans).
@@ -23,6 +25,7 @@ from pathlib import Path
 import psutil
 
 from durable_spaces.backends.local.disk import read_json
+from durable_spaces.backends.local.forkserver import MARK
 from durable_spaces.errors import SpaceUnavailableError
 
 #: How long the processes of a Space may take to die of SIGKILL.
@@ -116,6 +119,10 @@ def kill_space(d: Path, instance: str, below_epoch: int | None = None) -> None:
         except psutil.Error:
             continue
         if env.get("DS_SPACE") != instance:
+            # The fork server (and its children before their command): the machine's own
+            # process, of no epoch, so only a restart or removal kills it.
+            if below_epoch is None and env.get(MARK) == instance:
+                take(p)
             continue
         if below_epoch is not None:
             try:

@@ -8,18 +8,20 @@ under ``lock`` in the same section that makes the change, and ``advance_epoch`` 
 takeover or not at all.
 
 Spawn order, under the flock: check the epoch floor and the ledger; append + fsync the
-ledger line; start the supervisor (it blocks reading its stdin); record its pid and
-create time in ``meta.json``; hand it the command on stdin. A driver killed before the
+ledger line; get a supervisor (forked by the Space's fork server, ``forkserver.py``, or
+else started directly; either blocks until it reads the command); record its pid and
+create time in ``meta.json``; hand it the command. A driver killed before the
 last step leaves a key that reads ``lost`` and whose command never starts; after it, the
 command runs to its end on its own. A key seen again is never run again (``lost`` keys
 come back replayed with ``exit_code=None``). A wait whose command was killed by
 ``advance_epoch`` raises ``StaleEpochError``; by a restart, ``SpaceUnavailableError``;
 by ``delete``, ``SpaceGoneError``.
 
-Cost: the supervisor is a fresh interpreter (``-I -S``, stdlib only), about 10 ms of an
-idle machine per command, which dominates the exec round trip. A shell supervisor would
-be faster but cannot tell ``exit 130`` from death by SIGINT, and forking the caller
-would copy a threaded driver; both were rejected.
+Cost: a supervisor started directly is a fresh interpreter (``-I -S``, stdlib only),
+about 10 ms of an idle machine per command; the fork server (one per Space, started by
+the first spawn) makes that a fork of a small single-threaded process. A shell
+supervisor would be faster but cannot tell ``exit 130`` from death by SIGINT, and forking
+the caller would copy a threaded driver; both were rejected.
 
 Every section that holds the flock is synchronous and runs in a worker thread, so two
 tasks of one event loop can never deadlock on it.
@@ -47,6 +49,7 @@ import psutil
 from durable_spaces.backends.local import fs as local_fs
 from durable_spaces.backends.local.disk import read_json, write_atomic
 from durable_spaces.backends.local.execution import LocalExecution
+from durable_spaces.backends.local.forkserver_client import ForkServer
 from durable_spaces.backends.local.journal import ChangeJournal
 from durable_spaces.backends.local.journaled import JournaledScanner
 from durable_spaces.backends.local.ledger import Ledger, record
@@ -108,6 +111,7 @@ class LocalSpace:
         self._scanner = JournaledScanner(self.root, self._journal)
         self._scan_lock = threading.Lock()
         self._ledger = Ledger(directory / "ledger.jsonl", self._check)
+        self._server = ForkServer(directory, instance_id)
 
     @property
     def scan_stats(self) -> dict[str, int]:
@@ -269,31 +273,40 @@ class LocalSpace:
             if stdin is not None:
                 (cmd_dir / "stdin").write_bytes(stdin)
             cenv = self._env(env, epoch, cmd_id)
-            with open(cmd_dir / "supervisor.log", "wb") as log:
-                popen = subprocess.Popen(
-                    [sys.executable, "-I", "-S", _SUPERVISOR, str(cmd_dir)],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.DEVNULL,
-                    stderr=log,
-                    cwd=cmd_dir,
-                    env=cenv,
-                    start_new_session=True,
-                )
-            track(popen)
-            ctime = psutil.Process(popen.pid).create_time()
-            meta = {"pid": popen.pid, "ctime": ctime, "epoch": epoch, "key": key}
+            forked = self._server.fork(cmd_dir)
+            popen = None
+            if forked is not None:
+                pid, ctime = forked.pid, forked.ctime
+            else:
+                with open(cmd_dir / "supervisor.log", "wb") as log:
+                    popen = subprocess.Popen(
+                        [sys.executable, "-I", "-S", _SUPERVISOR, str(cmd_dir)],
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.DEVNULL,
+                        stderr=log,
+                        cwd=cmd_dir,
+                        env=cenv,
+                        start_new_session=True,
+                    )
+                track(popen)
+                pid, ctime = popen.pid, psutil.Process(popen.pid).create_time()
+            meta = {"pid": pid, "ctime": ctime, "epoch": epoch, "key": key}
             write_atomic(cmd_dir / "meta.json", json.dumps(meta).encode(), fsync=False)
             hit("space.local.supervisor_recorded")  # dying here: the command never starts
-            assert popen.stdin is not None
-            with contextlib.suppress(BrokenPipeError):
-                popen.stdin.write(format_spec(self._cwd(cwd), argv, cenv))
-                popen.stdin.close()
+            spec = format_spec(self._cwd(cwd), argv, cenv)
+            if forked is not None:
+                forked.send(spec)
+            else:
+                assert popen is not None and popen.stdin is not None
+                with contextlib.suppress(BrokenPipeError):
+                    popen.stdin.write(spec)
+                    popen.stdin.close()
         hit("space.local.spawned")
         return LocalExecution(
             self._lost,
             key,
             cmd_dir,
-            popen.pid,
+            pid,
             ctime,
             popen=popen,
             epoch=epoch,

@@ -1,8 +1,10 @@
 """The supervisor of one command of a ``local`` Space.
 
 Run by ``LocalSpace.spawn`` as ``python -I -S supervisor.py CMD_DIR`` in a session
-of its own: a script rather than ``-m`` so that starting it imports no site and no package
-(about 10 ms), and stdlib only for the same reason. It outlives its caller on purpose: a
+of its own, or forked by the Space's fork server (``forkserver.py``, which then calls
+``supervise`` with the spec read from its socket instead of stdin): a script rather than
+``-m`` so that starting it imports no site and no package (about 10 ms), and stdlib only
+for the same reason. It outlives its caller on purpose: a
 driver that is SIGKILLed leaves the command running, and the next driver reattaches by
 reading ``CMD_DIR/output`` and waiting for ``CMD_DIR/status``.
 
@@ -58,11 +60,23 @@ def format_spec(cwd: str, argv: list[str], env: dict[str, str]) -> bytes:
 
 
 def main(args: list[str]) -> int:
-    cmd_dir = args[1]
-    spec = parse_spec(sys.stdin.buffer.read())
+    return supervise(args[1], sys.stdin.buffer.read())
+
+
+def supervise(cmd_dir: str, raw: bytes) -> int:
+    """Run the command ``raw`` (the caller's spec, read to its end) specifies; also the
+    body of a fork server's child (``forkserver.py``), which reads it from its socket."""
+    spec = parse_spec(raw)
     if spec is None:
         return 3  # the caller died before handing over the command: never run it
     cwd, argv, env = spec
+    # posix_spawnp resolves argv[0] on *our* PATH: make it the command's (a no-op when we
+    # were started with the command's env; a fork server's child has the server's).
+    if env.get("PATH") != os.environ.get("PATH"):
+        if "PATH" in env:
+            os.environ["PATH"] = env["PATH"]
+        else:
+            os.environ.pop("PATH", None)
     out = os.open(
         os.path.join(cmd_dir, "output"),
         os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
@@ -75,7 +89,7 @@ def main(args: list[str]) -> int:
     try:
         os.chdir(cwd)
         # posix_spawnp (not subprocess: importing it costs more than the rest of this file)
-        # resolves argv[0] on our PATH, which is the command's PATH: we run with its env.
+        # resolves argv[0] on our PATH, made the command's PATH above.
         pid = os.posix_spawnp(
             argv[0],
             argv,

@@ -1,0 +1,199 @@
+"""The fork server of a ``local`` Space: one long-lived process that forks each command's
+supervisor, so a spawn costs a fork instead of an interpreter start (about 10 ms).
+
+Started by a driver's first spawn (``forkserver_client.py``, under the Space's lock) as
+``python -I -S forkserver.py SPACE_DIR INSTANCE VERSION IDLE`` in a session of its own,
+stdlib only. It binds ``SPACE_DIR/forkserver.sock`` (relative to its cwd; callers reach it
+through ``/proc/self/fd`` so a long state dir never meets the 108-byte limit of a socket
+path), listens, and says ``ready`` on stdout; the driver then records it in
+``forkserver.json`` (pid, create time, instance, version).
+
+For each connection from our own uid (SO_PEERCRED; any other is closed unread) it forks a
+child and forgets it (SIGCHLD is ignored, so the kernel reaps). The child *is* the
+per-command supervisor of ``supervisor.py``: it leaves the server's session (setsid),
+reads the request (the command's directory), answers with its own pid, reads the spec to
+EOF and calls ``supervisor.supervise``. The answer comes from the child, so a server
+killed right after its fork costs nothing; the caller records the child's pid before it
+sends the spec, as with a directly started supervisor, and a connection closed before the
+spec is a caller that died: nothing runs and the key reads ``lost``. Every supervisor
+outlives its caller and the server: a killed server costs the next spawn a start.
+
+The server carries no ``DS_SPACE`` / ``DS_EPOCH`` (``advance_epoch`` never targets it,
+and a command gets the caller's env from the spec, never the server's); it carries
+``DS_LOCAL_SERVER=<instance>`` (``MARK``), which ``restart`` and ``delete`` kill
+(``procs.py``). It exits when its Space is gone or replaced, and after ``IDLE`` seconds
+without a request, then under the Space's lock (no caller is between its look at the
+server and its request) and removing its files only while ``forkserver.json`` is its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import struct
+import sys
+import time
+from types import ModuleType
+
+MAGIC = b"dsfork1\0"
+SOCK = "forkserver.sock"
+META = "forkserver.json"
+LOG = "forkserver.log"
+#: The environment mark of a Space's fork server (and of its children before they run a
+#: command): ``DS_LOCAL_SERVER=<instance>``.
+MARK = "DS_LOCAL_SERVER"
+_CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def request(cmd_dir: str) -> bytes:
+    """What a caller sends first: the magic and the command's directory."""
+    path = cmd_dir.encode("utf-8", "surrogateescape")
+    return MAGIC + len(path).to_bytes(4, "big") + path
+
+
+def peer(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the other end of a Unix socket."""
+    pid, uid, _ = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+    return pid, uid
+
+
+def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
+    buf = b""
+    while len(buf) < n:
+        chunk = conn.recv(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def _recv_all(conn: socket.socket) -> bytes:
+    parts = []
+    while chunk := conn.recv(1 << 16):
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _load(name: str, path: str) -> ModuleType | None:
+    """A stdlib-only sibling module by its path (we run with no package on sys.path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None or not os.path.exists(path):
+        return None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _child(conn: socket.socket, listener: socket.socket, supervisor: ModuleType) -> int:
+    """One command's supervisor, forked: everything ``supervisor.main`` does, the spec read
+    from ``conn`` after our pid went back on it."""
+    listener.close()
+    os.setsid()  # a session and process group of our own, led by us (``kill_space``)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # we wait for the command
+    head = _recv_exact(conn, len(MAGIC) + 4)
+    if head is None or not head.startswith(MAGIC):
+        return 4
+    raw = _recv_exact(conn, int.from_bytes(head[len(MAGIC) :], "big"))
+    if raw is None:
+        return 4
+    cmd_dir = raw.decode("utf-8", "surrogateescape")
+    log = os.open(
+        os.path.join(cmd_dir, "supervisor.log"),
+        os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+        0o600,
+    )
+    os.dup2(log, 2)
+    os.close(log)
+    os.chdir(cmd_dir)
+    conn.sendall(f"{os.getpid()}\n".encode())
+    spec = _recv_all(conn)  # empty or torn: the caller died before handing it over
+    conn.close()
+    code: int = supervisor.supervise(cmd_dir, spec)
+    return code
+
+
+def _gone(space_dir: str, instance: str) -> bool:
+    try:
+        with open(os.path.join(space_dir, "instance")) as f:
+            return f.read().strip() != instance
+    except OSError:
+        return True
+
+
+def _retire(space_dir: str) -> bool:
+    """Take the Space's lock (never waiting: a caller holding it may be talking to us) and
+    remove our files if they are still ours. True: exit now, the lock held until we do."""
+    import fcntl
+    import json
+
+    try:
+        fd = os.open(os.path.join(space_dir, "lock"), os.O_RDWR | os.O_CLOEXEC)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    try:
+        with open(os.path.join(space_dir, META), "rb") as f:
+            mine = json.loads(f.read()).get("pid") == os.getpid()
+    except (OSError, ValueError):
+        mine = False
+    if mine:
+        for name in (META, SOCK):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(space_dir, name))
+    return True
+
+
+def main(args: list[str]) -> int:
+    space_dir, instance, _version, idle = args[1], args[2], args[3], float(args[4])
+    here = os.path.dirname(os.path.abspath(__file__))
+    supervisor = _load("ds_local_supervisor", os.path.join(here, "supervisor.py"))
+    failpoints = _load("ds_failpoints", os.path.join(here, "..", "..", "chaos", "failpoints.py"))
+    if supervisor is None:
+        return 2
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # our children are reaped by the kernel
+    os.chdir(space_dir)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(SOCK)  # relative: the caller removed a stale one under the lock
+    listener.listen(64)
+    listener.settimeout(1.0)
+    os.write(1, b"ready\n")
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    last = time.monotonic()
+    me = os.getuid()
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            if _gone(space_dir, instance):
+                return 0
+            if time.monotonic() - last > idle and _retire(space_dir):
+                return 0
+            continue
+        last = time.monotonic()
+        if peer(conn)[1] != me:
+            conn.close()  # only our own uid may have commands run
+            continue
+        conn.settimeout(None)
+        pid = os.fork()
+        if pid == 0:
+            code = 5
+            try:
+                code = _child(conn, listener, supervisor)
+            except BaseException as e:  # a child never returns into the loop
+                os.write(2, f"ds-local fork server child: {e!r}\n".encode())
+                code = 6
+            finally:
+                os._exit(code)
+        if failpoints is not None:
+            failpoints.hit("space.local.server_forked")
+        conn.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
