@@ -114,8 +114,11 @@ class ForkServer:
     def _current(self) -> dict[str, Any] | None:
         """The recorded server if it is this Space's and this code's (a mismatched one is
         stopped)."""
-        meta = read_json(self._d / META)
-        if meta is None:
+        try:
+            meta = read_json(self._d / META)
+        except OSError:
+            return None
+        if not isinstance(meta, dict):
             return None
         if meta.get("instance") != self._instance or meta.get("version") != version():
             stop(self._d, meta)
@@ -154,9 +157,12 @@ class ForkServer:
 
     def _start(self) -> dict[str, Any] | None:
         """Start this Space's server and record it; None when it does not come up."""
-        for name in (SOCK, META):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._d / name)
+        try:
+            for name in (SOCK, META):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._d / name)
+        except OSError:
+            return None  # not a file we can replace (a directory, say): no server here
         env = {MARK: self._instance, "PATH": os.environ.get("PATH", os.defpath)}
         if "LD_LIBRARY_PATH" in os.environ:  # an interpreter that needs it to start
             env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
@@ -214,5 +220,5 @@ def stop(d: Path, meta: dict[str, Any]) -> None:
                 while not dead(p) and time.monotonic() < deadline:
                     time.sleep(0.002)
     for name in (SOCK, META):
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
             os.unlink(d / name)
