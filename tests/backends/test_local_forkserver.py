@@ -271,7 +271,8 @@ async def test_connections_from_another_uid_are_closed_unanswered(space: LocalSp
         link = os.path.join(tmp, "s")
         os.link(_d(space) / SOCK, link)  # a path another uid can reach
         os.chmod(link, 0o777)
-        cmd = (_d(space) / "cmds" / "x").as_posix()
+        cmd = _d(space) / "cmds" / "x"
+        cmd.mkdir()  # a real command directory: only the uid check stands in the way
         code = (
             "import os, socket, sys\n"
             "os.setgid(65534); os.setuid(65534)\n"
@@ -281,9 +282,10 @@ async def test_connections_from_another_uid_are_closed_unanswered(space: LocalSp
             "sys.stdout.write(repr(got))\n"
         )
         out = subprocess.run(
-            [sys.executable, "-c", code, link, request(cmd).hex()],
+            [sys.executable, "-c", code, link, request(str(cmd)).hex()],
             capture_output=True, timeout=30, check=True,
         )  # fmt: skip
     assert out.stdout == b"b''"  # closed unread: no pid, no child
+    assert not (cmd / "supervisor.log").exists()
     assert {p.pid for p in _marked(space)} == before
     assert (await space.exec(["sh", "-c", "echo mine"], key=None, epoch=1)).output == b"mine\n"
