@@ -1,7 +1,8 @@
 """Spaces across backends (``python -m bench.spaces [--backends local,spacesd]``).
 
 Per backend: the round trip of a trivial exec (``true``, with and without a key) against
-a plain ``subprocess.run(["true"])``; ``scan`` of a workspace of 1000 files of 4 KiB,
+a plain ``subprocess.run(["true"])`` (on local also without its fork server,
+``DS_LOCAL_FORKSERVER=0``); ``scan`` of a workspace of 1000 files of 4 KiB,
 cold (a fresh Space handle, nothing cached) and after changing 10 files, against
 ``find DIR -type f -print0 | xargs -0 sha256sum`` on the same tree (on the host when the
 workspace is a host directory, else inside the Space through one exec, which is said).
@@ -111,6 +112,24 @@ async def _scan(name: str, backend: SpaceBackend, space: Space) -> None:
     _line(name, f"scan after {CHANGED} changed", _median_ms(warm), base_what, base)
 
 
+async def _local_direct(backend: SpaceBackend, space_name: str, plain_ms: float) -> None:
+    """local's exec without its fork server (``DS_LOCAL_FORKSERVER=0``): a fresh
+    interpreter per command's supervisor, the fallback path."""
+    before = os.environ.get("DS_LOCAL_FORKSERVER")
+    os.environ["DS_LOCAL_FORKSERVER"] = "0"
+    try:
+        direct = await backend.find(space_name)  # a new handle: no server state kept
+        assert direct is not None
+        for keyed in (False, True):
+            ms = await _exec_round_trip(direct, keyed)
+            what = "exec true (keyed, no server)" if keyed else "exec true (no fork server)"
+            _line("local", what, ms, 'subprocess.run(["true"])', plain_ms)
+    finally:
+        os.environ.pop("DS_LOCAL_FORKSERVER")
+        if before is not None:
+            os.environ["DS_LOCAL_FORKSERVER"] = before
+
+
 async def bench_backend(name: str, plain_ms: float) -> None:
     reason = unavailable_reason(name)
     if reason is not None:
@@ -125,6 +144,8 @@ async def bench_backend(name: str, plain_ms: float) -> None:
             ms = await _exec_round_trip(space, keyed)
             what = "exec true (keyed)" if keyed else "exec true (key=None)"
             _line(name, what, ms, 'subprocess.run(["true"])', plain_ms)
+        if name == "local":
+            await _local_direct(backend, space.name, plain_ms)
         await _scan(name, backend, space)
     finally:
         for n in await backend.names():

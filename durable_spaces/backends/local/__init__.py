@@ -3,7 +3,8 @@ names). ``backend`` (the backend and the layout), ``space`` (the Space, its epoc
 files), ``execution`` (following one command), ``ledger`` (the exec ledger and records),
 ``procs`` (the Space's processes: liveness, kill, reap), ``disk`` (atomic files),
 ``fs`` (confined file operations and the incremental scanner), ``supervisor`` (one
-command's keeper)."""
+command's keeper), ``forkserver`` / ``forkserver_client`` (the Space's fork server of
+supervisors, and how a caller finds, starts and asks it)."""
 
 from durable_spaces.backends.local.backend import LocalBackend, LocalSpace, unavailable_reason
 

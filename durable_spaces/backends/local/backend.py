@@ -11,9 +11,11 @@ processes, for tests and for machines without the real daemon. Layout of a Space
         lock
         staging/       temporaries of file writes (renamed into work/, never left there)
         cmds/<id>/     meta.json (supervisor pid + create time, epoch), output, status
+        forkserver.*   the Space's fork server: sock, json (pid, create time, version), log
 
 The Space (``space``) runs each command under ``supervisor.py`` in its own session and
-process group. The supervisor does not depend on its caller: a SIGKILLed driver leaves it
+process group, forked by the Space's fork server (``forkserver.py``) or started
+directly. The supervisor does not depend on its caller: a SIGKILLed driver leaves it
 running, and the next driver reattaches by key (``execution``).
 
 The "machine" is the Space's process tree (``procs``): every command carries
@@ -142,9 +144,11 @@ class LocalBackend:
             await asyncio.to_thread(self._signal_sync, name, signal.SIGCONT)
 
     async def kill_daemon(self, name: str) -> None:
-        """The local stand-in has no daemon: its "daemon" is the Space's process tree, so
-        this is ``restart``. Commands die with it (as with the namespaced spacesd) and
-        running records read ``lost``."""
+        """The local stand-in's "daemon" is the Space's process tree, its fork server
+        included, so this is ``restart``. Commands die with it (as with the namespaced
+        spacesd) and running records read ``lost``. Killing the fork server alone would be
+        a weaker fault: its commands' supervisors outlive it by design, so nothing but the
+        next spawn's start of a new server would show."""
         await self.restart(name)
 
     def _delete_sync(self, name: str) -> None:
