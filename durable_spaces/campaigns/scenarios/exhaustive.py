@@ -17,6 +17,7 @@ from durable_spaces.campaigns.scenarios.base import (
     shell_sleep,
 )
 from durable_spaces.campaigns.spec import RunSpec
+from durable_spaces.chaos import points
 from durable_spaces.chaos.schedule import AttemptPlan, Failpoint, Schedule, exhaustive, read_trace
 
 
@@ -56,9 +57,21 @@ async def trace_hits(ctx: Context) -> list[tuple[str, int]]:
     return read_trace(trace)
 
 
+#: Beyond the scripted call's points, the steps of a ``local`` Space's spawn (its ledger
+#: line, its fork server, its supervisor's record): hit only on that backend.
+SPAWN_POINTS = (
+    points.SPACE_LOCAL_LEDGER_WRITTEN,
+    points.SPACE_LOCAL_SERVER_STARTED,
+    points.SPACE_LOCAL_FORKED,
+    points.SPACE_LOCAL_SUPERVISOR_RECORDED,
+    points.SPACE_LOCAL_SPAWNED,
+)
+
+
 def schedules(hits: list[tuple[str, int]], seed_base: str) -> list[Schedule]:
     """One single-kill schedule per hit of a kill point."""
-    return exhaustive((f"{p} {n}" for p, n in hits if p in KILL_POINTS), seed_base)
+    kill = (*KILL_POINTS, *SPAWN_POINTS)
+    return exhaustive((f"{p} {n}" for p, n in hits if p in kill), seed_base)
 
 
 SCENARIO = Exhaustive()
