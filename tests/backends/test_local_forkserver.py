@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import psutil
@@ -24,6 +23,7 @@ from durable_spaces.backends.local.forkserver import MARK, META, SOCK, request
 from durable_spaces.backends.local.forkserver_client import FAILPOINTS_ENV, version
 from durable_spaces.errors import StaleEpochError
 from durable_spaces.space import ExecState
+from tests.backends import test_local
 
 _DRIVER = r"""
 import asyncio, sys
@@ -40,18 +40,12 @@ asyncio.run(main(*sys.argv[1:5]))
 """
 
 
-@pytest.fixture
-async def backend(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[LocalBackend]:
+backend, space = test_local.backend, test_local.space  # the same fixtures (Space "loc")
+
+
+@pytest.fixture(autouse=True)
+def _server_on(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DS_LOCAL_FORKSERVER", raising=False)
-    b = LocalBackend(state_dir)
-    yield b
-    for name in await b.names():
-        await b.delete(name)
-
-
-@pytest.fixture
-async def space(backend: LocalBackend) -> LocalSpace:
-    return await backend.create("loc")
 
 
 def _d(space: LocalSpace) -> Path:
