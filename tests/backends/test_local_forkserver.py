@@ -6,6 +6,7 @@ mid-request, leaves stale files behind, is raced, or is of another code version.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import signal
@@ -283,3 +284,22 @@ async def test_connections_from_another_uid_are_closed_unanswered(space: LocalSp
     assert not (cmd / "supervisor.log").exists()
     assert {p.pid for p in _marked(space)} == before
     assert (await space.exec(["sh", "-c", "echo mine"], key=None, epoch=1)).output == b"mine\n"
+
+
+async def test_an_idle_server_retires_under_the_lock_and_comes_back(
+    space: LocalSpace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DS_LOCAL_FORKSERVER_IDLE", "0.5")
+    await space.exec(["true"], key=None, epoch=1)
+    server = _server(space)
+    lock = os.open(_d(space) / "lock", os.O_RDWR)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a caller between its look and its request
+        await asyncio.sleep(2.5)
+        assert server.is_running() and server.status() != "zombie"
+    finally:
+        os.close(lock)
+    server.wait(10)  # it retires once the lock is free
+    assert not (_d(space) / META).exists() and not (_d(space) / SOCK).exists()
+    assert (await space.exec(["sh", "-c", "echo back"], key=None, epoch=1)).output == b"back\n"
+    assert _server(space).pid != server.pid

@@ -291,9 +291,14 @@ class LocalSpace:
                 track(popen)
                 pid, ctime = popen.pid, psutil.Process(popen.pid).create_time()
             meta = {"pid": pid, "ctime": ctime, "epoch": epoch, "key": key}
-            write_atomic(cmd_dir / "meta.json", json.dumps(meta).encode(), fsync=False)
-            hit("space.local.supervisor_recorded")  # dying here: the command never starts
-            spec = format_spec(self._cwd(cwd), argv, cenv)
+            try:
+                write_atomic(cmd_dir / "meta.json", json.dumps(meta).encode(), fsync=False)
+                hit("space.local.supervisor_recorded")  # dying here: the command never starts
+                spec = format_spec(self._cwd(cwd), argv, cenv)
+            except BaseException:
+                if forked is not None:
+                    forked.conn.close()  # its child reads EOF now: nothing runs
+                raise
             if forked is not None:
                 forked.send(spec)
             else:
