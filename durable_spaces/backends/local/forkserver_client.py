@@ -43,7 +43,7 @@ ENV_KNOB = "DS_LOCAL_FORKSERVER"
 #: Failpoints armed in the server itself (its ``DS_FAILPOINTS``), for tests.
 FAILPOINTS_ENV = "DS_LOCAL_FORKSERVER_FAILPOINTS"
 #: Seconds a server waits for requests before it exits (``DS_LOCAL_FORKSERVER_IDLE``).
-IDLE = 120.0
+IDLE = 30.0
 START_TIMEOUT = 10.0
 REPLY_TIMEOUT = 5.0
 RETRY_AFTER = 10.0
