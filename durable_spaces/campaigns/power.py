@@ -15,6 +15,11 @@ plane, off the host) waits until the host is up before it launches the next driv
 
 The cut itself runs on the event loop without yielding: no file operation of the
 coordinator is half-way through the mount while the power goes.
+
+The host's disk can also be slow (a per-run latency on every durability call) or stall
+(``StallableDisk`` for ``nemesis.DiskStaller``; ``chaos/powerfs/disk.py``). A driver stuck
+in a stalled call cannot die until the call returns, so a power loss during a stall does
+not wait for it: the cut fails the stuck calls, and then it dies.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import hashlib
 import json
 import os
 import random
+import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -47,6 +53,8 @@ FS_STATE_DIR = "host.powerfs"
 BOOT_FILE = "boot_id"
 #: How long a killed driver gets to be reaped before the power goes anyway.
 _REAP_S = 30.0
+#: ... when the disk holds a durability call (its caller cannot die before the cut).
+_STUCK_REAP_S = 1.0
 
 
 def boot_id(seed: str, boot: int) -> str:
@@ -73,8 +81,10 @@ class PowerHost:
         p_tear: float,
         log_synchronous: str | None,
         log_format: str = "sqlite",
+        fsync_ms: float = 0.0,
     ):
         self.root = root
+        self.fsync_ms = fsync_ms
         self.seed = seed
         self.p_tear = p_tear
         self.log_synchronous = log_synchronous
@@ -107,6 +117,26 @@ class PowerHost:
         _write_boot(self.boot_file, boot_id(self.seed, 0))
         state = self.root / FS_STATE_DIR
         self.fs = mount(self.disk, self.mountpoint, seed=self.seed, state_dir=state)
+        if self.fsync_ms:
+            self.fs.latency(self.fsync_ms)
+
+    def _mounted(self) -> PowerFS:
+        if self.fs is None:
+            raise RuntimeError("the host's disk is not mounted")
+        return self.fs
+
+    def stall(self, seconds: float) -> None:
+        """The disk stops completing durability calls for at most ``seconds``."""
+        self._mounted().stall(seconds)
+
+    def resume(self, *, keep_stuck: bool = False) -> None:
+        """The disk serves again (``keep_stuck``: new calls only)."""
+        self._mounted().resume(keep_stuck=keep_stuck)
+
+    def held(self) -> tuple[list[int], list[str]]:
+        """The processes stuck inside a durability call now, and the files (mount paths)."""
+        state = self._mounted().disk()
+        return list(state.held_pids), list(state.held_paths)
 
     def stop(self) -> None:
         """A clean unmount (everything made durable, as umount flushes)."""
@@ -137,9 +167,14 @@ class PowerHost:
         try:
             attempt = self._coordinator.current
             pid = self._coordinator.kill_current("power_loss")
+            for old in self._coordinator.history:  # given up on, still running: on the host
+                if old.alive and old is not attempt:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(old.pid, signal.SIGKILL)
+            stuck = bool(self.fs.disk().held)  # a stuck driver dies only after the cut
             if pid is not None and attempt is not None:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(attempt.done.wait(), _REAP_S)
+                    await asyncio.wait_for(attempt.done.wait(), _STUCK_REAP_S if stuck else _REAP_S)
             power_off = getattr(self._backend, "power_off", None)
             with contextlib.suppress(SpaceError):
                 # every process of the Space (the local stand-in's "daemon" is its tree;

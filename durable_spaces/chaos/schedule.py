@@ -186,8 +186,20 @@ class Schedule:
             faults: list[SpaceFault] = []
             for kind in FAULT_KINDS:
                 p_kind = prof.p_fault(kind)
-                if kind in ("space_pause", "power_loss") and not p_kind:
+                if kind in ("space_pause", "power_loss", "disk_stall") and not p_kind:
                     continue  # kinds added later draw nothing where they are off
+                if kind == "disk_stall":
+                    if rng.random() < p_kind:
+                        stall = _draw_stall(rng, prof)
+                        if timed:
+                            at = round(rng.uniform(*prof.fault_delay_s), 3)
+                            faults.append(SpaceFault(kind, at_s=at, **stall))
+                        elif rng.random() < 0.5:  # a Space mutation ahead: a ledger append
+                            pp = rng.choice(sorted(PAUSE_POINTS)), rng.randint(1, max(1, calls))
+                            at_points.append(PointFault(*pp, kind, **stall))
+                        else:  # anywhere: mostly a log commit next
+                            at_points.append(PointFault(*position(), kind, **stall))
+                    continue
                 if rng.random() < p_kind:
                     dur = (
                         round(rng.uniform(*prof.space_pause_s), 3)
@@ -226,6 +238,8 @@ class Schedule:
                 after.setdefault(i, []).append(SpaceFault(kind, trigger=trig, duration_s=dur))
                 continue
             point = at.get("point")
+            if point is None and kind == "disk_stall":
+                point, at = ANY, {"n": 1}  # before its first hit: at the first (no trigger)
             if point is None:  # landed before the driver's first hit: right at its launch
                 if kind in FAULT_KINDS:
                     after.setdefault(i, []).append(
@@ -256,6 +270,16 @@ class Schedule:
                 )
             )
         return Schedule(seed, tuple(plans), "exact").trimmed()
+
+
+def _draw_stall(rng: random.Random, prof: Profile) -> dict[str, Any]:
+    """A disk stall's length, when the disk comes back after a takeover, and whether
+    there is one."""
+    return {
+        "duration_s": round(rng.uniform(*prof.disk_stall_s), 3),
+        "resume_s": round(rng.uniform(*prof.resume_s), 3),
+        "takeover": rng.random() < prof.p_takeover,
+    }
 
 
 def read_trace(source: str | Path | Iterable[str]) -> list[tuple[str, int]]:

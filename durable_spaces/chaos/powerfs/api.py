@@ -90,6 +90,7 @@ class DiskState:
     stall_left_s: float
     held: int
     held_pids: tuple[int, ...]
+    held_paths: tuple[str, ...]
     fsync_ms: float
     stalls: int
     held_calls: int
@@ -102,6 +103,7 @@ class DiskState:
             float(d["stall_left_s"]),
             int(d["held"]),
             tuple(int(p) for p in d["held_pids"]),
+            tuple(str(p) for p in d["held_paths"]),
             float(d["fsync_ms"]),
             int(d["stalls"]),
             int(d["held_calls"]),

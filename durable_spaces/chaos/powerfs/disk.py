@@ -67,15 +67,15 @@ class Disk:
         self._serving = True  # new calls pass (no stall, or resumed keeping the stuck)
         self._gen = 0  # stalls so far; a held call belongs to the stall it arrived in
         self._released = 0  # stalls up to this one released by resume()
-        self._held: dict[int, int] = {}  # thread id -> the process it belongs to
+        self._held: dict[int, tuple[int, str]] = {}  # thread id -> (its process, the path)
         self.counters = {"stalls": 0, "held_calls": 0, "delayed_calls": 0}
 
     def _stalled(self, gen: int, now: float) -> bool:
         return gen > self._released and now < self._until
 
-    def durability_call(self, tid: int) -> None:
-        """Called by a FUSE thread before it makes something durable: wait the latency,
-        then for as long as a stall holds the call."""
+    def durability_call(self, tid: int, path: str = "") -> None:
+        """Called by a FUSE thread before it makes ``path`` durable for thread ``tid``:
+        wait the latency, then for as long as a stall holds the call."""
         with self._cond:
             delay = self.latency_ms / 1000
             if delay:
@@ -86,7 +86,7 @@ class Disk:
             if self._serving or not self._stalled(self._gen, time.monotonic()):
                 return
             gen = self._gen
-            self._held[threading.get_ident()] = tgid(tid)
+            self._held[threading.get_ident()] = (tgid(tid), path)
             self.counters["held_calls"] += 1
             try:
                 while self._stalled(gen, now := time.monotonic()):
@@ -132,7 +132,8 @@ class Disk:
                 "stalled": stalled,
                 "stall_left_s": round(max(0.0, self._until - now), 3) if stalled else 0.0,
                 "held": len(self._held),
-                "held_pids": sorted(set(self._held.values())),
+                "held_pids": sorted({pid for pid, _ in self._held.values()}),
+                "held_paths": sorted({path for _, path in self._held.values()}),
                 "fsync_ms": self.latency_ms,
                 **self.counters,
             }

@@ -175,9 +175,9 @@ class PowerOps(mfusepy.Operations):
         self.image.by_live[ino] = node
         self.volatile.synced_data(ino, with_meta=meta)
 
-    def _disk_wait(self) -> None:
+    def _disk_wait(self, path: str) -> None:
         """Before a durability call, outside the mutex: the disk's latency and stalls."""
-        self.disk.durability_call(mfusepy.fuse_get_context()[2])
+        self.disk.durability_call(mfusepy.fuse_get_context()[2], path)
 
     def _sync_file(self, fh: int, *, meta: bool) -> None:
         rfd = os.open(f"/proc/self/fd/{fh}", os.O_RDONLY)  # fh may be write-only
@@ -304,7 +304,7 @@ class PowerOps(mfusepy.Operations):
             self.volatile.wrote(o.ino, offset, data if n == len(data) else data[:n])
             self.counters["writes"] += 1
         if o.sync:
-            self._disk_wait()
+            self._disk_wait(path)
             with self.mutex:
                 self._sync_file(fh, meta=o.sync == 2)
         return n
@@ -331,7 +331,7 @@ class PowerOps(mfusepy.Operations):
     def fsync(self, path: str, datasync: int, fh: int) -> int:
         if "fsync_noop" in _MUTANTS:
             return 0
-        self._disk_wait()
+        self._disk_wait(path)
         with self.mutex:
             self._sync_file(fh, meta=not datasync)
         return 0
@@ -339,7 +339,7 @@ class PowerOps(mfusepy.Operations):
     def fsyncdir(self, path: str, datasync: int, fh: int) -> int:
         if "dirsync_noop" in _MUTANTS:
             return 0
-        self._disk_wait()
+        self._disk_wait(path)
         with self.mutex:
             ino = self.dirs[fh]
             # a descriptor of our own: a readdir on fh shares its offset

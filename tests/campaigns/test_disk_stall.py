@@ -1,0 +1,155 @@
+"""The ``disk_stall`` fault and the ``slow-disk`` profile: drawn from the seed, placed
+like the other faults, replayed exactly, and inflicted on a real run on powerfs: the
+driver stuck inside a durability call is taken over, and its fences stop it when the
+disk comes back (``DS_MUTANTS=unfenced_mutations`` shows the fault has teeth)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from durable_spaces.campaigns.replay import differences, exact_spec
+from durable_spaces.campaigns.spec import CampaignSpec, RunSpec
+from durable_spaces.chaos.failpoints import ANY
+from durable_spaces.chaos.faults import PointFault, SpaceFault
+from durable_spaces.chaos.powerfs import unavailable
+from durable_spaces.chaos.profiles import PROFILES
+from durable_spaces.chaos.schedule import AttemptPlan, Schedule
+from durable_spaces.errors import ConfigError
+
+_WHY = unavailable()
+needs_fuse = pytest.mark.skipif(_WHY is not None, reason=f"powerfs cannot run here: {_WHY}")
+
+POINTS = ["adapter.call", "adapter.start_mark", "adapter.outcome_commit", "harness.intent"]
+
+
+def _stalls(s: Schedule) -> list[PointFault | SpaceFault]:
+    out: list[PointFault | SpaceFault] = [p for a in s.attempts for p in a.at_points]
+    out += [f for a in s.attempts for f in a.faults]
+    return [f for f in out if f.kind == "disk_stall"]
+
+
+def test_slow_disk_draws_stalls_mostly_with_takeover_and_no_other_profile_does() -> None:
+    drawn = [Schedule.draw(f"sd-{i}", POINTS, 6, "slow-disk") for i in range(60)]
+    stalls = [f for s in drawn for f in _stalls(s)]
+    assert len(stalls) > 60, "slow-disk hardly draws a stall"
+    assert all(isinstance(f, PointFault) for f in stalls)  # logical placement
+    lo, hi = PROFILES["slow-disk"].disk_stall_s
+    assert all(f.duration_s is not None and lo <= f.duration_s <= hi for f in stalls)
+    takeovers = sum(f.takeover for f in stalls) / len(stalls)
+    assert 0.6 < takeovers < 0.95, takeovers
+    assert sum(s.planned_faults().get("power_loss", 0) for s in drawn) > 0
+    assert PROFILES["slow-disk"].power and PROFILES["slow-disk"].fsync_latency_ms
+    for name in PROFILES:
+        if name == "slow-disk":
+            continue
+        others = [Schedule.draw(f"sd-{i}", POINTS, 6, name) for i in range(30)]
+        assert not any(_stalls(s) for s in others), f"profile {name} drew a disk stall"
+    # timed placement: seconds after the launch, with the takeover in the record
+    timed = replace(PROFILES["slow-disk"], placement="timed")
+    ts = [f for i in range(30) for f in _stalls(Schedule.draw(f"t-{i}", POINTS, 6, timed))]
+    assert ts and all(isinstance(f, SpaceFault) and f.at_s is not None for f in ts)
+
+
+def test_disk_stall_records_round_trip_and_bad_ones_are_refused() -> None:
+    pf = PointFault("adapter.spawn", 2, "disk_stall", 1.5, 0.4, True)
+    sf = SpaceFault("disk_stall", at_s=0.3, duration_s=1.0, takeover=True, resume_s=0.2)
+    sched = Schedule("r", (AttemptPlan(faults=(sf,), at_points=(pf,)),), "manual")
+    back = Schedule.loads(sched.dumps())
+    assert back == sched and back.planned_faults() == {"disk_stall": 2}
+    with pytest.raises(ValueError, match="needs duration_s"):
+        PointFault("adapter.spawn", 1, "disk_stall")
+    with pytest.raises(ValueError, match="takes no duration_s"):
+        PointFault("adapter.spawn", 1, "kill", 1.0)
+    with pytest.raises(ValueError, match="not a trigger"):
+        SpaceFault("disk_stall", trigger="after_kill", duration_s=1.0)
+
+
+def test_the_exact_schedule_puts_a_stall_where_it_landed_with_its_takeover() -> None:
+    timed = SpaceFault("disk_stall", at_s=0.2, duration_s=1.0, takeover=True)
+    drawn = Schedule("x", (AttemptPlan(faults=(timed,)),))
+    value = {"duration_s": 1.0, "takeover": True, "resume_s": 0.3, "at_s": 0.2}
+    realized = [
+        {"attempt": 0, "epoch": 1, "kind": "disk_stall", "type": "ok",
+         "at": {"after_s": 0.2, "point": "adapter.spawn", "n": 2, "g": 30}, "value": value},
+        {"attempt": 1, "epoch": 2, "kind": "disk_stall", "type": "ok",
+         "at": {"after_s": 0.01}, "value": {**value, "takeover": False}},
+    ]  # fmt: skip
+    exact = Schedule.exact("x", drawn, realized)
+    assert exact.plan(0).at_points == (
+        PointFault("adapter.spawn", 2, "disk_stall", 1.0, 0.3, True),
+    )
+    assert exact.plan(0).faults == ()  # nothing left to the clock
+    # before its driver's first hit: at the first logical hit (a stall has no trigger)
+    assert exact.plan(1).at_points == (PointFault(ANY, 1, "disk_stall", 1.0, 0.3, False),)
+
+
+def test_slow_disk_refuses_backends_off_the_mount() -> None:
+    with pytest.raises(ConfigError, match="a slow disk"):
+        CampaignSpec(mode="transactional", backend="docker", profile="slow-disk")
+    CampaignSpec(mode="checkpoint", backend="local", profile="slow-disk")
+
+
+def _run(tmp: Path, seed: str, schedule: Schedule, mode: str = "transactional") -> RunSpec:
+    return RunSpec(
+        run_id=f"r-{seed}",
+        seed=seed,
+        mode=mode,
+        backend="local",
+        calls=4,
+        durable_mode=mode,
+        state_dir=str(tmp / seed),
+        schedule=schedule,
+        profile="slow-disk",
+    )
+
+
+#: A stall at the 2nd start mark (its commit ahead), taken over at once.
+_STALL = PointFault("adapter.start_mark", 2, "disk_stall", 1.5, 0.5, True)
+_TAKEOVER = Schedule("ds1", (AttemptPlan(at_points=(_STALL,)),), "manual")
+
+
+def _stall_ops(rec: object) -> list[dict[str, object]]:
+    return [op for op in rec.extra["nemesis"] if op["kind"] == "disk_stall"]  # type: ignore[attr-defined]
+
+
+@needs_fuse
+@pytest.mark.slow
+def test_a_driver_stuck_in_a_stalled_fsync_is_taken_over_and_fenced(tmp_path: Path) -> None:
+    from durable_spaces.campaigns.run import run_one
+
+    rec = asyncio.run(run_one(_run(tmp_path, "ds1", _TAKEOVER)))
+    assert rec.outcome == "ok", {k: v["detail"] for k, v in rec.checks.items() if not v["valid"]}
+    (op,) = _stall_ops(rec)
+    value = op["value"]
+    assert op["type"] == "ok" and isinstance(value, dict)
+    assert value["driver_held"] is True and value["taken_over"] is True, value
+    assert value["held_paths"], value  # the file it was making durable
+    assert rec.faults.get("disk_stall") == 1
+    assert rec.extra["epochs"][:2] == [1, 2]  # the next epoch ran while it was stuck
+    assert rec.extra["profile"] == "slow-disk"
+    lo, hi = PROFILES["slow-disk"].fsync_latency_ms or (0.0, 0.0)
+    assert lo <= rec.extra["fsync_ms"] <= hi
+    # replayed exactly: the same interleaving, on powerfs again
+    again = asyncio.run(run_one(exact_spec(rec, str(tmp_path / "exact"), "exact-0")))
+    assert again.outcome == "ok" and again.faults.get("disk_stall") == 1
+    assert not differences(rec, again), differences(rec, again)
+
+
+@needs_fuse
+@pytest.mark.slow
+def test_unfenced_mutations_are_caught_by_a_disk_stall(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the Space's fence broken, the driver that comes back from the stall writes
+    into its successor's workspace, and the checker says so."""
+    from durable_spaces.campaigns.run import run_one
+
+    monkeypatch.setenv("DS_MUTANTS", "unfenced_mutations")
+    stall = PointFault("adapter.before_file_op", 2, "disk_stall", 1.5, 1.0, True)
+    sched = Schedule("dsm", (AttemptPlan(at_points=(stall,)),), "manual")
+    rec = asyncio.run(run_one(_run(tmp_path, "dsm", sched)))
+    assert rec.outcome == "failed", rec.checks
