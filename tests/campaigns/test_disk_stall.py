@@ -141,15 +141,20 @@ def test_a_driver_stuck_in_a_stalled_fsync_is_taken_over_and_fenced(tmp_path: Pa
 
 @needs_fuse
 @pytest.mark.slow
-def test_unfenced_mutations_are_caught_by_a_disk_stall(
+def test_broken_fences_are_caught_by_a_disk_stall_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With the Space's fence broken, the driver that comes back from the stall writes
-    into its successor's workspace, and the checker says so."""
+    """With the log's and the Space's fences broken, the driver that comes back from the
+    stall after the takeover runs on beside its successor, and the checker names its
+    commits: the fault has teeth with no pause and no second coordinator. (Either fence
+    alone stops it here: the Space refuses its next file operation, or the log its next
+    commit; measured, not asserted, see the README.)"""
     from durable_spaces.campaigns.run import run_one
 
-    monkeypatch.setenv("DS_MUTANTS", "unfenced_mutations")
-    stall = PointFault("adapter.before_file_op", 2, "disk_stall", 1.5, 1.0, True)
-    sched = Schedule("dsm", (AttemptPlan(at_points=(stall,)),), "manual")
-    rec = asyncio.run(run_one(_run(tmp_path, "dsm", sched)))
+    monkeypatch.setenv("DS_MUTANTS", "unfenced_log,unfenced_mutations")
+    rec = asyncio.run(run_one(_run(tmp_path, "dsm", replace(_TAKEOVER, seed="dsm"))))
     assert rec.outcome == "failed", rec.checks
+    (op,) = _stall_ops(rec)
+    assert op["value"]["taken_over"] is True  # type: ignore[index]
+    found = {a["name"] for v in rec.checks.values() for a in v.get("anomalies") or ()}
+    assert "stale_commit" in found, rec.checks

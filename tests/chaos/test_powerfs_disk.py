@@ -163,3 +163,17 @@ def test_bad_stall_and_latency_values_are_refused(mnt: Mnt, bad: object) -> None
     assert not mnt.fs.disk().stalled
     assert json.dumps(mnt.fs.disk().__dict__)  # the mount still answers
     assert os.path.ismount(mnt.root)
+
+
+def test_the_cli_stalls_and_refuses_a_bad_value(mnt: Mnt) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "durable_spaces.chaos.powerfs", *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+    sd = mnt.fs.state_dir
+    ok = cli("stall", sd, "30")
+    assert ok.returncode == 0 and json.loads(ok.stdout)["stalled"] is True
+    assert json.loads(cli("resume", sd).stdout)["stalled"] is False
+    bad = cli("latency", sd, "-3")
+    assert bad.returncode == 1 and "fsync latency ms must be between" in bad.stderr
+    assert "Traceback" not in bad.stderr
