@@ -143,9 +143,7 @@ class DriverPauser:
         self._release.set()
 
     async def _until_released(self, delay: float) -> None:
-        waits = [self._release.wait(), self.coordinator.settled.wait()]
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(_first(waits), delay)
+        await until_released(self.coordinator, self._release, delay)
 
     async def _next_first_step(self, epoch: int) -> None:
         await next_first_step(self.coordinator, epoch, self._release)
@@ -194,6 +192,13 @@ async def next_first_step(
         if time.monotonic() > deadline:
             return
         await asyncio.sleep(0.02)
+
+
+async def until_released(coordinator: Pausable, release: asyncio.Event, delay: float) -> None:
+    """``delay`` seconds, or less: until ``release`` is set or the coordinator settles."""
+    waits = [release.wait(), coordinator.settled.wait()]
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(_first(waits), delay)
 
 
 async def _first(waits: list[Any]) -> None:
@@ -344,9 +349,10 @@ class DiskStaller:
                 self.coordinator.abandon_current("disk_stall")
                 v["taken_over"] = True
                 await next_first_step(self.coordinator, epoch, self._release, duration)
-                await self._until_released(float(v.get("resume_s", 0.0)))
+                await until_released(self.coordinator, self._release, float(v.get("resume_s", 0.0)))
             else:
-                await self._until_released(max(0.0, duration - (time.monotonic() - t0)))
+                left = max(0.0, duration - (time.monotonic() - t0))
+                await until_released(self.coordinator, self._release, left)
         except Exception as e:
             return _done(op, "info", v, error=f"{type(e).__name__}: {e}")
         finally:
@@ -355,11 +361,6 @@ class DiskStaller:
         v["resumed_ms"] = time.time() * 1000
         v["pid"] = a.pid
         return _done(op, "ok", value=v)
-
-    async def _until_released(self, delay: float) -> None:
-        waits = [self._release.wait(), self.coordinator.settled.wait()]
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(_first(waits), delay)
 
 
 class Composed:

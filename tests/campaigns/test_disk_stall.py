@@ -126,7 +126,7 @@ def test_a_driver_stuck_in_a_stalled_fsync_is_taken_over_and_fenced(tmp_path: Pa
     (op,) = _stall_ops(rec)
     value = op["value"]
     assert op["type"] == "ok" and isinstance(value, dict)
-    assert value["driver_held"] is True and value["taken_over"] is True, value
+    assert value.get("driver_held") is True and value.get("taken_over") is True, value
     assert value["held_paths"], value  # the file it was making durable
     assert rec.faults.get("disk_stall") == 1
     assert rec.extra["epochs"][:2] == [1, 2]  # the next epoch ran while it was stuck
