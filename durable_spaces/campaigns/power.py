@@ -17,9 +17,10 @@ The cut itself runs on the event loop without yielding: no file operation of the
 coordinator is half-way through the mount while the power goes.
 
 The host's disk can also be slow (a per-run latency on every durability call) or stall
-(``StallableDisk`` for ``nemesis.DiskStaller``; ``chaos/powerfs/disk.py``). A driver stuck
-in a stalled call cannot die until the call returns, so a power loss during a stall does
-not wait for it: the cut fails the stuck calls, and then it dies.
+(``StallableDisk`` for ``nemesis.DiskStaller``; ``chaos/powerfs/disk.py``). A process
+stuck in a stalled call cannot die until the call returns, so a power loss during a stall
+kills it and fails its call (``PowerFS.fail``): it dies at once, and what the call was
+making durable is lost with the cut.
 """
 
 from __future__ import annotations
@@ -53,8 +54,6 @@ FS_STATE_DIR = "host.powerfs"
 BOOT_FILE = "boot_id"
 #: How long a killed driver gets to be reaped before the power goes anyway.
 _REAP_S = 30.0
-#: ... when the disk holds a durability call (its caller cannot die before the cut).
-_STUCK_REAP_S = 1.0
 
 
 def boot_id(seed: str, boot: int) -> str:
@@ -167,14 +166,28 @@ class PowerHost:
         try:
             attempt = self._coordinator.current
             pid = self._coordinator.kill_current("power_loss")
-            for old in self._coordinator.history:  # given up on, still running: on the host
+            stale = []  # drivers given up on, still running (paused, stuck): on the host
+            for old in self._coordinator.history:
                 if old.alive and old is not attempt:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(old.pid, signal.SIGKILL)
-            stuck = bool(self.fs.disk().held)  # a stuck driver dies only after the cut
+                        stale.append(old.pid)
+            # A process stuck in a stalled fsync cannot die until its call returns: kill
+            # it and fail its call (it dies at once, never seeing it; the data is lost).
+            disk = self.fs.disk()
+            held = [p for p in disk.held_pids if p != os.getpid()]
+            # a log commit whose fsync is held was never acknowledged: it may be seen
+            # before the cut (a reader recovers the log's written WAL) and be gone after
+            log = f"/session/{self._log_name()}"
+            in_flight = sum(1 for p in disk.held_paths if p == log or p.startswith(log + "-"))
+            for p in held:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
+            if held:
+                self.fs.fail(held)
             if pid is not None and attempt is not None:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(attempt.done.wait(), _STUCK_REAP_S if stuck else _REAP_S)
+                    await asyncio.wait_for(attempt.done.wait(), _REAP_S)
             power_off = getattr(self._backend, "power_off", None)
             with contextlib.suppress(SpaceError):
                 # every process of the Space (the local stand-in's "daemon" is its tree;
@@ -196,10 +209,14 @@ class PowerHost:
             self.up.set()
         cut = {
             "killed": pid,
+            "killed_stale": stale,
             "tear": tear,
             "dropped_ops": report.ops,
             "dropped_bytes": report.bytes,
             "torn": len(report.torn),
+            "held": report.held,  # durability calls a disk stall held: failed by the cut
+            "failed_held": held,  # the processes stuck in a stalled call, killed first
+            "in_flight_commits": in_flight,  # unacknowledged: checks/power.py allows them
             **_compare(before, after),
         }
         self.cuts.append(cut)
@@ -213,8 +230,10 @@ class PowerHost:
             ledger, epoch = data / "exec-ledger.jsonl", data / "exec-epoch"
         else:
             ledger, epoch = space / "ledger.jsonl", space / "epoch"
-        name = "log.jsonl" if self.log_format == "jsonl" else "log.sqlite"
-        return look(self.mountpoint / "session" / name, ledger, epoch)
+        return look(self.mountpoint / "session" / self._log_name(), ledger, epoch)
+
+    def _log_name(self) -> str:
+        return "log.jsonl" if self.log_format == "jsonl" else "log.sqlite"
 
 
 def look(log: Path, ledger: Path, epoch_file: Path) -> dict[str, Any]:

@@ -303,10 +303,10 @@ def _fill(record: RunRecord, result: CoordinatorResult, injector: Injector) -> N
     random_kills = sum(
         1 for op in injector.nemesis.history if op.kind == "kill" and op.type == "ok"
     )
-    power_kills = sum(  # a power loss kills the driver too: not a failpoint's death
-        1
+    power_kills = sum(  # a power loss kills the drivers too: not a failpoint's death
+        bool((op.value or {}).get("killed")) + len((op.value or {}).get("killed_stale") or ())
         for op in injector.nemesis.history
-        if op.kind == "power_loss" and op.type == "ok" and (op.value or {}).get("killed")
+        if op.kind == "power_loss" and op.type == "ok"
     )
     faults.pop("kill", None)
     faults["random_kill"] = random_kills

@@ -54,6 +54,9 @@ class Profile:
     #: Every durability call of the host's disk delayed by a latency drawn per run
     #: (milliseconds; None: no latency).
     fsync_latency_ms: tuple[float, float] | None = None
+    #: After a stall with a takeover, a power loss soon after the next driver's launch:
+    #: the cut comes while the stall still holds the old driver's call.
+    p_cut_in_stall: float = 0.0
 
     @property
     def power(self) -> bool:
@@ -138,6 +141,7 @@ PROFILES: dict[str, Profile] = {
         disk_stall_s=(0.3, 2.0),
         resume_s=(0.0, 1.0),
         fsync_latency_ms=(0.0, 15.0),
+        p_cut_in_stall=0.2,
     ),
     # nothing goes wrong: a baseline run
     "calm": Profile(

@@ -161,6 +161,7 @@ class Schedule:
             return ANY, rng.randint(1, max(1, calls * LOGICAL_HITS_PER_CALL))
 
         plans: list[AttemptPlan] = []
+        cut_soon = False  # the last attempt's stall was taken over: a cut while it holds
         # Every draw below is guarded so a probability of 0 consumes no randomness.
         for _ in range(prof.faulty_attempts):
             fp = None
@@ -184,6 +185,9 @@ class Schedule:
                 else:
                     at_points.append(PointFault(*position(), "pause", None, resume, takeover))
             faults: list[SpaceFault] = []
+            if cut_soon:  # timed: the next driver cannot reach a point while it waits
+                faults.append(SpaceFault("power_loss", at_s=round(rng.uniform(0.1, 0.8), 3)))
+            cut_soon = False
             for kind in FAULT_KINDS:
                 p_kind = prof.p_fault(kind)
                 if kind in ("space_pause", "power_loss", "disk_stall") and not p_kind:
@@ -199,6 +203,8 @@ class Schedule:
                             at_points.append(PointFault(*pp, kind, **stall))
                         else:  # anywhere: mostly a log commit next
                             at_points.append(PointFault(*position(), kind, **stall))
+                        if stall["takeover"] and prof.p_cut_in_stall:
+                            cut_soon = rng.random() < prof.p_cut_in_stall
                     continue
                 if rng.random() < p_kind:
                     dur = (

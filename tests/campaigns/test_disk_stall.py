@@ -8,10 +8,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from durable_spaces.campaigns.replay import differences, exact_spec
+from durable_spaces.campaigns.checks.power import power_losses
+from durable_spaces.campaigns.record import RunRecord
+from durable_spaces.campaigns.replay import exact_spec
 from durable_spaces.campaigns.spec import CampaignSpec, RunSpec
 from durable_spaces.chaos.failpoints import ANY
 from durable_spaces.chaos.faults import PointFault, SpaceFault
@@ -42,6 +45,9 @@ def test_slow_disk_draws_stalls_mostly_with_takeover_and_no_other_profile_does()
     takeovers = sum(f.takeover for f in stalls) / len(stalls)
     assert 0.6 < takeovers < 0.95, takeovers
     assert sum(s.planned_faults().get("power_loss", 0) for s in drawn) > 0
+    # some stalls taken over are followed by a cut soon after the next launch (timed)
+    soon = [f for s in drawn for a in s.attempts for f in a.faults if f.kind == "power_loss"]
+    assert any(f.at_s is not None and f.at_s < 1.0 for f in soon)
     assert PROFILES["slow-disk"].power and PROFILES["slow-disk"].fsync_latency_ms
     for name in PROFILES:
         if name == "slow-disk":
@@ -93,6 +99,15 @@ def test_slow_disk_refuses_backends_off_the_mount() -> None:
     CampaignSpec(mode="checkpoint", backend="local", profile="slow-disk")
 
 
+def test_a_commit_in_flight_at_a_cut_is_not_a_rollback_of_a_durable_log() -> None:
+    """A commit whose fsync the stalled disk held was never acknowledged: seen before the
+    cut and gone after, it is no loss; one commit more is."""
+    cut = {"lost_commits": 1, "in_flight_commits": 1, "commits_after": 11}
+    assert power_losses([cut], "FULL")["valid"] is True
+    assert power_losses([{**cut, "lost_commits": 2}], "FULL")["valid"] is False
+    assert power_losses([{**cut, "in_flight_commits": 0}], "FULL")["valid"] is False
+
+
 def _run(tmp: Path, seed: str, schedule: Schedule, mode: str = "transactional") -> RunSpec:
     return RunSpec(
         run_id=f"r-{seed}",
@@ -112,8 +127,8 @@ _STALL = PointFault("adapter.start_mark", 2, "disk_stall", 1.5, 0.5, True)
 _TAKEOVER = Schedule("ds1", (AttemptPlan(at_points=(_STALL,)),), "manual")
 
 
-def _stall_ops(rec: object) -> list[dict[str, object]]:
-    return [op for op in rec.extra["nemesis"] if op["kind"] == "disk_stall"]  # type: ignore[attr-defined]
+def _stall_ops(rec: RunRecord) -> list[dict[str, Any]]:
+    return [op for op in rec.extra["nemesis"] if op["kind"] == "disk_stall"]
 
 
 @needs_fuse
@@ -133,10 +148,17 @@ def test_a_driver_stuck_in_a_stalled_fsync_is_taken_over_and_fenced(tmp_path: Pa
     assert rec.extra["profile"] == "slow-disk"
     lo, hi = PROFILES["slow-disk"].fsync_latency_ms or (0.0, 0.0)
     assert lo <= rec.extra["fsync_ms"] <= hi
-    # replayed exactly: the same interleaving, on powerfs again
+    # replayed exactly: the stall where it landed, taken over again, on powerfs again
+    # (how far the old driver gets once the disk is back is timing: the race itself)
     again = asyncio.run(run_one(exact_spec(rec, str(tmp_path / "exact"), "exact-0")))
     assert again.outcome == "ok" and again.faults.get("disk_stall") == 1
-    assert not differences(rec, again), differences(rec, again)
+
+    def landed(r: RunRecord) -> list[tuple[object, ...]]:
+        return [(x["kind"], x["type"], x["at"].get("point"), x["at"].get("n"))
+                for x in r.extra["interleaving"]]  # fmt: skip
+
+    assert landed(again) == landed(rec)
+    assert _stall_ops(again)[0]["value"]["taken_over"] is True
 
 
 @needs_fuse
@@ -155,6 +177,32 @@ def test_broken_fences_are_caught_by_a_disk_stall_alone(
     rec = asyncio.run(run_one(_run(tmp_path, "dsm", replace(_TAKEOVER, seed="dsm"))))
     assert rec.outcome == "failed", rec.checks
     (op,) = _stall_ops(rec)
-    assert op["value"]["taken_over"] is True  # type: ignore[index]
+    assert op["value"]["taken_over"] is True
     found = {a["name"] for v in rec.checks.values() for a in v.get("anomalies") or ()}
     assert "stale_commit" in found, rec.checks
+
+
+@needs_fuse
+@pytest.mark.slow
+def test_a_power_loss_while_a_stall_holds_the_old_drivers_call(tmp_path: Path) -> None:
+    """The nasty combination: the old driver stuck in a Space ledger append, taken over,
+    and the power goes 0.3 s into its successor's attempt: the stuck process is killed
+    and its call failed (it cannot die otherwise), the cut drops what it was syncing,
+    and the run is consistent."""
+    from durable_spaces.campaigns.run import run_one
+
+    stall = PointFault("adapter.start_mark", 2, "disk_stall", 3.0, 1.5, True)
+    sched = Schedule(
+        "dsp",
+        (
+            AttemptPlan(at_points=(stall,)),
+            AttemptPlan(faults=(SpaceFault("power_loss", at_s=0.3),)),
+        ),
+        "manual",
+    )
+    rec = asyncio.run(run_one(_run(tmp_path, "dsp", sched)))
+    assert rec.outcome == "ok", {k: v["detail"] for k, v in rec.checks.items() if not v["valid"]}
+    (cut,) = rec.extra["power"]
+    assert cut["failed_held"], cut  # the cut came while the stall held a process
+    assert cut["in_flight_commits"] <= 1 and cut["lost_commits"] <= cut["in_flight_commits"]
+    assert rec.faults == {"disk_stall": 1, "power_loss": 1}, rec.faults  # no kill miscounted

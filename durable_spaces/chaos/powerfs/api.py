@@ -194,6 +194,11 @@ class PowerFS:
         msg = {"cmd": "resume", "keep_stuck": bool(keep_stuck)}
         return DiskState.of(_call(self.state_dir, msg))
 
+    def fail(self, pids: list[int]) -> DiskState:
+        """The calls a stall holds for processes ``pids`` fail now (EIO, nothing synced):
+        for a lab that killed those processes and must not wait for the stall to end."""
+        return DiskState.of(_call(self.state_dir, {"cmd": "fail", "pids": list(pids)}))
+
     def latency(self, fsync_ms: float) -> DiskState:
         """Delay every durability call by ``fsync_ms`` (kept across cuts; 0: none)."""
         ms = seconds(fsync_ms, "fsync latency ms", MAX_LATENCY_MS)

@@ -12,17 +12,21 @@ A stall ``stall(seconds)`` holds every durability call that arrives (or is alrea
 delayed) until it ends: at its deadline, or at ``resume()``. ``resume(keep_stuck=True)``
 models requests the disk lost: the disk serves new calls again, but those it was holding
 stay stuck until the stall's deadline or a later ``resume()`` (a SCSI/NVMe command whose
-completion never came, retried only at its timeout). A held call's caller cannot be
-killed meanwhile (the kernel waits uninterruptibly once a FUSE request was read), as on
-a real disk (state ``D``). A cut during a stall ends it: the held calls fail like any
-request in flight at a cut (ECONNABORTED) and what they were making durable is lost; the
-next boot's disk is not stalled. A latency is the disk's: the supervisor sets it again
-on every boot. libfuse serves at most 10 requests at once: more than ~10 held calls at
-one moment would keep every other request waiting too.
+completion never came, retried only at its timeout). ``fail(pids)`` fails the calls held
+for those processes (EIO, nothing synced): a lab's power loss kills the processes stuck
+in the disk first, and they die as their call returns instead of waiting for the stall.
+A held call's caller cannot be killed meanwhile (the kernel waits uninterruptibly once a
+FUSE request was read), as on a real disk (state ``D``). A cut during a stall ends it:
+the held calls fail like any request in flight at a cut (ECONNABORTED) and what they
+were making durable is lost; the next boot's disk is not stalled. A latency is the
+disk's: the supervisor sets it again on every boot. libfuse serves at most 10 requests
+at once: more than ~10 held calls at one moment would keep every other request waiting
+too.
 """
 
 from __future__ import annotations
 
+import errno
 import math
 import threading
 import time
@@ -68,6 +72,7 @@ class Disk:
         self._gen = 0  # stalls so far; a held call belongs to the stall it arrived in
         self._released = 0  # stalls up to this one released by resume()
         self._held: dict[int, tuple[int, str]] = {}  # thread id -> (its process, the path)
+        self._failing: set[int] = set()  # held threads whose call is to fail (fail())
         self.counters = {"stalls": 0, "held_calls": 0, "delayed_calls": 0}
 
     def _stalled(self, gen: int, now: float) -> bool:
@@ -85,14 +90,17 @@ class Disk:
         with self._cond:
             if self._serving or not self._stalled(self._gen, time.monotonic()):
                 return
-            gen = self._gen
-            self._held[threading.get_ident()] = (tgid(tid), path)
+            gen, me = self._gen, threading.get_ident()
+            self._held[me] = (tgid(tid), path)
             self.counters["held_calls"] += 1
             try:
-                while self._stalled(gen, now := time.monotonic()):
+                while me not in self._failing and self._stalled(gen, now := time.monotonic()):
                     self._cond.wait(self._until - now)
             finally:
-                del self._held[threading.get_ident()]
+                del self._held[me]
+            if me in self._failing:
+                self._failing.discard(me)
+                raise OSError(errno.EIO, "the disk failed a held call (powerfs disk.fail)")
 
     def stall(self, secs: Any) -> dict[str, Any]:
         """Hold every durability call for ``secs`` seconds from now (0 ends a stall)."""
@@ -114,6 +122,21 @@ class Disk:
             self._serving = True
             if not keep_stuck:
                 self._released = self._gen
+            self._cond.notify_all()
+        return self.state()
+
+    def fail(self, pids: Any) -> dict[str, Any]:
+        """The calls held for processes ``pids`` fail (EIO) now, unsynced. For a lab that
+        has SIGKILLed those processes before a power loss: they die as the call returns,
+        never seeing it, and what the calls were making durable is lost with the cut."""
+        if not isinstance(pids, list) or not all(
+            isinstance(p, int) and not isinstance(p, bool) for p in pids
+        ):
+            raise ConfigError(f"powerfs fail takes a list of process ids, not {pids!r}")
+        with self._cond:
+            for thread, (pid, _) in self._held.items():
+                if pid in pids:
+                    self._failing.add(thread)
             self._cond.notify_all()
         return self.state()
 

@@ -62,7 +62,7 @@ def sync_all(ops: PowerOps) -> None:
                     os.close(fd)
 
 
-_DISK = ("stall", "resume", "latency", "disk")
+_DISK = ("stall", "resume", "fail", "latency", "disk")
 
 
 def _disk(disk: Disk, msg: dict[str, Any]) -> dict[str, Any]:
@@ -74,6 +74,8 @@ def _disk(disk: Disk, msg: dict[str, Any]) -> dict[str, Any]:
             return disk.resume(keep_stuck=bool(msg.get("keep_stuck")))
         if msg["cmd"] == "latency":
             return disk.latency(msg.get("ms"))
+        if msg["cmd"] == "fail":
+            return disk.fail(msg.get("pids"))
         return disk.state()
     except ConfigError as e:
         return {"error": str(e)}

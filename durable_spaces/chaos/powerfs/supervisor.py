@@ -11,7 +11,8 @@ Protocol: one connection per request, one JSON object per line each way. Request
 ``{"cmd": "ping"}``, ``{"cmd": "stats"}``, ``{"cmd": "cut", "tear": bool | null}``,
 ``{"cmd": "unmount", "sync": bool}``, and the disk's timing (``disk.py``):
 ``{"cmd": "stall", "seconds": s}``, ``{"cmd": "resume", "keep_stuck": bool}``,
-``{"cmd": "latency", "ms": ms}`` (kept across cuts: set again on every boot),
+``{"cmd": "fail", "pids": [...]}``, ``{"cmd": "latency", "ms": ms}`` (kept across cuts:
+set again on every boot),
 ``{"cmd": "disk"}``. A reply with an ``"error"`` key is a failure.
 """
 
@@ -235,7 +236,7 @@ class Supervisor:
             return self.stats(), False
         if cmd == "cut":
             return self.cut(msg.get("tear")), False
-        if cmd in ("stall", "resume", "latency", "disk"):
+        if cmd in ("stall", "resume", "fail", "latency", "disk"):
             return self.disk(msg), False
         if cmd == "unmount":
             self.unmount(bool(msg.get("sync", True)))
