@@ -97,6 +97,7 @@ class PowerHost:
         self.up.set()
         self.cuts: list[dict[str, Any]] = []
         self._coordinator: Coordinator | None = None
+        self._coordinators: list[Coordinator] = []
         self._backend: SpaceBackend | None = None
         self._space = ""
 
@@ -144,12 +145,21 @@ class PowerHost:
                 self.fs.unmount()
             self.fs = None
 
+    def host(self, coordinator: Coordinator) -> None:
+        """Every coordinator of the run launches its drivers on this host (its hook comes
+        first: a launch waits for the host, and gets its log level and boot id), and a
+        power loss kills them all (a ``stale`` run's first coordinator's too)."""
+        coordinator.before_launch.insert(0, self.before_launch)
+        self._coordinators.append(coordinator)
+
     def attach(self, coordinator: Coordinator, backend: SpaceBackend, space: str) -> None:
-        """The coordinator whose drivers run on this host and the Space the host holds."""
+        """The coordinator the nemesis plays against (``host()``ed already) and the Space
+        the host holds."""
+        if coordinator not in self._coordinators:
+            self.host(coordinator)
         self._coordinator = coordinator
         self._backend = backend
         self._space = space
-        coordinator.before_launch.append(self.before_launch)
 
     async def before_launch(self, launch: Launch) -> None:
         """A driver starts only on a host that is up, told where its boot id is."""
@@ -167,7 +177,7 @@ class PowerHost:
             attempt = self._coordinator.current
             pid = self._coordinator.kill_current("power_loss")
             stale = []  # drivers given up on, still running (paused, stuck): on the host
-            for old in self._coordinator.history:
+            for old in (a for c in self._coordinators for a in c.history):
                 if old.alive and old is not attempt:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(old.pid, signal.SIGKILL)

@@ -198,6 +198,12 @@ class RunContext:
         self.root = paths.root
 
     def coordinator(self, **kw: Any) -> Coordinator:
+        c = self._coordinator(**kw)
+        if self.placement.host is not None:  # every driver of the run on its host
+            self.placement.host.host(c)
+        return c
+
+    def _coordinator(self, **kw: Any) -> Coordinator:
         return Coordinator(
             AGENT_ARGV,
             self.paths.session,

@@ -206,3 +206,35 @@ def test_a_power_loss_while_a_stall_holds_the_old_drivers_call(tmp_path: Path) -
     assert cut["failed_held"], cut  # the cut came while the stall held a process
     assert cut["in_flight_commits"] <= 1 and cut["lost_commits"] <= cut["in_flight_commits"]
     assert rec.faults == {"disk_stall": 1, "power_loss": 1}, rec.faults  # no kill miscounted
+
+
+@needs_fuse
+def test_every_coordinator_of_a_run_launches_on_the_host(tmp_path: Path) -> None:
+    """A ``stale`` run's first coordinator is made apart from the nemesis's: its drivers
+    too must wait for the host, open the log at the profile's level (FULL) and read the
+    host's boot id, and die in its power losses. (They did not: a WAL its NORMAL driver
+    created never had its name synced, and a cut took every FULL commit after it.)"""
+    from durable_spaces.campaigns.power import BOOT_ENV, LOG_SYNC_ENV
+    from durable_spaces.campaigns.run import _prepare
+    from durable_spaces.campaigns.scenarios.base import Script
+    from durable_spaces.campaigns.supervisor import Launch
+
+    run = _run(tmp_path, "dsh", _TAKEOVER)
+
+    async def go() -> dict[str, str]:
+        ctx = await _prepare(run, Script(run.seed, 0.0), _TAKEOVER)
+        try:
+            first = ctx.coordinator(max_attempts=1)  # as stale.py makes its first one
+            host = ctx.placement.host
+            assert host is not None and first.before_launch[0] == host.before_launch
+            launch = Launch(index=0, epoch=1, env={})
+            for hook in first.before_launch:
+                done = hook(launch)
+                if done is not None:
+                    await done
+            return launch.env
+        finally:
+            await ctx.placement.delete()
+
+    env = asyncio.run(go())
+    assert env[LOG_SYNC_ENV] == "FULL" and BOOT_ENV in env
