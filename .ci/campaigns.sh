@@ -36,6 +36,9 @@ if why=$(python -c 'from durable_spaces.chaos.powerfs import unavailable as u; i
   run "power-checkpoint-local" --mode checkpoint --backend local --runs 6 --calls 5 --seed-base ci-pcp --profile power
   # the cua-spacesd daemon's data dir (ledger, epoch floor) on the mount too (~30 s)
   run "power-spacesd" --mode transactional --backend spacesd --runs 4 --calls 6 --seed-base ci-psd --profile power
+  # A slow disk: drivers stuck inside a stalled fsync, taken over, racing their successor
+  # when the disk comes back; an fsync latency per run; a few power losses.
+  run "slow-disk-local" --mode transactional --backend local --runs 6 --calls 5 --seed-base ci-sd --profile slow-disk
 else
   echo "== power campaigns skipped: $why"
 fi

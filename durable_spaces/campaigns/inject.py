@@ -41,7 +41,7 @@ from typing import Any
 
 from durable_spaces.campaigns.coordinator import Attempt, Coordinator, CoordinatorResult, Launch
 from durable_spaces.chaos.failpoints import ANY
-from durable_spaces.chaos.nemesis import Composed, DriverPauser, Op, is_stopped
+from durable_spaces.chaos.nemesis import Composed, DiskStaller, DriverPauser, Op, is_stopped
 from durable_spaces.chaos.schedule import AttemptPlan, PointFault, Schedule
 
 #: How often a watcher looks for its driver stopped at a rendezvous.
@@ -148,8 +148,8 @@ class Injector:
         """After the coordinator's run: continue paused drivers, let every op in flight end,
         cancel (and record) the ones still waiting."""
         for nem in self.nemesis.routes.values():
-            if isinstance(nem, DriverPauser):
-                nem.release()
+            if isinstance(nem, DriverPauser | DiskStaller):
+                nem.release()  # continue paused drivers, bring a stalled disk back
         for t in list(self._tasks):
             t.cancel()
         for t in list(self._tasks):
@@ -257,15 +257,15 @@ class Injector:
             if hit is not None and pf.point == ANY:
                 at["hit"] = [hit[0], hit[1]]
             value: dict[str, Any] = {"epoch": attempt.epoch}
-            if pf.kind == "pause":
+            if pf.kind in ("pause", "disk_stall"):
                 value.update(self_stopped=True, takeover=pf.takeover, resume_s=pf.resume_s)
-                handed_on = True  # the pause nemesis continues it
+                handed_on = True  # the pause (or disk stall) nemesis continues it
             if pf.duration_s is not None:
                 value["duration_s"] = pf.duration_s
             if pf.kind in ("kill", "power_loss"):
                 handed_on = True  # the driver is dead (a power loss kills it too)
             op = await self._invoke(attempt, pf.kind, value, at)
-            if trace is not None and pf.kind != "pause":
+            if trace is not None and pf.kind not in ("pause", "disk_stall"):
                 # Where the driver was when the fault had landed: its stop, if the
                 # rendezvous held (a replay compares this, so a fault that slipped is seen).
                 now = last_hit(trace)
@@ -290,7 +290,11 @@ class Injector:
                 self._start(self._at(a, d, "kill"))
             for f in plan.faults:
                 if f.at_s is not None:
-                    extra = {} if f.duration_s is None else {"duration_s": f.duration_s}
+                    extra: dict[str, Any] = {}
+                    if f.duration_s is not None:
+                        extra["duration_s"] = f.duration_s
+                    if f.kind == "disk_stall":
+                        extra.update(takeover=f.takeover, resume_s=f.resume_s)
                     self._start(self._at(a, f.at_s, f.kind, extra))
             for p in plan.pauses:
                 if p.at_s is not None:

@@ -15,6 +15,12 @@ plane, off the host) waits until the host is up before it launches the next driv
 
 The cut itself runs on the event loop without yielding: no file operation of the
 coordinator is half-way through the mount while the power goes.
+
+The host's disk can also be slow (a per-run latency on every durability call) or stall
+(``StallableDisk`` for ``nemesis.DiskStaller``; ``chaos/powerfs/disk.py``). A process
+stuck in a stalled call cannot die until the call returns, so a power loss during a stall
+kills it and fails its call (``PowerFS.fail``): it dies at once, and what the call was
+making durable is lost with the cut.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import hashlib
 import json
 import os
 import random
+import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -73,8 +80,10 @@ class PowerHost:
         p_tear: float,
         log_synchronous: str | None,
         log_format: str = "sqlite",
+        fsync_ms: float = 0.0,
     ):
         self.root = root
+        self.fsync_ms = fsync_ms
         self.seed = seed
         self.p_tear = p_tear
         self.log_synchronous = log_synchronous
@@ -88,6 +97,7 @@ class PowerHost:
         self.up.set()
         self.cuts: list[dict[str, Any]] = []
         self._coordinator: Coordinator | None = None
+        self._coordinators: list[Coordinator] = []
         self._backend: SpaceBackend | None = None
         self._space = ""
 
@@ -107,6 +117,26 @@ class PowerHost:
         _write_boot(self.boot_file, boot_id(self.seed, 0))
         state = self.root / FS_STATE_DIR
         self.fs = mount(self.disk, self.mountpoint, seed=self.seed, state_dir=state)
+        if self.fsync_ms:
+            self.fs.latency(self.fsync_ms)
+
+    def _mounted(self) -> PowerFS:
+        if self.fs is None:
+            raise RuntimeError("the host's disk is not mounted")
+        return self.fs
+
+    def stall(self, seconds: float) -> None:
+        """The disk stops completing durability calls for at most ``seconds``."""
+        self._mounted().stall(seconds)
+
+    def resume(self, *, keep_stuck: bool = False) -> None:
+        """The disk serves again (``keep_stuck``: new calls only)."""
+        self._mounted().resume(keep_stuck=keep_stuck)
+
+    def held(self) -> tuple[list[int], list[str]]:
+        """The processes stuck inside a durability call now, and the files (mount paths)."""
+        state = self._mounted().disk()
+        return list(state.held_pids), list(state.held_paths)
 
     def stop(self) -> None:
         """A clean unmount (everything made durable, as umount flushes)."""
@@ -115,12 +145,21 @@ class PowerHost:
                 self.fs.unmount()
             self.fs = None
 
+    def host(self, coordinator: Coordinator) -> None:
+        """Every coordinator of the run launches its drivers on this host (its hook comes
+        first: a launch waits for the host, and gets its log level and boot id), and a
+        power loss kills them all (a ``stale`` run's first coordinator's too)."""
+        coordinator.before_launch.insert(0, self.before_launch)
+        self._coordinators.append(coordinator)
+
     def attach(self, coordinator: Coordinator, backend: SpaceBackend, space: str) -> None:
-        """The coordinator whose drivers run on this host and the Space the host holds."""
+        """The coordinator the nemesis plays against (``host()``ed already) and the Space
+        the host holds."""
+        if coordinator not in self._coordinators:
+            self.host(coordinator)
         self._coordinator = coordinator
         self._backend = backend
         self._space = space
-        coordinator.before_launch.append(self.before_launch)
 
     async def before_launch(self, launch: Launch) -> None:
         """A driver starts only on a host that is up, told where its boot id is."""
@@ -137,6 +176,25 @@ class PowerHost:
         try:
             attempt = self._coordinator.current
             pid = self._coordinator.kill_current("power_loss")
+            stale = []  # drivers given up on, still running (paused, stuck): on the host
+            for old in (a for c in self._coordinators for a in c.history):
+                if old.alive and old is not attempt:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(old.pid, signal.SIGKILL)
+                        stale.append(old.pid)
+            # A process stuck in a stalled fsync cannot die until its call returns: kill
+            # it and fail its call (it dies at once, never seeing it; the data is lost).
+            disk = self.fs.disk()
+            held = [p for p in disk.held_pids if p != os.getpid()]
+            # a log commit whose fsync is held was never acknowledged: it may be seen
+            # before the cut (a reader recovers the log's written WAL) and be gone after
+            log = f"/session/{self._log_name()}"
+            in_flight = sum(1 for p in disk.held_paths if p == log or p.startswith(log + "-"))
+            for p in held:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
+            if held:
+                self.fs.fail(held)
             if pid is not None and attempt is not None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(attempt.done.wait(), _REAP_S)
@@ -161,10 +219,14 @@ class PowerHost:
             self.up.set()
         cut = {
             "killed": pid,
+            "killed_stale": stale,
             "tear": tear,
             "dropped_ops": report.ops,
             "dropped_bytes": report.bytes,
             "torn": len(report.torn),
+            "held": report.held,  # durability calls a disk stall held: failed by the cut
+            "failed_held": held,  # the processes stuck in a stalled call, killed first
+            "in_flight_commits": in_flight,  # unacknowledged: checks/power.py allows them
             **_compare(before, after),
         }
         self.cuts.append(cut)
@@ -178,8 +240,10 @@ class PowerHost:
             ledger, epoch = data / "exec-ledger.jsonl", data / "exec-epoch"
         else:
             ledger, epoch = space / "ledger.jsonl", space / "epoch"
-        name = "log.jsonl" if self.log_format == "jsonl" else "log.sqlite"
-        return look(self.mountpoint / "session" / name, ledger, epoch)
+        return look(self.mountpoint / "session" / self._log_name(), ledger, epoch)
+
+    def _log_name(self) -> str:
+        return "log.jsonl" if self.log_format == "jsonl" else "log.sqlite"
 
 
 def look(log: Path, ledger: Path, epoch_file: Path) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from durable_spaces.campaigns.scenarios.base import KILL_POINTS, Script
 from durable_spaces.campaigns.spec import CampaignSpec, RunSpec
 from durable_spaces.chaos.nemesis import (
     Composed,
+    DiskStaller,
     DriverKiller,
     DriverPauser,
     Nemesis,
@@ -84,12 +85,15 @@ def _host(run: RunSpec) -> PowerHost | None:
     prof = profile_named(run.profile)
     if not prof.power:
         return None
+    latency = prof.fsync_latency_ms
     host = PowerHost(
         Path(run.state_dir),
         run.seed,
         p_tear=prof.p_tear,
         log_synchronous=prof.log_synchronous,
         log_format=prof.log_format,
+        # the disk's latency, drawn per run (from the seed: a replay gets the same)
+        fsync_ms=round(random.Random(f"{run.seed}:fsync").uniform(*latency), 2) if latency else 0.0,
     )
     # the drivers' output (the coordinator's drivers/) is the lab's record: off the host
     host.start(["session", "spaces", "store"], off_host=["session/drivers"])
@@ -177,6 +181,7 @@ def _nemesis(coordinator: Coordinator, placement: Placement) -> Composed:
     if placement.host is not None:  # before the injector's hooks: a launch waits for the host
         placement.host.attach(coordinator, placement.backend, placement.name)
         routes["power_loss"] = PowerLoss(placement.host)
+        routes["disk_stall"] = DiskStaller(placement.host, coordinator)
     return compose(routes)
 
 
@@ -193,6 +198,12 @@ class RunContext:
         self.root = paths.root
 
     def coordinator(self, **kw: Any) -> Coordinator:
+        c = self._coordinator(**kw)
+        if self.placement.host is not None:  # every driver of the run on its host
+            self.placement.host.host(c)
+        return c
+
+    def _coordinator(self, **kw: Any) -> Coordinator:
         return Coordinator(
             AGENT_ARGV,
             self.paths.session,
@@ -298,10 +309,10 @@ def _fill(record: RunRecord, result: CoordinatorResult, injector: Injector) -> N
     random_kills = sum(
         1 for op in injector.nemesis.history if op.kind == "kill" and op.type == "ok"
     )
-    power_kills = sum(  # a power loss kills the driver too: not a failpoint's death
-        1
+    power_kills = sum(  # a power loss kills the drivers too: not a failpoint's death
+        bool((op.value or {}).get("killed")) + len((op.value or {}).get("killed_stale") or ())
         for op in injector.nemesis.history
-        if op.kind == "power_loss" and op.type == "ok" and (op.value or {}).get("killed")
+        if op.kind == "power_loss" and op.type == "ok"
     )
     faults.pop("kill", None)
     faults["random_kill"] = random_kills
@@ -361,6 +372,7 @@ async def run_one(run: RunSpec) -> RunRecord:
         repro=run.repro(),
         scenario=run.scenario,
     )
+    record.extra["profile"] = run.profile  # what repro --exact replays it with (replay.py)
     whole = getattr(scenario, "run_whole", None)
     if whole is not None:  # a scenario with a lab of its own (redrive: a whole cluster)
         filled: RunRecord = await whole(run, record)
@@ -382,6 +394,7 @@ async def run_one(run: RunSpec) -> RunRecord:
         host = ctx.placement.host
         if host is not None:
             record.extra["power"] = host.cuts
+            record.extra["fsync_ms"] = host.fsync_ms
             checks["power_losses"] = _power_check(host)
         record.checks = await _check(ctx, events, result, facts, checks)
         record.settle()

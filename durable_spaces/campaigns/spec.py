@@ -139,7 +139,7 @@ class CampaignSpec:
         _choice("--profile/CRASH_PROFILE", self.profile, tuple(PROFILES))
         if PROFILES[self.profile].power and self.backend not in ("local", "spacesd"):
             raise ConfigError(
-                f"--profile/CRASH_PROFILE {self.profile} (power losses) runs on "
+                f"--profile/CRASH_PROFILE {self.profile} (power losses, a slow disk) runs on "
                 "--backend/CRASH_BACKEND=local or spacesd only: their Spaces' state is on "
                 f"the host's powerfs mount (campaigns/power.py), not {self.backend}'s"
             )

@@ -6,9 +6,9 @@
   rendezvous, ``chaos/failpoints.py``'s ``stop``), the fault lands, the driver goes on.
   Its position is part of the run's data, so a replay puts it in the same place;
 - ``DriverPause``: SIGSTOP at a time, maybe with a takeover, SIGCONT later;
-- ``SpaceFault``: a fault of the Space at a time after the launch, or on a trigger
-  (``after_kill``: between a driver's death and the next launch; ``at_launch``: before
-  this attempt's driver starts);
+- ``SpaceFault``: a fault of the Space (or of the host: a power loss, a disk stall) at a
+  time after the launch, or on a trigger (``after_kill``: between a driver's death and
+  the next launch; ``at_launch``: before this attempt's driver starts);
 - a random-time SIGKILL of the driver (``AttemptPlan.kill_after_s``): the in-between
   moments a trace cannot name (a command half-way through its sleep).
 """
@@ -24,8 +24,21 @@ from durable_spaces.chaos.failpoints import ANY
 
 #: Space faults a schedule can carry (the driver kill is "kill", counted separately).
 #: ``power_loss`` is the host's: every process on it killed, its unsynced writes dropped
-#: (``chaos/powerfs``), the host booted again (``campaigns/power.py``).
-FAULT_KINDS = ("daemon_kill", "space_restart", "space_remove", "space_pause", "power_loss")
+#: (``chaos/powerfs``), the host booted again (``campaigns/power.py``). ``disk_stall`` is
+#: the host's disk not completing durability calls for a while (``chaos/powerfs/disk.py``):
+#: the driver stuck inside one, maybe taken over meanwhile (``nemesis.DiskStaller``).
+FAULT_KINDS = (
+    "daemon_kill",
+    "space_restart",
+    "space_remove",
+    "space_pause",
+    "power_loss",
+    "disk_stall",
+)
+#: Faults that last a while (their records carry ``duration_s``).
+TIMED_KINDS = ("space_pause", "disk_stall")
+#: Faults that may come with a takeover (``takeover``, ``resume_s``).
+TAKEOVER_KINDS = ("pause", "disk_stall")
 #: What a ``PointFault`` may inflict: the Space faults and the driver's own kill/pause.
 POINT_KINDS = ("kill", "pause", *FAULT_KINDS)
 #: Triggers a Space fault may wait for instead of a time.
@@ -97,18 +110,23 @@ class SpaceFault:
     kind: str
     at_s: float | None = None
     trigger: str | None = None
-    #: How long a ``space_pause`` keeps the machine frozen.
+    #: How long a ``space_pause`` keeps the machine frozen (a ``disk_stall`` the disk).
     duration_s: float | None = None
+    #: A ``disk_stall``'s takeover: the next epoch launched while the driver is stuck,
+    #: the disk back ``resume_s`` after that driver's first step.
+    takeover: bool = False
+    resume_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
             raise ValueError(f"unknown Space fault kind {self.kind!r}")
-        if (self.kind == "space_pause") != (self.duration_s is not None):
-            raise ValueError("a space_pause (and only it) needs duration_s")
+        _check_duration(self.kind, self.duration_s)
         if (self.at_s is None) == (self.trigger is None):
             raise ValueError("a Space fault needs exactly one of at_s and trigger")
         if self.trigger is not None and self.trigger not in TRIGGERS:
             raise ValueError(f"unknown trigger {self.trigger!r}")
+        if self.trigger is not None and self.kind == "disk_stall":
+            raise ValueError("a disk_stall needs a running driver: at_s, not a trigger")
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"kind": self.kind}
@@ -118,13 +136,30 @@ class SpaceFault:
             d["trigger"] = self.trigger
         if self.duration_s is not None:
             d["duration_s"] = self.duration_s
+        if self.kind in TAKEOVER_KINDS:
+            d["takeover"] = self.takeover
+            d["resume_s"] = self.resume_s
         return d
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> SpaceFault:
         dur = d.get("duration_s")
         return SpaceFault(
-            str(d["kind"]), d.get("at_s"), d.get("trigger"), None if dur is None else float(dur)
+            str(d["kind"]),
+            d.get("at_s"),
+            d.get("trigger"),
+            None if dur is None else float(dur),
+            bool(d.get("takeover", False)),
+            float(d.get("resume_s", 0.0)),
+        )
+
+
+def _check_duration(kind: str, duration_s: float | None) -> None:
+    if (kind in TIMED_KINDS) != (duration_s is not None):
+        raise ValueError(
+            f"a {kind} needs duration_s"
+            if duration_s is None
+            else f"a {kind} takes no duration_s (only {', '.join(TIMED_KINDS)} do)"
         )
 
 
@@ -132,8 +167,10 @@ class SpaceFault:
 class PointFault:
     """Inflict ``kind`` when the driver reaches the ``n``-th hit of ``point`` (``*``: its
     ``n``-th logical hit). ``kill``: SIGKILL there; ``pause``: the pause (``resume_s``,
-    ``takeover``) starts there; a Space fault (``duration_s`` for ``space_pause``) lands
-    while the driver waits there, then it is continued."""
+    ``takeover``) starts there; ``disk_stall`` (``duration_s``, ``resume_s``,
+    ``takeover``): the disk stalls there and the driver goes on into its next durability
+    call; a Space fault (``duration_s`` for ``space_pause``) lands while the driver waits
+    there, then it is continued."""
 
     point: str
     n: int
@@ -147,8 +184,7 @@ class PointFault:
             raise ValueError(f"unknown point fault kind {self.kind!r}")
         if self.n < 1:
             raise ValueError(f"a point fault's hit number must be >= 1, not {self.n}")
-        if (self.kind == "space_pause") != (self.duration_s is not None):
-            raise ValueError("a space_pause (and only it) needs duration_s")
+        _check_duration(self.kind, self.duration_s)
 
     @property
     def position(self) -> tuple[str, int]:
@@ -158,7 +194,7 @@ class PointFault:
         d: dict[str, Any] = {"point": self.point, "n": self.n, "kind": self.kind}
         if self.duration_s is not None:
             d["duration_s"] = self.duration_s
-        if self.kind == "pause":
+        if self.kind in TAKEOVER_KINDS:
             d["resume_s"] = self.resume_s
             d["takeover"] = self.takeover
         return d
@@ -234,6 +270,8 @@ __all__ = [
     "FAULT_KINDS",
     "PAUSE_POINTS",
     "POINT_KINDS",
+    "TAKEOVER_KINDS",
+    "TIMED_KINDS",
     "TRIGGERS",
     "AttemptPlan",
     "DriverPause",

@@ -10,6 +10,9 @@ Unset (always, in production), ``active`` is one frozenset lookup.
 - ``unfenced_mutations``: the Space's file operations (write, symlink, remove) ignore
   the caller's epoch, as they did before they were fenced: a driver paused mid-call and
   continued after a takeover writes into the newer driver's workspace.
+- ``unfenced_log``: a SQLite log's commits (and its fence check) ignore the floor a newer
+  epoch raised: a driver that comes back from a stalled disk (or a pause) after a
+  takeover commits beside its successor (the checker's ``stale_commit``).
 - ``journal_miss``: the change journal of a host workspace (``backends/local/journal.py``)
   drops the events that say a file's contents changed, as a watcher that lost them
   would: an append to an existing file never reaches the image, and the workspace and
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import os
 
-MUTANTS = ("rerun_exited", "unfenced_mutations", "journal_miss", "no_fence_poll")
+MUTANTS = ("rerun_exited", "unfenced_mutations", "unfenced_log", "journal_miss", "no_fence_poll")
 
 _active = frozenset(filter(None, os.environ.get("DS_MUTANTS", "").split(",")))
 _unknown = _active - set(MUTANTS)

@@ -8,7 +8,9 @@ times in the composed nemesis's ``history``, which is what a run record counts.
 
 Kinds: ``kill`` (SIGKILL the current driver), ``pause`` (SIGSTOP it, maybe let a newer
 driver take over, SIGCONT it later), ``daemon_kill``, ``space_restart``, ``space_remove``
-and ``space_pause`` (through a ``SpaceBackend``), ``power_loss`` (through a ``Host``).
+and ``space_pause`` (through a ``SpaceBackend``), ``power_loss`` (through a ``Host``),
+``disk_stall`` (through a ``StallableDisk``: the driver stuck inside a durability call,
+maybe taken over meanwhile, as a pause is).
 """
 
 from __future__ import annotations
@@ -141,21 +143,10 @@ class DriverPauser:
         self._release.set()
 
     async def _until_released(self, delay: float) -> None:
-        waits = [self._release.wait(), self.coordinator.settled.wait()]
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(_first(waits), delay)
+        await until_released(self.coordinator, self._release, delay)
 
     async def _next_first_step(self, epoch: int) -> None:
-        """Until a newer driver made its first step, or at most ``TAKEOVER_WAIT_S``: the
-        newer one may need what the paused one holds (a lock it was stopped inside, the
-        log's write transaction), and a stopped process does resume in the end."""
-        deadline = time.monotonic() + TAKEOVER_WAIT_S
-        while not (self._release.is_set() or self.coordinator.settled.is_set()):
-            if any(a.epoch > epoch and a.first_step_ms for a in self.coordinator.history):
-                return
-            if time.monotonic() > deadline:
-                return
-            await asyncio.sleep(0.02)
+        await next_first_step(self.coordinator, epoch, self._release)
 
     async def invoke(self, op: Op) -> Op:
         v = dict(op.value or {})
@@ -185,6 +176,29 @@ class DriverPauser:
         v["continued_ms"] = time.time() * 1000
         v["pid"] = a.pid
         return _done(op, "ok", value=v)
+
+
+async def next_first_step(
+    coordinator: Pausable, epoch: int, release: asyncio.Event, within: float = TAKEOVER_WAIT_S
+) -> None:
+    """Until a driver newer than ``epoch`` made its first step, or at most ``within``
+    seconds: the newer one may need what the older one holds (a lock it was stopped
+    inside, the log's write transaction), and a stopped process does resume in the end
+    (a stuck call returns when the disk comes back)."""
+    deadline = time.monotonic() + within
+    while not (release.is_set() or coordinator.settled.is_set()):
+        if any(a.epoch > epoch and a.first_step_ms for a in coordinator.history):
+            return
+        if time.monotonic() > deadline:
+            return
+        await asyncio.sleep(0.02)
+
+
+async def until_released(coordinator: Pausable, release: asyncio.Event, delay: float) -> None:
+    """``delay`` seconds, or less: until ``release`` is set or the coordinator settles."""
+    waits = [release.wait(), coordinator.settled.wait()]
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(_first(waits), delay)
 
 
 async def _first(waits: list[Any]) -> None:
@@ -256,6 +270,97 @@ class PowerLoss:
         except Exception as e:
             return _done(op, "info", error=f"{type(e).__name__}: {e}")
         return _done(op, "ok", value={**dict(op.value or {}), **report})
+
+
+class StallableDisk(Protocol):
+    """A disk that can stop completing durability calls (``campaigns/power.py``'s host,
+    over ``chaos/powerfs/disk.py``): ``stall`` for at most that long, ``resume`` (only new
+    calls with ``keep_stuck``), and the processes stuck inside a call now (and the files)."""
+
+    def stall(self, seconds: float) -> Any: ...
+
+    def resume(self, *, keep_stuck: bool = ...) -> Any: ...
+
+    def held(self) -> tuple[list[int], list[str]]: ...
+
+
+class DiskStaller:
+    """``disk_stall``: the host's disk stalls (every durability call held) and the driver
+    of ``value["epoch"]`` goes on (continued, if it stopped itself at the fault's point)
+    into its next durability call and is stuck there. Without ``takeover`` the disk comes
+    back after ``duration_s``. With it, once a process of the host is stuck (within
+    ``duration_s``), the disk serves new calls again while the stuck ones stay held, the
+    coordinator gives up on the driver and launches the next epoch, and the stuck calls
+    complete ``resume_s`` after that driver's first step, or after ``duration_s`` if the
+    newer one cannot step (it waits for the log's write lock the stuck one holds); at
+    once at ``release()`` or when the coordinator settles: the old driver then races its
+    successor. ``ok`` with
+    who was stuck (``held_pids``, ``driver_held``); ``info`` on an error of the disk."""
+
+    kinds = frozenset({"disk_stall"})
+
+    def __init__(self, disk: StallableDisk, coordinator: Pausable) -> None:
+        self.disk = disk
+        self.coordinator = coordinator
+        self._release = asyncio.Event()
+
+    def release(self) -> None:
+        """Bring the disk back now (the run is ending)."""
+        self._release.set()
+
+    async def _held(
+        self, alive: Callable[[], bool], within: float
+    ) -> tuple[list[int], list[str]]:
+        """Who is stuck in a durability call (and in which files) once a process of the
+        host is (the lab's own calls aside), or after ``within``."""
+        deadline = time.monotonic() + within
+        mine = os.getpid()
+        while True:
+            pids, paths = await asyncio.to_thread(self.disk.held)
+            held = [p for p in pids if p != mine]
+            if held or not alive() or time.monotonic() > deadline or self._release.is_set():
+                return held, paths
+            await asyncio.sleep(0.01)
+
+    async def invoke(self, op: Op) -> Op:
+        v = dict(op.value or {})
+        epoch = int(v["epoch"])
+        a = next((x for x in self.coordinator.history if x.epoch == epoch), None)
+        if a is None or not a.alive:
+            if v.get("self_stopped") and a is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(a.pid, signal.SIGCONT)
+            return _done(op, "fail", error="no such driver running")
+        duration = float(v.get("duration_s", 1.0))
+        # the disk's own deadline bounds the stall whatever happens to this task
+        bound = duration + TAKEOVER_WAIT_S + float(v.get("resume_s", 0.0)) + 5.0
+        try:
+            await asyncio.to_thread(self.disk.stall, bound)
+            t0 = time.monotonic()
+            v["stalled_ms"] = time.time() * 1000
+            if v.get("self_stopped"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(a.pid, signal.SIGCONT)
+            held, v["held_paths"] = await self._held(lambda: a.alive, duration)
+            v["held_pids"] = held
+            v["driver_held"] = a.pid in held
+            if v.get("takeover") and held and self.coordinator.current is a:
+                await asyncio.to_thread(self.disk.resume, keep_stuck=True)
+                self.coordinator.abandon_current("disk_stall")
+                v["taken_over"] = True
+                await next_first_step(self.coordinator, epoch, self._release, duration)
+                await until_released(self.coordinator, self._release, float(v.get("resume_s", 0.0)))
+            else:
+                left = max(0.0, duration - (time.monotonic() - t0))
+                await until_released(self.coordinator, self._release, left)
+        except Exception as e:
+            return _done(op, "info", v, error=f"{type(e).__name__}: {e}")
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(asyncio.to_thread(self.disk.resume))
+        v["resumed_ms"] = time.time() * 1000
+        v["pid"] = a.pid
+        return _done(op, "ok", value=v)
 
 
 class Composed:

@@ -47,11 +47,22 @@ class Profile:
     log_synchronous: str | None = None
     #: The drivers' log: ``sqlite`` or ``jsonl`` (``DS_LOG_FORMAT``).
     log_format: str = "sqlite"
+    #: A stall of the host's disk (``chaos/powerfs/disk.py``): the driver stuck inside a
+    #: durability call for ``disk_stall_s``, taken over meanwhile with ``p_takeover``.
+    p_disk_stall: float = 0.0
+    disk_stall_s: tuple[float, float] = (0.3, 2.0)
+    #: Every durability call of the host's disk delayed by a latency drawn per run
+    #: (milliseconds; None: no latency).
+    fsync_latency_ms: tuple[float, float] | None = None
+    #: After a stall with a takeover, a power loss soon after the next driver's launch:
+    #: the cut comes while the stall still holds the old driver's call.
+    p_cut_in_stall: float = 0.0
 
     @property
     def power(self) -> bool:
-        """Whether runs of this profile need a host that can lose power."""
-        return self.p_power_loss > 0
+        """Whether runs of this profile need a host on powerfs: one that can lose power,
+        or whose disk is slow or stalls."""
+        return self.p_power_loss > 0 or self.p_disk_stall > 0 or bool(self.fsync_latency_ms)
 
     def p_fault(self, kind: str) -> float:
         return {
@@ -60,6 +71,7 @@ class Profile:
             "space_remove": self.p_space_remove,
             "space_pause": self.p_space_pause,
             "power_loss": self.p_power_loss,
+            "disk_stall": self.p_disk_stall,
         }[kind]
 
 
@@ -116,6 +128,21 @@ PROFILES: dict[str, Profile] = {
     # ... with a JSONL log, an fsync per commit or none
     "power-jsonl": replace(_POWER, log_format="jsonl"),
     "power-jsonl-nofsync": replace(_POWER, log_format="jsonl", log_synchronous="OFF"),
+    # A slow disk: stalls of the host's disk with the driver stuck inside a durability
+    # call (a log commit, a ledger append, a checkpoint write), most taken over while it
+    # is stuck and racing its successor when the disk comes back; a per-run fsync
+    # latency; driver kills, and a few power losses (some while a stall holds calls).
+    "slow-disk": replace(
+        _POWER,
+        p_failpoint=0.3,
+        p_random_kill=0.15,
+        p_power_loss=0.15,
+        p_disk_stall=0.8,
+        disk_stall_s=(0.3, 2.0),
+        resume_s=(0.0, 1.0),
+        fsync_latency_ms=(0.0, 15.0),
+        p_cut_in_stall=0.2,
+    ),
     # nothing goes wrong: a baseline run
     "calm": Profile(
         p_failpoint=0.0,

@@ -161,6 +161,7 @@ class Schedule:
             return ANY, rng.randint(1, max(1, calls * LOGICAL_HITS_PER_CALL))
 
         plans: list[AttemptPlan] = []
+        cut_soon = False  # the last attempt's stall was taken over: a cut while it holds
         # Every draw below is guarded so a probability of 0 consumes no randomness.
         for _ in range(prof.faulty_attempts):
             fp = None
@@ -184,10 +185,27 @@ class Schedule:
                 else:
                     at_points.append(PointFault(*position(), "pause", None, resume, takeover))
             faults: list[SpaceFault] = []
+            if cut_soon:  # timed: the next driver cannot reach a point while it waits
+                faults.append(SpaceFault("power_loss", at_s=round(rng.uniform(0.1, 0.8), 3)))
+            cut_soon = False
             for kind in FAULT_KINDS:
                 p_kind = prof.p_fault(kind)
-                if kind in ("space_pause", "power_loss") and not p_kind:
+                if kind in ("space_pause", "power_loss", "disk_stall") and not p_kind:
                     continue  # kinds added later draw nothing where they are off
+                if kind == "disk_stall":
+                    if rng.random() < p_kind:
+                        stall = _draw_stall(rng, prof)
+                        if timed:
+                            at = round(rng.uniform(*prof.fault_delay_s), 3)
+                            faults.append(SpaceFault(kind, at_s=at, **stall))
+                        elif rng.random() < 0.5:  # a Space mutation ahead: a ledger append
+                            pp = rng.choice(sorted(PAUSE_POINTS)), rng.randint(1, max(1, calls))
+                            at_points.append(PointFault(*pp, kind, **stall))
+                        else:  # anywhere: mostly a log commit next
+                            at_points.append(PointFault(*position(), kind, **stall))
+                        if stall["takeover"] and prof.p_cut_in_stall:
+                            cut_soon = rng.random() < prof.p_cut_in_stall
+                    continue
                 if rng.random() < p_kind:
                     dur = (
                         round(rng.uniform(*prof.space_pause_s), 3)
@@ -226,6 +244,8 @@ class Schedule:
                 after.setdefault(i, []).append(SpaceFault(kind, trigger=trig, duration_s=dur))
                 continue
             point = at.get("point")
+            if point is None and kind == "disk_stall":
+                point, at = ANY, {"n": 1}  # before its first hit: at the first (no trigger)
             if point is None:  # landed before the driver's first hit: right at its launch
                 if kind in FAULT_KINDS:
                     after.setdefault(i, []).append(
@@ -256,6 +276,16 @@ class Schedule:
                 )
             )
         return Schedule(seed, tuple(plans), "exact").trimmed()
+
+
+def _draw_stall(rng: random.Random, prof: Profile) -> dict[str, Any]:
+    """A disk stall's length, when the disk comes back after a takeover, and whether
+    there is one."""
+    return {
+        "duration_s": round(rng.uniform(*prof.disk_stall_s), 3),
+        "resume_s": round(rng.uniform(*prof.resume_s), 3),
+        "takeover": rng.random() < prof.p_takeover,
+    }
 
 
 def read_trace(source: str | Path | Iterable[str]) -> list[tuple[str, int]]:

@@ -16,7 +16,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Literal
 
-from durable_spaces.chaos import failpoints
+from durable_spaces.chaos import failpoints, mutants
 from durable_spaces.errors import (
     ConfigError,
     CorruptLogError,
@@ -381,7 +381,7 @@ class SqliteStorage:
             return None
         if isinstance(fence, SqliteFence) and fence.storage is self:
             floor = _read_floor_txn(conn)
-            if fence.epoch < floor:
+            if fence.epoch < floor and not mutants.active("unfenced_log"):
                 raise StaleEpochError(fence.epoch, floor, "log")
             if fence.epoch > floor:
                 conn.execute("UPDATE cua_fence SET floor = ? WHERE id = 1", (fence.epoch,))
@@ -447,7 +447,7 @@ class SqliteFence:
         if self._halted is not None:
             raise FenceHaltedError("log")
         floor = self.floor()
-        if floor > self.epoch:
+        if floor > self.epoch and not mutants.active("unfenced_log"):
             raise StaleEpochError(self.epoch, floor, "log")
 
     def advance(self) -> None:

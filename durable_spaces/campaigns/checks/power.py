@@ -4,7 +4,10 @@ The host observes each cut from outside, with every process dead: the log's comm
 fence floor just before the power went and just after it came back, and the exec ledger
 of the ``local`` Space. Per cut it names:
 
-- ``log_rolled_back``: commits the log had are gone after the cut (``lost`` of them);
+- ``log_rolled_back``: commits the log had are gone after the cut (``lost`` of them,
+  beyond those in flight: a commit whose fsync a stalled disk still held when the power
+  went was never acknowledged; a reader may see it before the cut, recovering the
+  log's written WAL, and it is gone after; ``in_flight_commits`` counts them);
   SQLite ``NORMAL`` documents that it may lose the newest commits then, ``FULL`` does
   not: with ``FULL`` it is a failure of the log's durability, with ``NORMAL`` the run
   is still judged by whether the adapter brought the Space back to what the log kept;
@@ -35,7 +38,7 @@ NAMES = ("log_rolled_back", "space_ahead")
 def seen(cut: Mapping[str, Any]) -> list[str]:
     """The names a cut's observation shows (see the module doc)."""
     names = []
-    if (cut.get("lost_commits") or 0) > 0:
+    if (cut.get("lost_commits") or 0) > (cut.get("in_flight_commits") or 0):
         names.append("log_rolled_back")
     if cut.get("space_ahead"):
         names.append("space_ahead")

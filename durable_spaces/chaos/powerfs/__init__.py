@@ -52,6 +52,11 @@ Not modeled (stated, so nobody relies on it):
 - Media errors, ENOSPC injection, a failed fsync (fsync always succeeds), and partial
   loss of metadata ops within one directory (a directory fsync is all-or-nothing).
 
+A slow disk (``disk``): ``PowerFS.latency(ms)`` delays every durability call,
+``PowerFS.stall(seconds)`` holds them (plain writes go on into the page cache) until the
+stall ends or ``resume()``; a cut during a stall fails the held calls and drops what they
+were making durable. ``disk.py`` states the model.
+
 Layout: the backing dir is the durable image at every moment (``image``); the live tree
 (``<state_dir>/live``, a copy of the image made at each boot) and the server's memory
 (``volatile``) hold the rest. The name ``.powerfs`` in the backing root is reserved (inodes
@@ -60,16 +65,25 @@ not connected"; a request in flight at the cut: ECONNABORTED) on every later cal
 mmaps keep their pages and fault with SIGBUS beyond them. Reopen by path after the cut.
 
 Modules: ``volatile`` (what a cut loses), ``image`` (the durable tree), ``ops`` (the FUSE
-passthrough), ``cut`` (tearing), ``server`` (one boot), ``supervisor`` (cuts, the control
-socket), ``api`` (``mount``/``attach``/``PowerFS``).
+passthrough), ``cut`` (tearing), ``disk`` (latency and stalls), ``server`` (one boot),
+``supervisor`` (cuts, the control socket), ``api`` (``mount``/``attach``/``PowerFS``).
 """
 
-from durable_spaces.chaos.powerfs.api import CutReport, PowerFS, Stats, Tear, attach, mount
+from durable_spaces.chaos.powerfs.api import (
+    CutReport,
+    DiskState,
+    PowerFS,
+    Stats,
+    Tear,
+    attach,
+    mount,
+)
 from durable_spaces.chaos.powerfs.api import unavailable as unavailable
 from durable_spaces.chaos.powerfs.errors import FuseUnavailableError, PowerFSError
 
 __all__ = [
     "CutReport",
+    "DiskState",
     "FuseUnavailableError",
     "PowerFS",
     "PowerFSError",

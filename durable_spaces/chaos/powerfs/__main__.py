@@ -1,5 +1,6 @@
-"""``python -m durable_spaces.chaos.powerfs``: mount, cut, stats, unmount (and the two
-internal entries the supervisor and the FUSE server run under)."""
+"""``python -m durable_spaces.chaos.powerfs``: mount, cut, stats, unmount, and the disk's
+timing (stall, resume, latency, disk); and the two internal entries the supervisor and
+the FUSE server run under."""
 
 from __future__ import annotations
 
@@ -34,7 +35,32 @@ def _cli(argv: list[str]) -> int:
             p.add_argument("--tear", action=argparse.BooleanOptionalAction, default=None)
         if name == "unmount":
             p.add_argument("--no-sync", action="store_true", help="drop the volatile state")
+    for name, what in (
+        ("stall", "hold every durability call for SECONDS (0: end a stall)"),
+        ("resume", "end a stall"),
+        ("latency", "delay every durability call by MS milliseconds"),
+        ("disk", "the disk's timing: stall, held calls, latency"),
+    ):
+        p = sub.add_parser(name, help=what)
+        p.add_argument("state_dir")
+        if name in ("stall", "latency"):
+            p.add_argument("value", type=float, metavar="SECONDS" if name == "stall" else "MS")
+        if name == "resume":
+            p.add_argument("--keep-stuck", action="store_true", help="serve only new calls")
     args = ap.parse_args(argv)
+    if args.cmd in ("stall", "resume", "latency", "disk"):
+        fs = attach(args.state_dir)
+        state = (
+            fs.stall(args.value)
+            if args.cmd == "stall"
+            else fs.latency(args.value)
+            if args.cmd == "latency"
+            else fs.resume(keep_stuck=args.keep_stuck)
+            if args.cmd == "resume"
+            else fs.disk()
+        )
+        print(json.dumps(dataclasses.asdict(state)))
+        return 0
     if args.cmd == "mount":
         seed: int | str = int(args.seed) if args.seed.lstrip("-").isdigit() else args.seed
         fs = mount(

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from durable_spaces.chaos.powerfs.disk import MAX_LATENCY_MS, MAX_STALL_S, seconds
 from durable_spaces.chaos.powerfs.errors import FuseUnavailableError, PowerFSError
 from durable_spaces.chaos.powerfs.supervisor import LOG, SOCKET
 from durable_spaces.errors import ConfigError
@@ -65,6 +66,8 @@ class CutReport:
     bytes: int
     inodes: int
     torn: tuple[Tear, ...]
+    #: Durability calls a stall was holding (``disk.py``): they failed, their data lost.
+    held: int = 0
 
     @classmethod
     def of(cls, d: dict[str, Any]) -> CutReport:
@@ -74,6 +77,37 @@ class CutReport:
             int(d["bytes"]),
             int(d["inodes"]),
             tuple(Tear(**t) for t in d.get("torn", [])),
+            int(d.get("held", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class DiskState:
+    """The disk's timing (``disk.py``): a stall in force, the calls held now (and by
+    which processes), the latency, and counters of the current boot."""
+
+    stalled: bool
+    stall_left_s: float
+    held: int
+    held_pids: tuple[int, ...]
+    held_paths: tuple[str, ...]
+    fsync_ms: float
+    stalls: int
+    held_calls: int
+    delayed_calls: int
+
+    @classmethod
+    def of(cls, d: dict[str, Any]) -> DiskState:
+        return cls(
+            bool(d["stalled"]),
+            float(d["stall_left_s"]),
+            int(d["held"]),
+            tuple(int(p) for p in d["held_pids"]),
+            tuple(str(p) for p in d["held_paths"]),
+            float(d["fsync_ms"]),
+            int(d["stalls"]),
+            int(d["held_calls"]),
+            int(d["delayed_calls"]),
         )
 
 
@@ -146,6 +180,32 @@ class PowerFS:
 
     def stats(self) -> Stats:
         return Stats.of(_call(self.state_dir, {"cmd": "stats"}))
+
+    def stall(self, secs: float) -> DiskState:
+        """The disk stops completing durability calls (fsync, fdatasync, directory fsync,
+        O_SYNC writes) for ``secs`` seconds from now, or until ``resume()``; ``0`` ends a
+        stall. Returns at once. A cut ends it too (the held calls fail: see ``disk.py``)."""
+        s = seconds(secs, "stall seconds", MAX_STALL_S)
+        return DiskState.of(_call(self.state_dir, {"cmd": "stall", "seconds": s}))
+
+    def resume(self, *, keep_stuck: bool = False) -> DiskState:
+        """End a stall: the held calls go on; with ``keep_stuck`` only new calls do, the
+        held ones staying stuck until the stall's deadline or the next ``resume()``."""
+        msg = {"cmd": "resume", "keep_stuck": bool(keep_stuck)}
+        return DiskState.of(_call(self.state_dir, msg))
+
+    def fail(self, pids: list[int]) -> DiskState:
+        """The calls a stall holds for processes ``pids`` fail now (EIO, nothing synced):
+        for a lab that killed those processes and must not wait for the stall to end."""
+        return DiskState.of(_call(self.state_dir, {"cmd": "fail", "pids": list(pids)}))
+
+    def latency(self, fsync_ms: float) -> DiskState:
+        """Delay every durability call by ``fsync_ms`` (kept across cuts; 0: none)."""
+        ms = seconds(fsync_ms, "fsync latency ms", MAX_LATENCY_MS)
+        return DiskState.of(_call(self.state_dir, {"cmd": "latency", "ms": ms}))
+
+    def disk(self) -> DiskState:
+        return DiskState.of(_call(self.state_dir, {"cmd": "disk"}))
 
     def unmount(self, *, sync: bool = True) -> None:
         """Unmount. ``sync`` (a clean unmount) makes everything durable first; without it

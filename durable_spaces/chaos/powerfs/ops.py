@@ -39,6 +39,7 @@ from typing import Any
 
 import mfusepy
 
+from durable_spaces.chaos.powerfs.disk import Disk
 from durable_spaces.chaos.powerfs.image import AREA, CycleError, Image
 from durable_spaces.chaos.powerfs.volatile import Volatile
 
@@ -86,11 +87,17 @@ class PowerOps(mfusepy.Operations):
     use_ns = True
 
     def __init__(
-        self, live: str, image: Image, volatile: Volatile, on_ready: Callable[[], None]
+        self,
+        live: str,
+        image: Image,
+        volatile: Volatile,
+        on_ready: Callable[[], None],
+        disk: Disk | None = None,
     ) -> None:
         self.live = os.path.abspath(live)
         self.image = image
         self.volatile = volatile
+        self.disk = Disk() if disk is None else disk  # latency and stalls (disk.py)
         self.on_ready = on_ready
         self.mutex = threading.RLock()
         self.files: dict[int, _Open] = {}
@@ -167,6 +174,10 @@ class PowerOps(mfusepy.Operations):
         )
         self.image.by_live[ino] = node
         self.volatile.synced_data(ino, with_meta=meta)
+
+    def _disk_wait(self, path: str) -> None:
+        """Before a durability call, outside the mutex: the disk's latency and stalls."""
+        self.disk.durability_call(mfusepy.fuse_get_context()[2], path)
 
     def _sync_file(self, fh: int, *, meta: bool) -> None:
         rfd = os.open(f"/proc/self/fd/{fh}", os.O_RDONLY)  # fh may be write-only
@@ -292,7 +303,9 @@ class PowerOps(mfusepy.Operations):
             o = self.files[fh]
             self.volatile.wrote(o.ino, offset, data if n == len(data) else data[:n])
             self.counters["writes"] += 1
-            if o.sync:
+        if o.sync:
+            self._disk_wait(path)
+            with self.mutex:
                 self._sync_file(fh, meta=o.sync == 2)
         return n
 
@@ -318,6 +331,7 @@ class PowerOps(mfusepy.Operations):
     def fsync(self, path: str, datasync: int, fh: int) -> int:
         if "fsync_noop" in _MUTANTS:
             return 0
+        self._disk_wait(path)
         with self.mutex:
             self._sync_file(fh, meta=not datasync)
         return 0
@@ -325,6 +339,7 @@ class PowerOps(mfusepy.Operations):
     def fsyncdir(self, path: str, datasync: int, fh: int) -> int:
         if "dirsync_noop" in _MUTANTS:
             return 0
+        self._disk_wait(path)
         with self.mutex:
             ino = self.dirs[fh]
             # a descriptor of our own: a readdir on fh shares its offset

@@ -21,9 +21,11 @@ from typing import Any
 
 from durable_spaces.chaos.powerfs.binding import PowerFUSE
 from durable_spaces.chaos.powerfs.cut import power_cut
+from durable_spaces.chaos.powerfs.disk import Disk
 from durable_spaces.chaos.powerfs.image import AREA, Image
 from durable_spaces.chaos.powerfs.ops import PowerOps
 from durable_spaces.chaos.powerfs.volatile import Volatile
+from durable_spaces.errors import ConfigError
 
 
 def lay_out(backing: str, live: str) -> None:
@@ -60,6 +62,25 @@ def sync_all(ops: PowerOps) -> None:
                     os.close(fd)
 
 
+_DISK = ("stall", "resume", "fail", "latency", "disk")
+
+
+def _disk(disk: Disk, msg: dict[str, Any]) -> dict[str, Any]:
+    """A request about the disk's timing; no mutation lock (a stall never holds it)."""
+    try:
+        if msg["cmd"] == "stall":
+            return disk.stall(msg.get("seconds"))
+        if msg["cmd"] == "resume":
+            return disk.resume(keep_stuck=bool(msg.get("keep_stuck")))
+        if msg["cmd"] == "latency":
+            return disk.latency(msg.get("ms"))
+        if msg["cmd"] == "fail":
+            return disk.fail(msg.get("pids"))
+        return disk.state()
+    except ConfigError as e:
+        return {"error": str(e)}
+
+
 class _Control:
     """The supervisor's channel: one JSON object per line each way."""
 
@@ -87,10 +108,13 @@ class _Control:
                 self.send(stats)
             elif cmd == "cut":
                 ops.mutex.acquire()  # never released: every mutation waits until we are gone
-                self.send(
-                    power_cut(ops, seed=msg["seed"], tear=bool(msg["tear"]), cut=int(msg["cut"]))
-                )
+                held = ops.disk.state()["held"]  # held by a stall (disk.py): they fail
+                seed, tear, n = msg["seed"], bool(msg["tear"]), int(msg["cut"])
+                report = power_cut(ops, seed=seed, tear=tear, cut=n)
+                self.send({**report, "held": held})
                 os._exit(0)
+            elif cmd in _DISK:
+                self.send(_disk(ops.disk, msg))
             elif cmd == "sync":
                 sync_all(ops)
                 self.send({"ok": True})

@@ -9,7 +9,11 @@ mountpoint from the durable image.
 
 Protocol: one connection per request, one JSON object per line each way. Requests:
 ``{"cmd": "ping"}``, ``{"cmd": "stats"}``, ``{"cmd": "cut", "tear": bool | null}``,
-``{"cmd": "unmount", "sync": bool}``. A reply with an ``"error"`` key is a failure.
+``{"cmd": "unmount", "sync": bool}``, and the disk's timing (``disk.py``):
+``{"cmd": "stall", "seconds": s}``, ``{"cmd": "resume", "keep_stuck": bool}``,
+``{"cmd": "fail", "pids": [...]}``, ``{"cmd": "latency", "ms": ms}`` (kept across cuts:
+set again on every boot),
+``{"cmd": "disk"}``. A reply with an ``"error"`` key is a failure.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ class Supervisor:
         self.live = os.path.join(state_dir, "live")
         self.seed, self.tear = seed, tear
         self.boot = -1
+        self.fsync_ms = 0.0  # the disk's latency (disk.py): every boot gets it
         self.cuts: list[dict[str, Any]] = []
         self.proc: subprocess.Popen[bytes] | None = None
         self.chan: socket.socket | None = None
@@ -107,6 +112,8 @@ class Supervisor:
         if not reply.get("ready"):
             raise _BootError(f"boot {self.boot} did not come up: {reply}")
         ours.settimeout(_CALL_TIMEOUT_S)
+        if self.fsync_ms:
+            self._call({"cmd": "latency", "ms": self.fsync_ms})
 
     def _recv(self) -> dict[str, Any]:
         line = self._rfile.readline()
@@ -171,6 +178,15 @@ class Supervisor:
         self.start()
         return report
 
+    def disk(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The disk's timing (``disk.py``), asked of the current boot's server."""
+        if not self._alive():
+            return {"error": "the FUSE server of this mount is dead (see powerfs.log)"}
+        reply = self._call(msg)
+        if msg["cmd"] == "latency" and "error" not in reply:
+            self.fsync_ms = float(reply["fsync_ms"])
+        return reply
+
     def unmount(self, sync: bool) -> None:
         if sync and self._alive():
             self._call({"cmd": "sync"})
@@ -220,6 +236,8 @@ class Supervisor:
             return self.stats(), False
         if cmd == "cut":
             return self.cut(msg.get("tear")), False
+        if cmd in ("stall", "resume", "fail", "latency", "disk"):
+            return self.disk(msg), False
         if cmd == "unmount":
             self.unmount(bool(msg.get("sync", True)))
             return {"ok": True}, True
