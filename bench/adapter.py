@@ -51,6 +51,7 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("CUA_TELEMETRY", "0")
 
 from bench.peers import CHANGED, change_command, peers, populate, tree_tar
+from bench.phases import Phases
 from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
 from durable_spaces.adapter.image import ImageLimits
 from durable_spaces.adapter.snapshots import (
@@ -136,6 +137,7 @@ class Setup:
     space: Space  # the wrapped calls' Space
     plain: Space  # the unwrapped calls' own Space, an identical tree
     store: Path
+    phases: Phases | None = None
     calls: int = 0
 
     async def wrapped(self, tool: str, args: dict[str, Any]) -> None:
@@ -152,7 +154,11 @@ class Setup:
             resumed=False,
             env=await self.harness.env(self.conv),
         )
-        res = await t.execute(args, ctx)
+        if self.phases is None:
+            res = await t.execute(args, ctx)
+        else:
+            with self.phases.call():
+                res = await t.execute(args, ctx)
         if res.status != "ok":
             raise RuntimeError(f"wrapped {tool} failed: {res.content}")
 
@@ -162,7 +168,9 @@ class Setup:
         return sum(p.stat().st_size for p in self.store.rglob("*") if p.is_file())
 
 
-async def setup(backend: SpaceBackend, tmp: Path, mode: str, tree: bytes, plain: Space) -> Setup:
+async def setup(
+    backend: SpaceBackend, tmp: Path, mode: str, tree: bytes, plain: Space, phases: Phases | None
+) -> Setup:
     store = tmp / "store"
     storage = CountingStorage(SqliteStorage(tmp / "log.sqlite"))
     snapshots: Snapshots = (
@@ -183,7 +191,7 @@ async def setup(backend: SpaceBackend, tmp: Path, mode: str, tree: bytes, plain:
     conv = (await harness.root(AgentConfig(model="none"))).id
     space = await durable.space(conv)
     await populate(space, tree, durable.epoch_for(space.name))
-    s = Setup(harness, storage, durable, registry, conv, space, plain, store)
+    s = Setup(harness, storage, durable, registry, conv, space, plain, store, phases)
     await s.wrapped("bash", {"command": "printf 'start\\n' >> journal.txt"})  # warm-up
     s.space = await durable.space(conv)
     return s
@@ -225,15 +233,18 @@ async def bench_mode(
     tree: bytes,
     tools: Sequence[str],
     reps: int,
+    phases: Phases | None = None,
 ) -> list[Figures]:
     plain = await backend.create(space_name(f"bench-plain-{tmp.name}"))
     await plain.advance_epoch(1)
     await populate(plain, tree, 1)
-    s = await setup(backend, tmp, mode, tree, plain)
+    s = await setup(backend, tmp, mode, tree, plain, phases)
     out = []
     try:
         for tool in tools:
             log0, store0 = s.storage.total, s.store_bytes()
+            if phases is not None:
+                phases.reset()
             fig: Figures | None = None
             for i in range(reps):
                 wrapped, unwrapped, k = calls_for(s, tool, files, i)
@@ -247,6 +258,8 @@ async def bench_mode(
             fig.log_per_call = (s.storage.total - log0) // reps
             fig.store_per_call = (s.store_bytes() - store0) // reps
             print(fig.ratio_line(), flush=True)
+            if phases is not None:
+                print(phases.line(mode, name, tool, files), flush=True)
             out.append(fig)
     finally:
         await s.harness.close()
@@ -282,6 +295,10 @@ def overhead_lines(figs: list[Figures], peer: dict[int, dict[str, float | str]])
 
 async def bench_backend(name: str, base: Path, args: argparse.Namespace) -> list[Figures]:
     backend = open_backend(name, base / name / "spaces")
+    phases = None
+    if args.phases:
+        phases = Phases()
+        phases.install()
     figs: list[Figures] = []
     peer: dict[int, dict[str, float | str]] = {}
     try:
@@ -303,7 +320,7 @@ async def bench_backend(name: str, base: Path, args: argparse.Namespace) -> list
                 tmp.mkdir(parents=True)
                 reps = args.reps or default_reps(name, files)
                 figs += await bench_mode(
-                    name, backend, tmp, mode, files, tree, args.tools.split(","), reps
+                    name, backend, tmp, mode, files, tree, args.tools.split(","), reps, phases
                 )
             print(f"# {name} {files} files: {time.monotonic() - t0:.1f} s", flush=True)
         for line in overhead_lines(figs, peer):
@@ -312,6 +329,8 @@ async def bench_backend(name: str, base: Path, args: argparse.Namespace) -> list
         for sp_name in await backend.names():  # stop every daemon we started
             await backend.delete(sp_name)
         await backend.close()
+        if phases is not None:
+            phases.uninstall()
     return figs
 
 
@@ -327,6 +346,11 @@ async def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tools", default=",".join(TOOLS))
     ap.add_argument("--reps", type=int, default=None, help="calls per tool (default by size)")
     ap.add_argument("--peer-reps", type=int, default=None, help="runs per peer")
+    ap.add_argument(
+        "--phases",
+        action="store_true",
+        help="also time the parts of each wrapped call (bench.phases): PHASES lines",
+    )
     ap.add_argument(
         "--quick",
         action="store_true",
