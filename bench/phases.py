@@ -44,6 +44,8 @@ TIMED = (
     ("durable_spaces.adapter.incremental", "build", "manifest"),
     ("durable_spaces.adapter.manifest", "encode", "encode"),
     ("durable_spaces.adapter.checkpointing", "CheckpointKeeper.prune", "prune"),
+    ("durable_spaces.adapter.space_copy", "prune", "copy_prune"),
+    ("durable_spaces.adapter.checkpoint_copies", "Copies.manifest", "read_manifest"),
     ("durable_spaces.adapter.image_log", "update", "image_update"),
     ("durable_spaces.adapter.state", "load", "state_load"),
     ("durable_spaces.adapter.state", "commit", "state_commit"),
@@ -51,7 +53,8 @@ TIMED = (
     ("durable_spaces.adapter.durable", "DurableSpaces.space_for", "space_for"),
 )
 MORE = (
-    "host_sync", "heal", "manifest", "encode", "prune", "image_update", "state_load",
+    "host_sync", "heal", "manifest", "encode", "prune", "copy_prune", "read_manifest",
+    "image_update", "state_load",
     "state_commit", "decide", "space_for",
 )  # fmt: skip
 

@@ -114,8 +114,8 @@ class WorkspaceSnapshots:
         self._prune_calls: dict[str, int] = {}
         #: The blobs each manifest names (an id always names the same bytes), so a prune
         #: reads each recorded manifest once per process, not once per prune.
-        self._needs: dict[CheckpointId, frozenset[str]] = {}
-        self.taker = Taker(store)
+        self._needs: dict[str, frozenset[str]] = {}
+        self.taker = Taker(store, self._needs)  # fills it for the checkpoints it takes
 
     def can_rebuild(self) -> bool:
         return self.store is not None
