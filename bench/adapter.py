@@ -26,6 +26,7 @@ appended)::
     OVERHEAD mode=<m> backend=<b> tool=<t> files=<n> overhead_ms=<x> tar_ms=<y> git_ms=<z> below_tar=<yes|no> below_git=<yes|no>
     BYTES mode=<m> backend=<b> tool=<t> files=<n> log_per_call=<bytes> store_per_call=<bytes>
     SKIP backend=<b> [peer=<p>] reason=<why>
+    PHASES mode=<m> backend=<b> tool=<t> files=<n> call_ms=<x> ...   (--phases: bench.phases)
 
 ``OVERHEAD`` is the adapter's per-call cost (wrapped - unwrapped) beside the peers of the
 same tree on the same backend; ``BYTES`` what each wrapped call added to the log (JSON

@@ -12,6 +12,10 @@ entries, exclusions, ``unsupported`` names and depth limit; a changed file is al
 hashed again (its event says it changed, whatever its timestamps say). Anything the
 journal cannot vouch for (``journal.ChangeJournal``: overflow, limits, restarts, mounts,
 new epoch) makes the next scan a full one, which starts a new journal.
+
+``small`` is the same answer for a caller that would rather not hand a few lstats and
+hashes to a worker thread (``spacesd``'s event loop): it answers only when what the
+journal named is small, and otherwise keeps it for the next ``scan``.
 """
 
 from __future__ import annotations
