@@ -43,6 +43,7 @@ TIMED = (
     ("durable_spaces.adapter.incremental", "Taker._heal_host", "heal"),
     ("durable_spaces.adapter.incremental", "build", "manifest"),
     ("durable_spaces.adapter.manifest", "encode", "encode"),
+    ("durable_spaces.adapter.manifest", "Encoder.encode", "encode"),
     ("durable_spaces.adapter.checkpointing", "CheckpointKeeper.prune", "prune"),
     ("durable_spaces.adapter.space_copy", "prune", "copy_prune"),
     ("durable_spaces.adapter.checkpoint_copies", "Copies.manifest", "read_manifest"),

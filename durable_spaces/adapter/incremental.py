@@ -105,6 +105,7 @@ class Taker:
         #: id names its manifest's bytes, so this never goes stale): a prune need not
         #: read back the manifests it wrote itself.
         self.needs: dict[str, frozenset[str]] = {} if needs is None else needs
+        self.encoder = mf.Encoder()
 
     def forget(self, space: Space) -> None:
         """After a restore: the workspace's files are all new."""
@@ -173,7 +174,7 @@ class Taker:
             listing = walk_host(space.root, want, take)
             m = build(listing, lambda p: (fresh.get(p) or seen.files[p])[1])
             self._heal_host(space, m, cb, sb)
-            data = mf.encode(m)
+            data = self.encoder.encode(m)
             cid = CheckpointId.for_manifest(call_id, data)
             if sb is not None:
                 sb.manifest(cid, data)
@@ -245,7 +246,7 @@ class Taker:
                 if sb is not None:
                     sb.add(data)
             m = build(listing, lambda p: (fresh.get(p) or seen.files[p])[1])
-            data = mf.encode(m)
+            data = self.encoder.encode(m)
             cid = CheckpointId.for_manifest(call_id, data)
             if sb is not None:
                 sb.manifest(cid, data)
