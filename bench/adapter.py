@@ -26,6 +26,7 @@ appended)::
     OVERHEAD mode=<m> backend=<b> tool=<t> files=<n> overhead_ms=<x> tar_ms=<y> git_ms=<z> below_tar=<yes|no> below_git=<yes|no>
     BYTES mode=<m> backend=<b> tool=<t> files=<n> log_per_call=<bytes> store_per_call=<bytes>
     SKIP backend=<b> [peer=<p>] reason=<why>
+    PHASES mode=<m> backend=<b> tool=<t> files=<n> call_ms=<x> ...   (--phases: bench.phases)
 
 ``OVERHEAD`` is the adapter's per-call cost (wrapped - unwrapped) beside the peers of the
 same tree on the same backend; ``BYTES`` what each wrapped call added to the log (JSON
@@ -51,6 +52,7 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("CUA_TELEMETRY", "0")
 
 from bench.peers import CHANGED, change_command, peers, populate, tree_tar
+from bench.phases import Phases
 from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
 from durable_spaces.adapter.image import ImageLimits
 from durable_spaces.adapter.snapshots import (
@@ -80,18 +82,29 @@ def default_reps(backend: str, size: int) -> int:
 
 
 class CountingStorage:
-    """A SqliteStorage that also sums the JSON bytes of the ops it appends."""
+    """A SqliteStorage that also sums the JSON bytes of the ops it appends (counted when
+    ``total`` is read, between the timed calls: encoding them again inside a call would
+    add to the wrapped figure what the adapter does not spend)."""
 
     def __init__(self, inner: SqliteStorage) -> None:
         self.inner = inner
-        self.total = 0
+        self._counted = 0
+        self._pending: list[Sequence[Op]] = []
+
+    @property
+    def total(self) -> int:
+        for ops in self._pending:
+            self._counted += sum(len(json.dumps(op, separators=(",", ":"))) for op in ops)
+        self._pending.clear()
+        return self._counted
 
     def load(self) -> list[Commit]:
         return self.inner.load()
 
     def append(self, ops: Sequence[Op]) -> int:
-        self.total += sum(len(json.dumps(op, separators=(",", ":"))) for op in ops)
-        return self.inner.append(ops)
+        seq = self.inner.append(ops)
+        self._pending.append(ops)  # committed ops are never changed afterwards
+        return seq
 
     def close(self) -> None:
         self.inner.close()
@@ -136,6 +149,7 @@ class Setup:
     space: Space  # the wrapped calls' Space
     plain: Space  # the unwrapped calls' own Space, an identical tree
     store: Path
+    phases: Phases | None = None
     calls: int = 0
 
     async def wrapped(self, tool: str, args: dict[str, Any]) -> None:
@@ -152,7 +166,11 @@ class Setup:
             resumed=False,
             env=await self.harness.env(self.conv),
         )
-        res = await t.execute(args, ctx)
+        if self.phases is None:
+            res = await t.execute(args, ctx)
+        else:
+            with self.phases.call():
+                res = await t.execute(args, ctx)
         if res.status != "ok":
             raise RuntimeError(f"wrapped {tool} failed: {res.content}")
 
@@ -162,7 +180,9 @@ class Setup:
         return sum(p.stat().st_size for p in self.store.rglob("*") if p.is_file())
 
 
-async def setup(backend: SpaceBackend, tmp: Path, mode: str, tree: bytes, plain: Space) -> Setup:
+async def setup(
+    backend: SpaceBackend, tmp: Path, mode: str, tree: bytes, plain: Space, phases: Phases | None
+) -> Setup:
     store = tmp / "store"
     storage = CountingStorage(SqliteStorage(tmp / "log.sqlite"))
     snapshots: Snapshots = (
@@ -183,7 +203,7 @@ async def setup(backend: SpaceBackend, tmp: Path, mode: str, tree: bytes, plain:
     conv = (await harness.root(AgentConfig(model="none"))).id
     space = await durable.space(conv)
     await populate(space, tree, durable.epoch_for(space.name))
-    s = Setup(harness, storage, durable, registry, conv, space, plain, store)
+    s = Setup(harness, storage, durable, registry, conv, space, plain, store, phases)
     await s.wrapped("bash", {"command": "printf 'start\\n' >> journal.txt"})  # warm-up
     s.space = await durable.space(conv)
     return s
@@ -225,15 +245,18 @@ async def bench_mode(
     tree: bytes,
     tools: Sequence[str],
     reps: int,
+    phases: Phases | None = None,
 ) -> list[Figures]:
     plain = await backend.create(space_name(f"bench-plain-{tmp.name}"))
     await plain.advance_epoch(1)
     await populate(plain, tree, 1)
-    s = await setup(backend, tmp, mode, tree, plain)
+    s = await setup(backend, tmp, mode, tree, plain, phases)
     out = []
     try:
         for tool in tools:
             log0, store0 = s.storage.total, s.store_bytes()
+            if phases is not None:
+                phases.reset()
             fig: Figures | None = None
             for i in range(reps):
                 wrapped, unwrapped, k = calls_for(s, tool, files, i)
@@ -247,6 +270,8 @@ async def bench_mode(
             fig.log_per_call = (s.storage.total - log0) // reps
             fig.store_per_call = (s.store_bytes() - store0) // reps
             print(fig.ratio_line(), flush=True)
+            if phases is not None:
+                print(phases.line(mode, name, tool, files), flush=True)
             out.append(fig)
     finally:
         await s.harness.close()
@@ -282,6 +307,10 @@ def overhead_lines(figs: list[Figures], peer: dict[int, dict[str, float | str]])
 
 async def bench_backend(name: str, base: Path, args: argparse.Namespace) -> list[Figures]:
     backend = open_backend(name, base / name / "spaces")
+    phases = None
+    if args.phases:
+        phases = Phases()
+        phases.install()
     figs: list[Figures] = []
     peer: dict[int, dict[str, float | str]] = {}
     try:
@@ -303,7 +332,7 @@ async def bench_backend(name: str, base: Path, args: argparse.Namespace) -> list
                 tmp.mkdir(parents=True)
                 reps = args.reps or default_reps(name, files)
                 figs += await bench_mode(
-                    name, backend, tmp, mode, files, tree, args.tools.split(","), reps
+                    name, backend, tmp, mode, files, tree, args.tools.split(","), reps, phases
                 )
             print(f"# {name} {files} files: {time.monotonic() - t0:.1f} s", flush=True)
         for line in overhead_lines(figs, peer):
@@ -312,6 +341,8 @@ async def bench_backend(name: str, base: Path, args: argparse.Namespace) -> list
         for sp_name in await backend.names():  # stop every daemon we started
             await backend.delete(sp_name)
         await backend.close()
+        if phases is not None:
+            phases.uninstall()
     return figs
 
 
@@ -327,6 +358,11 @@ async def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tools", default=",".join(TOOLS))
     ap.add_argument("--reps", type=int, default=None, help="calls per tool (default by size)")
     ap.add_argument("--peer-reps", type=int, default=None, help="runs per peer")
+    ap.add_argument(
+        "--phases",
+        action="store_true",
+        help="also time the parts of each wrapped call (bench.phases): PHASES lines",
+    )
     ap.add_argument(
         "--quick",
         action="store_true",

@@ -121,11 +121,15 @@ class Space(Protocol):
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         keep_output: int | None = None,
+        new_key: bool = False,
     ) -> Execution:
         """Start ``argv`` under idempotency ``key`` (recorded durably before the process
         starts). A key already running is reattached; one already exited is replayed;
         neither runs again. ``key=None`` runs without the ledger (scans, tar).
         ``keep_output`` bounds what ``wait()`` returns (``BoundedOutput``); None keeps all.
+        ``new_key``: the caller made ``key`` new (a start mark just committed it), so a
+        backend may skip reading the ledger first; the ledger must still never run a key
+        twice (wrongly vouched for, it may only report a replay as a run).
         Raises ``StaleEpochError`` when ``epoch`` is below the Space's floor."""
         ...
 

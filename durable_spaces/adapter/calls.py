@@ -186,7 +186,9 @@ class CallPipeline:
         epoch = self.p.epoch_for(space.name)
         if self.tool == "bash":
             assert rec.key is not None
-            outcome = self.effect.outcome(await self.effect.command(space, rec.key, epoch))
+            # Every way here follows a start mark (``_mark``): its key is new.
+            res = await self.effect.command(space, rec.key, epoch, new_key=True)
+            outcome = self.effect.outcome(res)
         else:
             outcome = await self.effect.file_op(space, epoch)
             hit("adapter.file_op")

@@ -72,14 +72,18 @@ class Effect:
             argv = ["timeout", "-k", "5", f"{self.args.timeout:g}", *argv]
         return argv
 
-    async def command(self, space: Space, key: str, epoch: int) -> ExecResult:
-        """Run (or reattach to, or replay) the call's command under ``key``."""
+    async def command(
+        self, space: Space, key: str, epoch: int, *, new_key: bool = False
+    ) -> ExecResult:
+        """Run (or reattach to, or replay) the call's command under ``key``; ``new_key``:
+        a start mark just made it (``Space.spawn``)."""
         execution = await space.spawn(
             self.argv(),
             key=key,
             epoch=epoch,
             cwd=self.cwd or space.root,
             keep_output=OUTPUT_KEEP_BYTES,
+            new_key=new_key,
         )
         hit("adapter.spawn")
         # "running": the command is still going a moment after it started.

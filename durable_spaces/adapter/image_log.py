@@ -76,15 +76,19 @@ def read_image(pointer: Mapping[str, object] | None, lookup: Callable[[str], obj
 
 
 def next_image(
-    pointer: Mapping[str, object] | None, old: PathTable, new: PathTable
+    pointer: Mapping[str, object] | None,
+    old: PathTable,
+    new: PathTable,
+    delta: Delta | None = None,
 ) -> tuple[dict[str, int], dict[str, object]]:
-    """The pointer and the chain documents that record ``new`` after ``old``."""
+    """The pointer and the chain documents that record ``new`` after ``old``
+    (``delta``: ``diff(old, new)`` when the caller has it already)."""
     prev = int(pointer["v"]) if pointer and "v" in pointer else 0  # type: ignore[call-overload]
     v = prev + 1
     if prev == 0 or v % FULL_EVERY == 1:
         return {"v": v, "full": v}, {full_doc(v): table_to_json(new)}
     assert pointer is not None
-    d = diff(old, new)
+    d = delta if delta is not None else diff(old, new)
     return (
         {"v": v, "full": int(pointer["full"])},  # type: ignore[call-overload]
         {delta_doc(v): {"put": table_to_json(d.put), "delete": d.delete}},
@@ -194,5 +198,5 @@ async def update(
     )
     pointer = harness.conversation(conv).document(IMAGE_DOC, copy=False)
     new = delta.apply(old)
-    new_pointer, chain = next_image(pointer, old, new)
+    new_pointer, chain = next_image(pointer, old, new, delta)
     return ImageUpdate(new_pointer, chain, blobs, new)

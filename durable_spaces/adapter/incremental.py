@@ -96,9 +96,16 @@ def build(listing: Listing, sha: Callable[[str], str]) -> mf.Manifest:
 class Taker:
     """Takes incremental checkpoints into ``store`` (optional) and each Space's copy."""
 
-    def __init__(self, store: CheckpointStore | None) -> None:
+    def __init__(
+        self, store: CheckpointStore | None, needs: dict[str, frozenset[str]] | None = None
+    ) -> None:
         self.store = store
         self.seen: dict[tuple[str, str], Seen] = {}
+        #: id -> the blobs its manifest names, for each checkpoint this process took (an
+        #: id names its manifest's bytes, so this never goes stale): a prune need not
+        #: read back the manifests it wrote itself.
+        self.needs: dict[str, frozenset[str]] = {} if needs is None else needs
+        self.encoder = mf.Encoder()
 
     def forget(self, space: Space) -> None:
         """After a restore: the workspace's files are all new."""
@@ -167,12 +174,13 @@ class Taker:
             listing = walk_host(space.root, want, take)
             m = build(listing, lambda p: (fresh.get(p) or seen.files[p])[1])
             self._heal_host(space, m, cb, sb)
-            data = mf.encode(m)
+            data = self.encoder.encode(m)
             cid = CheckpointId.for_manifest(call_id, data)
             if sb is not None:
                 sb.manifest(cid, data)
             cb.manifest(cid, data)
         self._remember(seen, listing, {**seen.files, **fresh})
+        self.needs[cid] = frozenset(mf.blobs(m))
         return cid
 
     def _heal_host(self, space: Space, m: mf.Manifest, cb: Batch, sb: Batch | None) -> None:
@@ -238,7 +246,7 @@ class Taker:
                 if sb is not None:
                     sb.add(data)
             m = build(listing, lambda p: (fresh.get(p) or seen.files[p])[1])
-            data = mf.encode(m)
+            data = self.encoder.encode(m)
             cid = CheckpointId.for_manifest(call_id, data)
             if sb is not None:
                 sb.manifest(cid, data)
@@ -247,6 +255,7 @@ class Taker:
             upload[sha] = await self._blob_for(space, m, sha, epoch)
         await space_copy.write(space, d, upload, cid, data, epoch)
         self._remember(seen, listing, {**seen.files, **fresh})
+        self.needs[cid] = frozenset(mf.blobs(m))
         return cid
 
     async def _blob_for(self, space: Space, m: mf.Manifest, sha: str, epoch: int) -> bytes:

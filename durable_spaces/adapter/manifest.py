@@ -75,6 +75,31 @@ def encode(m: Mapping[str, Entry]) -> bytes:
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
+class Encoder:
+    """``encode``, byte for byte, for a caller that encodes one workspace again and
+    again: each row's JSON is kept by (path, entry), so only changed rows are encoded
+    (most of a 1000-file manifest's encoding time was the rows that did not change)."""
+
+    _HEAD = f'{{"format":{json.dumps(FORMAT)},"version":{json.dumps(VERSION)},"entries":['
+
+    def __init__(self) -> None:
+        self._rows: dict[str, tuple[Entry, str]] = {}
+
+    def encode(self, m: Mapping[str, Entry]) -> bytes:
+        rows: dict[str, tuple[Entry, str]] = {}
+        out = []
+        for p in sorted(m, key=path_key):
+            e = m[p]
+            known = self._rows.get(p)
+            if known is None or known[0] != e:
+                row = [p, e.kind, e.mode, e.size, e.ref, e.mtime_ns]
+                known = (e, json.dumps(row, separators=(",", ":"), ensure_ascii=True))
+            rows[p] = known
+            out.append(known[1])
+        self._rows = rows
+        return (self._HEAD + ",".join(out) + "]}").encode("ascii")
+
+
 def blobs(m: Mapping[str, Entry]) -> set[str]:
     """The blobs a restore of ``m`` needs."""
     return {e.ref for e in m.values() if e.kind == FILE and e.ref is not None}

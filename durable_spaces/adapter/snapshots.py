@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterable, Callable
 from typing import Protocol
 
@@ -114,8 +115,8 @@ class WorkspaceSnapshots:
         self._prune_calls: dict[str, int] = {}
         #: The blobs each manifest names (an id always names the same bytes), so a prune
         #: reads each recorded manifest once per process, not once per prune.
-        self._needs: dict[CheckpointId, frozenset[str]] = {}
-        self.taker = Taker(store)
+        self._needs: dict[str, frozenset[str]] = {}
+        self.taker = Taker(store, self._needs)  # fills it for the checkpoints it takes
 
     def can_rebuild(self) -> bool:
         return self.store is not None
@@ -153,7 +154,10 @@ class WorkspaceSnapshots:
                     continue
                 blobs = self._needs[cid] = frozenset(mf.blobs(m))
             needed |= blobs
-        return await space_copy.prune(space, copy_dir(space), keep, needed, epoch)
+        present = None
+        if needed is not None and await self.taker.is_host(space, epoch):
+            present = host_blobs(copy_dir(space))
+        return await space_copy.prune(space, copy_dir(space), keep, needed, epoch, present)
 
     # --- reading and restoring ------------------------------------------------------------
 
@@ -290,3 +294,25 @@ class SandboxSnapshots:
         checkpoint holds the guest's memory (tens of MB), so unreferenced ones must go.
         ``recorded()`` is every checkpoint the log still names, forks included."""
         return await self.machines.prune_space(space.name, recorded())
+
+
+def host_blobs(d: str) -> list[str] | None:
+    """The names in ``d/blobs`` as this host lists them (None: not a directory here),
+    neither followed through a symlink: a prune deletes only unneeded names from it."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(d, flags)
+    except OSError:
+        return None
+    try:
+        bfd = os.open("blobs", flags, dir_fd=fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        return os.listdir(bfd)
+    except OSError:
+        return None
+    finally:
+        os.close(bfd)

@@ -9,10 +9,18 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from durable_spaces.adapter import manifest as mf
+from durable_spaces.adapter import space_copy
 from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
+from durable_spaces.adapter.incremental import copy_dir
 from durable_spaces.adapter.review import workspace_at
-from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
+from durable_spaces.adapter.snapshots import (
+    DirectoryCheckpointStore,
+    WorkspaceSnapshots,
+    host_blobs,
+)
 from durable_spaces.adapter.state import DOC, SpaceState
 from durable_spaces.backends import open_backend
 from durable_spaces.harness.log import MemoryStorage
@@ -87,3 +95,40 @@ async def test_without_a_store_every_copy_in_the_space_is_kept(tmp_path: Path) -
         in_space = list(run.checkpoints_dir.iterdir())
         assert len(in_space) > len(run.recorded())  # the only copies: review reads them
         assert await run.first_call_is_reviewable()
+
+
+@pytest.mark.parametrize("listed_here", [False, True])
+async def test_a_prune_deletes_every_unneeded_blob_and_nothing_else(
+    tmp_path: Path, listed_here: bool
+) -> None:
+    """The copy's blobs not needed go, whether the command lists them or this host did
+    (``host_blobs``: only those to delete are sent); needed ones and other names stay, a
+    listing that is wrong deletes nothing needed, and a planted symlink is not followed."""
+    backend = open_backend("local", tmp_path / "spaces")
+    try:
+        space = await backend.create("prune")
+        await space.advance_epoch(1)
+        blobs = Path(copy_dir(space)) / "blobs"
+        blobs.mkdir(parents=True)
+        names = [c * 64 for c in "abcdef"]
+        for n in [*names, "notes"]:
+            (blobs / n).write_bytes(b"x")
+        needed = {names[0], names[1]}
+        present = host_blobs(copy_dir(space)) if listed_here else None
+        if present is not None:
+            present = [*present, names[1], "9" * 64]  # wrong: names one needed, one absent
+        await space_copy.prune(space, copy_dir(space), [], needed, 1, present)
+        assert {p.name for p in blobs.iterdir()} == {*needed, "notes"}
+        outside = tmp_path / "outside"
+        outside.mkdir()
+        (outside / names[2]).write_bytes(b"keep")
+        for p in blobs.iterdir():
+            p.unlink()
+        blobs.rmdir()
+        blobs.symlink_to(outside)
+        await space_copy.prune(space, copy_dir(space), [], needed, 1, [names[2]])
+        assert (outside / names[2]).read_bytes() == b"keep" and not blobs.is_symlink()
+    finally:
+        for name in await backend.names():
+            await backend.delete(name)
+        await backend.close()

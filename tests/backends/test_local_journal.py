@@ -91,6 +91,32 @@ def test_a_journaled_scan_is_what_a_full_scan_finds(root: Path, tmp_path: Path) 
     s.close()
 
 
+def test_small_answers_only_small_changes_and_loses_none(root: Path, tmp_path: Path) -> None:
+    """``small`` (a spacesd Space's scan on its event loop) answers each step the way a
+    full scan would, or declines; what it declined (consumed from the journal) is in the
+    next ``scan``: nothing a command changed is lost between the two."""
+    s = _scanner(root, tmp_path)
+    assert s.small(".", ["skip"]) is None  # no journal yet: a full scan first
+    s.scan(".", ["skip"])
+    answered = 0
+    for what, script in STEPS:
+        _sh(root, script)
+        table = s.small(".", ["skip"])
+        if table is None:
+            table = s.scan(".", ["skip"])
+        else:
+            answered += 1
+        assert table == _full(root), what
+    assert 0 < answered < len(STEPS)  # both ways were taken
+    assert s.stats["full"] == 1, s.why_full
+    _sh(root, "mkdir big && for i in $(seq 40); do printf $i > big/f$i; done")
+    assert s.small(".", ["skip"]) is None  # a new tree: declined, its events kept
+    _sh(root, "printf later > later.txt")
+    assert s.scan(".", ["skip"]) == _full(root)
+    assert s.stats["full"] == 1
+    s.close()
+
+
 MMAP = (
     "import mmap, os, sys\n"
     "fd = os.open('a.txt', os.O_RDWR)\n"

@@ -252,6 +252,37 @@ async def test_daemon_killed_mid_command(backend: SpaceBackend, space: Space, ke
     assert await _lines(space, "counter") == 1
 
 
+async def test_key_wrongly_vouched_new_never_runs_twice(
+    backend: SpaceBackend, space: Space, key: Key
+) -> None:
+    """``spawn(new_key=True)`` may skip the ledger's read (the adapter's start mark made
+    the key); vouched for wrongly (exited, running, lost), the key still runs once."""
+    argv = ["sh", "-c", "echo run >> counter; echo first"]
+    done = key("vouched-exited")
+    await space.exec(argv, key=done, epoch=EPOCH)
+    again = await space.spawn(
+        ["sh", "-c", "echo run >> counter"], key=done, epoch=EPOCH, new_key=True
+    )
+    assert (await again.wait()).exit_code == 0
+    assert await _lines(space, "counter") == 1
+    running = key("vouched-running")
+    loop = ["sh", "-c", LOOP.format(c="counter2", b="beat")]
+    await space.spawn(loop, key=running, epoch=EPOCH)
+    await _until(lambda: _lines(space, "beat"))
+    await space.spawn(loop, key=running, epoch=EPOCH, new_key=True)
+    await asyncio.sleep(0.3)
+    assert await _lines(space, "counter2") == 1
+    await backend.kill_daemon(space.name)
+    assert (await space.exec_record(running)).state is ExecState.LOST
+    lost = await space.spawn(loop, key=running, epoch=EPOCH, new_key=True)
+    res = await asyncio.wait_for(lost.wait(), 30)
+    assert res.exit_code != 0  # unknown (None), or the daemon's "outcome unknown" error
+    assert await _lines(space, "counter2") == 1
+    await space.advance_epoch(EPOCH + 1)
+    with pytest.raises(StaleEpochError):
+        await space.spawn(argv, key=key("vouched-stale"), epoch=EPOCH, new_key=True)
+
+
 async def test_stale_epochs_refused(space: Space, key: Key) -> None:
     assert await space.current_epoch() == 0
     await space.advance_epoch(2)

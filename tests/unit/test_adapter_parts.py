@@ -1,5 +1,6 @@
 """Unit tests of the adapter's parts that need no Space: the image chain, the state
-document's pruning, archive checks, the stream fence, and epoch parsing."""
+document's pruning, archive checks, the stream fence, epoch parsing, and the manifest
+encoder's cache."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from durable_spaces.adapter import image_log as img
+from durable_spaces.adapter import manifest as mf
 from durable_spaces.adapter.durable import session_epoch
 from durable_spaces.adapter.effects import Effect
 from durable_spaces.adapter.snapshots import check_archive
@@ -129,3 +131,29 @@ def test_session_epoch_from_a_malformed_environment_is_a_clear_error(
     monkeypatch.setenv("CUA_SESSION_EPOCH", raw)
     with pytest.raises(ConfigError, match="CUA_SESSION_EPOCH"):
         session_epoch(None)
+
+
+def test_the_manifest_encoder_is_encode_byte_for_byte_as_a_workspace_changes() -> None:
+    """A checkpoint's id is the digest of these bytes: the cached rows must never differ
+    from ``encode``, whatever changed (content, mode, mtime, kind) or went."""
+    m: mf.Manifest = {".": mf.Entry(mf.DIR, 0o755, 0, None, 1)}
+    for i in range(50):
+        m[f"d/f{i}"] = mf.Entry(mf.FILE, 0o644, i, f"{i:064x}", 10 + i)
+    m["d"] = mf.Entry(mf.DIR, 0o755, 0, None, 2)
+    m["\udcff-bad-byte é"] = mf.Entry(mf.SYMLINK, 0o777, 0, "d/f1", 3)
+    m["d/hard"] = mf.Entry(mf.HARDLINK, 0, 0, "d/f0", 0)
+    enc = mf.Encoder()
+    steps = [
+        lambda: None,
+        lambda: m.__setitem__("d/f3", mf.Entry(mf.FILE, 0o644, 3, "e" * 64, 13)),
+        lambda: m.__setitem__("d/f4", mf.Entry(mf.FILE, 0o600, 4, f"{4:064x}", 14)),
+        lambda: m.__setitem__("d/f5", mf.Entry(mf.FILE, 0o644, 5, f"{5:064x}", 99)),
+        lambda: m.__setitem__("d/f6", mf.Entry(mf.SYMLINK, 0o777, 0, "elsewhere", 16)),
+        lambda: m.pop("d/f7"),
+        lambda: m.__setitem__("d/new", mf.Entry(mf.FILE, 0o644, 1, "a" * 64, 1)),
+    ]
+    for step in steps:
+        step()
+        data = enc.encode(m)
+        assert data == mf.encode(m)
+        assert mf.decode(data) == m

@@ -328,9 +328,11 @@ class LocalSpace:
         env: Mapping[str, str] | None = None,
         stdin: bytes | None = None,
         keep_output: int | None = None,
+        new_key: bool = False,
     ) -> LocalExecution:
         """See ``Space.spawn``. A key whose record is ``lost`` is not run again either: it
-        comes back replayed with ``exit_code=None`` (outcome unknown)."""
+        comes back replayed with ``exit_code=None`` (outcome unknown). ``new_key`` changes
+        nothing here: the ledger is read in the same worker-thread hop as the spawn."""
         if stdin is not None and key is not None:
             raise ValueError("stdin is only supported with key=None")
         if not argv:

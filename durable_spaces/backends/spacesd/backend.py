@@ -158,8 +158,20 @@ class NamespacedSpace(SpacesdSpace):
         with self._host_lock:
             return self._host.scan(root, exclude)
 
+    def _small_scan(self, root: str, exclude: list[str]) -> PathTable | None:
+        """The journal's answer right here when it is small work (``JournaledScanner.
+        small``) and no worker thread holds the scanner; else None."""
+        if self._probe.boot_id() is None or not self._host_lock.acquire(blocking=False):
+            return None
+        try:
+            return self._host.small(root, exclude)
+        finally:
+            self._host_lock.release()
+
     async def scan(self, root: str = ".", exclude: Sequence[str] = ()) -> PathTable:
-        table = await asyncio.to_thread(self._host_scan, root, list(exclude))
+        table = self._small_scan(root, list(exclude))
+        if table is None:
+            table = await asyncio.to_thread(self._host_scan, root, list(exclude))
         return table if table is not None else await super().scan(root, exclude)
 
     def _kept(self) -> dict[str, bytes]:
@@ -167,7 +179,13 @@ class NamespacedSpace(SpacesdSpace):
             return self._host.kept
 
     async def read_files(self, paths: Sequence[str]) -> dict[str, bytes]:
-        kept = await asyncio.to_thread(self._kept)
+        if self._host_lock.acquire(blocking=False):  # a dict: no thread hand-off for it
+            try:
+                kept = self._host.kept
+            finally:
+                self._host_lock.release()
+        else:
+            kept = await asyncio.to_thread(self._kept)
         out = {p: kept[confine(self.root, p)] for p in paths if confine(self.root, p) in kept}
         rest = [p for p in paths if p not in out]
         if rest:
