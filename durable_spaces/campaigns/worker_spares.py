@@ -70,6 +70,9 @@ class WorkerSpares:
     async def take(self, spec: Path, out: Path, log: Path) -> asyncio.subprocess.Process | None:
         """A spare launched as the run of ``spec`` (None: spawn it cold); refills."""
         line = json.dumps({"spec": str(spec), "out": str(out), "log": str(log)}) + "\n"
+        if not self._ready and self._starting:
+            # One on its way started sooner than a cold worker would now: wait for it.
+            await asyncio.wait(set(self._starting), return_when=asyncio.FIRST_COMPLETED)
         try:
             while self._ready:
                 proc = self._ready.pop(0)
