@@ -2,7 +2,9 @@
 
 Each run is a worker process of its own (``campaigns.worker``), at most ``jobs`` at a
 time, with its own state directory under ``<out>/state/<run_id>``; a run that exceeds
-``run_timeout_s`` is killed and recorded as ``lab_error``. Layout of ``out_dir``::
+``run_timeout_s`` is killed and recorded as ``lab_error``; each run's process is started
+before the run, a spare (``campaigns/worker_spares.py``), unless ``DS_WARM_WORKERS=0``.
+Layout of ``out_dir``::
 
     campaign.json         the spec, the run_one reference, times, the SUMMARY line
     runs/<run_id>.json    one RunRecord per run (what reports read)
