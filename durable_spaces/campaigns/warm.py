@@ -58,6 +58,8 @@ class Spare:
     sock: socket.socket
     env: dict[str, str]
     watcher: asyncio.Task[None] | None = field(default=None, repr=False)
+    #: Started by ``prestart`` for a launch environment foreseen, not seen.
+    prestarted: bool = False
 
 
 async def _spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | Path | None) -> Spare:
@@ -95,7 +97,9 @@ async def prestart(
     if spare_argv is None:
         return None
     try:
-        return await _spawn(spare_argv, wl.spare_env(launch_env), cwd)
+        spare = await _spawn(spare_argv, wl.spare_env(launch_env), cwd)
+        spare.prestarted = True
+        return spare
     except OSError:
         return None
 
@@ -186,7 +190,10 @@ class Spares:
         if spare is None or spare.process.returncode is not None:
             return None
         if wl.cold_reason(spare.env, env) is not None:
-            return None  # keep the spare for launches it can take
+            if spare.prestarted:  # foreseen wrongly: one like this launch replaces it
+                self._spare = None
+                self._discard_later(spare)
+            return None  # else keep the spare for launches it can take
         try:
             wl.send(spare.sock, wl.encode(epoch, self.module_argv, env), stderr.fileno())
         except (OSError, ValueError):
@@ -204,9 +211,12 @@ class Spares:
         self._emit("warm_off", 0, reason=why)
         spare, self._spare = self._spare, None
         if spare is not None:
-            task = asyncio.create_task(discard(spare))
-            self._discarding.add(task)
-            task.add_done_callback(self._discarding.discard)
+            self._discard_later(spare)
+
+    def _discard_later(self, spare: Spare) -> None:
+        task = asyncio.create_task(discard(spare))
+        self._discarding.add(task)
+        task.add_done_callback(self._discarding.discard)
 
     async def close(self) -> None:
         """Kill and reap the spare (and one being started)."""
