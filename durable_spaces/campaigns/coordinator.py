@@ -59,7 +59,7 @@ from typing import Any
 
 from durable_spaces.campaigns.coordinator_state import LOCK_FILE, STATE_FILE, StateFile, read_state
 from durable_spaces.campaigns.supervisor import EXIT_ABANDONED, Attempt, Launch, Supervisor, now_ms
-from durable_spaces.campaigns.warm import Spare, enabled_by_env
+from durable_spaces.campaigns.warm import enabled_by_env
 from durable_spaces.chaos import failpoints, points
 from durable_spaces.errors import PermanentFailure
 from durable_spaces.session_protocol import (
@@ -117,15 +117,6 @@ class CoordinatorResult:
         return [r.latency_ms for r in self.resumes]
 
 
-def launch_base_env(extra: Mapping[str, str]) -> dict[str, str]:
-    """A driver's environment before its session's variables: this process's without
-    ``_SCRUBBED``, plus ``extra`` (what a prestarted spare is started with, too)."""
-    env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED}
-    env.update(extra)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 Hook = Callable[[Launch], Awaitable[None] | None]
 EventCallback = Callable[[dict[str, Any]], None]
 
@@ -157,7 +148,6 @@ class Coordinator:
         cwd: str | Path | None = None,
         epoch_source: Callable[[int], Awaitable[int]] | None = None,
         warm: bool | None = None,
-        spare: Spare | None = None,
     ) -> None:
         self.argv = list(argv)
         self.state_dir = Path(state_dir)
@@ -201,8 +191,6 @@ class Coordinator:
             on_event=self._driver_event,
             # A spare driver per coordinator (campaigns/warm.py): on unless turned off.
             warm=enabled_by_env() if warm is None else warm,
-            # One started before this coordinator (warm.prestart), for its first attempt.
-            spare=spare,
         )
 
     # -- hooks for the runner ------------------------------------------------------------
@@ -365,10 +353,12 @@ class Coordinator:
         return self._state.issue(self._floor_seen, self.kill_orphans, orphan)
 
     def _driver_env(self, epoch: int) -> dict[str, str]:
-        env = launch_base_env(self.extra_env)
+        env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED}
+        env.update(self.extra_env)
         env.update(
             driver_environment(self.session_name, epoch, self.state_dir, self.heartbeat_secs)
         )
+        env["PYTHONUNBUFFERED"] = "1"
         return env
 
     async def _spawn(self, launch: Launch, backoff_ms: float) -> Attempt:

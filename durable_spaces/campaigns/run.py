@@ -20,7 +20,6 @@ import os
 import random
 import shutil
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from durable_spaces.campaigns.checker import LaunchRecord, Workload, collect
 from durable_spaces.campaigns.checks.kept import keep
 from durable_spaces.campaigns.checks.power import power_losses
 from durable_spaces.campaigns.checks.verdict import Verdict
-from durable_spaces.campaigns.coordinator import Coordinator, CoordinatorResult, launch_base_env
+from durable_spaces.campaigns.coordinator import Coordinator, CoordinatorResult
 from durable_spaces.campaigns.evidence import Evidence, RunCheck, judge
 from durable_spaces.campaigns.inject import Injector
 from durable_spaces.campaigns.power import HOST_DIR, PowerHost
@@ -42,7 +41,6 @@ from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.scenarios import exhaustive
 from durable_spaces.campaigns.scenarios.base import KILL_POINTS, Script
 from durable_spaces.campaigns.spec import CampaignSpec, RunSpec
-from durable_spaces.campaigns.warm import Spare, discard, enabled_by_env, prestart
 from durable_spaces.chaos.nemesis import (
     Composed,
     DriverKiller,
@@ -195,9 +193,6 @@ class RunContext:
         self.root = paths.root
 
     def coordinator(self, **kw: Any) -> Coordinator:
-        global _prestarted
-        if kw.get("warm") is not False and enabled_by_env():
-            kw["spare"], _prestarted = _prestarted, None  # the run's first coordinator's
         return Coordinator(
             AGENT_ARGV,
             self.paths.session,
@@ -237,29 +232,6 @@ class RunContext:
             with contextlib.suppress(asyncio.CancelledError):
                 await inject
             await injector.finish()  # every fault in flight lands whole before the check
-
-
-#: The first driver's spare, started by a spare worker before its run came (``warm_worker``).
-_prestarted: Spare | None = None
-
-
-async def warm_worker() -> None:
-    """What a spare worker (``campaigns/worker.py``) does while it waits for its run: start
-    the spare driver its run's first coordinator takes, so that the first attempt, not
-    only the ones after a kill, starts warm (about 0.2 s of every run). It does nothing
-    with any run's state: its ``warm_up`` finds no ``agent.json`` in the temporary
-    directory it is given, and it is taken only if its environment is the launch's."""
-    global _prestarted
-    if enabled_by_env() and _prestarted is None:
-        _prestarted = await prestart(AGENT_ARGV, tempfile.gettempdir(), launch_base_env({}))
-
-
-async def _drop_prestarted() -> None:
-    """A prestarted spare no coordinator took (a run driven whole, a lab error) is ended."""
-    global _prestarted
-    spare, _prestarted = _prestarted, None
-    if spare is not None:
-        await discard(spare)
 
 
 def _workload(session_dir: Path) -> Workload:
@@ -348,9 +320,6 @@ def _fill(record: RunRecord, result: CoordinatorResult, injector: Injector) -> N
         nemesis=[op.to_json() for op in injector.nemesis.history],
         interleaving=injector.realized,
         recovery_sequence=sequence,
-        # Launches that took a spare driver (campaigns/warm.py), the first one included
-        # when the run's worker was a spare (warm_worker).
-        warm_launches=[a.index for a in injector.coordinator.history if a.warm],
     )
 
 
@@ -394,14 +363,9 @@ async def run_one(run: RunSpec) -> RunRecord:
     )
     whole = getattr(scenario, "run_whole", None)
     if whole is not None:  # a scenario with a lab of its own (redrive: a whole cluster)
-        await _drop_prestarted()
         filled: RunRecord = await whole(run, record)
         return filled
-    try:
-        ctx = await _prepare(run, scenario.script(run), schedule)
-    except BaseException:
-        await _drop_prestarted()
-        raise
+    ctx = await _prepare(run, scenario.script(run), schedule)
     try:
         result, injector, facts = await scenario.drive(run, ctx)
         record.extra.update(facts)
@@ -425,7 +389,6 @@ async def run_one(run: RunSpec) -> RunRecord:
         record.outcome = "lab_error"
         record.checks = {"run": {"valid": None, "detail": f"{type(e).__name__}: {e}"}}
     finally:
-        await _drop_prestarted()
         await ctx.placement.delete()
         if record.outcome == "ok":
             # A consistent run's log stays for the report; its Spaces' state (machine
@@ -462,4 +425,4 @@ def exhaustive_schedules(spec: CampaignSpec, work_dir: Path) -> list[Schedule]:
     return exhaustive.schedules(asyncio.run(trace()), spec.seed_base)
 
 
-__all__ = ["POINTS", "RunContext", "exhaustive_schedules", "run_one", "warm_worker"]
+__all__ = ["POINTS", "RunContext", "exhaustive_schedules", "run_one"]

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from durable_spaces.campaigns.warm import Spare, Spares, discard
+from durable_spaces.campaigns.warm import Spares
 from durable_spaces.session_protocol import read_line
 
 #: Not an exit code: what ``Supervisor.supervise`` returns for a driver given up on
@@ -104,7 +104,6 @@ class Supervisor:
         kill: Callable[[str], int | None],
         on_event: Callable[[Attempt, dict[str, Any]], None],
         warm: bool = False,
-        spare: Spare | None = None,
     ) -> None:
         self.argv = list(argv)
         self.drivers_dir = drivers_dir
@@ -115,11 +114,8 @@ class Supervisor:
         self._on_event = on_event
         self._background: set[asyncio.Task[int]] = set()
         self.spares: Spares | None = (
-            Spares(self.argv, drivers_dir.parent, cwd=cwd, emit=emit, spare=spare) if warm else None
+            Spares(self.argv, drivers_dir.parent, cwd=cwd, emit=emit) if warm else None
         )
-        self._unused: asyncio.Future[None] | None = None
-        if spare is not None and not warm:  # prestarted for a coordinator that is cold
-            self._unused = asyncio.ensure_future(discard(spare))
 
     async def spawn(self, launch: Launch, backoff_ms: float) -> Attempt:
         log_path = self.drivers_dir / f"epoch-{launch.epoch}.log"
@@ -159,8 +155,6 @@ class Supervisor:
         """Kill and reap the spare: none outlives the session."""
         if self.spares is not None:
             await self.spares.close()
-        if self._unused is not None:
-            await self._unused
 
     async def supervise(self, a: Attempt) -> int:
         """Until the driver exits (its code) or is abandoned (``EXIT_ABANDONED``)."""

@@ -20,11 +20,6 @@ uses it):
   that dies without closing leaves the spare reading end of file on its socket: it exits
   without having done anything.
 
-A coordinator's first attempt may take a spare started before the coordinator existed
-(``prestart``: a campaign's spare worker starts one while it waits for its run,
-``campaigns/run.py``); it is adopted as if ``refill`` had started it, and taken only if
-its environment matches the launch's, like any spare.
-
 Switched on by default; ``DS_WARM_DRIVERS=0`` (or ``Coordinator(warm=False)``) turns it
 off.
 """
@@ -58,65 +53,10 @@ class Spare:
     sock: socket.socket
     env: dict[str, str]
     watcher: asyncio.Task[None] | None = field(default=None, repr=False)
-    #: Started by ``prestart`` for a launch environment foreseen, not seen.
-    prestarted: bool = False
-
-
-async def _spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | Path | None) -> Spare:
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            env=dict(env),
-            cwd=cwd,
-            stdin=theirs.fileno(),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-            start_new_session=True,
-            limit=1 << 20,
-        )
-    except BaseException:
-        ours.close()
-        raise
-    finally:
-        theirs.close()
-    return Spare(proc, ours, dict(env))
-
-
-async def prestart(
-    argv: Sequence[str],
-    state_dir: str | os.PathLike[str],
-    launch_env: Mapping[str, str],
-    *,
-    cwd: str | Path | None = None,
-) -> Spare | None:
-    """A spare for a coordinator not made yet (``Spares(..., spare=)`` adopts it): for
-    driver ``argv``, launches with ``launch_env``; ``state_dir`` is only where its
-    ``warm_up`` looks. None when ``argv`` cannot be warm or it cannot be started."""
-    spare_argv = wl.spare_argv(argv, state_dir)
-    if spare_argv is None:
-        return None
-    try:
-        spare = await _spawn(spare_argv, wl.spare_env(launch_env), cwd)
-        spare.prestarted = True
-        return spare
-    except OSError:
-        return None
-
-
-async def discard(spare: Spare) -> None:
-    """Kill and reap a spare nobody took."""
-    spare.sock.close()
-    if spare.watcher is not None:
-        spare.watcher.cancel()
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(spare.process.pid, signal.SIGKILL)
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(spare.process.wait(), 10)
 
 
 class Spares:
-    """At most one spare for one coordinator's ``argv`` (``spare``: one prestarted)."""
+    """At most one spare for one coordinator's ``argv``."""
 
     def __init__(
         self,
@@ -125,7 +65,6 @@ class Spares:
         *,
         cwd: str | Path | None,
         emit: Callable[..., None],
-        spare: Spare | None = None,
     ) -> None:
         self.spare_argv = wl.spare_argv(argv, state_dir)
         self.module_argv = list(argv[2:])
@@ -137,12 +76,6 @@ class Spares:
         self._losses = 0
         self._discarding: set[asyncio.Task[None]] = set()
         self.closed = False
-        if spare is not None:
-            self._adopt(spare)
-
-    def _adopt(self, spare: Spare) -> None:
-        spare.watcher = asyncio.create_task(self._watch(spare))
-        self._spare = spare
 
     @property
     def usable(self) -> bool:
@@ -157,11 +90,29 @@ class Spares:
     async def _start(self) -> None:
         try:
             assert self.spare_argv is not None and self._env is not None
-            spare = await _spawn(self.spare_argv, self._env, self.cwd)
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *self.spare_argv,
+                    env=self._env,
+                    cwd=self.cwd,
+                    stdin=theirs.fileno(),
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.DEVNULL,
+                    start_new_session=True,
+                    limit=1 << 20,
+                )
+            except BaseException:
+                ours.close()
+                raise
+            finally:
+                theirs.close()
+            spare = Spare(proc, ours, dict(self._env))
             if self.closed:
-                await discard(spare)
+                await self._discard(spare)
                 return
-            self._adopt(spare)
+            spare.watcher = asyncio.create_task(self._watch(spare))
+            self._spare = spare
         except Exception as e:  # cannot start one: this attempt and the next are cold
             self._losses += 1
             self._emit("warm_lost", 0, error=f"{type(e).__name__}: {e}")
@@ -190,10 +141,7 @@ class Spares:
         if spare is None or spare.process.returncode is not None:
             return None
         if wl.cold_reason(spare.env, env) is not None:
-            if spare.prestarted:  # foreseen wrongly: one like this launch replaces it
-                self._spare = None
-                self._discard_later(spare)
-            return None  # else keep the spare for launches it can take
+            return None  # keep the spare for launches it can take
         try:
             wl.send(spare.sock, wl.encode(epoch, self.module_argv, env), stderr.fileno())
         except (OSError, ValueError):
@@ -211,12 +159,18 @@ class Spares:
         self._emit("warm_off", 0, reason=why)
         spare, self._spare = self._spare, None
         if spare is not None:
-            self._discard_later(spare)
+            task = asyncio.create_task(self._discard(spare))
+            self._discarding.add(task)
+            task.add_done_callback(self._discarding.discard)
 
-    def _discard_later(self, spare: Spare) -> None:
-        task = asyncio.create_task(discard(spare))
-        self._discarding.add(task)
-        task.add_done_callback(self._discarding.discard)
+    async def _discard(self, spare: Spare) -> None:
+        spare.sock.close()
+        if spare.watcher is not None:
+            spare.watcher.cancel()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(spare.process.pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(spare.process.wait(), 10)
 
     async def close(self) -> None:
         """Kill and reap the spare (and one being started)."""
@@ -226,6 +180,6 @@ class Spares:
                 await asyncio.shield(self._starting)
         spare, self._spare = self._spare, None
         if spare is not None:
-            await discard(spare)
+            await self._discard(spare)
         if self._discarding:
             await asyncio.gather(*self._discarding, return_exceptions=True)

@@ -60,14 +60,6 @@ def error_record(spec: RunSpec, detail: str, duration_s: float = 0.0) -> RunReco
     )
 
 
-def _finished(ref: str, out: Any, t0: float) -> RunRecord:
-    if not isinstance(out, RunRecord):
-        raise TypeError(f"{ref} returned {type(out).__name__}, not a RunRecord")
-    if not out.duration_s:
-        out.duration_s = time.monotonic() - t0
-    return out
-
-
 def execute(ref: str, spec: RunSpec) -> RunRecord:
     """Run ``spec`` through ``ref`` in this process; never raises for the run's sake."""
     failpoints.arm("")  # the worker itself is never a kill target
@@ -80,34 +72,21 @@ def execute(ref: str, spec: RunSpec) -> RunRecord:
                 return await out
 
             out = asyncio.run(wait())
-        return _finished(ref, out, t0)
+        if not isinstance(out, RunRecord):
+            raise TypeError(f"{ref} returned {type(out).__name__}, not a RunRecord")
+        rec = out
     except Exception:
         return error_record(spec, traceback.format_exc(), time.monotonic() - t0)
+    if not rec.duration_s:
+        rec.duration_s = time.monotonic() - t0
+    return rec
 
 
-async def execute_in_loop(ref: str, spec: RunSpec) -> RunRecord:
-    """``execute`` in the running event loop (a spare worker's: see ``_spare``)."""
-    failpoints.arm("")
-    t0 = time.monotonic()
-    try:
-        out = resolve(ref)(spec)
-        if inspect.isawaitable(out):
-            out = await out
-        return _finished(ref, out, t0)
-    except Exception:
-        return error_record(spec, traceback.format_exc(), time.monotonic() - t0)
-
-
-def _save(rec: RunRecord, out_path: str) -> None:
-    out = Path(out_path)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(rec.to_json(), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, out)
-
-
-def _launch(raw: bytes) -> tuple[str, str] | int:
-    """A spare's launch line taken: stdout and stderr to the run's log, stdin
-    ``/dev/null``; the spec and record paths, or the exit code (end of file: 0)."""
+def _spare(ref: str) -> int:
+    """Import ``ref``'s module, then wait for the run (see the module doc)."""
+    with contextlib.suppress(Exception):  # a failure comes again in execute(), recorded
+        resolve(ref)
+    raw = sys.stdin.buffer.readline()
     if not raw:
         return 0  # the runner closed its spares: never launched
     try:
@@ -127,34 +106,7 @@ def _launch(raw: bytes) -> tuple[str, str] | int:
     os.close(fd)
     os.close(null)
     print("campaign worker: warm", file=sys.stderr, flush=True)
-    return spec_path, out_path
-
-
-def _spare(ref: str) -> int:
-    """Import ``ref``'s module, then wait for the run (see the module doc). A module with
-    an ``async def warm_worker()`` gets its event loop now: ``warm_worker`` runs in it
-    while the spare waits, and so does the run, so that what it started (the run's first
-    spare driver, ``campaigns/run.py``) belongs to the run's loop."""
-    warm = None
-    with contextlib.suppress(Exception):  # a failure comes again in execute(), recorded
-        resolve(ref)
-        warm = getattr(sys.modules[ref.partition(":")[0]], "warm_worker", None)
-    if warm is None or not inspect.iscoroutinefunction(warm):
-        got = _launch(sys.stdin.buffer.readline())
-        return got if isinstance(got, int) else main([ref, *got])
-
-    async def in_loop() -> int:
-        with contextlib.suppress(Exception):  # best effort: without it the run starts cold
-            await warm()
-        got = _launch(await asyncio.to_thread(sys.stdin.buffer.readline))
-        if isinstance(got, int):
-            return got
-        spec_path, out_path = got
-        spec = RunSpec.from_json(json.loads(Path(spec_path).read_text()))
-        _save(await execute_in_loop(ref, spec), out_path)
-        return 0
-
-    return asyncio.run(in_loop())
+    return main([ref, spec_path, out_path])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,7 +115,11 @@ def main(argv: list[str] | None = None) -> int:
         return _spare(args[1])
     ref, spec_path, out_path = args
     spec = RunSpec.from_json(json.loads(Path(spec_path).read_text()))
-    _save(execute(ref, spec), out_path)
+    rec = execute(ref, spec)
+    out = Path(out_path)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(rec.to_json(), indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, out)
     return 0
 
 

@@ -21,9 +21,8 @@ import psutil
 import pytest
 from toy_driver import launches
 
-from durable_spaces.campaigns.coordinator import Coordinator, Launch, launch_base_env
-from durable_spaces.campaigns.warm import Spare as Spare_
-from durable_spaces.campaigns.warm import Spares, prestart
+from durable_spaces.campaigns.coordinator import Coordinator, Launch
+from durable_spaces.campaigns.warm import Spares
 from durable_spaces.session_protocol import driver_environment
 from durable_spaces.warm_launch import WARM_MODULE, encode
 
@@ -428,34 +427,3 @@ async def test_a_warm_driver_that_never_speaks_turns_spares_off(tmp_path: Path) 
     assert [a.warm for a in c.history] == [False, True, False]
     assert r.exit_codes == [1, -signal.SIGKILL, 0] and r.stalls == 1
     assert [e["event"] for e in r.events].count("warm_off") == 1
-
-
-# --- a spare started before its coordinator (a campaign's spare worker) --------------------
-
-
-async def _prestarted(tmp_path: Path, env: dict[str, str]) -> Spare_:
-    spare = await prestart(TOY_M, tmp_path, launch_base_env(env))
-    assert spare is not None and spare.prestarted
-    return spare
-
-
-async def test_a_prestarted_spare_takes_the_first_attempt(tmp_path: Path) -> None:
-    plan = {"default": "done"}
-    env = {"TOY_PLAN": json.dumps(plan), **PATH_ENV}
-    spare = await _prestarted(tmp_path / "pre", env)
-    c = coord(tmp_path / "run", plan, spare=spare)
-    r = await c.run()
-    assert r.status == "done"
-    assert [(a.warm, a.pid) for a in c.history] == [(True, spare.process.pid)]
-
-
-async def test_a_prestarted_spare_foreseen_wrongly_is_replaced(tmp_path: Path) -> None:
-    plan = {"1": "crash", "default": "done"}
-    spare = await _prestarted(tmp_path / "pre", {"TOY_PLAN": "another plan", **PATH_ENV})
-    c = coord(tmp_path / "run", plan, spare=spare)
-    r = await c.run()
-    assert r.status == "done"
-    # the first attempt cold, the second on a spare started for launches like the first
-    assert [a.warm for a in c.history] == [False, True]
-    assert spare.process.returncode is not None  # ended, not kept beside the new one
-    assert spare.process.pid not in [a.pid for a in c.history]

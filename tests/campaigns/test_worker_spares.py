@@ -1,12 +1,11 @@
-"""Spare campaign workers (campaigns/worker_spares.py, worker.py --spare) and the first
-spare driver a spare worker starts (campaigns/run.py warm_worker): real processes."""
+"""Spare campaign workers (campaigns/worker_spares.py, worker.py --spare): real
+processes."""
 
 from __future__ import annotations
 
 import asyncio
 import io
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -75,22 +74,6 @@ def test_the_runner_hands_runs_to_spares(
     assert warm_runs == ([p.name for p in logs] if warm == "1" else [])
     left = [p.pid for p in psutil.Process().children(recursive=True) if "--spare" in p.cmdline()]
     assert left == [], "a spare worker outlived its campaign"
-
-
-def test_first_attempts_take_the_spare_a_spare_worker_started(tmp_path: Path) -> None:
-    if os.environ.get("DS_WARM_DRIVERS", "1") == "0":
-        pytest.skip("DS_WARM_DRIVERS=0 in this environment: warm drivers are off")
-    spec = CampaignSpec(
-        mode="transactional", backend="local", seed_base="sw3", runs=3, calls=3, jobs=1,
-        profile="calm",
-    )  # fmt: skip
-    res = run_campaign(
-        spec, "durable_spaces.campaigns.run:run_one", out_dir=tmp_path,
-        stdout=io.StringIO(), progress=False,
-    )  # fmt: skip
-    assert res.exit_code == 0, res.summary_line
-    for rec in res.records:
-        assert rec.extra["warm_launches"][:1] == [0], (rec.run_id, rec.extra["warm_launches"])
 
 
 def test_closing_ends_the_spares_nobody_took() -> None:
