@@ -2,7 +2,9 @@
 
 Each run is a worker process of its own (``campaigns.worker``), at most ``jobs`` at a
 time, with its own state directory under ``<out>/state/<run_id>``; a run that exceeds
-``run_timeout_s`` is killed and recorded as ``lab_error``. Layout of ``out_dir``::
+``run_timeout_s`` is killed and recorded as ``lab_error``; each run's process is started
+before the run, a spare (``campaigns/worker_spares.py``), unless ``DS_WARM_WORKERS=0``.
+Layout of ``out_dir``::
 
     campaign.json         the spec, the run_one reference, times, the SUMMARY line
     runs/<run_id>.json    one RunRecord per run (what reports read)
@@ -32,7 +34,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -48,6 +50,7 @@ from durable_spaces.campaigns.shrink import ShrinkResult, shrink
 from durable_spaces.campaigns.spec import MAX_JOBS, CampaignSpec, RunSpec
 from durable_spaces.campaigns.summary import Summary, scenario_fields
 from durable_spaces.campaigns.worker import error_record
+from durable_spaces.campaigns.worker_spares import WorkerSpares, enabled_by_env
 from durable_spaces.chaos.schedule import Schedule
 from durable_spaces.errors import ConfigError
 
@@ -133,6 +136,23 @@ class _Runs:
         self.out = out_dir
         self.timeout = run_timeout_s
         self.env = _worker_env()
+        #: Spare workers (``campaigns/worker_spares.py``) while ``warm()`` is open.
+        self.spares: WorkerSpares | None = None
+
+    @contextlib.asynccontextmanager
+    async def warm(self, jobs: int, runs: int) -> AsyncIterator[None]:
+        """Keep ``jobs`` spare workers for the ``runs`` runs started inside (one event
+        loop)."""
+        if not enabled_by_env() or jobs < 1:
+            yield
+            return
+        self.spares = WorkerSpares(self.ref, self.env, jobs, runs)
+        self.spares.fill()
+        try:
+            yield
+        finally:
+            spares, self.spares = self.spares, None
+            await spares.close()
 
     def _paths(self, spec: RunSpec, tag: str) -> tuple[Path, Path, Path]:
         work = self.out / "work"
@@ -150,12 +170,16 @@ class _Runs:
         Path(spec.state_dir).mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         with open(log_path, "ab") as log:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "durable_spaces.campaigns.worker",
-                self.ref, str(spec_path), str(rec_path),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                env=self.env, start_new_session=True,
-            )  # fmt: skip
+            proc = None
+            if self.spares is not None:
+                proc = await self.spares.take(spec_path, rec_path, log_path)
+            if proc is None:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "durable_spaces.campaigns.worker",
+                    self.ref, str(spec_path), str(rec_path),
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                    env=self.env, start_new_session=True,
+                )  # fmt: skip
             try:
                 code = await asyncio.wait_for(proc.wait(), self.timeout)
             except (TimeoutError, asyncio.CancelledError) as e:
@@ -282,7 +306,8 @@ def run_campaign(
                 bar.update(task, advance=1, ok=counts["ok"], failed=counts["failed"])
                 return rec
 
-            return list(await asyncio.gather(*(one(rs) for rs in specs)))
+            async with runs.warm(jobs if executor is None else 0, len(specs)):
+                return list(await asyncio.gather(*(one(rs) for rs in specs)))
 
     records = asyncio.run(all_runs())
     w = stdout if stdout is not None else sys.stdout
@@ -411,7 +436,8 @@ def run_determinism(
             rec.save(out / "runs")
             return rec
 
-        return list(await asyncio.gather(*(one(rs) for pair in pairs for rs in pair)))
+        async with runs.warm(jobs or spec.jobs, 2 * seeds):
+            return list(await asyncio.gather(*(one(rs) for pair in pairs for rs in pair)))
 
     recs = asyncio.run(all_runs())
     result = Determinism(seeds, 0, spec.profile)

@@ -5,11 +5,20 @@ failpoint counters, no event loop) and a run that wedges or dies takes only itse
 Arguments: ``RUN_ONE`` (``module:function``, an async or plain ``RunSpec -> RunRecord``),
 ``SPEC`` (a RunSpec JSON file), ``OUT`` (where the RunRecord JSON goes). A run that
 raises is written as an ``error`` record with the traceback's tail.
+
+A *spare* worker (``python -m durable_spaces.campaigns.worker --spare RUN_ONE``, started
+by the runner before its run exists: ``campaigns/worker_spares.py``) imports
+``RUN_ONE``'s module and waits; one JSON line on stdin, ``{"spec": SPEC, "out": OUT,
+"log": LOG}``, makes it exactly the worker above with stdout and stderr appended to
+``LOG`` (what the runner gives a cold worker). It does nothing else before that line (no
+run's state, no failpoint armed), so runs still share nothing; end of file before the
+line ends it with exit 0, a line it cannot read with exit 2.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
 import json
@@ -73,8 +82,38 @@ def execute(ref: str, spec: RunSpec) -> RunRecord:
     return rec
 
 
+def _spare(ref: str) -> int:
+    """Import ``ref``'s module, then wait for the run (see the module doc)."""
+    with contextlib.suppress(Exception):  # a failure comes again in execute(), recorded
+        resolve(ref)
+    raw = sys.stdin.buffer.readline()
+    if not raw:
+        return 0  # the runner closed its spares: never launched
+    try:
+        msg = json.loads(raw)
+        if not isinstance(msg, dict) or set(msg) != {"spec", "out", "log"}:
+            raise ValueError("expected exactly the keys spec, out, log")
+        spec_path, out_path, log_path = (str(msg[k]) for k in ("spec", "out", "log"))
+    except ValueError as e:
+        print(f"campaign worker: bad launch line: {e}", file=sys.stderr)
+        return 2
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for src, dst in ((fd, 1), (fd, 2), (null, 0)):
+        os.dup2(src, dst)
+    os.close(fd)
+    os.close(null)
+    print("campaign worker: warm", file=sys.stderr, flush=True)
+    return main([ref, spec_path, out_path])
+
+
 def main(argv: list[str] | None = None) -> int:
-    ref, spec_path, out_path = argv if argv is not None else sys.argv[1:]
+    args = argv if argv is not None else sys.argv[1:]
+    if len(args) == 2 and args[0] == "--spare":
+        return _spare(args[1])
+    ref, spec_path, out_path = args
     spec = RunSpec.from_json(json.loads(Path(spec_path).read_text()))
     rec = execute(ref, spec)
     out = Path(out_path)
