@@ -382,8 +382,8 @@ async def main(argv: Sequence[str] | None = None) -> int:
     t_start = time.monotonic()
     try:
         for name in args.backends.split(","):
-            if (why := unavailable_reason(name)) is not None:
-                print(f"SKIP backend={name} reason={why}", flush=True)
+            if (reason := unavailable_reason(name)) is not None:
+                print(f"SKIP backend={name} reason={reason}", flush=True)
                 continue
             await bench_backend(name, base, args)
     finally:

@@ -22,6 +22,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from durable_spaces.campaigns.summary import percentile
 from durable_spaces.cluster.lab import Cluster, wait_for
@@ -53,20 +54,23 @@ def replacements(c: Cluster, losses: int) -> tuple[list[float], list[float]]:
         name = f"lost{i}"
         c.submit(name, f"sp-{name}", name, calls=8)
         c.wait_first_step(name, 1)
-        wait_for("a result", lambda n=name: len(c.history(n).results) >= 1)
+        def has_result(n: str = name) -> bool:
+            return len(c.history(n).results) >= 1
+
+        wait_for("a result", has_result)
         holder = c.store.space(f"sp-{name}").host_id
         assert holder is not None
         t0 = time.time() * 1000
         c.lose(holder)
-        ev = wait_for(
-            "the new placement",
-            lambda n=name: [e for e in c.events("space_placed") if e.space == f"sp-{n}"][1:],
-        )[0]
+        def placements(n: str = name) -> list[Any]:
+            return [e for e in c.events("space_placed") if e.space == f"sp-{n}"][1:]
+
+        ev = wait_for("the new placement", placements)[0]
         placed.append(ev.at.timestamp() * 1000 - t0)
-        steps = wait_for(
-            "the next first step",
-            lambda n=name, ev=ev: [e for e in c.events("driver_first_step", n) if e.at > ev.at],
-        )
+        def first_steps(n: str = name, after: Any = ev.at) -> list[Any]:
+            return [e for e in c.events("driver_first_step", n) if e.at > after]
+
+        steps = wait_for("the next first step", first_steps)
         stepped.append(float(steps[0].detail["unix_ms"]) - t0)
         c.wait_session(name)
         c.host(f"h{len(c.hosts) + 1}")  # keep two hosts up

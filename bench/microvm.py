@@ -91,7 +91,9 @@ async def main() -> None:
         _line("cold boot -> first answer", f"{b.last['boot']:.2f} s", acc)
         _line("restart (sync, kill, cold boot)", f"{boot_total:.2f} s", acc)
 
-        sp = await b.find(name)
+        found = await b.find(name)
+        assert found is not None, f"Space {name} is gone after its restart"
+        sp = found
         pauses: list[float] = []
         sizes: list[float] = []
         calls: list[float] = []
@@ -159,8 +161,9 @@ async def main() -> None:
 async def _adapter_calls(tmp: pathlib.Path, acc: str) -> None:
     """A whole wrapped call through the adapter, checkpoint mode (what auto picks on
     microvm): start mark, the effect, outcome commit, the machine checkpoint, the boot-id
-    check, the checkpoint commit. On local the checkpoint is a workspace tar."""
-    from bench.adapter import bench_one
+    check, the checkpoint commit. On local it is an incremental workspace checkpoint."""
+    from bench.adapter import bench_mode
+    from bench.peers import tree_tar
 
     med: dict[tuple[str, str], tuple[float, float]] = {}
     for name in ("microvm", "local"):
@@ -168,7 +171,10 @@ async def _adapter_calls(tmp: pathlib.Path, acc: str) -> None:
         work = tmp / f"adapter-{name}" / "run"
         work.mkdir(parents=True)
         try:
-            for fig in await bench_one(name, backend, work, "checkpoint", 10, ADAPTER_REPS):
+            figs = await bench_mode(
+                name, backend, work, "checkpoint", 10, tree_tar(10), ("bash", "write"), ADAPTER_REPS
+            )
+            for fig in figs:
                 med[name, fig.tool] = (_med(fig.wrapped), _med(fig.plain))
         finally:
             for sp_name in await backend.names():
