@@ -161,6 +161,17 @@ def test_a_driver_stuck_in_a_stalled_fsync_is_taken_over_and_fenced(tmp_path: Pa
     assert _stall_ops(again)[0]["value"]["taken_over"] is True
 
 
+#: What a driver running on beside its successor leaves for the checker to name.
+_STALE_DRIVER_ANOMALIES = {
+    "stale_commit",
+    "unexpected_call",
+    "lost_effect",
+    "duplicate_effect",
+    "stale_write",
+    "two_drivers_one_epoch",
+}
+
+
 @needs_fuse
 @pytest.mark.slow
 def test_broken_fences_are_caught_by_a_disk_stall_alone(
@@ -179,7 +190,9 @@ def test_broken_fences_are_caught_by_a_disk_stall_alone(
     (op,) = _stall_ops(rec)
     assert op["value"]["taken_over"] is True
     found = {a["name"] for v in rec.checks.values() for a in v.get("anomalies") or ()}
-    assert "stale_commit" in found, rec.checks
+    # which of the stale driver's traces the checker sees first is the race itself: its
+    # commit beside the successor's, or the calls and effects that commit made wrong
+    assert found & _STALE_DRIVER_ANOMALIES, rec.checks
 
 
 @needs_fuse
