@@ -22,7 +22,7 @@ import pytest
 from durable_spaces.backends.local.backend import LocalBackend, LocalSpace
 from durable_spaces.backends.local.forkserver import MARK, META, SOCK, request
 from durable_spaces.backends.local.forkserver_client import FAILPOINTS_ENV, version
-from durable_spaces.errors import StaleEpochError
+from durable_spaces.errors import ConfigError, StaleEpochError
 from durable_spaces.space import ExecState
 from tests.backends import test_local
 
@@ -303,3 +303,25 @@ async def test_an_idle_server_retires_under_the_lock_and_comes_back(
     assert not (_d(space) / META).exists() and not (_d(space) / SOCK).exists()
     assert (await space.exec(["sh", "-c", "echo back"], key=None, epoch=1)).output == b"back\n"
     assert _server(space).pid != server.pid
+
+
+@pytest.mark.parametrize(
+    ("knob", "value"),
+    [
+        ("DS_LOCAL_FORKSERVER", "yes"),
+        ("DS_LOCAL_FORKSERVER", ""),
+        ("DS_LOCAL_FORKSERVER_IDLE", "soon"),
+        ("DS_LOCAL_FORKSERVER_IDLE", "nan"),
+        ("DS_LOCAL_FORKSERVER_IDLE", "-1"),
+        ("DS_LOCAL_FORKSERVER_IDLE", "inf"),
+    ],
+)
+async def test_a_malformed_knob_fails_the_open_naming_it(
+    space: LocalSpace, monkeypatch: pytest.MonkeyPatch, knob: str, value: str
+) -> None:
+    """A malformed environment is an error that names the variable, raised when the Space
+    is opened (before any key is written to its ledger), not a silent default."""
+    with monkeypatch.context() as mp, pytest.raises(ConfigError, match=knob):
+        mp.setenv(knob, value)
+        LocalSpace(space.name, _d(space), space.instance_id)
+    assert not (_d(space) / META).exists()

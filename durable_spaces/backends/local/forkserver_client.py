@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import select
 import socket
@@ -38,12 +39,14 @@ from durable_spaces.backends.local.disk import read_json, write_atomic
 from durable_spaces.backends.local.forkserver import LOG, MARK, META, SOCK, peer, request
 from durable_spaces.backends.local.procs import alive, dead, track
 from durable_spaces.chaos.failpoints import hit
+from durable_spaces.errors import ConfigError
 
 ENV_KNOB = "DS_LOCAL_FORKSERVER"
 #: Failpoints armed in the server itself (its ``DS_FAILPOINTS``), for tests.
 FAILPOINTS_ENV = "DS_LOCAL_FORKSERVER_FAILPOINTS"
 #: Seconds a server waits for requests before it exits (``DS_LOCAL_FORKSERVER_IDLE``).
 IDLE = 30.0
+IDLE_ENV = "DS_LOCAL_FORKSERVER_IDLE"
 START_TIMEOUT = 10.0
 REPLY_TIMEOUT = 5.0
 RETRY_AFTER = 10.0
@@ -66,7 +69,26 @@ def version() -> str:
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV_KNOB, "1") != "0"
+    """``DS_LOCAL_FORKSERVER``: unset or ``1`` on, ``0`` off; anything else is a mistake
+    the caller should hear of (``ConfigError``), not a silent choice."""
+    value = os.environ.get(ENV_KNOB, "1").strip()
+    if value not in ("0", "1"):
+        raise ConfigError(f"{ENV_KNOB}={value!r}: 0 (off) or 1 (on)")
+    return value == "1"
+
+
+def idle_seconds() -> float:
+    """``DS_LOCAL_FORKSERVER_IDLE``: a number of seconds in (0, 86400]."""
+    raw = os.environ.get(IDLE_ENV)
+    if raw is None:
+        return IDLE
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 86400:  # NaN fails too
+        raise ConfigError(f"{IDLE_ENV}={raw!r}: seconds, more than 0 and at most 86400")
+    return value
 
 
 @dataclass
@@ -93,6 +115,7 @@ class ForkServer:
         self._d = d
         self._instance = instance
         self._retry_at = 0.0
+        enabled(), idle_seconds()  # a malformed knob fails the Space's open, not a spawn
 
     def fork(self, cmd_dir: Path) -> Forked | None:
         """A supervisor for ``cmd_dir``, or None (start one directly). Under the lock."""
@@ -168,10 +191,7 @@ class ForkServer:
             env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
         if FAILPOINTS_ENV in os.environ:
             env["DS_FAILPOINTS"] = os.environ[FAILPOINTS_ENV]
-        try:
-            idle = str(float(os.environ.get("DS_LOCAL_FORKSERVER_IDLE", IDLE)))
-        except ValueError:
-            idle = str(IDLE)
+        idle = str(idle_seconds())
         argv = [sys.executable, "-I", "-S", _SERVER, str(self._d), self._instance, version(), idle]
         try:
             with open(self._d / LOG, "ab") as log:
