@@ -9,12 +9,12 @@ does not read it.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from durable_spaces.adapter.checkpoint_id import optional
 from durable_spaces.errors import BadCheckpointIdError, PermanentFailure
+from durable_spaces.harness.state import json_copy
 
 if TYPE_CHECKING:
     from durable_spaces.adapter.image_log import ImageUpdate
@@ -93,7 +93,7 @@ class SpaceState:
         if not d:
             return SpaceState()
         try:
-            d = copy.deepcopy(d)
+            d = json_copy(d)
             calls = {k: CallRecord.from_json(v) for k, v in (d.pop("calls", None) or {}).items()}
             state = SpaceState(**d, calls=calls)
         except BadCheckpointIdError:

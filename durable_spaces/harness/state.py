@@ -9,12 +9,23 @@ from its counters, so they are in the log). The harness's scheduling lives elsew
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from durable_spaces.harness.log import Op
+
+
+def json_copy(value: Any) -> Any:
+    """A copy of a JSON value (what a document holds: it went through the log's JSON),
+    sharing only immutable leaves: ~3x faster than ``copy.deepcopy``, which a call paid
+    several times for each document it read."""
+    t = type(value)
+    if t is dict:
+        return {k: json_copy(v) for k, v in value.items()}
+    if t is list or t is tuple:
+        return t(json_copy(v) for v in value)
+    return value
 
 
 @dataclass(frozen=True)
@@ -248,7 +259,7 @@ class LogState:
             versions = [v for v in versions if v[0] <= at]
         if not versions:
             return default
-        return copy.deepcopy(versions[-1][1]) if copy_value else versions[-1][1]
+        return json_copy(versions[-1][1]) if copy_value else versions[-1][1]
 
     def rewindable_at(self, cid: str, entry: Entry) -> list[str]:
         c = self.convs[cid]

@@ -95,3 +95,20 @@ async def test_a_commit_is_all_or_nothing() -> None:
         await root.commit(bad)
     assert root.entries() == []
     assert len(st.load()) == 1  # only the root's creation
+
+
+async def test_a_read_document_is_a_copy_at_every_depth() -> None:
+    """What a reader changes in a document it read never reaches the committed state
+    (documents are copied by ``json_copy``, not ``copy.deepcopy``: nested dicts and
+    lists, inside tuples too, must still be new objects)."""
+    st = MemoryStorage()
+    _, root = await _root(st)
+    value = {"a": {"b": [1, {"c": 2}]}, "t": ({"d": [3]},)}
+    await root.commit(lambda tx: tx.put_document(root.id, "deep", value))
+    got = root.document("deep")
+    got["a"]["b"][1]["c"] = 99
+    got["a"]["b"].append(4)
+    got["t"][0]["d"].append(5)
+    again = root.document("deep")
+    assert again["a"] == {"b": [1, {"c": 2}]}
+    assert again["t"][0] == {"d": [3]}

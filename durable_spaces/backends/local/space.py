@@ -461,8 +461,22 @@ class LocalSpace:
         assert table is not None  # a local scan always walks this host
         return table
 
+    def _small_scan(self, root: str, exclude: list[str]) -> PathTable | None:
+        """The journal's answer right here when it is small work (``JournaledScanner.
+        small``: a few lstats and hashes cost less than the hand-off to a worker thread)
+        and no worker thread holds the scanner; else None."""
+        if not self._scan_lock.acquire(blocking=False):
+            return None
+        try:
+            return self._scanner.small(root, exclude)
+        finally:
+            self._scan_lock.release()
+
     async def scan(self, root: str = ".", exclude: Sequence[str] = ()) -> PathTable:
         self._check()
+        table = self._small_scan(root, list(exclude))
+        if table is not None:
+            return table
         return await asyncio.to_thread(self._scan_sync, root, list(exclude))
 
     async def host_boot_id(self) -> str | None:
