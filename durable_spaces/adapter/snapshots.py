@@ -169,13 +169,14 @@ class WorkspaceSnapshots:
         present = None
         if await self.taker.is_host(space, epoch):
             garbage = host_garbage(copy_dir(space), keep, needed)
-            if garbage is not None and garbage[0] < self.backlog and (
-                garbage[1] < self.backlog_bytes
-            ):
+            if garbage is not None and not self._due(*garbage):
                 return []
             if needed is not None:
                 present = host_blobs(copy_dir(space))
         return await space_copy.prune(space, copy_dir(space), keep, needed, epoch, present)
+
+    def _due(self, count: int, size: int) -> bool:
+        return count >= self.backlog or size >= self.backlog_bytes
 
     # --- reading and restoring ------------------------------------------------------------
 
