@@ -36,6 +36,7 @@ from durable_spaces.adapter import manifest as mf
 from durable_spaces.adapter import space_copy
 from durable_spaces.adapter.checkpoint_id import CheckpointId
 from durable_spaces.adapter.checkpoint_store import Batch, CheckpointStore, DirectoryCheckpointStore
+from durable_spaces.adapter.copy_watch import BlobNames
 from durable_spaces.adapter.image import blob_id
 from durable_spaces.adapter.workspace_tree import (
     FETCH_ARGV,
@@ -64,6 +65,7 @@ class Seen:
     files: dict[str, tuple[Node, str]] = field(default_factory=dict)  # path -> (node, sha)
     generation: int | None = None  # of the store, when ``files`` was filled
     since_ns: int | None = None  # commands: the clock of the last listing, less RACY_NS
+    copy_blobs: BlobNames = field(default_factory=BlobNames)  # host: the copy's blobs
 
 
 def copy_dir(space: Space) -> str:
@@ -141,12 +143,17 @@ class Taker:
 
     def forget(self, space: Space) -> None:
         """After a restore: the workspace's files are all new."""
-        self.seen.pop((space.name, space.instance_id), None)
+        gone = self.seen.pop((space.name, space.instance_id), None)
+        if gone is not None:
+            gone.copy_blobs.close()
 
     def _seen(self, space: Space) -> Seen:
         key = (space.name, space.instance_id)
         if key not in self.seen:
-            self.seen = {k: v for k, v in self.seen.items() if k[0] != space.name}
+            for k, v in list(self.seen.items()):
+                if k[0] == space.name:  # an older instance of the Space
+                    v.copy_blobs.close()
+                    del self.seen[k]
             self.seen[key] = Seen()
         return self.seen[key]
 
@@ -205,19 +212,29 @@ class Taker:
 
             listing = walk_host(space.root, want, take)
             m = self.builder.build(listing, lambda p: (fresh.get(p) or seen.files[p])[1])
-            self._heal_host(space, m, cb, sb)
+            need = mf.blobs(m)
+            self._heal_host(space, m, need, seen.copy_blobs.names(cb.blobs_fd) | cb.added, cb, sb)
             data = self.encoder.encode(m)
             cid = CheckpointId.for_manifest(call_id, data)
             if sb is not None:
                 sb.manifest(cid, data)
             cb.manifest(cid, data)
         self._remember(seen, listing, {**seen.files, **fresh})
-        self.needs[cid] = frozenset(mf.blobs(m))
+        self.needs[cid] = frozenset(need)
         return cid
 
-    def _heal_host(self, space: Space, m: mf.Manifest, cb: Batch, sb: Batch | None) -> None:
-        """Put back blobs the manifest needs that the Space's copy lost."""
-        missing = mf.blobs(m) - cb.present()
+    def _heal_host(
+        self,
+        space: Space,
+        m: mf.Manifest,
+        need: set[str],
+        present: set[str],
+        cb: Batch,
+        sb: Batch | None,
+    ) -> None:
+        """Put back blobs the manifest needs (``need``) that the Space's copy lost: not
+        ``present`` there (``copy_watch``) nor added by this batch."""
+        missing = need - present
         for path, e in m.items():
             if e.kind != mf.FILE or e.ref not in missing:
                 continue
