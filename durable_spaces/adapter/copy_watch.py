@@ -21,6 +21,9 @@ Soundness, point by point (the directory is listed again whenever one fails):
   (``host_mounts``): a network or FUSE filesystem changes where this kernel raises no
   event. Anything else, or no inotify instance to be had (the per-user limit), is a
   listing every time, as before.
+- **Few instances:** at most ``MAX_WATCHED`` per process (inotify instances are few per
+  user, 128 by default, and the workspaces' change journals need theirs); past that a
+  copy is listed every time.
 - **Names only**, as the listing was: what a file at a blob's name holds is not watched;
   every restore checks each blob against its name anyway.
 """
@@ -30,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import threading
 
 from inotify_simple import INotify
 from inotify_simple import flags as F
@@ -37,6 +41,10 @@ from inotify_simple import flags as F
 from durable_spaces.host_mounts import mount_problem
 
 _SHA = re.compile(r"[0-9a-f]{64}")
+#: Copies one process watches at once (module doc); the others are listed every time.
+MAX_WATCHED = 8
+_live = 0
+_live_lock = threading.Lock()
 _MASK = (
     F.CREATE | F.DELETE | F.MOVED_FROM | F.MOVED_TO | F.DELETE_SELF | F.MOVE_SELF | F.ONLYDIR
 )  # fmt: skip
@@ -86,16 +94,29 @@ class BlobNames:
         if why is not None:
             self._refused = key
             return
+        global _live
+        with _live_lock:
+            if _live >= MAX_WATCHED:
+                return
+            _live += 1
         try:
             ino = INotify()
         except OSError:  # the per-user limit of instances: list every time
+            self._release()
             return
         try:
             ino.add_watch(f"/proc/self/fd/{bfd}", _MASK)
         except OSError:
             ino.close()
+            self._release()
             return
         self._inotify, self._key = ino, key
+
+    @staticmethod
+    def _release() -> None:
+        global _live
+        with _live_lock:
+            _live -= 1
 
     def _drain(self) -> bool:
         """Apply every queued event; False when the names can no longer be vouched for."""
@@ -119,4 +140,11 @@ class BlobNames:
         if self._inotify is not None:
             with contextlib.suppress(OSError):
                 self._inotify.close()
+            self._release()
         self._inotify, self._key = None, None
+
+    def __del__(self) -> None:
+        # A Seen dropped without ``forget``: its instance back to the pool (whatever
+        # is left of the module at interpreter exit).
+        with contextlib.suppress(Exception):
+            self.close()

@@ -6,8 +6,10 @@ directory or the copy replaced) is still put back by the next checkpoint, as a l
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
+from durable_spaces.adapter import copy_watch
 from durable_spaces.adapter import manifest as mf
 from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
 from durable_spaces.backends import open_backend
@@ -62,3 +64,32 @@ async def test_blobs_an_agent_removes_from_the_copy_are_put_back_without_a_listi
         for name in await b.names():
             await b.delete(name)
         await b.close()
+
+
+def test_a_process_watches_few_copies_and_lists_the_others(tmp_path: Path) -> None:
+    """Past ``MAX_WATCHED`` watched copies a copy is listed on every call (its names
+    still right); one closed gives its instance to the next."""
+    n = copy_watch.MAX_WATCHED + 1
+    dirs = [tmp_path / f"c{i}" for i in range(n)]
+    fds = []
+    for d in dirs:
+        d.mkdir()
+        (d / ("a" * 64)).write_bytes(b"x")
+        fds.append(os.open(d, os.O_RDONLY | os.O_DIRECTORY))
+    watches = [copy_watch.BlobNames() for _ in dirs]
+    try:
+        for _ in range(3):
+            for w, fd in zip(watches, fds, strict=True):
+                assert w.names(fd) == {"a" * 64}
+        assert [w.listed for w in watches] == [1] * (n - 1) + [3]
+        (dirs[-1] / ("b" * 64)).write_bytes(b"y")
+        assert watches[-1].names(fds[-1]) == {"a" * 64, "b" * 64}
+        watches[0].close()
+        watches[-1].names(fds[-1])  # watched now
+        watches[-1].names(fds[-1])
+        assert watches[-1].listed == 5
+    finally:
+        for w in watches:
+            w.close()
+        for fd in fds:
+            os.close(fd)
