@@ -41,7 +41,7 @@ TIMED = (
     # finer parts, printed as ``more=``
     ("durable_spaces.adapter.incremental", "Taker._host_sync", "host_sync"),
     ("durable_spaces.adapter.incremental", "Taker._heal_host", "heal"),
-    ("durable_spaces.adapter.incremental", "build", "manifest"),
+    ("durable_spaces.adapter.incremental", "Builder.build", "manifest"),
     ("durable_spaces.adapter.manifest", "encode", "encode"),
     ("durable_spaces.adapter.manifest", "Encoder.encode", "encode"),
     ("durable_spaces.adapter.checkpointing", "CheckpointKeeper.prune", "prune"),

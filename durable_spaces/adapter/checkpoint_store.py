@@ -111,6 +111,11 @@ class Batch:
             return False
         return stat.S_ISREG(st.st_mode) and st.st_size == size
 
+    @property
+    def blobs_fd(self) -> int:
+        """The open blobs directory (for a watch of its names, ``copy_watch``)."""
+        return self._bfd
+
     def present(self) -> set[str]:
         """Every blob name in the directory (one listing)."""
         return {n for n in os.listdir(self._bfd) if _SHA.fullmatch(n)} | self.added

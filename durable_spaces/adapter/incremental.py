@@ -36,6 +36,7 @@ from durable_spaces.adapter import manifest as mf
 from durable_spaces.adapter import space_copy
 from durable_spaces.adapter.checkpoint_id import CheckpointId
 from durable_spaces.adapter.checkpoint_store import Batch, CheckpointStore, DirectoryCheckpointStore
+from durable_spaces.adapter.copy_watch import BlobNames
 from durable_spaces.adapter.image import blob_id
 from durable_spaces.adapter.workspace_tree import (
     FETCH_ARGV,
@@ -56,7 +57,6 @@ from durable_spaces.space import Space
 ATTEMPTS = 3
 
 
-
 @dataclass
 class Seen:
     """What this process knows of one Space instance's workspace."""
@@ -65,6 +65,7 @@ class Seen:
     files: dict[str, tuple[Node, str]] = field(default_factory=dict)  # path -> (node, sha)
     generation: int | None = None  # of the store, when ``files`` was filled
     since_ns: int | None = None  # commands: the clock of the last listing, less RACY_NS
+    copy_blobs: BlobNames = field(default_factory=BlobNames)  # host: the copy's blobs
 
 
 def copy_dir(space: Space) -> str:
@@ -75,22 +76,54 @@ def copy_dir(space: Space) -> str:
 def build(listing: Listing, sha: Callable[[str], str]) -> mf.Manifest:
     """The manifest of ``listing``; ``sha(path)`` gives a file's blob. Paths sharing an
     inode become hard links of the first of them (in manifest order)."""
-    out: mf.Manifest = {}
-    first: dict[int, str] = {}
-    for path in mf.ordered(listing.nodes):
-        n = listing.nodes[path]
-        if n.kind == mf.FILE:
-            if n.nlink > 1 and n.ino in first:
-                out[path] = mf.Entry(mf.HARDLINK, 0, 0, first[n.ino], 0)
-                continue
-            if n.nlink > 1:
-                first[n.ino] = path
-            out[path] = mf.Entry(mf.FILE, n.mode, n.size, sha(path), n.mtime_ns)
-        elif n.kind == mf.SYMLINK:
-            out[path] = mf.Entry(mf.SYMLINK, 0o777, 0, n.target, n.mtime_ns)
-        else:
-            out[path] = mf.Entry(mf.DIR, n.mode, 0, None, n.mtime_ns)
-    return out
+    return Builder().build(listing, sha)
+
+
+class Builder:
+    """``build``, entry for entry, for a caller that builds one workspace's manifest
+    again and again: the order of the paths is kept while the set of paths stays the
+    same, and each path's entry while its node and blob do (building 1000 entries and
+    sorting their paths was most of a checkpoint's manifest time). A memo of a pure
+    function: what it returns never depends on what it kept."""
+
+    def __init__(self) -> None:
+        self._paths: frozenset[str] = frozenset()
+        self._order: list[str] = []
+        self._entries: dict[str, tuple[Node, str | None, mf.Entry]] = {}
+
+    def build(self, listing: Listing, sha: Callable[[str], str]) -> mf.Manifest:
+        nodes = listing.nodes
+        if nodes.keys() != self._paths:
+            self._paths, self._order = frozenset(nodes), mf.ordered(nodes)
+        known = self._entries
+        kept: dict[str, tuple[Node, str | None, mf.Entry]] = {}
+        out: mf.Manifest = {}
+        first: dict[int, str] = {}
+        for path in self._order:
+            n = nodes[path]
+            ref: str | None = None
+            if n.kind == mf.FILE:
+                if n.nlink > 1:
+                    if n.ino in first:
+                        out[path] = mf.Entry(mf.HARDLINK, 0, 0, first[n.ino], 0)
+                        continue
+                    first[n.ino] = path
+                ref = sha(path)
+            elif n.kind == mf.SYMLINK:
+                ref = n.target
+            k = known.get(path)
+            if k is not None and k[1] == ref and k[0] == n:
+                e = k[2]
+            elif n.kind == mf.FILE:
+                e = mf.Entry(mf.FILE, n.mode, n.size, ref, n.mtime_ns)
+            elif n.kind == mf.SYMLINK:
+                e = mf.Entry(mf.SYMLINK, 0o777, 0, ref, n.mtime_ns)
+            else:
+                e = mf.Entry(mf.DIR, n.mode, 0, None, n.mtime_ns)
+            kept[path] = (n, ref, e)
+            out[path] = e
+        self._entries = kept
+        return out
 
 
 class Taker:
@@ -106,15 +139,21 @@ class Taker:
         #: read back the manifests it wrote itself.
         self.needs: dict[str, frozenset[str]] = {} if needs is None else needs
         self.encoder = mf.Encoder()
+        self.builder = Builder()
 
     def forget(self, space: Space) -> None:
         """After a restore: the workspace's files are all new."""
-        self.seen.pop((space.name, space.instance_id), None)
+        gone = self.seen.pop((space.name, space.instance_id), None)
+        if gone is not None:
+            gone.copy_blobs.close()
 
     def _seen(self, space: Space) -> Seen:
         key = (space.name, space.instance_id)
         if key not in self.seen:
-            self.seen = {k: v for k, v in self.seen.items() if k[0] != space.name}
+            for k, v in list(self.seen.items()):
+                if k[0] == space.name:  # an older instance of the Space
+                    v.copy_blobs.close()
+                    del self.seen[k]
             self.seen[key] = Seen()
         return self.seen[key]
 
@@ -172,20 +211,30 @@ class Taker:
                 fresh[path] = (node, sha)
 
             listing = walk_host(space.root, want, take)
-            m = build(listing, lambda p: (fresh.get(p) or seen.files[p])[1])
-            self._heal_host(space, m, cb, sb)
+            m = self.builder.build(listing, lambda p: (fresh.get(p) or seen.files[p])[1])
+            need = mf.blobs(m)
+            self._heal_host(space, m, need, seen.copy_blobs.names(cb.blobs_fd) | cb.added, cb, sb)
             data = self.encoder.encode(m)
             cid = CheckpointId.for_manifest(call_id, data)
             if sb is not None:
                 sb.manifest(cid, data)
             cb.manifest(cid, data)
         self._remember(seen, listing, {**seen.files, **fresh})
-        self.needs[cid] = frozenset(mf.blobs(m))
+        self.needs[cid] = frozenset(need)
         return cid
 
-    def _heal_host(self, space: Space, m: mf.Manifest, cb: Batch, sb: Batch | None) -> None:
-        """Put back blobs the manifest needs that the Space's copy lost."""
-        missing = mf.blobs(m) - cb.present()
+    def _heal_host(
+        self,
+        space: Space,
+        m: mf.Manifest,
+        need: set[str],
+        present: set[str],
+        cb: Batch,
+        sb: Batch | None,
+    ) -> None:
+        """Put back blobs the manifest needs (``need``) that the Space's copy lost: not
+        ``present`` there (``copy_watch``) nor added by this batch."""
+        missing = need - present
         for path, e in m.items():
             if e.kind != mf.FILE or e.ref not in missing:
                 continue
@@ -245,7 +294,7 @@ class Taker:
             for data in blobs.values():
                 if sb is not None:
                     sb.add(data)
-            m = build(listing, lambda p: (fresh.get(p) or seen.files[p])[1])
+            m = self.builder.build(listing, lambda p: (fresh.get(p) or seen.files[p])[1])
             data = self.encoder.encode(m)
             cid = CheckpointId.for_manifest(call_id, data)
             if sb is not None:

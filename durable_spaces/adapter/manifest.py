@@ -84,14 +84,18 @@ class Encoder:
 
     def __init__(self) -> None:
         self._rows: dict[str, tuple[Entry, str]] = {}
+        self._paths: frozenset[str] = frozenset()
+        self._order: list[str] = []
 
     def encode(self, m: Mapping[str, Entry]) -> bytes:
         rows: dict[str, tuple[Entry, str]] = {}
         out = []
-        for p in sorted(m, key=path_key):
+        if m.keys() != self._paths:  # the same paths: the same order
+            self._paths, self._order = frozenset(m), sorted(m, key=path_key)
+        for p in self._order:
             e = m[p]
             known = self._rows.get(p)
-            if known is None or known[0] != e:
+            if known is None or (known[0] is not e and known[0] != e):
                 row = [p, e.kind, e.mode, e.size, e.ref, e.mtime_ns]
                 known = (e, json.dumps(row, separators=(",", ":"), ensure_ascii=True))
             rows[p] = known

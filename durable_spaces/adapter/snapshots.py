@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 from collections.abc import AsyncIterable, Callable
 from typing import Protocol
 
@@ -54,6 +55,8 @@ from durable_spaces.errors import (
 from durable_spaces.space import MachineCheckpoints, Space, SpaceBackend
 
 logger = logging.getLogger(__name__)
+
+_SHA = re.compile(r"[0-9a-f]{64}")
 
 __all__ = [
     "CheckpointMissing",
@@ -103,6 +106,8 @@ class WorkspaceSnapshots:
         root: str | None = None,
         store: CheckpointStore | None = None,
         prune_every: int = 8,
+        backlog: int = 32,
+        backlog_bytes: int = 8 << 20,
     ) -> None:
         self.spaces = spaces
         self.root = root
@@ -112,6 +117,13 @@ class WorkspaceSnapshots:
         #: and the blobs only those named (one command; 0: never). Without a store they
         #: are the only copies (review and forks read them), so they are all kept.
         self.prune_every = prune_every
+        #: When this host lists the copy (``host_garbage``), the prune's command (a
+        #: fenced exec, most of a prune's cost) runs only once the copy holds
+        #: ``backlog`` checkpoints the log does not record, or ``backlog_bytes`` of
+        #: them and of blobs only they name, or a killed driver's leftovers; until then
+        #: the garbage is only counted. Through commands every prune runs it.
+        self.backlog = backlog
+        self.backlog_bytes = backlog_bytes
         self._prune_calls: dict[str, int] = {}
         #: The blobs each manifest names (an id always names the same bytes), so a prune
         #: reads each recorded manifest once per process, not once per prune.
@@ -155,9 +167,16 @@ class WorkspaceSnapshots:
                 blobs = self._needs[cid] = frozenset(mf.blobs(m))
             needed |= blobs
         present = None
-        if needed is not None and await self.taker.is_host(space, epoch):
-            present = host_blobs(copy_dir(space))
+        if await self.taker.is_host(space, epoch):
+            garbage = host_garbage(copy_dir(space), keep, needed)
+            if garbage is not None and not self._due(*garbage):
+                return []
+            if needed is not None:
+                present = host_blobs(copy_dir(space))
         return await space_copy.prune(space, copy_dir(space), keep, needed, epoch, present)
+
+    def _due(self, count: int, size: int) -> bool:
+        return count >= self.backlog or size >= self.backlog_bytes
 
     # --- reading and restoring ------------------------------------------------------------
 
@@ -294,6 +313,57 @@ class SandboxSnapshots:
         checkpoint holds the guest's memory (tens of MB), so unreferenced ones must go.
         ``recorded()`` is every checkpoint the log still names, forks included."""
         return await self.machines.prune_space(space.name, recorded())
+
+
+#: Names in the copy only a driver killed half-way leaves (``space_copy.prune``).
+_LEFTOVER = (".restore-", ".tmp-", ".probe-", ".pending-")
+
+
+def host_garbage(
+    d: str, keep: set[CheckpointId], needed: set[str] | None
+) -> tuple[int, int] | None:
+    """What a prune of the copy at ``d`` would delete, as this host lists it: (the
+    checkpoints not in ``keep``, the bytes of those and of the blobs outside
+    ``needed``). None when a prune must run anyway: a leftover of a killed driver, a
+    blobs directory that is not one, anything unreadable. Only ever a reason to prune
+    later, never to keep something: the prune itself decides what goes."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(d, flags)
+    except FileNotFoundError:
+        return 0, 0  # nothing kept here yet
+    except OSError:
+        return None
+    try:
+        kept = {c + c.suffix for c in keep}
+        count = size = 0
+        for name in os.listdir(fd):
+            if name.startswith(_LEFTOVER):
+                return None
+            if name.endswith((".manifest", ".tar")) and name not in kept:
+                count += 1
+                size += os.lstat(name, dir_fd=fd).st_size
+        if needed is not None and name_exists("blobs", fd):
+            bfd = os.open("blobs", flags, dir_fd=fd)
+            try:
+                for name in set(os.listdir(bfd)) - needed:
+                    if _SHA.fullmatch(name):  # the only names a prune deletes
+                        size += os.lstat(name, dir_fd=bfd).st_size
+            finally:
+                os.close(bfd)
+        return count, size
+    except OSError:  # changed under the listing, or planted: let the prune see
+        return None
+    finally:
+        os.close(fd)
+
+
+def name_exists(name: str, dir_fd: int) -> bool:
+    try:
+        os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def host_blobs(d: str) -> list[str] | None:

@@ -13,6 +13,7 @@ import pytest
 
 from durable_spaces.adapter import manifest as mf
 from durable_spaces.adapter import space_copy
+from durable_spaces.adapter.checkpoint_id import CheckpointId
 from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
 from durable_spaces.adapter.incremental import copy_dir
 from durable_spaces.adapter.review import workspace_at
@@ -46,14 +47,23 @@ class Run:
 
 
 @asynccontextmanager
-async def session(tmp: Path, store: bool, leftover: bool = False) -> AsyncIterator[Run]:
+async def session(
+    tmp: Path,
+    store: bool,
+    leftover: bool = False,
+    backlog: tuple[int, int] = (1, 8 << 20),
+    killed: bool = False,
+) -> AsyncIterator[Run]:
     """Nine scripted steps in checkpoint mode on a local Space (``leftover``: a tar a
-    killed driver left pending is there before the first call)."""
+    killed driver left pending is there before the first call; ``killed``: a manifest a
+    killed driver took and never recorded; ``backlog``: the snapshots' count and bytes)."""
     backend = open_backend("local", tmp / "spaces")
     snaps = WorkspaceSnapshots(
         backend,
         store=DirectoryCheckpointStore(tmp / "store") if store else None,
         prune_every=1,
+        backlog=backlog[0],
+        backlog_bytes=backlog[1],
     )
     durable = durable_spaces(backend, snapshots=snaps, mode="checkpoint", epoch=1)
     reg = Registry().install(CodingTools).install(durable.extension)
@@ -67,6 +77,9 @@ async def session(tmp: Path, store: bool, leftover: bool = False) -> AsyncIterat
         if leftover:
             ckpts.mkdir(exist_ok=True)
             (ckpts / ".pending-call-killed.tar").write_bytes(b"left by a killed driver")
+        if killed:
+            ckpts.mkdir(exist_ok=True)
+            (ckpts / f"{KILLED}.manifest").write_bytes(b"a killed driver's checkpoint")
         assert (await (await root.submit("go", request_id="r1")).wait()).status == "done"
         yield Run(h, durable, root, ckpts)
     finally:
@@ -88,6 +101,25 @@ async def test_copies_in_the_space_are_pruned_when_a_store_keeps_them(tmp_path: 
         blobs = {p.name for p in (run.checkpoints_dir / "blobs").iterdir()}
         assert blobs == needed  # what no recorded manifest names is gone, nothing else
         assert await run.first_call_is_reviewable()  # read from the store
+
+
+KILLED = CheckpointId.for_manifest("call-killed", b"a killed driver's checkpoint")
+
+
+@pytest.mark.parametrize("backlog", [(3, 8 << 20), (100, 1), (100, 8 << 20)])
+async def test_the_copy_is_pruned_once_its_backlog_is_reached(
+    tmp_path: Path, backlog: tuple[int, int]
+) -> None:
+    """On a host workspace the prune's command runs only once the copy holds ``backlog``
+    checkpoints the log does not record (or bytes of them): below that they stay
+    (counted, not deleted); reaching it deletes them all, a killed driver's among them."""
+    async with session(tmp_path, store=True, backlog=backlog, killed=True) as run:
+        names = {p.name for p in run.checkpoints_dir.iterdir()} - {"blobs"}
+        unrecorded = {n.removesuffix(".manifest") for n in names} - run.recorded()
+        if backlog != (100, 8 << 20):
+            assert len(unrecorded) < 3 and KILLED not in unrecorded
+        else:  # nine steps never reach it: nothing was deleted
+            assert KILLED in unrecorded and len(unrecorded) > 3
 
 
 async def test_without_a_store_every_copy_in_the_space_is_kept(tmp_path: Path) -> None:

@@ -14,9 +14,11 @@ from durable_spaces.adapter import image_log as img
 from durable_spaces.adapter import manifest as mf
 from durable_spaces.adapter.durable import session_epoch
 from durable_spaces.adapter.effects import Effect
+from durable_spaces.adapter.incremental import Builder, build
 from durable_spaces.adapter.snapshots import check_archive
 from durable_spaces.adapter.state import KEEP_CALLS, CallRecord, SpaceState
 from durable_spaces.adapter.tool_args import BashArgs
+from durable_spaces.adapter.workspace_tree import Listing, Node
 from durable_spaces.errors import ConfigError, PathEscapeError
 from durable_spaces.harness.log import MemoryFence
 from durable_spaces.space import PathEntry
@@ -157,3 +159,43 @@ def test_the_manifest_encoder_is_encode_byte_for_byte_as_a_workspace_changes() -
         data = enc.encode(m)
         assert data == mf.encode(m)
         assert mf.decode(data) == m
+
+
+def test_the_manifest_builder_is_build_entry_for_entry_as_a_workspace_changes() -> None:
+    """What ``Builder`` kept (the order, each path's entry) never shows: every step's
+    manifest equals a fresh ``build``, whether a file's node, its blob only, a link's
+    target, a directory's mode, the hard links or the set of paths changed."""
+    nodes: dict[str, Node] = {".": Node(mf.DIR, 0o755, 0, 1, 2, 1, 1), "d": Node(mf.DIR, 0o755)}
+    shas: dict[str, str] = {}
+    for i in range(30):
+        nodes[f"d/f{i}"] = Node(mf.FILE, 0o644, i, 100 + i, 1, 10 + i, 10 + i)
+        shas[f"d/f{i}"] = f"{i:064x}"
+    nodes["l"] = Node(mf.SYMLINK, 0o777, 0, 7, 1, 5, 5, "d/f1")
+
+    def put(path: str, node: Node, sha: str | None = None) -> None:
+        nodes[path] = node
+        if sha is not None:
+            shas[path] = sha
+
+    steps = [
+        lambda: None,
+        lambda: put("d/f3", nodes["d/f3"]._replace(size=33, ctime_ns=99), "e" * 64),
+        lambda: put("d/f4", nodes["d/f4"], "f" * 64),  # same node, another blob
+        lambda: put("d/f5", nodes["d/f5"]._replace(mode=0o600)),
+        lambda: put("l", nodes["l"]._replace(target="elsewhere")),
+        lambda: put("d", nodes["d"]._replace(mode=0o700)),
+        lambda: (
+            put("d/f6", nodes["d/f6"]._replace(nlink=2)),
+            put("d/a-link", nodes["d/f6"]._replace(nlink=2), shas["d/f6"]),
+        ),
+        lambda: put("d/a-link", nodes["d/a-link"]._replace(ino=555, nlink=1)),
+        lambda: (nodes.pop("d/f7"), put("d/f70", Node(mf.FILE, 0o644, 1, 900, 1, 1, 1), "a" * 64)),
+    ]
+    b, enc = Builder(), mf.Encoder()
+    for step in steps:
+        step()
+        listing = Listing(0, dict(nodes))
+        got = b.build(listing, shas.__getitem__)
+        assert got == build(listing, shas.__getitem__)
+        assert list(got) == list(build(listing, shas.__getitem__))  # the manifest's order
+        assert enc.encode(got) == mf.encode(got)

@@ -54,6 +54,8 @@ from inotify_simple import INotify
 from inotify_simple import flags as F
 
 from durable_spaces.chaos import mutants
+from durable_spaces.host_mounts import LOCAL_FILESYSTEMS as LOCAL_FILESYSTEMS  # re-exported
+from durable_spaces.host_mounts import mount_problem
 
 ENABLED = os.environ.get("DS_SPACE_JOURNAL", "1") != "0"
 
@@ -62,10 +64,6 @@ MAX_WATCHES = 50_000
 #: How long a sync waits for its sentinel's event (it is queued before ``utime``
 #: returns, so this only bounds a broken instance).
 SENTINEL_TIMEOUT_MS = 2000
-#: Filesystems whose every change goes through this kernel's VFS (and so its events).
-LOCAL_FILESYSTEMS = frozenset(
-    {"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "f2fs", "zfs", "overlay"}
-)
 
 _DIR_MASK = (
     F.CREATE | F.DELETE | F.MOVED_FROM | F.MOVED_TO | F.ATTRIB
@@ -90,42 +88,6 @@ class Changes:
 
 def _join(base: str, name: str) -> str:
     return name if base == "." else f"{base}/{name}"
-
-
-def _unescape(field_: str) -> str:
-    """A mountinfo path field (spaces, tabs, newlines and backslashes are octal-escaped)."""
-    if "\\" not in field_:
-        return field_
-    out, i = [], 0
-    while i < len(field_):
-        if field_[i] == "\\" and field_[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field_[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field_[i])
-            i += 1
-    return "".join(out)
-
-
-def mount_problem(mountinfo: str, root: str) -> str | None:
-    """Why the workspace ``root`` cannot be journaled in the mount namespace whose
-    ``/proc/<pid>/mountinfo`` is ``mountinfo``: a mount at or under it, or its
-    filesystem not local; None when it can."""
-    best, fstype = "", ""
-    for line in mountinfo.splitlines():
-        left, _, right = line.partition(" - ")
-        parts = left.split()
-        if len(parts) < 5 or not right:
-            continue
-        point = _unescape(parts[4])
-        if point == root or point.startswith(root.rstrip("/") + "/"):
-            return f"a filesystem is mounted at {point!r}, inside the workspace"
-        inside = point == "/" or root == point or root.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best):
-            best, fstype = point, right.split()[0]
-    if fstype not in LOCAL_FILESYSTEMS:
-        return f"the workspace is on {fstype or 'an unknown'} filesystem, not a local one"
-    return None
 
 
 class _Mounts:
