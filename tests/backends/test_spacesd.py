@@ -24,6 +24,7 @@ from durable_spaces.backends.spacesd.backend import (
     unavailable_reason,
     unshare_reason,
 )
+from durable_spaces.backends.spacesd import runtime as spacesd_runtime
 from durable_spaces.backends.spacesd.runtime import check_exec_ledger
 from durable_spaces.errors import (
     CapabilityMissingError,
@@ -317,6 +318,26 @@ async def test_find_after_driver_restart_and_host_reboot(tmp_path: Path) -> None
         await b2.close()
     finally:
         await SpacesdBackend(state).delete("persist")
+
+
+async def test_warm_up_starts_the_runtime_before_the_state_dir_exists(tmp_path: Path) -> None:
+    # A session's first spare warms up before its first driver made the state dir: its
+    # runtime must start anyway (without creating anything), and be the one the driver
+    # uses later, so the first resume does not pay the runtime's start.
+    state = tmp_path / "not-made-yet"
+    SpacesdBackend.warm_up(state)
+    assert not state.exists()
+    home = str(state.absolute() / ".cua-sdk")
+    started = spacesd_runtime._runtimes.get(home)
+    assert started is not None
+    b = SpacesdBackend(state)
+    try:
+        space = await b.create("warm")
+        assert (await space.capabilities()).exec_ledger
+        assert spacesd_runtime.runtime(b._sdk_home()) is started
+    finally:
+        await b.delete("warm")
+        await b.close()
 
 
 async def test_deleted_space_is_gone(backend: SpacesdBackend) -> None:

@@ -264,10 +264,12 @@ class SpacesdBackend:
     def warm_up(state_dir: str | os.PathLike[str]) -> None:
         """For a driver started before its launch (``adapter/warm_driver.py``): check the
         binary and start the SDK runtime of this state dir now, not on the first call.
-        Opens no Space and creates nothing."""
-        home = Path(state_dir).absolute() / _SDK_HOME
-        if unavailable_reason() is None and home.is_dir():
-            start_runtime(str(home))
+        Opens no Space and creates nothing. The runtime does no I/O until its first call,
+        so it starts even when the state dir is not made yet: the spare of a session's
+        first resume is started as its first driver launches, before that driver made
+        the dir, and that resume paid the runtime's start (70-300 ms) on its way."""
+        if unavailable_reason() is None:
+            start_runtime(str(Path(state_dir).absolute() / _SDK_HOME))
 
     def _sdk_home(self) -> str:
         """The cua SDK's state for this backend (its sandbox registry), not ~/.cua."""
