@@ -7,6 +7,8 @@ import json
 import os
 import posixpath
 import stat
+import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from durable_spaces.backends.spacesd.backend import (
     unavailable_reason,
     unshare_reason,
 )
+from durable_spaces.backends.spacesd import backend as spacesd_backend
 from durable_spaces.backends.spacesd import runtime as spacesd_runtime
 from durable_spaces.backends.spacesd.runtime import check_exec_ledger
 from durable_spaces.errors import (
@@ -338,6 +341,45 @@ async def test_warm_up_starts_the_runtime_before_the_state_dir_exists(tmp_path: 
     finally:
         await b.delete("warm")
         await b.close()
+
+
+def test_warm_up_leaves_the_binary_check_to_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The spare is ready once its runtime started; the binary's run goes on beside it.
+    release, ran = threading.Event(), threading.Event()
+
+    def slow_check() -> str | None:
+        ran.set()
+        release.wait(10)
+        return None
+
+    monkeypatch.setattr(spacesd_backend, "unavailable_reason", slow_check)
+    t0 = time.monotonic()
+    SpacesdBackend.warm_up(tmp_path / "s")
+    try:
+        assert time.monotonic() - t0 < 5, "warm_up waited for the binary's run"
+        assert str((tmp_path / "s").absolute() / ".cua-sdk") in spacesd_runtime._runtimes
+        assert ran.wait(5)
+    finally:
+        release.set()
+
+
+def test_a_check_under_way_is_waited_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A binary that runs slowly and fails: a caller while the first run is under way gets
+    # its answer, never "available" from a check half made.
+    fake = tmp_path / "cua-spacesd"
+    fake.write_text("#!/bin/sh\nsleep 0.5\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(spacesd_backend, "daemon_binary", lambda: fake)
+    monkeypatch.setattr(spacesd_backend, "_unavailable", False)
+    first = threading.Thread(target=spacesd_backend.unavailable_reason)
+    first.start()
+    time.sleep(0.1)
+    try:
+        assert spacesd_backend.unavailable_reason() == "cua-spacesd --version exited 3"
+    finally:
+        first.join()
 
 
 async def test_deleted_space_is_gone(backend: SpacesdBackend) -> None:
