@@ -21,13 +21,13 @@ os.environ.setdefault("CUA_TELEMETRY", "0")
 
 import cua
 
+from durable_spaces.backends.spacesd import backend as spacesd_backend
+from durable_spaces.backends.spacesd import runtime as spacesd_runtime
 from durable_spaces.backends.spacesd.backend import (
     SpacesdBackend,
     unavailable_reason,
     unshare_reason,
 )
-from durable_spaces.backends.spacesd import backend as spacesd_backend
-from durable_spaces.backends.spacesd import runtime as spacesd_runtime
 from durable_spaces.backends.spacesd.runtime import check_exec_ledger
 from durable_spaces.errors import (
     CapabilityMissingError,
