@@ -272,9 +272,10 @@ class SpacesdBackend:
         so it starts even when the state dir is not made yet: the spare of a session's
         first resume is started as its first driver launches, before that driver made
         the dir, and that resume paid the runtime's start (70-300 ms) on its way.
-        The binary's run (``unavailable_reason``, 50-170 ms) goes on in a thread: only
-        booting a daemon needs it (``_boot`` runs it if it is not done), and a spare is
-        ready that much sooner for a driver that dies soon after its launch."""
+        The binary's run (``unavailable_reason``: 3-10 ms, some 50 ms of CPU when the
+        binary is not in the page cache) goes on in a thread: only booting a daemon
+        needs it (``_boot`` runs it if it is not done), and a spare is ready that much
+        sooner for a driver that dies soon after its launch."""
         if _missing_reason() is None:
             start_runtime(str(Path(state_dir).absolute() / _SDK_HOME))
             threading.Thread(target=unavailable_reason, name="spacesd-check", daemon=True).start()
