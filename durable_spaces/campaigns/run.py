@@ -20,6 +20,7 @@ import os
 import random
 import shutil
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -150,6 +151,14 @@ class Placement:
     ) -> None:
         self.name = space_name(f"{run.run_id}/{script.seed}")
         self.backend = open_backend(run.backend, spaces_dir)
+        # Its runtime (spacesd: the SDK's, 70-300 ms to start) now, beside the first
+        # driver's cold start, not at the first fault or placement after a kill (which
+        # would count it in that resume).
+        warm = getattr(type(self.backend), "warm_up", None)
+        if callable(warm):
+            threading.Thread(
+                target=warm, args=(spaces_dir,), name="placement-warm-up", daemon=True
+            ).start()
         self.placed = 0
         self.host = host
 

@@ -7,6 +7,8 @@ import json
 import os
 import posixpath
 import stat
+import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,8 @@ os.environ.setdefault("CUA_TELEMETRY", "0")
 
 import cua
 
+from durable_spaces.backends.spacesd import backend as spacesd_backend
+from durable_spaces.backends.spacesd import runtime as spacesd_runtime
 from durable_spaces.backends.spacesd.backend import (
     SpacesdBackend,
     unavailable_reason,
@@ -317,6 +321,65 @@ async def test_find_after_driver_restart_and_host_reboot(tmp_path: Path) -> None
         await b2.close()
     finally:
         await SpacesdBackend(state).delete("persist")
+
+
+async def test_warm_up_starts_the_runtime_before_the_state_dir_exists(tmp_path: Path) -> None:
+    # A session's first spare warms up before its first driver made the state dir: its
+    # runtime must start anyway (without creating anything), and be the one the driver
+    # uses later, so the first resume does not pay the runtime's start.
+    state = tmp_path / "not-made-yet"
+    SpacesdBackend.warm_up(state)
+    assert not state.exists()
+    home = str(state.absolute() / ".cua-sdk")
+    started = spacesd_runtime._runtimes.get(home)
+    assert started is not None
+    b = SpacesdBackend(state)
+    try:
+        space = await b.create("warm")
+        assert (await space.capabilities()).exec_ledger
+        assert spacesd_runtime.runtime(b._sdk_home()) is started
+    finally:
+        await b.delete("warm")
+        await b.close()
+
+
+def test_warm_up_leaves_the_binary_check_to_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The spare is ready once its runtime started; the binary's run goes on beside it.
+    release, ran = threading.Event(), threading.Event()
+
+    def slow_check() -> str | None:
+        ran.set()
+        release.wait(10)
+        return None
+
+    monkeypatch.setattr(spacesd_backend, "unavailable_reason", slow_check)
+    t0 = time.monotonic()
+    SpacesdBackend.warm_up(tmp_path / "s")
+    try:
+        assert time.monotonic() - t0 < 5, "warm_up waited for the binary's run"
+        assert str((tmp_path / "s").absolute() / ".cua-sdk") in spacesd_runtime._runtimes
+        assert ran.wait(5)
+    finally:
+        release.set()
+
+
+def test_a_check_under_way_is_waited_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A binary that runs slowly and fails: a caller while the first run is under way gets
+    # its answer, never "available" from a check half made.
+    fake = tmp_path / "cua-spacesd"
+    fake.write_text("#!/bin/sh\nsleep 0.5\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(spacesd_backend, "daemon_binary", lambda: fake)
+    monkeypatch.setattr(spacesd_backend, "_unavailable", False)
+    first = threading.Thread(target=spacesd_backend.unavailable_reason)
+    first.start()
+    time.sleep(0.1)
+    try:
+        assert spacesd_backend.unavailable_reason() == "cua-spacesd --version exited 3"
+    finally:
+        first.join()
 
 
 async def test_deleted_space_is_gone(backend: SpacesdBackend) -> None:

@@ -7,6 +7,7 @@ makes one (``check_exec_ledger``).
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import cua
@@ -33,14 +34,19 @@ def check_exec_ledger(caps: Any) -> None:
 
 
 _runtimes: dict[str | None, Any] = {}
+_starting = threading.Lock()
 
 
 def runtime(sdk_home: str | None) -> Any:
     """One SDK runtime per state dir, shared by the Spaces that use it (each runtime has
-    its own threads; one per Space would grow with the number of Spaces)."""
+    its own threads; one per Space would grow with the number of Spaces). Thread-safe:
+    a warm-up may start it in a thread while the event loop asks for it."""
     rt = _runtimes.get(sdk_home)
     if rt is None:
-        rt = _runtimes[sdk_home] = cua.embedded(state_dir=sdk_home, spaces_home=sdk_home)
+        with _starting:
+            rt = _runtimes.get(sdk_home)
+            if rt is None:
+                rt = _runtimes[sdk_home] = cua.embedded(state_dir=sdk_home, spaces_home=sdk_home)
     return rt
 
 
