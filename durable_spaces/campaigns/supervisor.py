@@ -13,11 +13,13 @@ With ``warm`` on, an attempt takes the coordinator's spare (``campaigns/warm.py`
 driver process started before its epoch, imports done) instead of a new interpreter
 when it can; either way the attempt is one process with the same pid, process group,
 pipes and exit codes, supervised the same. The next attempt's spare is started once the
-attempt is at work (its ``first_step`` event), or when it ends or is abandoned before
-that: started at the launch, the spare's interpreter and imports took the CPU from the
-driver starting beside it (a run's cold first driver, a resume's recovery), on the path
-every run and every resume waits on. The rule depends only on the attempt's own events,
-so a run and its exact replays (``campaigns/replay.py``) start their spares alike.
+attempt's driver has spoken (its first line: a driver prints its first heartbeat when
+its imports are done), or when it ends or is abandoned before that: started at the
+launch, the spare's interpreter and imports took the CPU from a cold driver's own, on
+the path every run waits on (a run's first driver is cold, as in its exact replays). A
+warm driver speaks as soon as it is launched, so its successor's spare starts at once,
+as before. The rule follows the attempt's own output, so a run and its exact replays
+(``campaigns/replay.py``) start their spares alike.
 """
 
 from __future__ import annotations
@@ -237,7 +239,7 @@ class Supervisor:
         silent = a.killed_by == "stall" and not a.heartbeats and not a.events
         if a.warm and silent and self.spares is not None:  # from its launch on: no more
             self.spares.give_up(f"the warm driver of epoch {a.epoch} never spoke")
-        if code not in (EXIT_DONE, EXIT_PERMANENT):  # it ended before its first step
+        if code not in (EXIT_DONE, EXIT_PERMANENT):  # it ended before it spoke
             self._refill(a)  # (after a give_up: refused)
         self._emit(
             "exit",
@@ -280,6 +282,7 @@ class Supervisor:
     def line(self, a: Attempt, line: str) -> None:
         """One line of ``a``'s output: heartbeats counted, events taken (several may be
         glued on one line when writes interleave)."""
+        self._refill(a)  # it speaks: its imports are done (see the module doc)
         for kind, data in read_line(line):
             if kind == "heartbeat":
                 a.heartbeats += 1
@@ -288,5 +291,4 @@ class Supervisor:
                 a.events.append(event)
                 if event.get("event") == "first_step" and a.first_step_ms is None:
                     a.first_step_ms = float(event.get("unix_ms") or now_ms())
-                    self._refill(a)
                 self._on_event(a, event)

@@ -160,30 +160,33 @@ async def test_no_spare_outlives_its_coordinator(tmp_path: Path) -> None:
     assert not psutil.pid_exists(spare)
 
 
-async def test_the_next_spare_starts_at_the_attempts_first_step(tmp_path: Path) -> None:
+async def test_the_next_spare_starts_once_the_driver_speaks(tmp_path: Path) -> None:
     # Not at its launch: the spare's start would take the CPU from the driver starting.
-    c = coord(tmp_path, {"1": "crash", "default": "done"}, env={"TOY_START_SECS": "1.0"})
-    seen: list[tuple[bool, float | None]] = []
+    env = {"TOY_QUIET_SECS": "1.0", "TOY_START_SECS": "2.0"}
+    c = coord(tmp_path, {"1": "crash", "default": "done"}, env=env)
+    seen: list[tuple[bool, int, bool]] = []
 
     async def watch() -> None:
         async for a in c.attempts():
             if a.index == 0:
-                await asyncio.sleep(0.6)  # the driver is still starting
+                await asyncio.sleep(0.6)  # the driver is still starting, silent
                 s = spares(c)
-                seen.append((s._spare is not None or s._starting is not None, a.first_step_ms))
+                seen.append(
+                    (s._spare is not None or s._starting is not None, a.heartbeats, a.alive)
+                )
                 await wait_spare(c)
-                seen.append((True, a.first_step_ms))
+                seen.append((True, a.heartbeats, a.alive))
 
     task = asyncio.create_task(watch())
     r = await c.run()
     await task
     assert r.status == "done" and r.exit_codes == [1, 0]
-    assert seen[0] == (False, None)  # no spare while the first driver starts
-    assert seen[1][1] is not None  # the spare came with the first step
+    assert seen[0] == (False, 0, True)  # no spare while the first driver starts
+    assert seen[1][1] >= 1 and seen[1][2]  # the spare came once it spoke, as it ran
     assert [a.warm for a in c.history] == [False, True]
 
 
-async def test_an_attempt_dying_before_its_first_step_leaves_a_spare(tmp_path: Path) -> None:
+async def test_an_attempt_dying_before_it_speaks_leaves_a_spare(tmp_path: Path) -> None:
     c = coord(tmp_path, {"1": "stall", "default": "done"}, stall_secs=1.0)
     r = await c.run()
     assert r.status == "done" and r.exit_codes == [-signal.SIGKILL, 0] and r.stalls == 1
