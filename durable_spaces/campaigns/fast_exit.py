@@ -7,11 +7,13 @@ step (the runner's next run, the coordinator's end of the session), and tearing 
 interpreter that imported the lab (every module, the last collection) took 30-140 ms of
 that wait, per run, on a loaded machine, for nothing anyone reads.
 
-``exit_now`` does what the normal exit does up to the teardown, in the same order: it
-waits for non-daemon threads, runs the ``atexit`` callbacks, flushes stdout and stderr,
-then ends the process with ``os._exit``. A process that loaded the cua SDK (the spacesd,
-docker and microvm backends) exits the normal way: its native library may register
-clean-ups of its own, which ``os._exit`` would skip.
+``exit_now`` runs the ``atexit`` callbacks, flushes stdout and stderr, then ends the
+process with ``os._exit``. It takes the normal exit instead while a thread other than the
+main one and not a daemon is alive (the normal exit first tells such threads to stop,
+e.g. an idle ``ThreadPoolExecutor``'s workers, then waits for them: joining them without
+that telling hung a checkpoint-mode driver for good), and in a process that loaded the
+cua SDK (the spacesd, docker and microvm backends), whose native library may register
+clean-ups of its own that ``os._exit`` would skip.
 """
 
 from __future__ import annotations
@@ -29,12 +31,10 @@ ENV = "DS_FAST_EXIT"
 
 def exit_now(code: int) -> NoReturn:
     """Exit with ``code`` (see the module doc)."""
-    if os.environ.get(ENV, "1").strip() == "0" or "cua" in sys.modules:
-        sys.exit(code)
     main = threading.main_thread()
-    for t in threading.enumerate():
-        if t is not main and not t.daemon:
-            t.join()
+    threads = any(t is not main and not t.daemon for t in threading.enumerate())
+    if threads or os.environ.get(ENV, "1").strip() == "0" or "cua" in sys.modules:
+        sys.exit(code)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
