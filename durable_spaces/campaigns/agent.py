@@ -30,6 +30,7 @@ from durable_spaces.adapter.snapshots import (
     WorkspaceSnapshots,
 )
 from durable_spaces.backends import backend_class, open_backend
+from durable_spaces.campaigns.fast_exit import exit_now
 from durable_spaces.errors import ConfigError
 from durable_spaces.harness.models import ScriptedModel
 from durable_spaces.harness.scheduler import AgentConfig, Harness
@@ -129,4 +130,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())  # campaigns/fast_exit.py: no teardown to wait for

@@ -11,8 +11,15 @@ session ends, abandoned drivers are waited for (``reap_abandoned``) and none out
 
 With ``warm`` on, an attempt takes the coordinator's spare (``campaigns/warm.py``: a
 driver process started before its epoch, imports done) instead of a new interpreter
-when it can, and a new spare is started after each launch; either way the attempt is one
-process with the same pid, process group, pipes and exit codes, supervised the same.
+when it can; either way the attempt is one process with the same pid, process group,
+pipes and exit codes, supervised the same. The next attempt's spare is started once the
+attempt's driver has spoken (its first line: a driver prints its first heartbeat when
+its imports are done), or when it ends or is abandoned before that: started at the
+launch, the spare's interpreter and imports took the CPU from a cold driver's own, on
+the path every run waits on (a run's first driver is cold, as in its exact replays). A
+warm driver speaks as soon as it is launched, so its successor's spare starts at once,
+as before. The rule follows the attempt's own output, so a run and its exact replays
+(``campaigns/replay.py``) start their spares alike.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from durable_spaces.campaigns.warm import Spares
-from durable_spaces.session_protocol import read_line
+from durable_spaces.session_protocol import EXIT_DONE, EXIT_PERMANENT, read_line
 
 #: Not an exit code: what ``Supervisor.supervise`` returns for a driver given up on
 #: (still alive).
@@ -73,6 +80,8 @@ class Attempt:
     warm: bool = False
     #: When the coordinator gave up on it without killing it (``abandon_current``).
     abandoned_ms: float | None = None
+    #: The launch's environment, until the next attempt's spare is started from it.
+    spare_env: dict[str, str] | None = field(default=None, repr=False)
     done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     abandon: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
@@ -138,8 +147,6 @@ class Supervisor:
                 )
         finally:
             log.close()
-        if self.spares is not None:
-            self.spares.refill(launch.env)  # the next attempt's, started now
         return Attempt(
             index=launch.index,
             epoch=launch.epoch,
@@ -149,7 +156,14 @@ class Supervisor:
             log_path=log_path,
             backoff_ms=backoff_ms,
             warm=warm,
+            spare_env=launch.env if self.spares is not None else None,
         )
+
+    def _refill(self, a: Attempt) -> None:
+        """Start the next attempt's spare (once per attempt; see the module doc)."""
+        env, a.spare_env = a.spare_env, None
+        if env is not None and self.spares is not None:
+            self.spares.refill(env)
 
     async def close_spares(self) -> None:
         """Kill and reap the spare: none outlives the session."""
@@ -198,6 +212,7 @@ class Supervisor:
                     self._kill("stall")
             if not waiter.done():
                 # Given up on, not dead: reap it whenever it ends, and go on now.
+                self._refill(a)
                 t = asyncio.create_task(self._finish(a, reader, waiter))
                 self._background.add(t)
                 t.add_done_callback(self._background.discard)
@@ -224,6 +239,8 @@ class Supervisor:
         silent = a.killed_by == "stall" and not a.heartbeats and not a.events
         if a.warm and silent and self.spares is not None:  # from its launch on: no more
             self.spares.give_up(f"the warm driver of epoch {a.epoch} never spoke")
+        if code not in (EXIT_DONE, EXIT_PERMANENT):  # it ended before it spoke
+            self._refill(a)  # (after a give_up: refused)
         self._emit(
             "exit",
             a.epoch,
@@ -265,6 +282,7 @@ class Supervisor:
     def line(self, a: Attempt, line: str) -> None:
         """One line of ``a``'s output: heartbeats counted, events taken (several may be
         glued on one line when writes interleave)."""
+        self._refill(a)  # it speaks: its imports are done (see the module doc)
         for kind, data in read_line(line):
             if kind == "heartbeat":
                 a.heartbeats += 1

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from durable_spaces.campaigns.fast_exit import exit_now
 from durable_spaces.campaigns.record import Check, RunRecord
 from durable_spaces.campaigns.spec import RunSpec
 from durable_spaces.chaos import failpoints
@@ -124,4 +125,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())  # campaigns/fast_exit.py: no teardown to wait for

@@ -160,6 +160,39 @@ async def test_no_spare_outlives_its_coordinator(tmp_path: Path) -> None:
     assert not psutil.pid_exists(spare)
 
 
+async def test_the_next_spare_starts_once_the_driver_speaks(tmp_path: Path) -> None:
+    # Not at its launch: the spare's start would take the CPU from the driver starting.
+    env = {"TOY_QUIET_SECS": "1.0", "TOY_START_SECS": "2.0"}
+    c = coord(tmp_path, {"1": "crash", "default": "done"}, env=env)
+    seen: list[tuple[bool, int, bool]] = []
+
+    async def watch() -> None:
+        async for a in c.attempts():
+            if a.index == 0:
+                await asyncio.sleep(0.6)  # the driver is still starting, silent
+                s = spares(c)
+                seen.append(
+                    (s._spare is not None or s._starting is not None, a.heartbeats, a.alive)
+                )
+                await wait_spare(c)
+                seen.append((True, a.heartbeats, a.alive))
+
+    task = asyncio.create_task(watch())
+    r = await c.run()
+    await task
+    assert r.status == "done" and r.exit_codes == [1, 0]
+    assert seen[0] == (False, 0, True)  # no spare while the first driver starts
+    assert seen[1][1] >= 1 and seen[1][2]  # the spare came once it spoke, as it ran
+    assert [a.warm for a in c.history] == [False, True]
+
+
+async def test_an_attempt_dying_before_it_speaks_leaves_a_spare(tmp_path: Path) -> None:
+    c = coord(tmp_path, {"1": "stall", "default": "done"}, stall_secs=1.0)
+    r = await c.run()
+    assert r.status == "done" and r.exit_codes == [-signal.SIGKILL, 0] and r.stalls == 1
+    assert [a.warm for a in c.history] == [False, True]
+
+
 async def test_an_import_time_variable_that_differs_launches_cold(tmp_path: Path) -> None:
     def vary(launch: Launch) -> None:
         if launch.index == 1:

@@ -6,6 +6,8 @@
 ``toy.step`` failpoint hit, then done), ``until_fenced`` (runs until the coordinator
 file shows a newer epoch, then exits 75 as a fenced driver would). Every launch is appended to
 ``<state_dir>/launches.log`` as ``"<epoch> <pid>"`` before anything else.
+``TOY_QUIET_SECS``: seconds of silence before its first heartbeat (a slow start);
+``TOY_START_SECS``: seconds of heartbeats before its first step.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ def main() -> int:
     if what == "stall":
         time.sleep(3600)
         return 1
+
+    time.sleep(float(os.environ.get("TOY_QUIET_SECS", "0")))  # a slow start: silent
 
     def beat() -> None:
         while True:

@@ -1,0 +1,42 @@
+"""Ending a lab process without the interpreter's teardown.
+
+A campaign's worker (``campaigns/worker.py``) and its scripted driver
+(``campaigns/agent.py``) are done when their ``main`` returns: the run's record is
+written, or the session's log is closed. Their parents wait for the exit before the next
+step (the runner's next run, the coordinator's end of the session), and tearing down an
+interpreter that imported the lab (every module, the last collection) took 30-140 ms of
+that wait, per run, on a loaded machine, for nothing anyone reads.
+
+``exit_now`` runs the ``atexit`` callbacks, flushes stdout and stderr, then ends the
+process with ``os._exit``. It takes the normal exit instead while a thread other than the
+main one and not a daemon is alive (the normal exit first tells such threads to stop,
+e.g. an idle ``ThreadPoolExecutor``'s workers, then waits for them: joining them without
+that telling hung a checkpoint-mode driver for good), and in a process that loaded the
+cua SDK (the spacesd, docker and microvm backends), whose native library may register
+clean-ups of its own that ``os._exit`` would skip.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import sys
+import threading
+from typing import NoReturn
+
+#: Set to ``0`` to always exit the normal way (to compare, or to debug a teardown).
+ENV = "DS_FAST_EXIT"
+
+
+def exit_now(code: int) -> NoReturn:
+    """Exit with ``code`` (see the module doc)."""
+    main = threading.main_thread()
+    threads = any(t is not main and not t.daemon for t in threading.enumerate())
+    if threads or os.environ.get(ENV, "1").strip() == "0" or "cua" in sys.modules:
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
