@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -156,3 +157,59 @@ async def test_commands_do_not_inherit_driver_secrets(
     monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
     r = await space.exec(["sh", "-c", 'echo "[$OPENAI_API_KEY] $DS_SPACE"'], key=None, epoch=1)
     assert r.output == f"[] {space.instance_id}\n".encode()
+
+
+@pytest.mark.parametrize("fault", ["restart", "delete"])
+async def test_the_machine_does_not_wait_for_a_client_paused_under_its_lock(
+    state_dir: Path, backend: LocalBackend, space: LocalSpace, fault: str
+) -> None:
+    """A driver paused inside a spawn's critical section (``space.local.supervisor_
+    recorded``: the Space lock held, the supervisor forked) would hold a restart or a
+    removal for as long as it stays paused (a campaign's daemon kill at that point
+    waited out the 60 s stall kill). The machine goes ahead after its patience; the
+    paused spawn, continued, finds its command lost (restart) or the Space gone."""
+    env = dict(os.environ, DS_FAILPOINTS="space.local.supervisor_recorded:1:pause")
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _SPAWN_AND_WAIT, str(state_dir), "loc", "c:1:0@1",
+        "echo ran > out", env=env, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        meta = Path(state_dir) / "loc" / "cmds"
+        for _ in range(400):  # until the child stopped itself under the lock
+            if any(meta.glob("*/meta.json")) and _stopped(child.pid):
+                break
+            await asyncio.sleep(0.025)
+        assert _stopped(child.pid), "the child never paused at its failpoint"
+        await asyncio.wait_for(getattr(backend, fault)("loc"), 30)
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+    out, err = await asyncio.wait_for(child.communicate(), 60)
+    if fault == "restart":
+        assert out.split()[-1:] == [b"SpaceUnavailableError"], (out, err[-400:])
+        assert await space.stat("out") is None  # its supervisor died before the spec
+        assert (await space.exec_record("c:1:0@1")).state is ExecState.LOST
+    else:
+        assert out.split()[-1:] == [b"SpaceGoneError"], (out, err[-400:])
+        assert await backend.find("loc") is None
+
+
+_SPAWN_AND_WAIT = r"""
+import asyncio, sys
+from durable_spaces.backends import open_backend
+
+async def main(state_dir, name, key, script):
+    space = await open_backend("local", state_dir).find(name)
+    try:
+        r = await (await space.spawn(["sh", "-c", script], key=key, epoch=1)).wait()
+        print("exited", r.exit_code)
+    except Exception as e:
+        print(type(e).__name__)
+
+asyncio.run(main(*sys.argv[1:5]))
+"""
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"

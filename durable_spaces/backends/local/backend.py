@@ -116,10 +116,12 @@ class LocalBackend:
         space = self._open(name)
         if space is None:
             raise SpaceGoneError(f"Space {name} does not exist")
-        with space._locked():
+        with space._machine_locked() as locked:
             kill_space(space._d, space.instance_id)
-            for cmd in (space._d / "cmds").glob("p-*"):
-                shutil.rmtree(cmd, ignore_errors=True)  # unkeyed commands leave no record
+            # Unkeyed commands leave no record; a spawn frozen under the lock may be
+            # writing into its own dir, so without the lock they stay (garbage).
+            for cmd in (space._d / "cmds").glob("p-*") if locked else ():
+                shutil.rmtree(cmd, ignore_errors=True)
             # A new boot: no change journal kept from before is trusted (``LocalSpace``).
             write_atomic(space._d / "boot", uuid.uuid4().hex.encode(), fsync=False)
 
@@ -155,7 +157,7 @@ class LocalBackend:
         space = self._open(name)
         d = self._dir(name)
         if space is not None:
-            with space._locked():
+            with space._machine_locked():
                 kill_space(d, space.instance_id)
                 tomb = self.state_dir / f".deleted-{uuid.uuid4().hex}"
                 os.rename(d, tomb)

@@ -100,6 +100,10 @@ _INHERIT = frozenset(
 )
 
 
+#: How long a restart or removal of the Space waits for a client holding its lock
+#: before it goes ahead without (``LocalSpace._machine_locked``).
+MACHINE_PATIENCE_S = 2.0
+
 class LocalSpace:
     """One ``local`` Space. Every call first checks the Space still is this instance."""
 
@@ -157,6 +161,38 @@ class LocalSpace:
             fcntl.flock(fd, fcntl.LOCK_EX)
             self._check()
             yield
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def _machine_locked(self) -> Iterator[bool]:
+        """The lock for what the machine itself does (restart, removal): taken if its
+        holder lets go within ``MACHINE_PATIENCE_S``, else not (yields whether it was).
+        Why: the lock is held by clients (this stand-in's daemon runs in its callers), and
+        a client frozen inside a spawn (a paused driver, a driver stopped at a failpoint)
+        would hold a real machine's restart or removal for as long as it is frozen; the
+        real daemon's restart waits for no client. Without the lock a restart only kills
+        and writes a new boot id (``LocalBackend.restart``): a spawn it overtook finds its
+        supervisor killed (the key reads ``lost``), or forks after it (the command runs
+        in the new boot), or finds the Space gone."""
+        try:
+            fd = os.open(self._d / "lock", os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise SpaceGoneError(f"Space {self.name} no longer exists") from None
+        try:
+            deadline = time.monotonic() + MACHINE_PATIENCE_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    locked = True
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        locked = False
+                        break
+                    time.sleep(0.01)
+            self._check()
+            yield locked
         finally:
             os.close(fd)
 
@@ -338,9 +374,13 @@ class LocalSpace:
         if not argv:
             raise ValueError("empty argv")
         self._check()
-        return await asyncio.to_thread(
-            self._spawn_sync, list(argv), key, epoch, cwd, env, stdin, keep_output
-        )
+        try:
+            return await asyncio.to_thread(
+                self._spawn_sync, list(argv), key, epoch, cwd, env, stdin, keep_output
+            )
+        except FileNotFoundError:
+            self._check()  # removed under a spawn that had the lock: SpaceGoneError
+            raise
 
     async def exec(
         self,
