@@ -33,7 +33,8 @@ def exit_now(code: int) -> NoReturn:
     """Exit with ``code`` (see the module doc)."""
     main = threading.main_thread()
     threads = any(t is not main and not t.daemon for t in threading.enumerate())
-    if threads or os.environ.get(ENV, "1").strip() == "0" or "cua" in sys.modules:
+    fast = os.environ.get(ENV, "1").strip() == "1"  # malformed: refused at the start (switches.py)
+    if threads or not fast or "cua" in sys.modules:
         sys.exit(code)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

@@ -53,6 +53,7 @@ from durable_spaces.campaigns.worker import error_record
 from durable_spaces.campaigns.worker_spares import WorkerSpares, enabled_by_env
 from durable_spaces.chaos.schedule import Schedule
 from durable_spaces.errors import ConfigError
+from durable_spaces.switches import check_all
 
 __all__ = ["CampaignResult", "CampaignSpec", "RunSpec", "run_campaign", "run_one_ref"]
 
@@ -135,6 +136,7 @@ class _Runs:
         self.ref = ref
         self.out = out_dir
         self.timeout = run_timeout_s
+        check_all(_worker_env())  # a malformed DS_* switch stops the campaign here
         self.env = _worker_env()
         #: Spare workers (``campaigns/worker_spares.py``) while ``warm()`` is open.
         self.spares: WorkerSpares | None = None

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from durable_spaces import warm_launch as wl
+from durable_spaces.switches import switch
 
 ENV = "DS_WARM_DRIVERS"
 MAX_LOSSES = 3
@@ -44,7 +45,7 @@ MAX_LOSSES = 3
 
 def enabled_by_env(env: Mapping[str, str] | None = None) -> bool:
     """``DS_WARM_DRIVERS``: ``0`` turns warm drivers off; unset or ``1`` keeps them on."""
-    return (os.environ if env is None else env).get(ENV, "1").strip() != "0"
+    return switch(ENV, env)
 
 
 @dataclass

@@ -18,18 +18,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+
+from durable_spaces.switches import switch
 
 ENV = "DS_WARM_WORKERS"
 
 
 def enabled_by_env(env: Mapping[str, str] | None = None) -> bool:
     """``DS_WARM_WORKERS``: ``0`` turns spare workers off; unset or ``1`` keeps them on."""
-    return (os.environ if env is None else env).get(ENV, "1").strip() != "0"
+    return switch(ENV, env)
 
 
 class WorkerSpares:

@@ -18,6 +18,7 @@ import typer
 from typer.core import TyperGroup
 
 from durable_spaces.errors import DurableSpacesError
+from durable_spaces.switches import check_all
 
 #: click's exceptions as this typer raises them (newer typers vendor their own click).
 _click_errors: Any = sys.modules[typer.BadParameter.__module__]
@@ -46,6 +47,7 @@ class _OneLineErrors(TyperGroup):
         **extra: Any,
     ) -> Any:
         try:
+            check_all()  # a malformed DS_* switch: one line, before any work
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except _NO_ARGS_IS_HELP as e:
             e.show()  # type: ignore[attr-defined]  # the help text itself, as before

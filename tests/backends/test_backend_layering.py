@@ -3,8 +3,9 @@
 Read from the source (every ``import``, at module level, inside functions and under
 ``TYPE_CHECKING`` alike, since a lazy or type-only import back is still a circle a
 reader must untangle): backends import ``durable_spaces.space``/``space_types``/``space_boot``,
-``errors``, ``host_mounts``, ``chaos.failpoints``/``chaos.mutants`` and each other, nothing of the
-adapter, the harness or the campaigns; the protocol modules import only ``errors``.
+``errors``, ``host_mounts``, ``switches``, ``chaos.failpoints``/``chaos.mutants`` and each
+other, nothing of the adapter, the harness or the campaigns; the protocol modules import
+only ``errors``.
 A package ``__init__`` re-exporting its own submodules is not counted as an edge from
 those submodules back to it.
 """
@@ -26,6 +27,7 @@ ALLOWED = (
     "durable_spaces.space_boot",  # the host's boot id, a Space may report (HostBoot)
     "durable_spaces.errors",
     "durable_spaces.host_mounts",  # the host's mount tables (what inotify sees), no deps
+    "durable_spaces.switches",  # the DS_* on/off switches, read one way (imports errors)
     "durable_spaces.chaos.failpoints",
     "durable_spaces.chaos.mutants",
 )

@@ -310,6 +310,7 @@ async def test_an_idle_server_retires_under_the_lock_and_comes_back(
     [
         ("DS_LOCAL_FORKSERVER", "yes"),
         ("DS_LOCAL_FORKSERVER", ""),
+        ("DS_SPACE_JOURNAL", "off"),
         ("DS_LOCAL_FORKSERVER_IDLE", "soon"),
         ("DS_LOCAL_FORKSERVER_IDLE", "nan"),
         ("DS_LOCAL_FORKSERVER_IDLE", "-1"),

@@ -23,7 +23,7 @@ from durable_spaces.backends.local.backend import LocalBackend
 from durable_spaces.backends.local.journaled import JournaledScanner
 from durable_spaces.chaos import mutants
 
-pytestmark = pytest.mark.skipif(not jr.ENABLED, reason="DS_SPACE_JOURNAL=0 turns journals off")
+pytestmark = pytest.mark.skipif(not jr.enabled(), reason="DS_SPACE_JOURNAL=0 turns journals off")
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 from tree_snapshot import tree
 from typer.testing import CliRunner
 
-from durable_spaces import cli
+from durable_spaces import cli, switches
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.spec import RunSpec
 from durable_spaces.chaos.schedule import AttemptPlan, Failpoint, Schedule
@@ -374,3 +374,16 @@ def test_a_repro_line_quotes_every_value_and_round_trips() -> None:
         "--schedule", WEIRD["schedule"],
     ]  # fmt: skip
     assert shlex.quote(WEIRD["schedule"]) in line
+
+
+@pytest.mark.parametrize("name", switches.NAMES)
+@pytest.mark.parametrize("value", ["off", "true", "", "2"])
+def test_a_malformed_switch_is_refused_before_any_work(
+    name: str, value: str, cwd: Path, tmp_path: Path
+) -> None:
+    """``DS_WARM_DRIVERS=off`` and the like used to leave the feature on without a word
+    (anything but ``0`` was "on"); now every command refuses it in one line."""
+    line = _refused(
+        ["campaign", "--out", str(tmp_path / "c")], tmp_path, code=1, env={name: value}
+    )
+    assert name in line and "0 (off) or 1 (on)" in line

@@ -40,6 +40,7 @@ from durable_spaces.backends.local.forkserver import LOG, MARK, META, SOCK, peer
 from durable_spaces.backends.local.procs import alive, dead, track
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import ConfigError
+from durable_spaces.switches import switch
 
 ENV_KNOB = "DS_LOCAL_FORKSERVER"
 #: Failpoints armed in the server itself (its ``DS_FAILPOINTS``), for tests.
@@ -71,10 +72,7 @@ def version() -> str:
 def enabled() -> bool:
     """``DS_LOCAL_FORKSERVER``: unset or ``1`` on, ``0`` off; anything else is a mistake
     the caller should hear of (``ConfigError``), not a silent choice."""
-    value = os.environ.get(ENV_KNOB, "1").strip()
-    if value not in ("0", "1"):
-        raise ConfigError(f"{ENV_KNOB}={value!r}: 0 (off) or 1 (on)")
-    return value == "1"
+    return switch(ENV_KNOB)
 
 
 def idle_seconds() -> float:

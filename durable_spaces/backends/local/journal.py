@@ -56,8 +56,12 @@ from inotify_simple import flags as F
 from durable_spaces.chaos import mutants
 from durable_spaces.host_mounts import LOCAL_FILESYSTEMS as LOCAL_FILESYSTEMS  # re-exported
 from durable_spaces.host_mounts import mount_problem
+from durable_spaces.switches import switch
 
-ENABLED = os.environ.get("DS_SPACE_JOURNAL", "1") != "0"
+
+def enabled() -> bool:
+    """``DS_SPACE_JOURNAL``: unset or ``1`` on, ``0`` off (``switches.switch``)."""
+    return switch("DS_SPACE_JOURNAL")
 
 #: Watches one journal may hold (files + directories); a bigger tree is scanned in full.
 MAX_WATCHES = 50_000
