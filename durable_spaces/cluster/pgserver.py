@@ -30,6 +30,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +39,22 @@ from typing import LiteralString
 from urllib.parse import quote
 
 from durable_spaces.errors import ConfigError, DatabaseServerError
+
+
+def _wait_gone(pid: int, timeout_s: float) -> None:
+    """Until ``pid`` has exited: ``pg_ctl stop -w`` returns once the postmaster removed its
+    pid file, which it does on its way out, a moment before it has exited (a caller that
+    starts again or checks for the process at once raced it; a loaded CI machine showed
+    it). A zombie counts as gone: its parent, not this server, is yet to reap it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return
+        except (OSError, IndexError):
+            return
+        time.sleep(0.01)
 
 SUPERUSER = "postgres"
 _DB_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -223,7 +240,16 @@ class PgServer:
         if mode not in ("smart", "fast", "immediate"):
             raise ConfigError(f"pg_ctl stop mode {mode!r}: use smart, fast or immediate")
         if self.running():
+            pid = self._postmaster_pid()
             self._exec(self._ctl("stop", "-w", "-t", "60", "-m", mode), "pg_ctl stop")
+            if pid is not None:
+                _wait_gone(pid, 30.0)
+
+    def _postmaster_pid(self) -> int | None:
+        try:
+            return int((self.data_dir / "postmaster.pid").read_text().splitlines()[0])
+        except (OSError, ValueError, IndexError):
+            return None
 
     def crash(self) -> None:
         """Stop as a crash would (``pg_ctl stop -m immediate``)."""
