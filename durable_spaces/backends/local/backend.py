@@ -40,7 +40,7 @@ import psutil
 
 from durable_spaces.backends.local.disk import fsync_dir, write_atomic
 from durable_spaces.backends.local.procs import kill_space, reap, space_procs
-from durable_spaces.backends.local.space import LocalSpace
+from durable_spaces.backends.local.space import MACHINE_PATIENCE_S, LocalSpace
 from durable_spaces.errors import ConfigError, SpaceGoneError, SpaceUnavailableError
 
 __all__ = ["LocalBackend", "LocalSpace", "unavailable_reason"]
@@ -116,7 +116,7 @@ class LocalBackend:
         space = self._open(name)
         if space is None:
             raise SpaceGoneError(f"Space {name} does not exist")
-        with space._machine_locked() as locked:
+        with space._locked(MACHINE_PATIENCE_S) as locked:
             kill_space(space._d, space.instance_id)
             # Unkeyed commands leave no record; a spawn frozen under the lock may be
             # writing into its own dir, so without the lock they stay (garbage).
@@ -157,7 +157,7 @@ class LocalBackend:
         space = self._open(name)
         d = self._dir(name)
         if space is not None:
-            with space._machine_locked():
+            with space._locked(MACHINE_PATIENCE_S):
                 kill_space(d, space.instance_id)
                 tomb = self.state_dir / f".deleted-{uuid.uuid4().hex}"
                 os.rename(d, tomb)

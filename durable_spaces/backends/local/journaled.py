@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import stat as st
+import threading
 from collections.abc import Callable, Sequence
 
 from durable_spaces.backends.local import fs as local_fs
@@ -43,6 +44,20 @@ JournalFactory = Callable[[str], jr.ChangeJournal]
 #: to a worker thread (the hand-off cost more than the work: ~0.3 ms idle, 1-2 loaded).
 SMALL_PATHS = 32
 SMALL_BYTES = 256 * 1024
+
+
+def small_if_free(
+    lock: threading.Lock, scanner: JournaledScanner, path: str, exclude: Sequence[str]
+) -> PathTable | None:
+    """``scanner.small`` right here (no worker-thread hand-off, which costs more than a
+    few lstats and hashes) unless a worker thread holds ``lock``, the scanner's; else
+    None: the caller scans in a thread."""
+    if not lock.acquire(blocking=False):
+        return None
+    try:
+        return scanner.small(path, exclude)
+    finally:
+        lock.release()
 
 
 def _under(path: str, top: str) -> bool:

@@ -51,7 +51,7 @@ from durable_spaces.backends.local.disk import read_json, write_atomic
 from durable_spaces.backends.local.execution import LocalExecution
 from durable_spaces.backends.local.forkserver_client import ForkServer
 from durable_spaces.backends.local.journal import ChangeJournal
-from durable_spaces.backends.local.journaled import JournaledScanner
+from durable_spaces.backends.local.journaled import JournaledScanner, small_if_free
 from durable_spaces.backends.local.ledger import Ledger, record
 from durable_spaces.backends.local.procs import kill_space, reap, track
 from durable_spaces.backends.local.supervisor import format_spec
@@ -101,8 +101,25 @@ _INHERIT = frozenset(
 
 
 #: How long a restart or removal of the Space waits for a client holding its lock
-#: before it goes ahead without (``LocalSpace._machine_locked``).
+#: before it goes ahead without (``LocalSpace._locked``).
 MACHINE_PATIENCE_S = 2.0
+
+
+def _flock(fd: int, patience_s: float | None) -> bool:
+    """Take the flock on ``fd``: waiting for good, or at most ``patience_s``."""
+    if patience_s is None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return True
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
 
 class LocalSpace:
     """One ``local`` Space. Every call first checks the Space still is this instance."""
@@ -152,27 +169,15 @@ class LocalSpace:
             )
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        try:
-            fd = os.open(self._d / "lock", os.O_RDWR | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise SpaceGoneError(f"Space {self.name} no longer exists") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            self._check()
-            yield
-        finally:
-            os.close(fd)
-
-    @contextlib.contextmanager
-    def _machine_locked(self) -> Iterator[bool]:
-        """The lock for what the machine itself does (restart, removal): taken if its
-        holder lets go within ``MACHINE_PATIENCE_S``, else not (yields whether it was).
-        Why: the lock is held by clients (this stand-in's daemon runs in its callers), and
-        a client frozen inside a spawn (a paused driver, a driver stopped at a failpoint)
-        would hold a real machine's restart or removal for as long as it is frozen; the
-        real daemon's restart waits for no client. Without the lock a restart only kills
-        and writes a new boot id (``LocalBackend.restart``): a spawn it overtook finds its
+    def _locked(self, patience_s: float | None = None) -> Iterator[bool]:
+        """The Space's lock (flock); yields whether it was taken. With ``patience_s``
+        (what the machine itself does: restart, removal) it is given up on when its
+        holder does not let go in time, and the caller goes ahead without it. Why: the
+        lock is held by clients (this stand-in's daemon runs in its callers), and a client
+        frozen inside a spawn (a paused driver, a driver stopped at a failpoint) would
+        hold a real machine's restart or removal for as long as it is frozen; the real
+        daemon's restart waits for no client. Without the lock a restart only kills and
+        writes a new boot id (``LocalBackend.restart``): a spawn it overtook finds its
         supervisor killed (the key reads ``lost``), or forks after it (the command runs
         in the new boot), or finds the Space gone."""
         try:
@@ -180,17 +185,7 @@ class LocalSpace:
         except FileNotFoundError:
             raise SpaceGoneError(f"Space {self.name} no longer exists") from None
         try:
-            deadline = time.monotonic() + MACHINE_PATIENCE_S
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    locked = True
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        locked = False
-                        break
-                    time.sleep(0.01)
+            locked = _flock(fd, patience_s)
             self._check()
             yield locked
         finally:
@@ -501,20 +496,9 @@ class LocalSpace:
         assert table is not None  # a local scan always walks this host
         return table
 
-    def _small_scan(self, root: str, exclude: list[str]) -> PathTable | None:
-        """The journal's answer right here when it is small work (``JournaledScanner.
-        small``: a few lstats and hashes cost less than the hand-off to a worker thread)
-        and no worker thread holds the scanner; else None."""
-        if not self._scan_lock.acquire(blocking=False):
-            return None
-        try:
-            return self._scanner.small(root, exclude)
-        finally:
-            self._scan_lock.release()
-
     async def scan(self, root: str = ".", exclude: Sequence[str] = ()) -> PathTable:
         self._check()
-        table = self._small_scan(root, list(exclude))
+        table = small_if_free(self._scan_lock, self._scanner, root, list(exclude))
         if table is not None:
             return table
         return await asyncio.to_thread(self._scan_sync, root, list(exclude))

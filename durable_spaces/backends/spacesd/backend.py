@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from durable_spaces.backends.local.journal import ChangeJournal
-from durable_spaces.backends.local.journaled import JournaledScanner
+from durable_spaces.backends.local.journaled import JournaledScanner, small_if_free
 from durable_spaces.backends.spacesd.daemon import (
     PIDNS,
     DaemonState,
@@ -165,12 +165,9 @@ class NamespacedSpace(SpacesdSpace):
     def _small_scan(self, root: str, exclude: list[str]) -> PathTable | None:
         """The journal's answer right here when it is small work (``JournaledScanner.
         small``) and no worker thread holds the scanner; else None."""
-        if self._probe.boot_id() is None or not self._host_lock.acquire(blocking=False):
+        if self._probe.boot_id() is None:
             return None
-        try:
-            return self._host.small(root, exclude)
-        finally:
-            self._host_lock.release()
+        return small_if_free(self._host_lock, self._host, root, exclude)
 
     async def scan(self, root: str = ".", exclude: Sequence[str] = ()) -> PathTable:
         table = self._small_scan(root, list(exclude))
