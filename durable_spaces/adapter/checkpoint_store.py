@@ -32,7 +32,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import re
 import stat
 import threading
 from collections.abc import Iterable
@@ -48,7 +47,6 @@ from durable_spaces.errors import CheckpointCopyError
 logger = logging.getLogger(__name__)
 
 BLOBS = "blobs"
-_SHA = re.compile(r"[0-9a-f]{64}")
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 _DIR = os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW
 _FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
@@ -118,7 +116,7 @@ class Batch:
 
     def present(self) -> set[str]:
         """Every blob name in the directory (one listing)."""
-        return {n for n in os.listdir(self._bfd) if _SHA.fullmatch(n)} | self.added
+        return mf.blob_names(self._bfd) | self.added
 
     def add(self, data: bytes, replace: bool = False) -> str:
         """Add a blob (if it is not there already, or ``replace``: over a damaged one);
@@ -318,7 +316,7 @@ class DirectoryCheckpointStore:
                     logger.warning("prune of %s keeps every blob: %s: %s", self.dir, cid, e)
                     return removed
             for name in os.listdir(bfd):
-                if _SHA.fullmatch(name) and name not in needed:
+                if mf.BLOB_NAME.fullmatch(name) and name not in needed:
                     os.unlink(name, dir_fd=bfd)
                     removed.append(f"{BLOBS}/{name}")
             for name in os.listdir(dfd):
@@ -458,7 +456,7 @@ def _fsync_all(fds: list[int]) -> None:
 
 
 def _blob_name(sha: str) -> str:
-    if not isinstance(sha, str) or not _SHA.fullmatch(sha):
+    if not isinstance(sha, str) or not mf.BLOB_NAME.fullmatch(sha):
         raise CheckpointCopyError(f"not a blob id: {str(sha)[:80]!r}")
     return sha
 

@@ -32,15 +32,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import threading
 
 from inotify_simple import INotify
 from inotify_simple import flags as F
 
+from durable_spaces.adapter import manifest as mf
 from durable_spaces.host_mounts import mount_problem
 
-_SHA = re.compile(r"[0-9a-f]{64}")
 #: Copies one process watches at once (module doc); the others are listed every time.
 MAX_WATCHED = 8
 _live = 0
@@ -51,10 +50,6 @@ _MASK = (
 _LOST = F.DELETE_SELF | F.MOVE_SELF | F.IGNORED | F.UNMOUNT | F.Q_OVERFLOW
 _IN = F.CREATE | F.MOVED_TO
 _OUT = F.DELETE | F.MOVED_FROM
-
-
-def _listing(bfd: int) -> set[str]:
-    return {n for n in os.listdir(bfd) if _SHA.fullmatch(n)}
 
 
 class BlobNames:
@@ -81,7 +76,7 @@ class BlobNames:
         if key != self._refused:
             self._watch(bfd, key)
         self.listed += 1
-        self._names = _listing(bfd)  # after the watch (module doc)
+        self._names = mf.blob_names(bfd)  # after the watch (module doc)
         return set(self._names)
 
     def _watch(self, bfd: int, key: tuple[int, int]) -> None:
@@ -126,7 +121,7 @@ class BlobNames:
                 for ev in events:
                     if ev.mask & _LOST:
                         return False
-                    if not _SHA.fullmatch(ev.name):
+                    if not mf.BLOB_NAME.fullmatch(ev.name):
                         continue
                     if ev.mask & _IN:
                         self._names.add(ev.name)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import tarfile
 from collections.abc import Callable, Iterable, Mapping
@@ -36,7 +37,14 @@ ROOT = "."
 FILE, DIR, SYMLINK, HARDLINK = "f", "d", "l", "h"
 KINDS = (FILE, DIR, SYMLINK, HARDLINK)
 
-_SHA = re.compile(r"[0-9a-f]{64}")
+#: A blob's name (its sha256, hex): the only names a copy's or a store's blobs dir holds
+#: for us, and the only ones a prune deletes.
+BLOB_NAME = re.compile(r"[0-9a-f]{64}")
+
+
+def blob_names(dir_fd: int) -> set[str]:
+    """The blob names in the directory open at ``dir_fd`` (any other name is not ours)."""
+    return {n for n in os.listdir(dir_fd) if BLOB_NAME.fullmatch(n)}
 
 
 class ManifestError(ValueError):
@@ -150,7 +158,7 @@ def _row(row: object) -> tuple[str, Entry]:
         raise ManifestError(f"manifest entry {path[:200]!r}: mode {mode:o} is not permission bits")
     _check_path(path)
     if kind == FILE:
-        if not isinstance(ref, str) or not _SHA.fullmatch(ref):
+        if not isinstance(ref, str) or not BLOB_NAME.fullmatch(ref):
             raise ManifestError(f"manifest entry {path[:200]!r}: bad sha256 {str(ref)[:80]!r}")
     elif kind in (SYMLINK, HARDLINK):
         if not isinstance(ref, str) or not ref or "\0" in ref:

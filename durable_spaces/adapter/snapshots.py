@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 from collections.abc import AsyncIterable, Callable
 from typing import Protocol
 
@@ -56,7 +55,6 @@ from durable_spaces.space import MachineCheckpoints, Space, SpaceBackend
 
 logger = logging.getLogger(__name__)
 
-_SHA = re.compile(r"[0-9a-f]{64}")
 
 __all__ = [
     "CheckpointMissing",
@@ -347,7 +345,7 @@ def host_garbage(
             bfd = os.open("blobs", flags, dir_fd=fd)
             try:
                 for name in set(os.listdir(bfd)) - needed:
-                    if _SHA.fullmatch(name):  # the only names a prune deletes
+                    if mf.BLOB_NAME.fullmatch(name):  # the only names a prune deletes
                         size += os.lstat(name, dir_fd=bfd).st_size
             finally:
                 os.close(bfd)

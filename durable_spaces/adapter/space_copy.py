@@ -17,16 +17,14 @@ need); killed anywhere, it has only removed what nothing recorded needs.
 from __future__ import annotations
 
 import io
-import re
 import shlex
 import tarfile
 from collections.abc import Iterable, Mapping
 
+from durable_spaces.adapter import manifest as mf
 from durable_spaces.adapter.checkpoint_id import CheckpointId
 from durable_spaces.errors import CheckpointCopyError, SpaceError
 from durable_spaces.space import Space
-
-_SHA = re.compile(r"[0-9a-f]{64}")
 
 #: Shell function: make ``$1`` a real directory (a symlink or file at its name removed).
 _FIX_DIR = (
@@ -127,7 +125,7 @@ async def read_blobs(
     neither."""
     if epoch is None:
         epoch = max(1, await space.current_epoch())
-    names = sorted(s for s in shas if _SHA.fullmatch(s))
+    names = sorted(s for s in shas if mf.BLOB_NAME.fullmatch(s))
     code, out = await _sh(
         space,
         f'd={_q(d)}; b="$d/blobs"; if [ -L "$d" ] || [ -L "$b" ]; then exit 3; fi; '
@@ -180,7 +178,7 @@ async def prune(
     doomed: list[str] | None = None
     if keep_blobs is not None and present is not None:
         kept = set(keep_blobs)
-        doomed = sorted(b for b in set(present) if _SHA.fullmatch(b) and b not in kept)
+        doomed = sorted(b for b in set(present) if mf.BLOB_NAME.fullmatch(b) and b not in kept)
         blobs = "".join(f"{b}\n" for b in doomed)
     else:
         blobs = "" if keep_blobs is None else "\n".join(sorted(set(keep_blobs))) + "\n"
