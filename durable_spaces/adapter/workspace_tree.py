@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import stat
 import tarfile
 import time
@@ -32,12 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from durable_spaces.adapter.manifest import DIR, FILE, ROOT, SYMLINK
+from durable_spaces.adapter.manifest import BLOB_NAME, DIR, FILE, ROOT, SYMLINK
 
 #: Timestamps this close to a listing are not trusted for the next one (as the scans).
 RACY_NS = 50_000_000
 
-_SHA = re.compile(rb"[0-9a-f]{64}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -213,7 +211,8 @@ def parse_listing(out: bytes) -> tuple[Listing, set[str], dict[str, bytes]]:
         )
     pos += len(END)
     end = rest.index(END, pos)  # blob names are hex: no E in them
-    blobs = {n.decode() for n in rest[pos:end].split(b"\0") if _SHA.fullmatch(n)}
+    names = (n.decode("utf-8", "surrogateescape") for n in rest[pos:end].split(b"\0"))
+    blobs = {n for n in names if BLOB_NAME.fullmatch(n)}
     return listing, blobs, parse_files(rest[end + len(END) :])
 
 
