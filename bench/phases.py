@@ -37,10 +37,13 @@ TIMED = (
     ("durable_spaces.backends.local.space", "LocalSpace.scan", "scan"),
     ("durable_spaces.adapter.checkpointing", "CheckpointKeeper.take", "checkpoint"),
     ("durable_spaces.adapter.incremental", "walk_host", "walk"),
+    ("durable_spaces.adapter.kept_tree", "KeptTree.relook", "walk"),
     ("durable_spaces.adapter.checkpoint_store", "Batch._commit", "store"),
     # finer parts, printed as ``more=``
     ("durable_spaces.adapter.incremental", "Taker._host_sync", "host_sync"),
     ("durable_spaces.adapter.incremental", "Taker._heal_host", "heal"),
+    ("durable_spaces.host_holders", "Holders.now", "holders"),
+    ("durable_spaces.adapter.kept_tree", "KeptTree.changes", "journal_sync"),
     ("durable_spaces.adapter.incremental", "Builder.build", "manifest"),
     ("durable_spaces.adapter.manifest", "encode", "encode"),
     ("durable_spaces.adapter.manifest", "Encoder.encode", "encode"),
@@ -54,7 +57,7 @@ TIMED = (
     ("durable_spaces.adapter.durable", "DurableSpaces.space_for", "space_for"),
 )
 MORE = (
-    "host_sync", "heal", "manifest", "encode", "prune", "copy_prune", "read_manifest",
+    "host_sync", "heal", "holders", "journal_sync", "manifest", "encode", "prune", "copy_prune", "read_manifest",
     "image_update", "state_load",
     "state_commit", "decide", "space_for",
 )  # fmt: skip

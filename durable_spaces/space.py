@@ -5,8 +5,9 @@ ledger and an epoch fence. Every backend (``durable_spaces.backends.<name>``) im
 ``SpaceBackend`` (create / find / delete named Spaces) and ``Space`` (what runs inside
 one). Abilities only some callers need are protocols of their own, so no backend is
 asked for what it cannot do and mypy checks each against its caller: ``Faults``
-(restart, kill the daemon, pause: what the chaos lab inflicts) and
-``MachineCheckpoints`` (whole-machine checkpoints: what ``SandboxSnapshots`` takes).
+(restart, kill the daemon, pause: what the chaos lab inflicts),
+``MachineCheckpoints`` (whole-machine checkpoints: what ``SandboxSnapshots`` takes) and
+``JournaledSpace`` (a change journal of a host workspace: what checkpoints read).
 Every protocol is runtime-checkable: a caller that needs an ability asks
 ``isinstance(backend, Faults)`` and refuses a backend without it with a clear error.
 
@@ -43,6 +44,7 @@ from durable_spaces.space_types import (
     OutputCallback,
     PathEntry,
     PathTable,
+    WorkspaceChanges,
     check_name,
     name_problem,
     unsupported,
@@ -60,12 +62,15 @@ __all__ = [
     "Execution",
     "Faults",
     "FileStat",
+    "JournaledSpace",
     "MachineCheckpoints",
     "OutputCallback",
     "PathEntry",
     "PathTable",
     "Space",
     "SpaceBackend",
+    "WorkspaceChanges",
+    "WorkspaceJournal",
     "check_name",
     "confine",
     "machine_checkpoint_id",
@@ -269,6 +274,46 @@ def machine_checkpoint_id(value: object, where: str = "a machine checkpoint") ->
     if isinstance(value, str) and MACHINE_CHECKPOINT_ID.fullmatch(value):
         return value
     raise BadCheckpointIdError(value, where, "not a machine")
+
+
+@runtime_checkable
+class WorkspaceJournal(Protocol):
+    """A change journal of a workspace that is a directory of this host: what changed
+    since its last look, for a walk that watched each directory before listing it and
+    each regular file before its ``lstat`` (``dir`` / ``file``; the descriptors are the
+    walk's own, opened without following links). ``changes`` is None, with ``broken``
+    saying why, whenever it cannot vouch for everything (then: a full walk and a new
+    journal). Stores through a shared writable mapping raise no event: a caller that
+    must see them looks at the files some process holds (``host_holders``)."""
+
+    broken: str | None
+
+    def dir(self, rel: str, fd: int) -> None: ...
+
+    def file(self, rel: str, dir_fd: int, name: str) -> None: ...
+
+    def forget(self, rel: str, tree: bool) -> None:
+        """``rel`` (with ``tree``, all below it too) is no longer listed."""
+        ...
+
+    def is_watched_dir(self, rel: str, fd: int) -> bool:
+        """Whether the directory open as ``fd`` is the one watched as ``rel``."""
+        ...
+
+    def changes(self) -> WorkspaceChanges | None: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class JournaledSpace(Protocol):
+    """A Space whose workspace this host can journal (``local``; ``spacesd`` with its
+    daemon on this host). Each consumer gets its own journal: watches and the queue of
+    events belong to whoever looks."""
+
+    def workspace_journal(self) -> WorkspaceJournal | None:
+        """A new journal of the workspace (None: this Space cannot have one now)."""
+        ...
 
 
 @runtime_checkable

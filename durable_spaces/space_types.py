@@ -152,6 +152,18 @@ class PathEntry:
 PathTable = dict[str, PathEntry]
 
 
+@dataclass
+class WorkspaceChanges:
+    """What a change journal named since its last look (``space.WorkspaceJournal``):
+    ``paths`` to look at again one by one, ``trees`` with everything below them."""
+
+    paths: set[str] = field(default_factory=set)
+    trees: set[str] = field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return bool(self.paths or self.trees)
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a Space can do. ``kind`` is e.g. "local", "process", "container", "microvm"."""

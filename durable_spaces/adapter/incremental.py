@@ -29,7 +29,8 @@ import contextlib
 import os
 import posixpath
 import shlex
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field
 
 from durable_spaces.adapter import manifest as mf
@@ -38,11 +39,13 @@ from durable_spaces.adapter.checkpoint_id import CheckpointId
 from durable_spaces.adapter.checkpoint_store import Batch, CheckpointStore, DirectoryCheckpointStore
 from durable_spaces.adapter.copy_watch import BlobNames
 from durable_spaces.adapter.image import blob_id
+from durable_spaces.adapter.kept_tree import KeptTree
 from durable_spaces.adapter.workspace_tree import (
     FETCH_ARGV,
     RACY_NS,
     Listing,
     Node,
+    Take,
     TreeChanged,
     fetch_input,
     list_script,
@@ -51,7 +54,8 @@ from durable_spaces.adapter.workspace_tree import (
     walk_host,
 )
 from durable_spaces.errors import SpaceError
-from durable_spaces.space import Space
+from durable_spaces.host_holders import Holders
+from durable_spaces.space import JournaledSpace, Space
 
 #: Lists of a tree that keeps changing under them before a checkpoint gives up.
 ATTEMPTS = 3
@@ -62,10 +66,25 @@ class Seen:
     """What this process knows of one Space instance's workspace."""
 
     host: bool | None = None  # the workspace is a directory here (None: not probed yet)
-    files: dict[str, tuple[Node, str]] = field(default_factory=dict)  # path -> (node, sha)
+    #: path -> (node, sha): through commands, the files a stat key can vouch for; on the
+    #: host, every file of the last listing (``clock_ns`` says which keys vouch).
+    files: dict[str, tuple[Node, str]] = field(default_factory=dict)
     generation: int | None = None  # of the store, when ``files`` was filled
     since_ns: int | None = None  # commands: the clock of the last listing, less RACY_NS
+    clock_ns: int = 0  # host: the clock of the last listing
     copy_blobs: BlobNames = field(default_factory=BlobNames)  # host: the copy's blobs
+    holders: Holders | None = None  # host: who holds the workspace's files
+    kept: KeptTree | None = None  # host: the last listing, kept by a journal
+    kept_epoch: int | None = None
+
+    def drop_kept(self) -> None:
+        if self.kept is not None:
+            self.kept.close()
+            self.kept = None
+
+    def close(self) -> None:
+        self.copy_blobs.close()
+        self.drop_kept()
 
 
 def copy_dir(space: Space) -> str:
@@ -83,47 +102,80 @@ class Builder:
     """``build``, entry for entry, for a caller that builds one workspace's manifest
     again and again: the order of the paths is kept while the set of paths stays the
     same, and each path's entry while its node and blob do (building 1000 entries and
-    sorting their paths was most of a checkpoint's manifest time). A memo of a pure
-    function: what it returns never depends on what it kept."""
+    sorting their paths was most of a checkpoint's manifest time). A caller that knows
+    which paths may have changed since the last build (``changed``: a journal's) has
+    only those built again, while the paths and the hard links stay the same. A memo of
+    a pure function: what it returns never depends on what it kept."""
 
     def __init__(self) -> None:
         self._paths: frozenset[str] = frozenset()
         self._order: list[str] = []
         self._entries: dict[str, tuple[Node, str | None, mf.Entry]] = {}
+        self._out: mf.Manifest | None = None
+        self._links = True  # the last build had hard links (or there was none)
+        #: The paths whose entries the last build may have changed (None: any may).
+        self.changed: Set[str] | None = None
 
-    def build(self, listing: Listing, sha: Callable[[str], str]) -> mf.Manifest:
+    def build(
+        self, listing: Listing, sha: Callable[[str], str], changed: Set[str] | None = None
+    ) -> mf.Manifest:
         nodes = listing.nodes
+        if (
+            changed is not None
+            and self._out is not None
+            and not self._links
+            and nodes.keys() == self._paths
+            and not any(nodes[p].nlink > 1 and nodes[p].kind == mf.FILE for p in changed)
+        ):
+            out = dict(self._out)
+            for p in changed:
+                e = self._entry(p, nodes[p], sha)
+                out[p] = e
+            self._out, self.changed = out, changed
+            return out
+        self.changed = None  # hard links: an entry may change with another path's node
         if nodes.keys() != self._paths:
             self._paths, self._order = frozenset(nodes), mf.ordered(nodes)
+        self._links = False
         known = self._entries
-        kept: dict[str, tuple[Node, str | None, mf.Entry]] = {}
-        out: mf.Manifest = {}
+        self._entries = {}
+        out = {}
         first: dict[int, str] = {}
         for path in self._order:
             n = nodes[path]
-            ref: str | None = None
-            if n.kind == mf.FILE:
-                if n.nlink > 1:
-                    if n.ino in first:
-                        out[path] = mf.Entry(mf.HARDLINK, 0, 0, first[n.ino], 0)
-                        continue
-                    first[n.ino] = path
-                ref = sha(path)
-            elif n.kind == mf.SYMLINK:
-                ref = n.target
-            k = known.get(path)
-            if k is not None and k[1] == ref and k[0] == n:
-                e = k[2]
-            elif n.kind == mf.FILE:
-                e = mf.Entry(mf.FILE, n.mode, n.size, ref, n.mtime_ns)
-            elif n.kind == mf.SYMLINK:
-                e = mf.Entry(mf.SYMLINK, 0o777, 0, ref, n.mtime_ns)
-            else:
-                e = mf.Entry(mf.DIR, n.mode, 0, None, n.mtime_ns)
-            kept[path] = (n, ref, e)
-            out[path] = e
-        self._entries = kept
+            if n.kind == mf.FILE and n.nlink > 1:
+                self._links = True
+                if n.ino in first:
+                    out[path] = mf.Entry(mf.HARDLINK, 0, 0, first[n.ino], 0)
+                    continue
+                first[n.ino] = path
+            out[path] = self._entry(path, n, sha, known)
+        self._out = out
         return out
+
+    def _entry(
+        self,
+        path: str,
+        n: Node,
+        sha: Callable[[str], str],
+        known: dict[str, tuple[Node, str | None, mf.Entry]] | None = None,
+    ) -> mf.Entry:
+        ref: str | None = None
+        if n.kind == mf.FILE:
+            ref = sha(path)
+        elif n.kind == mf.SYMLINK:
+            ref = n.target
+        k = (self._entries if known is None else known).get(path)
+        if k is not None and k[1] == ref and k[0] == n:
+            e = k[2]
+        elif n.kind == mf.FILE:
+            e = mf.Entry(mf.FILE, n.mode, n.size, ref, n.mtime_ns)
+        elif n.kind == mf.SYMLINK:
+            e = mf.Entry(mf.SYMLINK, 0o777, 0, ref, n.mtime_ns)
+        else:
+            e = mf.Entry(mf.DIR, n.mode, 0, None, n.mtime_ns)
+        self._entries[path] = (n, ref, e)
+        return e
 
 
 class Taker:
@@ -140,19 +192,24 @@ class Taker:
         self.needs: dict[str, frozenset[str]] = {} if needs is None else needs
         self.encoder = mf.Encoder()
         self.builder = Builder()
+        #: Whose manifest the two memos above last made, in full (None: unknown).
+        self._built_for: Seen | None = None
+        #: Host checkpoints that walked everything / that a journal answered.
+        self.stats = {"full": 0, "journal": 0}
+        self.why_full = "no checkpoint yet"
 
     def forget(self, space: Space) -> None:
         """After a restore: the workspace's files are all new."""
         gone = self.seen.pop((space.name, space.instance_id), None)
         if gone is not None:
-            gone.copy_blobs.close()
+            gone.close()
 
     def _seen(self, space: Space) -> Seen:
         key = (space.name, space.instance_id)
         if key not in self.seen:
             for k, v in list(self.seen.items()):
                 if k[0] == space.name:  # an older instance of the Space
-                    v.copy_blobs.close()
+                    v.close()
                     del self.seen[k]
             self.seen[key] = Seen()
         return self.seen[key]
@@ -170,10 +227,11 @@ class Taker:
         for attempt in range(ATTEMPTS):
             try:
                 if seen.host:
-                    return await self._on_host(space, seen, call_id)
+                    return await self._on_host(space, seen, call_id, epoch)
                 return await self._by_commands(space, seen, call_id, epoch)
             except TreeChanged as e:
                 seen.files.clear()
+                seen.drop_kept()
                 if attempt == ATTEMPTS - 1:
                     raise SpaceError(
                         f"the workspace of Space {space.name} kept changing under its "
@@ -183,26 +241,21 @@ class Taker:
 
     # --- the workspace is a directory here --------------------------------------------
 
-    async def _on_host(self, space: Space, seen: Seen, call_id: str) -> CheckpointId:
+    async def _on_host(self, space: Space, seen: Seen, call_id: str, epoch: int) -> CheckpointId:
         try:
-            return await asyncio.to_thread(self._host_sync, space, seen, call_id)
+            return await asyncio.to_thread(self._host_sync, space, seen, call_id, epoch)
         except (TreeChanged, SpaceError):
             raise
         except OSError as e:
             await space.stat(".")  # the Space's own error when it is gone or down
             raise SpaceError(f"checkpoint of Space {space.name} failed: {e}") from e
 
-    def _host_sync(self, space: Space, seen: Seen, call_id: str) -> CheckpointId:
+    def _host_sync(self, space: Space, seen: Seen, call_id: str, epoch: int) -> CheckpointId:
         copy = DirectoryCheckpointStore(copy_dir(space), in_space=True)
         outer = self.store.batch() if self.store is not None else contextlib.nullcontext()
         with outer as sb, copy.batch(sync=self.store is None) as cb:
             self._check_generation(seen, sb)
             fresh: dict[str, tuple[Node, str]] = {}
-            files = seen.files
-
-            def want(path: str, node: Node) -> bool:
-                known = files.get(path)
-                return known is None or known[0] != node
 
             def take(path: str, node: Node, fd: int) -> None:
                 sha, data = (sb or cb).add_from(fd, node.size)
@@ -210,18 +263,96 @@ class Taker:
                     _also(cb, sb, sha, node.size, data)
                 fresh[path] = (node, sha)
 
-            listing = walk_host(space.root, want, take)
-            m = self.builder.build(listing, lambda p: (fresh.get(p) or seen.files[p])[1])
+            listing, kept, changed = self._list_host(space, seen, epoch, take)
+            if self._built_for is not seen:
+                changed = None  # the memos hold another Space's manifest, or a failed one
+            self._built_for = None
+            m = self.builder.build(
+                listing, lambda p: (fresh.get(p) or seen.files[p])[1], changed
+            )
             need = mf.blobs(m)
             self._heal_host(space, m, need, seen.copy_blobs.names(cb.blobs_fd) | cb.added, cb, sb)
-            data = self.encoder.encode(m)
+            data = self.encoder.encode(m, self.builder.changed)
+            self._built_for = seen
             cid = CheckpointId.for_manifest(call_id, data)
             if sb is not None:
                 sb.manifest(cid, data)
             cb.manifest(cid, data)
-        self._remember(seen, listing, {**seen.files, **fresh})
+        files = seen.files
+        files.update(fresh)
+        if len(files) != sum(1 for n in listing.nodes.values() if n.kind == mf.FILE) or any(
+            p not in listing.nodes for p in fresh
+        ):
+            seen.files = {p: files[p] for p, n in listing.nodes.items() if n.kind == mf.FILE}
+        seen.clock_ns = listing.clock_ns
+        if kept is not None:  # only now: the listing and the shas it needs go together
+            kept.listing = listing
+            seen.kept, seen.kept_epoch = kept, epoch
         self.needs[cid] = frozenset(need)
         return cid
+
+    def _list_host(
+        self, space: Space, seen: Seen, epoch: int, take: Take
+    ) -> tuple[Listing, KeptTree | None, set[str] | None]:
+        """The listing: what the kept tree's journal names when it vouches, else a full
+        walk (which starts a new journal where the Space has one); the kept tree to
+        keep it in once the checkpoint is written; and the paths whose node may differ
+        from the last listing's (None: a full walk, any may)."""
+        clock = time.time_ns()  # before the looks: later changes are in the next one
+        if seen.holders is None:
+            seen.holders = Holders(os.stat(space.root).st_dev)
+        kept = seen.kept
+        if kept is not None and (seen.kept_epoch != epoch or kept.listing is None):
+            seen.drop_kept()  # a new epoch trusts nothing seen before it
+            kept = None
+        if kept is not None and kept.listing is not None:
+            # Until this checkpoint is written (``_host_sync``): one that fails after
+            # the journal's events were taken must not leave a listing that lacks them.
+            prev, kept.listing = kept.listing, None
+            held = kept.held()  # before the journal's sync: a later close is an event
+            changes = kept.changes() if held is not None else None
+            if held is not None and changes is not None:
+                listing = kept.relook(space.root, prev, clock, changes, held, take)
+                self.stats["journal"] += 1
+                last = prev.nodes
+                changed = {p for p, n in listing.nodes.items() if last.get(p) is not n}
+                return listing, kept, changed
+            self.why_full = kept.broken or "the journal is not trusted"
+            seen.drop_kept()
+        kept = self._start_kept(space, seen.holders)
+        held = seen.holders.now() if kept is None else kept.held()
+        files, trusted_ns = seen.files, seen.clock_ns
+
+        def want(path: str, node: Node) -> bool:
+            known = files.get(path)
+            return (
+                known is None
+                or known[0] != node
+                or not node.trusted(trusted_ns)
+                or node.ino in (held or ())
+            )
+
+        listing = walk_host(space.root, want, take, kept.journal if kept is not None else None)
+        listing.clock_ns = min(listing.clock_ns, clock)
+        self.stats["full"] += 1
+        if kept is not None and (held is None or kept.journal.broken is not None):
+            self.why_full = kept.journal.broken or kept.broken or "the journal is not trusted"
+            kept.close()
+            kept = None
+        return listing, kept, None
+
+    def _start_kept(self, space: Space, holders: Holders) -> KeptTree | None:
+        if not isinstance(space, JournaledSpace):
+            return None
+        journal = space.workspace_journal()
+        if journal is None:
+            return None
+        kept = KeptTree(journal, holders)
+        if kept.broken is not None:
+            self.why_full = kept.broken  # e.g. not a local filesystem
+            kept.close()
+            return None
+        return kept
 
     def _heal_host(
         self,
@@ -250,6 +381,7 @@ class Taker:
         gen = sb.generation if sb is not None else 0
         if seen.generation != gen:  # a prune ran: blobs remembered may be gone
             seen.files.clear()
+            seen.drop_kept()
             seen.generation = gen
 
     @staticmethod
@@ -294,6 +426,7 @@ class Taker:
             for data in blobs.values():
                 if sb is not None:
                     sb.add(data)
+            self._built_for = None
             m = self.builder.build(listing, lambda p: (fresh.get(p) or seen.files[p])[1])
             data = self.encoder.encode(m)
             cid = CheckpointId.for_manifest(call_id, data)

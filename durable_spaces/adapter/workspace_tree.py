@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from durable_spaces.adapter.manifest import BLOB_NAME, DIR, FILE, ROOT, SYMLINK
+from durable_spaces.space import WorkspaceJournal
 
 #: Timestamps this close to a listing are not trusted for the next one (as the scans).
 RACY_NS = 50_000_000
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -68,7 +69,7 @@ class Listing:
     nodes: dict[str, Node] = field(default_factory=dict)
 
 
-def _dir_node(st: os.stat_result) -> Node:
+def dir_node(st: os.stat_result) -> Node:
     return Node(DIR, st.st_mode & 0o7777, 0, st.st_ino, st.st_nlink, st.st_mtime_ns, st.st_ctime_ns)
 
 
@@ -77,23 +78,39 @@ Take = Callable[[str, Node, int], None]
 Want = Callable[[str, Node], bool]
 
 
-def walk_host(root: str, want: Want, take: Take) -> Listing:
-    """List the workspace at the host path ``root`` (module doc)."""
+def walk_host(root: str, want: Want, take: Take, watch: WorkspaceJournal | None = None) -> Listing:
+    """List the workspace at the host path ``root`` (module doc). With ``watch``, each
+    directory is watched before it is listed and each regular file before its
+    ``lstat``: a change after that is an event (``space.WorkspaceJournal``)."""
     listing = Listing(time.time_ns())
     top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    if watch is not None:
+        watch.dir(ROOT, top)
     stack: list[tuple[str, int]] = [("", top)]
     try:
-        listing.nodes[ROOT] = _dir_node(os.fstat(top))
-        while stack:
-            prefix, dfd = stack.pop()
-            try:
-                _walk_dir(prefix, dfd, listing.nodes, want, take, stack)
-            finally:
-                os.close(dfd)
+        listing.nodes[ROOT] = dir_node(os.fstat(top))
+        walk_stack(stack, listing.nodes, want, take, watch)
     finally:
         for _, fd in stack:  # left by an error
             os.close(fd)
     return listing
+
+
+def walk_stack(
+    stack: list[tuple[str, int]],
+    nodes: dict[str, Node],
+    want: Want,
+    take: Take,
+    watch: WorkspaceJournal | None,
+) -> None:
+    """Walk every (prefix, open directory) of ``stack`` and all below them into
+    ``nodes``, closing each directory after listing it."""
+    while stack:
+        prefix, dfd = stack.pop()
+        try:
+            _walk_dir(prefix, dfd, nodes, want, take, stack, watch)
+        finally:
+            os.close(dfd)
 
 
 def _walk_dir(
@@ -103,36 +120,52 @@ def _walk_dir(
     want: Want,
     take: Take,
     stack: list[tuple[str, int]],
+    watch: WorkspaceJournal | None,
 ) -> None:
     with os.scandir(dfd) as it:
         for e in it:
             name = e.name
             rel = prefix + name
-            st = e.stat(follow_symlinks=False)
+            if watch is not None and e.is_file(follow_symlinks=False):
+                watch.file(rel, dfd, name)  # then a fresh lstat, not the entry's cache
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            else:
+                st = e.stat(follow_symlinks=False)
             m = st.st_mode
             if stat.S_ISREG(m):
-                node = Node(
-                    FILE, m & 0o7777, st.st_size, st.st_ino, st.st_nlink, st.st_mtime_ns,
-                    st.st_ctime_ns,
-                )  # fmt: skip
+                node = file_node(st)
                 if want(rel, node):
-                    node = _take(rel, name, dfd, take)
+                    node = take_file(rel, name, dfd, take)
             elif stat.S_ISDIR(m):
                 try:
-                    sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+                    sub = os.open(name, DIR_FLAGS, dir_fd=dfd)
                 except OSError as err:
                     raise TreeChanged(f"{rel!r}: {err.strerror}") from None
                 stack.append((rel + "/", sub))
-                node = _dir_node(os.fstat(sub))
+                if watch is not None:
+                    watch.dir(rel, sub)  # before it is listed
+                node = dir_node(os.fstat(sub))
             elif stat.S_ISLNK(m):
-                target = os.readlink(name, dir_fd=dfd)
-                node = Node(SYMLINK, 0o777, 0, st.st_ino, 1, st.st_mtime_ns, st.st_ctime_ns, target)
+                node = link_node(st, os.readlink(name, dir_fd=dfd))
             else:
                 continue  # FIFOs, sockets, devices: never in a checkpoint
             nodes[rel] = node
 
 
-def _take(rel: str, name: str, dfd: int, take: Take) -> Node:
+def file_node(st: os.stat_result) -> Node:
+    return Node(
+        FILE, st.st_mode & 0o7777, st.st_size, st.st_ino, st.st_nlink, st.st_mtime_ns,
+        st.st_ctime_ns,
+    )  # fmt: skip
+
+
+def link_node(st: os.stat_result, target: str) -> Node:
+    return Node(SYMLINK, 0o777, 0, st.st_ino, 1, st.st_mtime_ns, st.st_ctime_ns, target)
+
+
+def take_file(rel: str, name: str, dfd: int, take: Take) -> Node:
+    """Open the regular file ``name`` of ``dfd`` without following links or blocking,
+    hand it to ``take``, and return its node as the open file says."""
     try:
         fd = os.open(name, _FILE_FLAGS, dir_fd=dfd)
     except OSError as err:
@@ -141,10 +174,7 @@ def _take(rel: str, name: str, dfd: int, take: Take) -> Node:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise TreeChanged(f"{rel!r} is no longer a regular file")
-        node = Node(
-            FILE, st.st_mode & 0o7777, st.st_size, st.st_ino, st.st_nlink, st.st_mtime_ns,
-            st.st_ctime_ns,
-        )  # fmt: skip
+        node = file_node(st)
         take(rel, node, fd)
         return node
     finally:

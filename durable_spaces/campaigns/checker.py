@@ -11,8 +11,9 @@ Independence matters: the log is read with ``sqlite3``/``json`` (``checks.rawlog
 the workspace with the checker's own walk or a tar streamed out of the Space
 (``checks.workspace``), and the expected workspace is computed by an interpreter written
 here (``checks.workload``), not from the adapter's ``cua.space`` bookkeeping (which is
-what is under test). Only ``image_equals_workspace`` reads the adapter's image, because
-that is exactly its claim, and it decodes the image itself.
+what is under test). Only ``image_equals_workspace`` reads the adapter's image and
+``checkpoint_equals_workspace`` its last checkpoint, because that is exactly their
+claim, and each decodes what it reads itself.
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from durable_spaces.campaigns.checks import effects, epochs, image, processes, replay, server
+from durable_spaces.campaigns.checks import (
+    checkpoint,
+    effects,
+    epochs,
+    image,
+    processes,
+    replay,
+    server,
+)
 from durable_spaces.campaigns.checks.history import History
 from durable_spaces.campaigns.checks.inputs import Inputs, LaunchRecord, Workload
 from durable_spaces.campaigns.checks.rawlog import read_log
@@ -98,6 +107,7 @@ CHECKS: dict[str, Check] = {
     "no_error_results": no_error_results,
     "no_stale_writes": epochs.no_stale_writes,
     "image_equals_workspace": image.image_equals_workspace,
+    "checkpoint_equals_workspace": checkpoint.checkpoint_equals_workspace,
     "finished": finished,
     "same_as_uninterrupted": replay.same_as_uninterrupted,
     "no_leftover_processes": processes.no_leftover_processes,
@@ -164,6 +174,7 @@ async def collect(
         host_clock=kind in HOST_CLOCK_KINDS,
         kind=kind,
         server=await server.probe(space) if serves else None,
+        checkpoint=await checkpoint.read_last(space, kind, history),
     )
 
 

@@ -172,8 +172,11 @@ def test_the_manifest_builder_is_build_entry_for_entry_as_a_workspace_changes() 
         shas[f"d/f{i}"] = f"{i:064x}"
     nodes["l"] = Node(mf.SYMLINK, 0o777, 0, 7, 1, 5, 5, "d/f1")
 
+    touched: set[str] = set()
+
     def put(path: str, node: Node, sha: str | None = None) -> None:
         nodes[path] = node
+        touched.add(path)
         if sha is not None:
             shas[path] = sha
 
@@ -192,10 +195,15 @@ def test_the_manifest_builder_is_build_entry_for_entry_as_a_workspace_changes() 
         lambda: (nodes.pop("d/f7"), put("d/f70", Node(mf.FILE, 0o644, 1, 900, 1, 1, 1), "a" * 64)),
     ]
     b, enc = Builder(), mf.Encoder()
+    told, told_enc = Builder(), mf.Encoder()  # told which paths changed (a journal's)
     for step in steps:
+        touched.clear()
         step()
         listing = Listing(0, dict(nodes))
         got = b.build(listing, shas.__getitem__)
         assert got == build(listing, shas.__getitem__)
         assert list(got) == list(build(listing, shas.__getitem__))  # the manifest's order
         assert enc.encode(got) == mf.encode(got)
+        also = told.build(listing, shas.__getitem__, set(touched))
+        assert also == got and list(also) == list(got)
+        assert told_enc.encode(also, told.changed) == mf.encode(got)

@@ -48,7 +48,6 @@ import errno
 import os
 import select
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from inotify_simple import INotify
 from inotify_simple import flags as F
@@ -56,6 +55,7 @@ from inotify_simple import flags as F
 from durable_spaces.chaos import mutants
 from durable_spaces.host_mounts import LOCAL_FILESYSTEMS as LOCAL_FILESYSTEMS  # re-exported
 from durable_spaces.host_mounts import mount_problem
+from durable_spaces.space_types import WorkspaceChanges
 from durable_spaces.switches import switch
 
 
@@ -79,15 +79,8 @@ _CONTENT = F.MODIFY | F.CLOSE_WRITE  # what the mutant ``journal_miss`` drops
 SENTINEL = ".ds-journal-sentinel"
 
 
-@dataclass
-class Changes:
-    """What to look at again: ``paths`` one by one, ``trees`` with all below them."""
-
-    paths: set[str] = field(default_factory=set)
-    trees: set[str] = field(default_factory=set)
-
-    def __bool__(self) -> bool:
-        return bool(self.paths or self.trees)
+#: What to look at again (one definition, in the protocol's values).
+Changes = WorkspaceChanges
 
 
 def _join(base: str, name: str) -> str:

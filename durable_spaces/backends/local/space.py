@@ -51,6 +51,7 @@ from durable_spaces.backends.local.disk import read_json, write_atomic
 from durable_spaces.backends.local.execution import LocalExecution
 from durable_spaces.backends.local.forkserver_client import ForkServer
 from durable_spaces.backends.local.journal import ChangeJournal
+from durable_spaces.backends.local.journal import enabled as journal_enabled
 from durable_spaces.backends.local.journaled import JournaledScanner, small_if_free
 from durable_spaces.backends.local.ledger import Ledger, record
 from durable_spaces.backends.local.procs import kill_space, reap, track
@@ -155,6 +156,11 @@ class LocalSpace:
             return None if self._boot() == boot else "the Space's machine restarted"
 
         return ChangeJournal(root, self._staging, guard)
+
+    def workspace_journal(self) -> ChangeJournal | None:
+        """A journal of the workspace of its own (``space.JournaledSpace``), for a
+        checkpoint's walk; None when ``DS_SPACE_JOURNAL=0``."""
+        return self._journal(self.root) if journal_enabled() else None
 
     # --- guards -------------------------------------------------------------------------
 

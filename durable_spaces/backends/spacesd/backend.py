@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from durable_spaces.backends.local.journal import ChangeJournal
+from durable_spaces.backends.local.journal import enabled as journal_enabled
 from durable_spaces.backends.local.journaled import JournaledScanner, small_if_free
 from durable_spaces.backends.spacesd.daemon import (
     PIDNS,
@@ -155,6 +156,13 @@ class NamespacedSpace(SpacesdSpace):
 
         staging = posixpath.join(posixpath.dirname(root.rstrip("/")), ".ds-staging")
         return ChangeJournal(root, staging, guard, mountinfo)
+
+    def workspace_journal(self) -> ChangeJournal | None:
+        """A journal of the workspace of its own (``space.JournaledSpace``), for a
+        checkpoint's walk; None when ``DS_SPACE_JOURNAL=0`` or the daemon is down."""
+        if not journal_enabled() or self._probe.boot_id() is None:
+            return None
+        return self._journal(self.root)
 
     def _host_scan(self, root: str, exclude: list[str]) -> PathTable | None:
         if self._probe.boot_id() is None:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
 
+from durable_spaces.campaigns.checks.checkpoint import LastCheckpoint
 from durable_spaces.campaigns.checks.history import History
 from durable_spaces.campaigns.checks.rawlog import RawLog
 from durable_spaces.campaigns.checks.workload import Implied, interpret
@@ -148,6 +149,8 @@ class Inputs:
     notes: list[str] = field(default_factory=list)
     #: The ``server`` workload's process after the run (None: not a server run).
     server: ServerProbe | None = None
+    #: A checkpoint run's last checkpoint as the Space's copy held it (None: not one).
+    checkpoint: LastCheckpoint | None = None
 
     @cached_property
     def history(self) -> History:

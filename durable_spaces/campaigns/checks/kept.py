@@ -6,6 +6,7 @@
   symlinks, directories, fifos, devices, times to the nanosecond; ``tar -tvf`` lists it);
 - ``log.sqlite`` (and ``log.sqlite-wal`` if there was one) or ``log.jsonl``: the raw log,
   copied with its file times;
+- ``checkpoint.manifest``: a checkpoint run's last checkpoint, as the Space's copy held it;
 - ``inputs.json``: the rest (workload, launch history, process listing, the server's
   probe, the Space's kind and clock, the nodes tar cannot hold such as sockets, the
   log's write time).
@@ -23,6 +24,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from durable_spaces.campaigns.checks.checkpoint import LastCheckpoint
 from durable_spaces.campaigns.checks.inputs import (
     Inputs,
     LaunchRecord,
@@ -67,8 +69,11 @@ def keep(run_dir: str | Path, inputs: Inputs) -> Path:
         "launches": None if inputs.launches is None else [la.to_json() for la in inputs.launches],
         "processes": inputs.processes.to_json() if inputs.processes else None,
         "server": inputs.server.to_json() if inputs.server else None,
+        "checkpoint": inputs.checkpoint.to_json() if inputs.checkpoint else None,
         "notes": inputs.notes + inputs.workspace.notes,
     }
+    if inputs.checkpoint is not None and inputs.checkpoint.data is not None:
+        (d / "checkpoint.manifest").write_bytes(inputs.checkpoint.data)
     (d / "inputs.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     return d
 
@@ -94,6 +99,12 @@ def load(path: str | Path) -> Inputs:
         for p, n in (meta.get("untarred") or {}).items():
             ws.nodes[str(p)] = node_from_json(n)
         launches = meta.get("launches")
+        cp = meta.get("checkpoint")
+        last = None
+        if cp:
+            data_path = d / "checkpoint.manifest"
+            data = data_path.read_bytes() if data_path.exists() else None
+            last = LastCheckpoint(str(cp["id"]), data, str(cp.get("unread") or ""))
         return Inputs(
             log,
             ws,
@@ -106,6 +117,7 @@ def load(path: str | Path) -> Inputs:
             kind=str(meta.get("kind") or ""),
             notes=[str(n) for n in meta.get("notes") or []],
             server=ServerProbe.from_json(meta["server"]) if meta.get("server") else None,
+            checkpoint=last,
         )
     except DurableSpacesError:
         raise

@@ -1,0 +1,162 @@
+"""Checkpoint runs: the log's last checkpoint is the workspace as the run left it
+(``checkpoint_mismatch``).
+
+Why a check of its own: a checkpoint that missed a change (a journal that lost an event,
+a walk that trusted a stale stat key) leaves the workspace as it should be until a crash
+makes a recovery restore it; the effect checks see it only in runs where that happens.
+This check sees it in every run: after the last call, nothing changes the workspace, so
+the checkpoint recorded after that call must describe it exactly.
+
+The manifest is read raw: its bytes from the Space's copy beside the workspace
+(``.ds-checkpoints/<id>.manifest``, on the host where the workspace is a directory here,
+else by ``cat`` in the Space), checked against the sha256 its id names and decoded here
+as the JSON it is (``{"format", "version", "entries": [[path, kind, mode, size, ref,
+mtime_ns], ...]}``), not with the adapter's decoder. Compared: the set of files,
+directories and symlinks, each file's sha256, size and mode, each directory's mode, each
+symlink's target (hard links as their first path's file). Not compared: times (a restore
+sets them from the manifest, a later write moves them), FIFOs, sockets and devices (no
+checkpoint holds them; ``effects`` reports them).
+
+Not checked, with the reason said: a mode other than ``checkpoint``; a last call without
+a checkpoint of its own (an interrupted one keeps the one before it); a ``server`` run,
+whose process keeps writing after the last call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import re
+import shlex
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from durable_spaces.campaigns.checks.history import History
+from durable_spaces.campaigns.checks.verdict import Anomaly, Verdict, anomaly, judge, passed
+from durable_spaces.campaigns.checks.workspace import HOST_KINDS
+from durable_spaces.space import Space
+
+if TYPE_CHECKING:
+    from durable_spaces.campaigns.checks.inputs import Inputs
+
+DOC = "cua.space"
+#: A manifest checkpoint's id (the checker's own reading: slug, ``-m``, sha256).
+MANIFEST_ID = re.compile(r"[A-Za-z0-9_-]{1,40}-m([0-9a-f]{64})")
+COPY_DIR = ".ds-checkpoints"
+_KINDS = {"f": "file", "h": "file", "d": "dir", "l": "symlink"}
+
+
+@dataclass(frozen=True)
+class LastCheckpoint:
+    """The log's last checkpoint and its manifest's bytes as the Space's copy held them
+    (``data`` None: ``unread`` says why)."""
+
+    id: str
+    data: bytes | None = None
+    unread: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "unread": self.unread}
+
+
+def last_id(history: History) -> str | None:
+    """The checkpoint a checkpoint-mode log records after its last call, or None."""
+    state = history.docs.get(DOC) or {}
+    if state.get("mode") != "checkpoint":
+        return None
+    calls = [c for c in (state.get("calls") or {}).values() if isinstance(c, dict)]
+    if not calls:
+        return None
+    last = max(calls, key=lambda c: int(c.get("order") or 0))
+    cid = last.get("checkpoint")
+    if not isinstance(cid, str) or cid != state.get("last_checkpoint"):
+        return None
+    return cid
+
+
+async def read_last(space: Space, kind: str, history: History) -> LastCheckpoint | None:
+    """The manifest of the log's last checkpoint, from the Space's copy."""
+    cid = last_id(history)
+    if cid is None:
+        return None
+    if not MANIFEST_ID.fullmatch(cid):
+        return LastCheckpoint(cid, unread="not a manifest checkpoint id")
+    path = posixpath.join(posixpath.dirname(space.root.rstrip("/")), COPY_DIR, cid + ".manifest")
+    if kind in HOST_KINDS and os.path.isdir(space.root):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            return LastCheckpoint(cid, unread=f"{path}: {e.strerror}")
+        with os.fdopen(fd, "rb") as f:
+            return LastCheckpoint(cid, f.read())
+    epoch = await space.current_epoch()
+    res = await space.exec(
+        ["sh", "-c", f"exec cat -- {shlex.quote(path)}"], key=None, epoch=epoch, cwd="/"
+    )
+    if res.exit_code != 0:
+        return LastCheckpoint(cid, unread=f"cat {path}: exit {res.exit_code}")
+    return LastCheckpoint(cid, res.output)
+
+
+def _entries(data: bytes) -> dict[str, list[Any]]:
+    doc = json.loads(data.decode("ascii"))
+    if doc.get("format") != "durable-spaces.manifest" or doc.get("version") != 1:
+        raise ValueError("not a version-1 manifest")
+    return {str(row[0]): row for row in doc["entries"]}
+
+
+def checkpoint_equals_workspace(inputs: Inputs) -> Verdict:
+    last = inputs.checkpoint
+    if last is None:
+        return passed("not a checkpoint run ending in a checkpoint of its last call")
+    if inputs.workload is not None and inputs.workload.server:
+        return passed("a server run: its process writes after the last call")
+    seq = inputs.history.doc_seq.get(DOC, 0)
+    m = MANIFEST_ID.fullmatch(last.id)
+    if last.data is None or m is None:
+        why = last.unread or "no manifest"
+        return judge([anomaly("checkpoint_mismatch", f"{last.id}: {why}", witness=[seq])], "")
+    if hashlib.sha256(last.data).hexdigest() != m.group(1):
+        detail = f"{last.id}: the copy's bytes are not the manifest the id names"
+        return judge([anomaly("checkpoint_mismatch", detail, witness=[seq])], "")
+    try:
+        rows = _entries(last.data)
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError) as e:
+        detail = f"{last.id}: unreadable manifest: {e}"
+        return judge([anomaly("checkpoint_mismatch", detail, witness=[seq])], "")
+    out: list[Anomaly] = []
+
+    def bad(path: str, detail: str) -> None:
+        out.append(anomaly("checkpoint_mismatch", detail, path=path, witness=[seq]))
+
+    nodes = {
+        p: n for p, n in inputs.workspace.nodes.items() if n.kind in ("file", "dir", "symlink")
+    }
+    for path in sorted(set(rows) | set(nodes)):
+        row, n = rows.get(path), nodes.get(path)
+        if n is None:
+            bad(path, "in the checkpoint, not in the workspace")
+            continue
+        if row is None:
+            bad(path, f"a {n.kind} in the workspace, not in the checkpoint")
+            continue
+        kind = row[1]
+        if kind == "h":  # a hard link: its first path's file
+            row = rows.get(str(row[4])) or row
+        if _KINDS.get(str(kind)) != n.kind:
+            bad(path, f"a {n.kind} in the workspace, kind {kind!r} in the checkpoint")
+        elif n.kind == "symlink":
+            if row[4] != n.target:
+                bad(path, f"symlink to {n.target!r}; the checkpoint says {row[4]!r}")
+        else:
+            if n.mode != row[2]:
+                bad(path, f"mode {n.mode:o}; the checkpoint says {int(row[2] or 0):o}")
+            if n.kind == "file":
+                sha = hashlib.sha256(n.data or b"").hexdigest()
+                if sha != row[4]:
+                    bad(path, f"content sha256 {sha[:12]}; the checkpoint says {str(row[4])[:12]}")
+                elif n.size != row[3]:
+                    bad(path, f"{n.size} bytes; the checkpoint says {row[3]}")
+    return judge(out, f"{len(rows)} paths as checkpoint {last.id[:24]}...")

@@ -1,0 +1,130 @@
+"""``checkpoint_equals_workspace``: a checkpoint run's last checkpoint, read raw from the
+Space's copy and decoded by the checker, must be the workspace the run left. Each test
+breaks one thing of a consistent scene and looks for the anomaly (or, where the claim
+does not apply, for the reason it was not checked)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+from durable_spaces.adapter import manifest as mf
+from durable_spaces.adapter.checkpoint_id import CheckpointId
+from durable_spaces.adapter.incremental import build
+from durable_spaces.adapter.workspace_tree import walk_host as adapter_walk
+from durable_spaces.campaigns.checker import check_all
+from durable_spaces.campaigns.checks import kept
+from durable_spaces.campaigns.checks.checkpoint import read_last
+from durable_spaces.campaigns.checks.inputs import Inputs, Workload
+from durable_spaces.space import Space
+from tests.campaigns.checker_scenes import B3, Scene, scene
+
+
+def _checkpoint(s: Scene, last_has_it: bool = True) -> str:
+    """Take the workspace's manifest as the adapter would, keep it in the Space's copy,
+    and record it in the log as checkpoint mode does after the last call."""
+    shas: dict[str, str] = {}
+
+    def take(path: str, node: object, fd: int) -> None:
+        shas[path] = hashlib.sha256(os.read(fd, 1 << 20)).hexdigest()
+
+    listing = adapter_walk(str(s.root), lambda p, n: True, take)
+    data = mf.encode(build(listing, shas.__getitem__))
+    cid = CheckpointId.for_manifest(B3, data)
+    copy = s.root.parent / ".ds-checkpoints"
+    copy.mkdir(exist_ok=True)
+    (copy / f"{cid}.manifest").write_bytes(data)
+    rec = {"call_id": B3, "tool": "bash", "order": 4, "checkpoint": cid if last_has_it else None}
+    calls = {B3: rec}
+    s.t.doc("cua.space", {"mode": "checkpoint", "last_checkpoint": cid, "calls": calls})
+    return str(cid)
+
+
+def _verdict(s: Scene, workload: Workload | None = None) -> dict[str, Any]:
+    inputs: Inputs = s.inputs()
+    inputs.workload = workload
+    space = cast(Space, SimpleNamespace(root=str(s.root)))
+    inputs.checkpoint = asyncio.run(read_last(space, "local", inputs.history))
+    return check_all(inputs)["checkpoint_equals_workspace"]
+
+
+def _details(v: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(str(a.get("path")), a["detail"]) for a in v["anomalies"]}
+
+
+def test_the_last_checkpoint_of_a_consistent_run_is_the_workspace(tmp_path: Path) -> None:
+    s = scene(tmp_path)
+    _checkpoint(s)
+    v = _verdict(s)
+    assert v["valid"] is True and "paths as checkpoint" in v["detail"], v
+
+
+def test_content_mode_extra_and_missing_paths_are_named(tmp_path: Path) -> None:
+    s = scene(tmp_path)
+    _checkpoint(s)
+    (s.root / "f0.txt").write_text("changed after the checkpoint\n")
+    os.chmod(s.root / "journal.txt", 0o600)
+    (s.root / "extra").mkdir()
+    (s.root / "link").symlink_to("f0.txt")
+    v = _verdict(s)
+    assert v["valid"] is False
+    found = _details(v)
+    assert all(a["name"] == "checkpoint_mismatch" for a in v["anomalies"])
+    paths = {p for p, _ in found}
+    assert paths == {"f0.txt", "journal.txt", "extra", "link"}, found
+    assert any(p == "f0.txt" and "sha256" in d for p, d in found)
+    assert any(p == "journal.txt" and "mode 600" in d for p, d in found)
+    os.unlink(s.root / "link")
+    os.rmdir(s.root / "extra")
+    os.unlink(s.root / "journal.txt")
+    assert ("journal.txt", "in the checkpoint, not in the workspace") in _details(_verdict(s))
+
+
+def test_a_damaged_or_missing_copy_is_an_anomaly_not_a_pass(tmp_path: Path) -> None:
+    s = scene(tmp_path)
+    cid = _checkpoint(s)
+    copy = s.root.parent / ".ds-checkpoints" / f"{cid}.manifest"
+    data = copy.read_bytes()
+    copy.write_bytes(data.replace(b"journal.txt", b"journal.txx"))
+    v = _verdict(s)
+    assert v["valid"] is False and "not the manifest the id names" in str(v["anomalies"])
+    copy.unlink()
+    v = _verdict(s)
+    assert v["valid"] is False and "No such file" in str(v["anomalies"])
+
+
+def test_where_the_claim_does_not_apply_the_reason_is_said(tmp_path: Path) -> None:
+    s = scene(tmp_path)
+    v = _verdict(s)  # no cua.space document in checkpoint mode
+    assert v["valid"] is True and "not a checkpoint run" in v["detail"]
+    _checkpoint(s, last_has_it=False)  # the last call was interrupted: the one before
+    (s.root / "f0.txt").write_text("anything\n")
+    assert "not a checkpoint run ending" in _verdict(s)["detail"]
+    s2 = scene(tmp_path / "server")
+    _checkpoint(s2)
+    (s2.root / "f0.txt").write_text("a server's write after the last call\n")
+    v = _verdict(s2, Workload(seed="x", calls=4, server=True))
+    assert v["valid"] is True and "server run" in v["detail"]
+
+
+def test_a_kept_checkpoint_run_rechecks_offline_and_a_tampered_manifest_fails(
+    tmp_path: Path,
+) -> None:
+    s = scene(tmp_path)
+    _checkpoint(s)
+    s.t.close()
+    inputs = s.inputs()
+    space = cast(Space, SimpleNamespace(root=str(s.root)))
+    inputs.checkpoint = asyncio.run(read_last(space, "local", inputs.history))
+    live = check_all(inputs)
+    assert live["checkpoint_equals_workspace"]["valid"] is True
+    kept.keep(tmp_path / "run", inputs)
+    assert check_all(kept.load(tmp_path / "run")) == live
+    saved = tmp_path / "run" / "kept" / "checkpoint.manifest"
+    saved.write_bytes(saved.read_bytes().replace(b"f0.txt", b"f1.txt"))
+    v = check_all(kept.load(tmp_path / "run"))["checkpoint_equals_workspace"]
+    assert v["valid"] is False and "not the manifest the id names" in str(v["anomalies"])
