@@ -38,15 +38,22 @@ class Holders:
     def __init__(self, dev: int) -> None:
         self.dev = dev
         self._blind: frozenset[tuple[str, bytes]] = frozenset()
-        first = self._look()
-        self.problem: str | None = None if first is not None else "cannot list /proc"
-        if first is not None:
+        self._mapped: Seen = {}  # the last look's shared mappings (``_maps``)
+        #: Why no look can be trusted at all (None: it can).
+        self.problem: str | None = _hidden()
+        first = self._look() if self.problem is None else None
+        if first is None:
+            self.problem = self.problem or "cannot list /proc"
+        else:
             self._blind = frozenset(first[1])
 
     def now(self) -> set[int] | None:
         """Inode numbers on ``dev`` some process holds open or maps shared (where the
         mapping's file cannot be looked up, its inode number on any device: a
-        superset); None when a process that was not blind at the start is now."""
+        superset); None when a process that was not blind at the start is now, or when
+        no look can be trusted (``problem``)."""
+        if self.problem is not None:
+            return None
         look = self._look()
         if look is None:
             return None
@@ -62,15 +69,39 @@ class Holders:
             pids = [p for p in os.listdir("/proc") if p.isdigit()]
         except OSError:
             return None
+        seen, self._mapped = self._mapped, {}
         for pid in pids:
             try:
                 _fds(pid, self.dev, held)
-                _maps(pid, self.dev, held)
+                _maps(pid, self.dev, held, seen, self._mapped)
             except (FileNotFoundError, ProcessLookupError):
                 continue  # it exited: its files were closed, each close an event
             except PermissionError:
                 blind.add((pid, _started(pid)))
         return held, blind
+
+
+def _hidden(mountinfo: bytes | None = None) -> str | None:
+    """Why ``/proc`` may leave processes out of its listing (``hidepid``: not even as
+    blind entries), or None; ``mountinfo`` is this process's mount table."""
+    if mountinfo is None:
+        try:
+            mountinfo = _read("/proc/self/mountinfo")
+        except OSError as e:
+            return f"cannot read /proc/self/mountinfo: {e.strerror}"
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if len(fields) < 5 or fields[4] != b"/proc":
+            continue
+        options = set(fields[5].split(b",") + fields[-1].split(b","))  # mount's, super's
+        hides = any(o.startswith(b"hidepid=") for o in options - _SHOWN)
+        if hides and os.geteuid() != 0:
+            return "/proc is mounted with hidepid: other users' processes are not listed"
+    return None
+
+
+#: ``hidepid`` values that list every process.
+_SHOWN = {b"hidepid=0", b"hidepid=off"}
 
 
 def _started(pid: str) -> bytes:
@@ -95,24 +126,54 @@ def _fds(pid: str, dev: int, held: set[int]) -> None:
                 held.add(s.st_ino)
 
 
-def _maps(pid: str, dev: int, held: set[int]) -> None:
-    with open(f"/proc/{pid}/maps", "rb") as f:
-        data = f.read()
-    for line in data.splitlines():
-        fields = line.split(maxsplit=5)
-        # address perms offset dev inode [path]; "s" in perms: a shared mapping (even
-        # one mprotect-ed read-only now may have been written before).
-        if len(fields) < 5 or fields[1][3:4] != b"s" or fields[4] == b"0":
-            continue
-        ino = int(fields[4])
-        try:
-            # The mapping's file as a path sees it (overlay, btrfs subvolumes: the
-            # dev of maps is the backing superblock's, not the one ``stat`` reports).
-            s = os.stat(f"/proc/{pid}/map_files/{fields[0].decode()}")
-        except PermissionError:
-            held.add(ino)  # cannot tell the device: any file with this number
-            continue
-        except OSError:
-            continue  # unmapped meanwhile: its file's close (or fd) says the rest
-        if s.st_dev == dev:
-            held.add(s.st_ino)
+def _read(path: str) -> bytes:
+    """A ``/proc`` file whole, in as few reads as it takes (a buffered ``read`` asks in
+    small steps, and each step renders the file's next part again)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 18):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+#: What a shared mapping's file is as ``stat`` sees it, by (pid, address range, device
+#: and inode as ``maps`` shows them); None: it could not be looked up.
+Seen = dict[tuple[str, bytes, bytes, bytes], "tuple[int, int] | None"]
+
+
+def _maps(pid: str, dev: int, held: set[int], seen: Seen, now: Seen) -> None:
+    """The shared mappings of ``pid`` (``now`` gets what ``seen`` knew, and what it
+    learns, of each)."""
+    data = _read(f"/proc/{pid}/maps")
+    # "s" as the permissions' last letter marks a shared mapping (even one mprotect-ed
+    # read-only now may have been written before). A process has a few (glibc maps its
+    # gconv cache so): find them without splitting every line.
+    i = data.find(b"s ")
+    while i != -1:
+        start = data.rfind(b"\n", 0, i) + 1
+        end = data.find(b"\n", i)
+        end = len(data) if end == -1 else end
+        fields = data[start:end].split(maxsplit=5)  # address perms offset dev inode [path]
+        if len(fields) >= 5 and fields[1][3:4] == b"s" and fields[4] != b"0":
+            key = (pid, fields[0], fields[3], fields[4])
+            if key in seen:
+                file = seen[key]
+            else:
+                try:
+                    # The file as a path sees it (overlay, btrfs subvolumes: the dev
+                    # of maps is the backing superblock's, not the one ``stat`` reports).
+                    s = os.stat(f"/proc/{pid}/map_files/{fields[0].decode()}")
+                    file = (s.st_dev, s.st_ino)
+                except PermissionError:
+                    file = None
+                except OSError:
+                    file = (-1, 0)  # unmapped meanwhile: its file's close says the rest
+            now[key] = file
+            if file is None:
+                held.add(int(fields[4]))  # cannot tell the device: any with this number
+            elif file[0] == dev:
+                held.add(file[1])
+        i = data.find(b"s ", end)

@@ -55,10 +55,14 @@ from durable_spaces.adapter.workspace_tree import (
 )
 from durable_spaces.errors import SpaceError
 from durable_spaces.host_holders import Holders
-from durable_spaces.space import JournaledSpace, Space
+from durable_spaces.space import JournaledSpace, Space, WorkspaceChanges
 
 #: Lists of a tree that keeps changing under them before a checkpoint gives up.
 ATTEMPTS = 3
+#: Full walks without a journal after one broke during its walk (the watch limits).
+JOURNAL_PAUSE = 16
+#: A journal naming more paths than this and a quarter of the tree: walk everything.
+MOST_PATHS = 256
 
 
 @dataclass
@@ -76,6 +80,7 @@ class Seen:
     holders: Holders | None = None  # host: who holds the workspace's files
     kept: KeptTree | None = None  # host: the last listing, kept by a journal
     kept_epoch: int | None = None
+    journal_pause: int = 0  # host: full walks left before a journal is tried again
 
     def drop_kept(self) -> None:
         if self.kept is not None:
@@ -267,9 +272,7 @@ class Taker:
             if self._built_for is not seen:
                 changed = None  # the memos hold another Space's manifest, or a failed one
             self._built_for = None
-            m = self.builder.build(
-                listing, lambda p: (fresh.get(p) or seen.files[p])[1], changed
-            )
+            m = self.builder.build(listing, lambda p: (fresh.get(p) or seen.files[p])[1], changed)
             need = mf.blobs(m)
             self._heal_host(space, m, need, seen.copy_blobs.names(cb.blobs_fd) | cb.added, cb, sb)
             data = self.encoder.encode(m, self.builder.changed)
@@ -311,6 +314,9 @@ class Taker:
             prev, kept.listing = kept.listing, None
             held = kept.held()  # before the journal's sync: a later close is an event
             changes = kept.changes() if held is not None else None
+            if changes is not None and _most(changes, len(prev.nodes)):
+                changes = None  # most of the tree: one walk costs less than a look at each
+                kept.broken = "most of the workspace changed"
             if held is not None and changes is not None:
                 listing = kept.relook(space.root, prev, clock, changes, held, take)
                 self.stats["journal"] += 1
@@ -319,7 +325,11 @@ class Taker:
                 return listing, kept, changed
             self.why_full = kept.broken or "the journal is not trusted"
             seen.drop_kept()
-        kept = self._start_kept(space, seen.holders)
+        kept = None
+        if seen.journal_pause > 0:
+            seen.journal_pause -= 1  # the last journal broke while it walked: limits
+        else:
+            kept = self._start_kept(space, seen.holders)
         held = seen.holders.now() if kept is None else kept.held()
         files, trusted_ns = seen.files, seen.clock_ns
 
@@ -337,6 +347,10 @@ class Taker:
         self.stats["full"] += 1
         if kept is not None and (held is None or kept.journal.broken is not None):
             self.why_full = kept.journal.broken or kept.broken or "the journal is not trusted"
+            if kept.journal.broken is not None:
+                # Broken by the walk itself (too many watches, a mount): so would the
+                # next one be, and each adds every watch again before it breaks.
+                seen.journal_pause = JOURNAL_PAUSE
             kept.close()
             kept = None
         return listing, kept, None
@@ -452,6 +466,12 @@ class Taker:
         if blob_id(data) != sha:
             raise TreeChanged(f"{path!r} changed while its blob was put back")
         return data
+
+
+def _most(changes: WorkspaceChanges, listed: int) -> bool:
+    """Whether the journal named so much that walking everything is cheaper: each path
+    it names is looked up from the root, each named tree walked whole."""
+    return len(changes.paths) + 8 * len(changes.trees) > max(MOST_PATHS, listed // 4)
 
 
 def _stale(seen: Seen, path: str, node: Node) -> bool:

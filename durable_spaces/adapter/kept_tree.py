@@ -114,11 +114,13 @@ class KeptTree:
     # --- one path ------------------------------------------------------------------------
 
     def _drop(self, nodes: dict[str, Node], rel: str) -> None:
-        nodes.pop(rel, None)
-        prefix = rel + "/"
-        for k in [k for k in nodes if k.startswith(prefix)]:
-            del nodes[k]
-        self.journal.forget(rel, tree=True)
+        was = nodes.pop(rel, None)
+        tree = was is not None and was.kind == DIR  # only a directory has entries below
+        if tree:
+            prefix = rel + "/"
+            for k in [k for k in nodes if k.startswith(prefix)]:
+                del nodes[k]
+        self.journal.forget(rel, tree=tree)
 
     def _relook(self, root: str, nodes: dict[str, Node], rel: str, tree: bool, take: Take) -> None:
         """Make ``nodes`` at ``rel`` (and below it, with ``tree``) what a walk finds now."""

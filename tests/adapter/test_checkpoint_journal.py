@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from durable_spaces.adapter import checkpoint_store
+from durable_spaces.adapter import checkpoint_store, incremental
 from durable_spaces.adapter import manifest as mf
 from durable_spaces.adapter.checkpoint_store import DirectoryCheckpointStore
 from durable_spaces.adapter.image import blob_id
@@ -45,8 +45,10 @@ BACKENDS = [
 STEPS: list[tuple[str, str]] = [
     ("append", "printf more >> a.txt"),
     ("same-size rewrite in the same tick", "printf ALPHA > a.txt; printf alpha > a.txt"),
-    ("rewrite with the old mtime", "t=$(stat -c %y d/b.txt); printf BETA > d/b.txt; "
-     "touch -d \"$t\" d/b.txt"),
+    (
+        "rewrite with the old mtime",
+        't=$(stat -c %y d/b.txt); printf BETA > d/b.txt; touch -d "$t" d/b.txt',
+    ),
     ("chmod file", "chmod 600 d/b.txt"),
     ("chmod root", "chmod 711 ."),
     ("chmod dir", "chmod 700 d/e"),
@@ -201,6 +203,7 @@ def test_a_journal_that_misses_a_rewrite_is_caught(
 ) -> None:
     """The comparison above can fail: with ``journal_miss`` (events of a file's
     contents dropped) a rewrite is lost from the journaled checkpoint."""
+
     async def run() -> tuple[mf.Manifest, mf.Manifest]:
         async with _space(tmp_path, "local") as space:
             taker = Taker(DirectoryCheckpointStore(tmp_path / "store"))
@@ -244,3 +247,46 @@ async def test_a_checkpoint_that_fails_after_taking_the_events_leaves_no_listing
         got = await _manifest(taker, space, "c2")
         assert taker.stats == {"full": 2, "journal": 1}, taker.why_full
         assert got == await _fresh(tmp_path, space, "c2")
+
+
+async def test_a_journal_that_breaks_while_it_walks_is_not_started_again_for_a_while(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More watches than a journal may hold: the walk is a full one every time (and
+    right), and a new journal, which would add every watch again before it broke, is
+    tried only after ``JOURNAL_PAUSE`` full walks."""
+    monkeypatch.setattr(jr, "MAX_WATCHES", 3)
+    async with _space(tmp_path, "local") as space:
+        started = 0
+        real = type(space).workspace_journal  # type: ignore[attr-defined]
+
+        def counted(self: object) -> object:
+            nonlocal started
+            started += 1
+            return real(self)
+
+        monkeypatch.setattr(type(space), "workspace_journal", counted)
+        taker = Taker(DirectoryCheckpointStore(tmp_path / "store"))
+        for i in range(incremental.JOURNAL_PAUSE + 2):
+            await _sh(space, f"printf {i} >> a.txt")
+            got = await _manifest(taker, space, f"c{i}")
+            assert got == await _fresh(tmp_path, space, f"c{i}")
+        assert "more than 3 watches" in taker.why_full
+        assert taker.stats == {"full": incremental.JOURNAL_PAUSE + 2, "journal": 0}
+        assert started == 2  # the first walk's, then one after the pause
+
+
+async def test_when_most_of_the_tree_changed_one_walk_replaces_the_looks(tmp_path: Path) -> None:
+    async with _space(tmp_path, "local") as space:
+        await _sh(space, "mkdir many && for i in $(seq 1 300); do printf $i > many/$i; done")
+        taker = Taker(DirectoryCheckpointStore(tmp_path / "store"))
+        await _manifest(taker, space, "c0")
+        await _sh(space, "for i in $(seq 1 300); do printf x >> many/$i; done")
+        got = await _manifest(taker, space, "c1")
+        assert got == await _fresh(tmp_path, space, "c1")
+        assert taker.stats == {"full": 2, "journal": 0}
+        assert taker.why_full == "most of the workspace changed"
+        await _sh(space, "printf y >> many/7")
+        got = await _manifest(taker, space, "c2")
+        assert got == await _fresh(tmp_path, space, "c2")
+        assert taker.stats == {"full": 2, "journal": 1}

@@ -1,0 +1,132 @@
+"""``host_holders.Holders``: which files of a filesystem some process holds, read from
+``/proc`` (real child processes, real mappings). A file stored through a shared mapping
+must show while the mapping lives, with or without its descriptor, even mprotect-ed
+read-only; a file nobody holds must not; a process that turns unreadable makes the look
+untrusted (None); ``hidepid`` makes every look untrusted."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from durable_spaces import host_holders
+from durable_spaces.host_holders import Holders
+
+#: Opens argv[1], maps it shared, then does what stdin says, line by line, acking each.
+_HOLDER = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_long]
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+size = os.stat(sys.argv[1]).st_size
+fd = os.open(sys.argv[1], os.O_RDWR)
+# libc's mmap, not Python's: Python's mmap object keeps a descriptor of its own.
+addr = libc.mmap(None, size, 3, 1, fd, 0)  # PROT_READ|PROT_WRITE, MAP_SHARED
+assert addr not in (None, ctypes.c_void_p(-1).value)
+ctypes.memmove(addr, b"STORE", 5)
+print("ready", flush=True)
+for cmd in sys.stdin:
+    cmd = cmd.strip()
+    if cmd == "close-fd":
+        os.close(fd)
+    elif cmd == "read-only":
+        assert libc.mprotect(addr, size, 1) == 0  # PROT_READ
+    elif cmd == "unmap":
+        assert libc.munmap(addr, size) == 0
+    print("done", flush=True)
+"""
+
+
+class Holder:
+    def __init__(self, path: Path) -> None:
+        self.p = subprocess.Popen(
+            [sys.executable, "-c", _HOLDER, str(path)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self.p.stdout is not None and self.p.stdout.readline() == "ready\n"
+
+    def do(self, cmd: str) -> None:
+        assert self.p.stdin is not None and self.p.stdout is not None
+        self.p.stdin.write(cmd + "\n")
+        self.p.stdin.flush()
+        assert self.p.stdout.readline() == "done\n"
+
+    def end(self) -> None:
+        self.p.kill()
+        self.p.wait()
+
+
+@pytest.fixture
+def file(tmp_path: Path) -> Iterator[Path]:
+    f = tmp_path / "mapped.bin"
+    f.write_bytes(b"x" * 8192)
+    yield f
+
+
+def test_a_mapped_file_is_held_until_its_mapping_and_descriptor_go(file: Path) -> None:
+    holders = Holders(os.stat(file).st_dev)
+    assert holders.problem is None
+    ino = os.stat(file).st_ino
+    assert ino not in (holders.now() or set())
+    h = Holder(file)
+    try:
+        assert ino in (holders.now() or set())  # mapped, and open
+        h.do("close-fd")
+        assert ino in (holders.now() or set())  # the mapping alone
+        h.do("read-only")
+        assert ino in (holders.now() or set())  # written before, maybe: still held
+        h.do("unmap")
+        assert ino not in (holders.now() or set())  # neither a mapping nor a descriptor
+    finally:
+        h.end()
+
+
+def test_an_open_descriptor_alone_holds_the_file(file: Path) -> None:
+    holders = Holders(os.stat(file).st_dev)
+    ino = os.stat(file).st_ino
+    with open(file, "rb"):
+        assert ino in (holders.now() or set())
+    assert ino not in (holders.now() or set())
+
+
+def test_a_process_that_turns_unreadable_makes_the_look_untrusted(
+    file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    holders = Holders(os.stat(file).st_dev)
+    assert holders.now() is not None
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    real = host_holders._fds
+
+    def blind_child(pid: str, dev: int, held: set[int]) -> None:
+        if pid == str(child.pid):
+            raise PermissionError(13, "Permission denied")
+        real(pid, dev, held)
+
+    try:
+        monkeypatch.setattr(host_holders, "_fds", blind_child)
+        assert holders.now() is None  # it was readable when the holders were made
+        fresh = Holders(os.stat(file).st_dev)
+        assert fresh.now() is not None  # blind from the start: trusted like the rest
+    finally:
+        child.kill()
+        child.wait()
+    assert holders.now() is not None  # gone: nothing of it to fear
+
+
+def test_proc_mounted_with_hidepid_is_untrusted_unless_root(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    line = b"22 27 0:21 / /proc rw,relatime - proc proc rw,hidepid=invisible\n"
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert "hidepid" in (host_holders._hidden(line) or "")
+    assert host_holders._hidden(line.replace(b"hidepid=invisible", b"hidepid=0")) is None
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert host_holders._hidden(line) is None
