@@ -57,8 +57,8 @@ TIMED = (
     ("durable_spaces.adapter.durable", "DurableSpaces.space_for", "space_for"),
 )
 MORE = (
-    "host_sync", "heal", "holders", "journal_sync", "manifest", "encode", "prune", "copy_prune", "read_manifest",
-    "image_update", "state_load",
+    "host_sync", "heal", "holders", "journal_sync", "manifest", "encode", "prune",
+    "copy_prune", "read_manifest", "image_update", "state_load",
     "state_commit", "decide", "space_for",
 )  # fmt: skip
 

@@ -135,7 +135,7 @@ class Batch:
         returns the sha256, and the bytes when they were read whole (small files):
         large ones are reflinked where the filesystem can and hashed from the clone."""
         if size < CLONE_MIN:
-            data = _read_all(src)
+            data = read_all(src)
             return self.add(data), data
         fd, tmp = self.store._tmp(self._dfd)
         try:
@@ -394,7 +394,7 @@ class DirectoryCheckpointStore:
                 return None
             if not stat.S_ISREG(os.fstat(fds[-1]).st_mode):  # swapped since the lstat
                 raise CheckpointCopyError(f"{where} is not a regular file")
-            return _read_all(fds[-1])
+            return read_all(fds[-1])
         except OSError as e:
             raise CheckpointCopyError(f"{where}: unreadable: {e.strerror}") from None
         finally:
@@ -481,7 +481,8 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _read_all(fd: int) -> bytes:
+def read_all(fd: int) -> bytes:
+    """The rest of the open file ``fd``."""
     chunks = []
     while chunk := os.read(fd, _CHUNK):
         chunks.append(chunk)

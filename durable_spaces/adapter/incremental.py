@@ -36,7 +36,12 @@ from dataclasses import dataclass, field
 from durable_spaces.adapter import manifest as mf
 from durable_spaces.adapter import space_copy
 from durable_spaces.adapter.checkpoint_id import CheckpointId
-from durable_spaces.adapter.checkpoint_store import Batch, CheckpointStore, DirectoryCheckpointStore
+from durable_spaces.adapter.checkpoint_store import (
+    Batch,
+    CheckpointStore,
+    DirectoryCheckpointStore,
+    read_all,
+)
 from durable_spaces.adapter.copy_watch import BlobNames
 from durable_spaces.adapter.image import blob_id
 from durable_spaces.adapter.kept_tree import KeptTree
@@ -508,10 +513,7 @@ def _read_host(root: str, path: str) -> bytes:
     finally:
         os.close(fd)
     try:
-        chunks = []
-        while chunk := os.read(f, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return read_all(f)
     finally:
         os.close(f)
 
