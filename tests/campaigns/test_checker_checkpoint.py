@@ -109,6 +109,14 @@ def test_where_the_claim_does_not_apply_the_reason_is_said(tmp_path: Path) -> No
     (s2.root / "f0.txt").write_text("a server's write after the last call\n")
     v = _verdict(s2, Workload(seed="x", calls=4, server=True))
     assert v["valid"] is True and "server run" in v["detail"]
+    s3 = scene(tmp_path / "machine")
+    rec = {"call_id": B3, "tool": "bash", "order": 4, "checkpoint": "0123456789abcdef01234567"}
+    s3.t.doc(
+        "cua.space",
+        {"mode": "checkpoint", "last_checkpoint": rec["checkpoint"], "calls": {B3: rec}},
+    )
+    v = _verdict(s3)
+    assert v["valid"] is True and "machine checkpoint" in v["detail"]
 
 
 def test_a_kept_checkpoint_run_rechecks_offline_and_a_tampered_manifest_fails(

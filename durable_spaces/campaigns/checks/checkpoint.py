@@ -18,8 +18,9 @@ sets them from the manifest, a later write moves them), FIFOs, sockets and devic
 checkpoint holds them; ``effects`` reports them).
 
 Not checked, with the reason said: a mode other than ``checkpoint``; a last call without
-a checkpoint of its own (an interrupted one keeps the one before it); a ``server`` run,
-whose process keeps writing after the last call.
+a checkpoint of its own (an interrupted one keeps the one before it); a machine
+checkpoint (microvm: no manifest to read); a ``server`` run, whose process keeps writing
+after the last call.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ DOC = "cua.space"
 #: A manifest checkpoint's id (the checker's own reading: slug, ``-m``, sha256).
 MANIFEST_ID = re.compile(r"[A-Za-z0-9_-]{1,40}-m([0-9a-f]{64})")
 COPY_DIR = ".ds-checkpoints"
+#: Why a last checkpoint was not read: a machine's (the microvm backend: memory and
+#: disk, whose own checks are the workspace's against the log) or an old tar.
+NOT_A_MANIFEST = "not a manifest checkpoint id"
 _KINDS = {"f": "file", "h": "file", "d": "dir", "l": "symlink"}
 
 
@@ -82,7 +86,7 @@ async def read_last(space: Space, kind: str, history: History) -> LastCheckpoint
     if cid is None:
         return None
     if not MANIFEST_ID.fullmatch(cid):
-        return LastCheckpoint(cid, unread="not a manifest checkpoint id")
+        return LastCheckpoint(cid, unread=NOT_A_MANIFEST)
     path = posixpath.join(posixpath.dirname(space.root.rstrip("/")), COPY_DIR, cid + ".manifest")
     if kind in HOST_KINDS and os.path.isdir(space.root):
         try:
@@ -113,6 +117,8 @@ def checkpoint_equals_workspace(inputs: Inputs) -> Verdict:
         return passed("not a checkpoint run ending in a checkpoint of its last call")
     if inputs.workload is not None and inputs.workload.server:
         return passed("a server run: its process writes after the last call")
+    if last.unread == NOT_A_MANIFEST:
+        return passed(f"{last.id[:40]} is not a workspace manifest (a machine checkpoint)")
     seq = inputs.history.doc_seq.get(DOC, 0)
     m = MANIFEST_ID.fullmatch(last.id)
     if last.data is None or m is None:
