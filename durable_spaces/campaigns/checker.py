@@ -155,10 +155,12 @@ async def collect(
     *,
     workload: Workload | None = None,
     launches: list[LaunchRecord] | None = None,
+    store: str | Path | None = None,
 ) -> Inputs:
     """Read everything the checks need: the raw log first (its write time is taken
     before anything opens it), then the workspace and the processes of ``space`` (and
-    the ``server`` workload's process)."""
+    the ``server`` workload's process), and a checkpoint run's last checkpoint (from
+    the Space's copy, else the checkpoint ``store`` directory)."""
     log = read_log(log_path)
     kind = (await space.capabilities()).kind
     ws = await snapshot(space)
@@ -174,7 +176,7 @@ async def collect(
         host_clock=kind in HOST_CLOCK_KINDS,
         kind=kind,
         server=await server.probe(space) if serves else None,
-        checkpoint=await checkpoint.read_last(space, kind, history),
+        checkpoint=await checkpoint.read_last(space, kind, history, store),
     )
 
 

@@ -101,6 +101,10 @@ def _show(item: tuple[Any, ...] | None) -> str:
     return f"{kind} at {where} of attempt {attempt} ({type_})"
 
 
+#: A replay's difference from the original when it had none but passed.
+SAME = "same interleaving, run passed"
+
+
 @dataclass
 class Reproduction:
     """A failed run replayed exactly ``tries`` times."""
@@ -124,7 +128,13 @@ class Reproduction:
         }
 
     def line(self) -> str:
-        tail = " (never reproduced: the interleavings differ, see the report)" if self.flaky else ""
+        tail = ""
+        if self.flaky and all(d == [SAME] for d in self.differences):
+            # The record's interleaving, faithfully replayed, passes: what failed is not
+            # in what the record holds (a timing), or the code changed since.
+            tail = " (never reproduced, though each replay had the same interleaving)"
+        elif self.flaky:
+            tail = " (never reproduced: the interleavings differ, see the report)"
         return f"REPRODUCED {self.run_id} {self.reproduced}/{self.tries}{tail}"
 
 
@@ -134,5 +144,5 @@ def reproduction(original: RunRecord, replays: Sequence[RunRecord]) -> Reproduct
         if r.outcome == "failed":
             rep.reproduced += 1
         else:
-            rep.differences.append(differences(original, r) or ["same interleaving, run passed"])
+            rep.differences.append(differences(original, r) or [SAME])
     return rep

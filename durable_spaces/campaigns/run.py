@@ -288,7 +288,9 @@ async def _check(
                 ev.missing = f"Space {placement.name} is gone after the run"
                 break
             try:
-                ev.inputs = await collect(space, log, workload=workload, launches=launches)
+                ev.inputs = await collect(
+                    space, log, workload=workload, launches=launches, store=ctx.paths.store
+                )
                 break
             except SpaceUnavailableError:
                 if attempt == 5:

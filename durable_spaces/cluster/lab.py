@@ -269,7 +269,11 @@ class Cluster:
                 if found is None:
                     raise SpaceGoneError(f"{space} generation {sp.generation} not on {host.id}")
                 return await collect(
-                    found, state_dir / LOG_FILE, workload=workload, launches=self.launches(session)
+                    found,
+                    state_dir / LOG_FILE,
+                    workload=workload,
+                    launches=self.launches(session),
+                    store=cfg.store_dir,
                 )
             finally:
                 await backend.close()

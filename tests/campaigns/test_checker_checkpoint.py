@@ -136,3 +136,25 @@ def test_a_kept_checkpoint_run_rechecks_offline_and_a_tampered_manifest_fails(
     saved.write_bytes(saved.read_bytes().replace(b"f0.txt", b"f1.txt"))
     v = check_all(kept.load(tmp_path / "run"))["checkpoint_equals_workspace"]
     assert v["valid"] is False and "not the manifest the id names" in str(v["anomalies"])
+
+
+def test_a_space_placed_again_from_the_store_is_checked_against_the_store(
+    tmp_path: Path,
+) -> None:
+    """The Space's copy lost the manifest (a Space rebuilt from the store holds none of
+    the earlier ones): the store's is read; in neither place, it is an anomaly."""
+    s = scene(tmp_path)
+    cid = _checkpoint(s)
+    copy = s.root.parent / ".ds-checkpoints" / f"{cid}.manifest"
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / copy.name).write_bytes(copy.read_bytes())
+    copy.unlink()
+    inputs = s.inputs()
+    space = cast(Space, SimpleNamespace(root=str(s.root)))
+    inputs.checkpoint = asyncio.run(read_last(space, "local", inputs.history, store))
+    assert check_all(inputs)["checkpoint_equals_workspace"]["valid"] is True
+    (store / copy.name).unlink()
+    inputs.checkpoint = asyncio.run(read_last(space, "local", inputs.history, store))
+    v = check_all(inputs)["checkpoint_equals_workspace"]
+    assert v["valid"] is False and "No such file" in str(v["anomalies"])

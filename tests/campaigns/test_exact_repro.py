@@ -148,10 +148,18 @@ def test_signature_and_differences_name_where_two_runs_parted() -> None:
     base = RunRecord("run-0", "s", "transactional", "local", 3)
     a = RunRecord.from_json(base.to_json())
     b = RunRecord.from_json(base.to_json())
-    a.extra = {"interleaving": [{"attempt": 0, "kind": "kill", "type": "ok",
-                                  "at": {"point": "adapter.exit", "n": 1}}], "exit_codes": [-9, 0]}
-    b.extra = {"interleaving": [{"attempt": 0, "kind": "kill", "type": "ok",
-                                  "at": {"point": "adapter.exit", "n": 2}}], "exit_codes": [-9, 0]}
+    a.extra = {
+        "interleaving": [
+            {"attempt": 0, "kind": "kill", "type": "ok", "at": {"point": "adapter.exit", "n": 1}}
+        ],
+        "exit_codes": [-9, 0],
+    }
+    b.extra = {
+        "interleaving": [
+            {"attempt": 0, "kind": "kill", "type": "ok", "at": {"point": "adapter.exit", "n": 2}}
+        ],
+        "exit_codes": [-9, 0],
+    }
     assert signature(a) != signature(b)
     (diff,) = differences(a, b)
     assert "adapter.exit/1" in diff and "adapter.exit/2" in diff
@@ -164,3 +172,18 @@ def test_signature_and_differences_name_where_two_runs_parted() -> None:
         "at": {"point": "adapter.outcome_commit", "n": 3}}]}  # fmt: skip
     assert differences(c, a) == [] and differences(a, c) == []
     assert POINTS  # the campaign's point list is what schedules draw from
+
+
+def test_the_reproduced_line_says_whether_the_replays_went_the_same_way() -> None:
+    base = RunRecord("run-0", "s", "checkpoint", "local", 3)
+    base.outcome = "failed"
+    base.extra = {"interleaving": [], "exit_codes": [0]}
+    passed = RunRecord.from_json(base.to_json())
+    passed.outcome = "ok"
+    other = RunRecord.from_json(passed.to_json())
+    other.extra = {"interleaving": [], "exit_codes": [-9, 0]}
+    same = reproduction(base, [passed, passed]).line()
+    assert same.startswith("REPRODUCED run-0 0/2") and "same interleaving" in same
+    differ = reproduction(base, [passed, other]).line()
+    assert "the interleavings differ" in differ
+    assert reproduction(base, [base, other]).line() == "REPRODUCED run-0 1/2"

@@ -9,9 +9,11 @@ the checkpoint recorded after that call must describe it exactly.
 
 The manifest is read raw: its bytes from the Space's copy beside the workspace
 (``.ds-checkpoints/<id>.manifest``, on the host where the workspace is a directory here,
-else by ``cat`` in the Space), checked against the sha256 its id names and decoded here
-as the JSON it is (``{"format", "version", "entries": [[path, kind, mode, size, ref,
-mtime_ns], ...]}``), not with the adapter's decoder. Compared: the set of files,
+else by ``cat`` in the Space), or from the checkpoint store's directory when the copy
+lacks it (a Space placed again from the store holds none of the earlier ones), checked
+against the sha256 its id names and decoded here as the JSON it is (``{"format",
+"version", "entries": [[path, kind, mode, size, ref, mtime_ns], ...]}``), not with the
+adapter's decoder. Compared: the set of files,
 directories and symlinks, each file's sha256, size and mode, each directory's mode, each
 symlink's target (hard links as their first path's file). Not compared: times (a restore
 sets them from the manifest, a later write moves them), FIFOs, sockets and devices (no
@@ -80,28 +82,43 @@ def last_id(history: History) -> str | None:
     return cid
 
 
-async def read_last(space: Space, kind: str, history: History) -> LastCheckpoint | None:
-    """The manifest of the log's last checkpoint, from the Space's copy."""
+async def read_last(
+    space: Space, kind: str, history: History, store: str | os.PathLike[str] | None = None
+) -> LastCheckpoint | None:
+    """The manifest of the log's last checkpoint: from the Space's copy, else (a Space
+    placed again from the store holds no copy of what came before) from ``store``."""
     cid = last_id(history)
     if cid is None:
         return None
     if not MANIFEST_ID.fullmatch(cid):
         return LastCheckpoint(cid, unread=NOT_A_MANIFEST)
-    path = posixpath.join(posixpath.dirname(space.root.rstrip("/")), COPY_DIR, cid + ".manifest")
+    name = cid + ".manifest"
+    copy = posixpath.join(posixpath.dirname(space.root.rstrip("/")), COPY_DIR, name)
     if kind in HOST_KINDS and os.path.isdir(space.root):
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as e:
-            return LastCheckpoint(cid, unread=f"{path}: {e.strerror}")
-        with os.fdopen(fd, "rb") as f:
-            return LastCheckpoint(cid, f.read())
-    epoch = await space.current_epoch()
-    res = await space.exec(
-        ["sh", "-c", f"exec cat -- {shlex.quote(path)}"], key=None, epoch=epoch, cwd="/"
-    )
-    if res.exit_code != 0:
-        return LastCheckpoint(cid, unread=f"cat {path}: exit {res.exit_code}")
-    return LastCheckpoint(cid, res.output)
+        data, why = _read_host(copy)
+    else:
+        epoch = await space.current_epoch()
+        res = await space.exec(
+            ["sh", "-c", f"exec cat -- {shlex.quote(copy)}"], key=None, epoch=epoch, cwd="/"
+        )
+        data, why = (
+            (res.output, "") if res.exit_code == 0 else (None, f"cat {copy}: exit {res.exit_code}")
+        )
+    if data is None and store is not None:
+        data, why_store = _read_host(os.path.join(os.fspath(store), name))
+        why = f"{why}; {why_store}" if data is None else ""
+    elif data is None:
+        why = f"{why}; no store was given to look in"
+    return LastCheckpoint(cid, data, why)
+
+
+def _read_host(path: str) -> tuple[bytes | None, str]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        return None, f"{path}: {e.strerror}"
+    with os.fdopen(fd, "rb") as f:
+        return f.read(), ""
 
 
 def _entries(data: bytes) -> dict[str, list[Any]]:
