@@ -325,9 +325,7 @@ class Taker:
             if held is not None and changes is not None:
                 listing = kept.relook(space.root, prev, clock, changes, held, take)
                 self.stats["journal"] += 1
-                last = prev.nodes
-                changed = {p for p, n in listing.nodes.items() if last.get(p) is not n}
-                return listing, kept, changed
+                return listing, kept, kept.touched
             self.why_full = kept.broken or "the journal is not trusted"
             seen.drop_kept()
         kept = None

@@ -59,6 +59,9 @@ class KeptTree:
         #: The last listing, set by the caller once the checkpoint that made it is
         #: written (None meanwhile: a listing that lost the events it took is no base).
         self.listing: Listing | None = None
+        #: The paths the last ``relook`` looked at again.
+        self.touched: set[str] = set()
+        self._walked: list[str] = []  # directories a ``relook`` walks whole
         self.broken: str | None = journal.broken or holders.problem
 
     def held(self) -> set[int] | None:
@@ -94,6 +97,7 @@ class KeptTree:
         so is every file whose inode is in ``held``."""
         prev = last.nodes
         listing = Listing(clock_ns, dict(prev))
+        self._walked = []
         trees: list[str] = []
         for t in sorted(changes.trees):  # a tree inside another is walked with it
             if not trees or not _under(t, trees[-1]):
@@ -109,6 +113,13 @@ class KeptTree:
         for d in sorted(dirs - {p for p in paths if p in listing.nodes}):
             if listing.nodes.get(d, Node(FILE, 0)).kind == DIR:
                 self._restat_dir(root, listing.nodes, d)
+        # What a manifest built from ``last`` must build again: where the paths stayed
+        # the same (a tree walked again, a path gone or new, changes the set).
+        touched = {p for p in (*trees, *paths, *dirs) if p in listing.nodes}
+        for top in self._walked:  # and everything below a directory walked again
+            prefix = top + "/"
+            touched.update(k for k in listing.nodes if k.startswith(prefix))
+        self.touched, self._walked = touched, []
         return listing
 
     # --- one path ------------------------------------------------------------------------
@@ -161,6 +172,7 @@ class KeptTree:
             except BaseException:
                 os.close(fd)
                 raise
+            self._walked.append(rel)
             walk_stack([(rel + "/", fd)], nodes, _always, take, self.journal)
             return
         if was is not None and (was.kind == DIR or tree):

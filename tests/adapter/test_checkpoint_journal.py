@@ -64,6 +64,7 @@ STEPS: list[tuple[str, str]] = [
     ("write through the hard link", "printf via-link >> hard"),
     ("unlink one name", "rm hard"),
     ("file becomes dir", "rm d/renamed.txt && mkdir d/renamed.txt && printf in > d/renamed.txt/f"),
+    ("a dir made again, the same paths", "rm -r d/e && mkdir d/e && printf gamma > d/e/c.txt"),
     ("dir becomes symlink", "rm -r d/e && ln -s .. d/e"),
     ("fifo (left out)", "mkfifo pipe"),
     ("utime a dir", "touch -d '2001-01-01' d"),
