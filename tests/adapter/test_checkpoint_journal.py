@@ -12,6 +12,7 @@ fail: the mutant ``journal_miss`` makes the journal lose a rewrite, caught here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -291,3 +292,36 @@ async def test_when_most_of_the_tree_changed_one_walk_replaces_the_looks(tmp_pat
         got = await _manifest(taker, space, "c2")
         assert got == await _fresh(tmp_path, space, "c2")
         assert taker.stats == {"full": 2, "journal": 1}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_checkpoints_taken_while_a_process_keeps_changing_the_tree_converge(
+    tmp_path: Path, backend: str
+) -> None:
+    """Changes racing the looks (a writer that appends, renames, makes and removes
+    trees while checkpoints are taken) land in one checkpoint or the next, never in
+    neither: once the writer stops, the next checkpoint is the fresh one."""
+    async with _space(tmp_path, backend) as space:
+        taker = Taker(DirectoryCheckpointStore(tmp_path / "store"))
+        await _manifest(taker, space, "c0")
+        script = (
+            "i=0; while [ $i -lt 400 ]; do i=$((i+1)); printf $i >> a.txt; "
+            "mkdir -p t/$((i % 7)) && printf $i > t/$((i % 7))/f; "
+            "[ $((i % 5)) = 0 ] && rm -rf t/$((i % 3)); "
+            "[ $((i % 11)) = 0 ] && mv d d2 && mv d2 d; "
+            "printf $i > d/b.txt; done"
+        )
+        writer = subprocess.Popen(["sh", "-c", script], cwd=space.root)
+        try:
+            n = 0
+            while writer.poll() is None:
+                n += 1
+                with contextlib.suppress(SpaceError):  # "kept changing under" is allowed
+                    await taker.checkpoint(space, f"r{n}", 1)
+        finally:
+            writer.kill()
+            writer.wait()
+        assert n >= 2
+        got = await _manifest(taker, space, "end")
+        assert got == await _fresh(tmp_path, space, "end")
+        assert taker.stats["journal"] >= 1, taker.why_full
