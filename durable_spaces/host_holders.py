@@ -17,6 +17,7 @@ at a later look, or by its close's event.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 __all__ = ["Holders"]
@@ -39,6 +40,7 @@ class Holders:
         self.dev = dev
         self._blind: frozenset[tuple[str, bytes]] = frozenset()
         self._mapped: Seen = {}  # the last look's shared mappings (``_maps``)
+        self._unsure = _fstype(dev) not in _SAME_DEV
         #: Why no look can be trusted at all (None: it can).
         self.problem: str | None = _hidden()
         first = self._look() if self.problem is None else None
@@ -72,13 +74,51 @@ class Holders:
         seen, self._mapped = self._mapped, {}
         for pid in pids:
             try:
-                _fds(pid, self.dev, held)
-                _maps(pid, self.dev, held, seen, self._mapped)
+                _fds(f"/proc/{pid}", self.dev, held)
+                if not _maps(f"/proc/{pid}", self.dev, held, seen, self._mapped, self._unsure):
+                    self._threads(pid, held, seen)
             except (FileNotFoundError, ProcessLookupError):
                 continue  # it exited: its files were closed, each close an event
             except PermissionError:
                 blind.add((pid, _started(pid)))
+            except _Unsure:
+                return None
+        held |= kernel_held(self.dev)
         return held, blind
+
+    def _threads(self, pid: str, held: set[int], seen: Seen) -> None:
+        """A process whose main thread exited shows no mappings or descriptors of its
+        own while its other threads still hold them: look through one of those."""
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            if tid != pid:
+                base = f"/proc/{pid}/task/{tid}"
+                with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                    _fds(base, self.dev, held)
+                    if _maps(base, self.dev, held, seen, self._mapped, self._unsure):
+                        return
+
+
+def kernel_held(dev: int) -> set[int]:
+    """Inodes on ``dev`` the kernel itself writes with no process holding them and no
+    event: the backing files of loop devices (their writes do not go through the calls
+    inotify hooks) and swap files."""
+    held: set[int] = set()
+    paths: list[str] = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/sys/block"):
+            if name.startswith("loop"):
+                with contextlib.suppress(OSError):
+                    paths.append(_read(f"/sys/block/{name}/loop/backing_file").decode().strip())
+    with contextlib.suppress(OSError):
+        for line in _read("/proc/swaps").decode(errors="replace").splitlines()[1:]:
+            if line.split() and line.split()[1:2] == ["file"]:
+                paths.append(line.split()[0])
+    for path in paths:
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            if st.st_dev == dev:
+                held.add(st.st_ino)
+    return held
 
 
 def _hidden(mountinfo: bytes | None = None) -> str | None:
@@ -100,6 +140,20 @@ def _hidden(mountinfo: bytes | None = None) -> str | None:
     return None
 
 
+def _fstype(dev: int) -> str | None:
+    """The type of the filesystem mounted as device ``dev`` (None: not found)."""
+    want = f"{os.major(dev)}:{os.minor(dev)}".encode()
+    with contextlib.suppress(OSError):
+        for line in _read("/proc/self/mountinfo").splitlines():
+            fields = line.split()
+            if len(fields) > 2 and fields[2] == want and b"-" in fields:
+                return fields[fields.index(b"-") + 1].decode(errors="replace")
+    return None
+
+
+#: Filesystems whose ``maps`` lines show the device and inode ``stat`` does.
+_SAME_DEV = frozenset({"ext2", "ext3", "ext4", "xfs", "tmpfs", "f2fs"})
+
 #: ``hidepid`` values that list every process.
 _SHOWN = {b"hidepid=0", b"hidepid=off"}
 
@@ -115,8 +169,8 @@ def _started(pid: str) -> bytes:
     return fields[19] if len(fields) > 19 else b""
 
 
-def _fds(pid: str, dev: int, held: set[int]) -> None:
-    with os.scandir(f"/proc/{pid}/fd") as it:
+def _fds(base: str, dev: int, held: set[int]) -> None:
+    with os.scandir(f"{base}/fd") as it:
         for e in it:
             try:
                 s = os.stat(e.path)  # the magic link: the open file itself
@@ -144,10 +198,39 @@ def _read(path: str) -> bytes:
 Seen = dict[tuple[str, bytes, bytes, bytes], "tuple[int, int] | None"]
 
 
-def _maps(pid: str, dev: int, held: set[int], seen: Seen, now: Seen) -> None:
-    """The shared mappings of ``pid`` (``now`` gets what ``seen`` knew, and what it
-    learns, of each)."""
-    data = _read(f"/proc/{pid}/maps")
+def _mapped_file(base: str, fields: list[bytes], dev: int, unsure: bool) -> tuple[int, int] | None:
+    """(device, inode) of the file of one ``maps`` line as ``stat`` sees it; None when
+    that cannot be told; (-1, 0) when the mapping went meanwhile."""
+    if "/task/" not in base:  # a thread's directory has no map_files
+        try:
+            # The file as a path sees it (overlay, btrfs subvolumes: the dev of maps
+            # is the backing superblock's, not the one ``stat`` reports).
+            s = os.stat(f"{base}/map_files/{fields[0].decode()}")
+            return s.st_dev, s.st_ino
+        except PermissionError:
+            pass  # map_files needs CAP_SYS_ADMIN: maps' own numbers, below
+        except OSError:
+            return -1, 0  # unmapped meanwhile: its file's close says the rest
+    major, _, minor = fields[3].partition(b":")
+    try:
+        mdev = os.makedev(int(major, 16), int(minor, 16))
+    except ValueError:
+        return None
+    return (mdev, int(fields[4])) if mdev == dev or not unsure else None
+
+
+class _Unsure(Exception):
+    """A shared mapping whose file cannot be told from the workspace's: without
+    ``map_files``, on a filesystem whose ``maps`` device is not the one ``stat`` shows."""
+
+
+def _maps(base: str, dev: int, held: set[int], seen: Seen, now: Seen, unsure: bool = True) -> bool:
+    """The shared mappings of the process at ``base`` (``now`` gets what ``seen`` knew,
+    and what it learns, of each); whether it showed any mapping at all. ``unsure``: the
+    workspace's filesystem may show ``maps`` another device than ``stat`` (overlay,
+    btrfs; or not known), so a mapping on another device that cannot be looked up
+    (``_Unsure``) makes the look untrusted."""
+    data = _read(f"{base}/maps")
     # "s" as the permissions' last letter marks a shared mapping (even one mprotect-ed
     # read-only now may have been written before). A process has a few (glibc maps its
     # gconv cache so): find them without splitting every line.
@@ -158,22 +241,12 @@ def _maps(pid: str, dev: int, held: set[int], seen: Seen, now: Seen) -> None:
         end = len(data) if end == -1 else end
         fields = data[start:end].split(maxsplit=5)  # address perms offset dev inode [path]
         if len(fields) >= 5 and fields[1][3:4] == b"s" and fields[4] != b"0":
-            key = (pid, fields[0], fields[3], fields[4])
-            if key in seen:
-                file = seen[key]
-            else:
-                try:
-                    # The file as a path sees it (overlay, btrfs subvolumes: the dev
-                    # of maps is the backing superblock's, not the one ``stat`` reports).
-                    s = os.stat(f"/proc/{pid}/map_files/{fields[0].decode()}")
-                    file = (s.st_dev, s.st_ino)
-                except PermissionError:
-                    file = None
-                except OSError:
-                    file = (-1, 0)  # unmapped meanwhile: its file's close says the rest
+            key = (base, fields[0], fields[3], fields[4])
+            file = seen[key] if key in seen else _mapped_file(base, fields, dev, unsure)
             now[key] = file
             if file is None:
-                held.add(int(fields[4]))  # cannot tell the device: any with this number
-            elif file[0] == dev:
+                raise _Unsure(base)
+            if file[0] == dev:
                 held.add(file[1])
         i = data.find(b"s ", end)
+    return bool(data)

@@ -86,6 +86,11 @@ class Seen:
     kept: KeptTree | None = None  # host: the last listing, kept by a journal
     kept_epoch: int | None = None
     journal_pause: int = 0  # host: full walks left before a journal is tried again
+    #: This workspace's manifest memos (per Space instance: two Spaces' checkpoints may
+    #: run at once, each under its own lock), and whether their last build was finished.
+    builder: Builder = field(default_factory=lambda: Builder())
+    encoder: mf.Encoder = field(default_factory=mf.Encoder)
+    built: bool = False
 
     def drop_kept(self) -> None:
         if self.kept is not None:
@@ -200,10 +205,6 @@ class Taker:
         #: id names its manifest's bytes, so this never goes stale): a prune need not
         #: read back the manifests it wrote itself.
         self.needs: dict[str, frozenset[str]] = {} if needs is None else needs
-        self.encoder = mf.Encoder()
-        self.builder = Builder()
-        #: Whose manifest the two memos above last made, in full (None: unknown).
-        self._built_for: Seen | None = None
         #: Host checkpoints that walked everything / that a journal answered.
         self.stats = {"full": 0, "journal": 0}
         self.why_full = "no checkpoint yet"
@@ -274,14 +275,14 @@ class Taker:
                 fresh[path] = (node, sha)
 
             listing, kept, changed = self._list_host(space, seen, epoch, take)
-            if self._built_for is not seen:
-                changed = None  # the memos hold another Space's manifest, or a failed one
-            self._built_for = None
-            m = self.builder.build(listing, lambda p: (fresh.get(p) or seen.files[p])[1], changed)
+            if not seen.built:
+                changed = None  # the memos may hold a manifest that was never finished
+            seen.built = False
+            m = seen.builder.build(listing, lambda p: (fresh.get(p) or seen.files[p])[1], changed)
             need = mf.blobs(m)
             self._heal_host(space, m, need, seen.copy_blobs.names(cb.blobs_fd) | cb.added, cb, sb)
-            data = self.encoder.encode(m, self.builder.changed)
-            self._built_for = seen
+            data = seen.encoder.encode(m, seen.builder.changed)
+            seen.built = True
             cid = CheckpointId.for_manifest(call_id, data)
             if sb is not None:
                 sb.manifest(cid, data)
@@ -443,9 +444,9 @@ class Taker:
             for data in blobs.values():
                 if sb is not None:
                     sb.add(data)
-            self._built_for = None
-            m = self.builder.build(listing, lambda p: (fresh.get(p) or seen.files[p])[1])
-            data = self.encoder.encode(m)
+            seen.built = False
+            m = seen.builder.build(listing, lambda p: (fresh.get(p) or seen.files[p])[1])
+            data = seen.encoder.encode(m)
             cid = CheckpointId.for_manifest(call_id, data)
             if sb is not None:
                 sb.manifest(cid, data)

@@ -182,7 +182,11 @@ class KeptTree:
             nodes[rel] = take_file(rel, name, dfd, take)  # swapped meanwhile: TreeChanged
         elif stat.S_ISLNK(s.st_mode):
             self.journal.forget(rel, tree=False)
-            nodes[rel] = link_node(s, os.readlink(name, dir_fd=dfd))
+            try:
+                target = os.readlink(name, dir_fd=dfd)
+            except OSError as e:  # replaced since its lstat: not "gone" (that is _relook's)
+                raise TreeChanged(f"{rel!r}: {e.strerror}") from None
+            nodes[rel] = link_node(s, target)
         else:
             self._drop(nodes, rel)  # FIFOs, sockets, devices: never in a checkpoint
 

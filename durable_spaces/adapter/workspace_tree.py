@@ -104,13 +104,25 @@ def walk_stack(
     watch: WorkspaceJournal | None,
 ) -> None:
     """Walk every (prefix, open directory) of ``stack`` and all below them into
-    ``nodes``, closing each directory after listing it."""
-    while stack:
-        prefix, dfd = stack.pop()
-        try:
-            _walk_dir(prefix, dfd, nodes, want, take, stack, watch)
-        finally:
-            os.close(dfd)
+    ``nodes``, closing each directory after listing it (and, on an error, every one
+    still on the stack)."""
+    try:
+        while stack:
+            prefix, dfd = stack.pop()
+            try:
+                _walk_dir(prefix, dfd, nodes, want, take, stack, watch)
+            except (FileNotFoundError, NotADirectoryError) as e:
+                # Listed, then gone or replaced before its stat: the tree changed under
+                # the walk (never "the whole directory is gone": a caller that drops
+                # what is missing would drop what it had walked).
+                raise TreeChanged(f"{prefix}{e.filename or ''}: {e.strerror}") from None
+            finally:
+                os.close(dfd)
+    except BaseException:
+        for _, fd in stack:
+            os.close(fd)
+        stack.clear()
+        raise
 
 
 def _walk_dir(

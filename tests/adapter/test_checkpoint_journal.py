@@ -115,6 +115,13 @@ async def _manifest(taker: Taker, space: Space, call_id: str) -> mf.Manifest:
     return m
 
 
+async def _checked(tmp: Path, taker: Taker, space: Space, call_id: str) -> mf.Manifest:
+    """``taker``'s checkpoint, which must be the one a fresh taker takes."""
+    got = await _manifest(taker, space, call_id)
+    assert got == await _fresh(tmp, space, call_id), call_id
+    return got
+
+
 async def _fresh(tmp: Path, space: Space, call_id: str) -> mf.Manifest:
     """What a taker with no memory and no journal finds (it walks and reads it all)."""
     other = Taker(DirectoryCheckpointStore(tmp / f"fresh-{call_id}"))
@@ -271,8 +278,7 @@ async def test_a_journal_that_breaks_while_it_walks_is_not_started_again_for_a_w
         taker = Taker(DirectoryCheckpointStore(tmp_path / "store"))
         for i in range(incremental.JOURNAL_PAUSE + 2):
             await _sh(space, f"printf {i} >> a.txt")
-            got = await _manifest(taker, space, f"c{i}")
-            assert got == await _fresh(tmp_path, space, f"c{i}")
+            await _checked(tmp_path, taker, space, f"c{i}")
         assert "more than 3 watches" in taker.why_full
         assert taker.stats == {"full": incremental.JOURNAL_PAUSE + 2, "journal": 0}
         assert started == 2  # the first walk's, then one after the pause
@@ -284,13 +290,11 @@ async def test_when_most_of_the_tree_changed_one_walk_replaces_the_looks(tmp_pat
         taker = Taker(DirectoryCheckpointStore(tmp_path / "store"))
         await _manifest(taker, space, "c0")
         await _sh(space, "for i in $(seq 1 300); do printf x >> many/$i; done")
-        got = await _manifest(taker, space, "c1")
-        assert got == await _fresh(tmp_path, space, "c1")
+        await _checked(tmp_path, taker, space, "c1")
         assert taker.stats == {"full": 2, "journal": 0}
         assert taker.why_full == "most of the workspace changed"
         await _sh(space, "printf y >> many/7")
-        got = await _manifest(taker, space, "c2")
-        assert got == await _fresh(tmp_path, space, "c2")
+        await _checked(tmp_path, taker, space, "c2")
         assert taker.stats == {"full": 2, "journal": 1}
 
 
@@ -322,6 +326,66 @@ async def test_checkpoints_taken_while_a_process_keeps_changing_the_tree_converg
             writer.kill()
             writer.wait()
         assert n >= 2
-        got = await _manifest(taker, space, "end")
-        assert got == await _fresh(tmp_path, space, "end")
+        await _checked(tmp_path, taker, space, "end")
         assert taker.stats["journal"] >= 1, taker.why_full
+
+
+async def test_a_file_gone_while_a_new_tree_is_walked_does_not_lose_the_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file removed between its watch and its lstat, inside a directory the journal
+    named: that is the tree changing under the walk (a retry), not the directory gone.
+    Dropping the directory would drop its watches too, and every later change under it."""
+    async with _space(tmp_path, "local") as space:
+        taker = Taker(DirectoryCheckpointStore(tmp_path / "store"))
+        await _manifest(taker, space, "c0")
+        await _sh(space, "mkdir n && printf 1 > n/f1 && printf 2 > n/f2 && printf 3 > n/f3")
+        real = jr.ChangeJournal.file
+        removed: list[str] = []
+
+        def file(self: jr.ChangeJournal, rel: str, dir_fd: int, name: str) -> None:
+            real(self, rel, dir_fd, name)
+            if rel == "n/f2" and not removed:
+                removed.append(rel)
+                os.unlink(name, dir_fd=dir_fd)  # a concurrent `rm n/f2`
+
+        with monkeypatch.context() as m:
+            m.setattr(jr.ChangeJournal, "file", file)
+            got = await _manifest(taker, space, "c1")
+        assert removed and got == await _fresh(tmp_path, space, "c1")
+        await _sh(space, "printf more >> n/f3")
+        await _checked(tmp_path, taker, space, "c2")
+        assert taker.stats["journal"] >= 1, taker.why_full
+
+
+async def test_two_spaces_checkpointed_at_once_through_one_taker_keep_their_own_manifests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each Space is locked on its own, so one taker may checkpoint two at once, in two
+    threads. Each workspace's manifest memos are its own: the same paths with other
+    contents in the other Space never get into this one's manifest."""
+    async with _space(tmp_path / "a", "local") as a, _space(tmp_path / "b", "local") as b:
+        await _sh(b, "printf BBB > a.txt")
+        taker = Taker(DirectoryCheckpointStore(tmp_path / "store"))
+        for space, cid in ((a, "a0"), (b, "b0"), (a, "a1")):
+            await _manifest(taker, space, cid)
+        await _sh(a, "printf '!' >> a.txt")
+        real = mf.Encoder.encode
+        mine = blob_id(b"alpha!")
+
+        def slow(self: mf.Encoder, m: mf.Manifest, changed: object = None) -> bytes:
+            out = real(self, m, changed)  # type: ignore[arg-type]
+            if m["a.txt"].ref == mine:
+                time.sleep(0.3)  # a's thread paused after its encode: b's runs meanwhile
+            return out
+
+        async def b_meanwhile() -> object:
+            await asyncio.sleep(0.1)
+            return await taker.checkpoint(b, "b2", 1)
+
+        with monkeypatch.context() as m:
+            m.setattr(mf.Encoder, "encode", slow)
+            await asyncio.gather(taker.checkpoint(a, "a2", 1), b_meanwhile())
+        await _sh(a, "printf '?' >> d/b.txt")
+        got = await _checked(tmp_path, taker, a, "a3")
+        assert got["a.txt"].ref == mine

@@ -75,7 +75,7 @@ def test_content_mode_extra_and_missing_paths_are_named(tmp_path: Path) -> None:
     found = _details(v)
     assert all(a["name"] == "checkpoint_mismatch" for a in v["anomalies"])
     paths = {p for p, _ in found}
-    assert paths == {"f0.txt", "journal.txt", "extra", "link"}, found
+    assert paths == {".", "f0.txt", "journal.txt", "extra", "link"}, found  # ".": its mtime
     assert any(p == "f0.txt" and "sha256" in d for p, d in found)
     assert any(p == "journal.txt" and "mode 600" in d for p, d in found)
     os.unlink(s.root / "link")
@@ -158,3 +158,14 @@ def test_a_space_placed_again_from_the_store_is_checked_against_the_store(
     inputs.checkpoint = asyncio.run(read_last(space, "local", inputs.history, store))
     v = check_all(inputs)["checkpoint_equals_workspace"]
     assert v["valid"] is False and "No such file" in str(v["anomalies"])
+
+
+def test_a_time_the_checkpoint_missed_is_named(tmp_path: Path) -> None:
+    """A restore sets the times the manifest holds: a checkpoint that missed a ``touch``
+    would restore a wrong one."""
+    s = scene(tmp_path)
+    _checkpoint(s)
+    os.utime(s.root / "journal.txt", ns=(1_000_000_000, 1_000_000_000))
+    found = _details(_verdict(s))
+    assert found == {("journal.txt", next(d for p, d in found if p == "journal.txt"))}
+    assert "mtime 1000000000;" in next(iter(found))[1]

@@ -7,6 +7,7 @@ untrusted (None); ``hidepid`` makes every look untrusted."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -105,10 +106,10 @@ def test_a_process_that_turns_unreadable_makes_the_look_untrusted(
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     real = host_holders._fds
 
-    def blind_child(pid: str, dev: int, held: set[int]) -> None:
-        if pid == str(child.pid):
+    def blind_child(base: str, dev: int, held: set[int]) -> None:
+        if base == f"/proc/{child.pid}":
             raise PermissionError(13, "Permission denied")
-        real(pid, dev, held)
+        real(base, dev, held)
 
     try:
         monkeypatch.setattr(host_holders, "_fds", blind_child)
@@ -130,3 +131,49 @@ def test_proc_mounted_with_hidepid_is_untrusted_unless_root(
     assert host_holders._hidden(line.replace(b"hidepid=invisible", b"hidepid=0")) is None
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     assert host_holders._hidden(line) is None
+
+
+#: Maps argv[1] shared, closes it, and leaves a thread storing through the mapping
+#: while the main thread exits: the process then shows no maps or fds of its own.
+_LEADER_C = r"""
+#include <pthread.h>
+#include <sys/mman.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+static char *m;
+static void *run(void *a) {
+  char buf[8];
+  memcpy(m, "STORE", 5); printf("stored\n"); fflush(stdout);
+  read(0, buf, sizeof buf);
+  return 0;
+}
+int main(int c, char **v) {
+  int fd = open(v[1], O_RDWR);
+  m = mmap(0, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  pthread_t t;
+  pthread_create(&t, 0, run, 0);
+  pthread_exit(0);
+}
+"""
+
+
+def test_a_mapping_is_held_after_the_main_thread_exits(file: Path, tmp_path: Path) -> None:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler (cc or gcc) to build the helper whose main thread exits")
+    src, exe = tmp_path / "leader.c", tmp_path / "leader"
+    src.write_text(_LEADER_C)
+    subprocess.run([cc, "-pthread", "-o", str(exe), str(src)], check=True)
+    holders = Holders(os.stat(file).st_dev)
+    ino = os.stat(file).st_ino
+    p = subprocess.Popen([str(exe), str(file)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert p.stdout is not None and p.stdout.readline() == b"stored\n"
+        assert os.listdir(f"/proc/{p.pid}/fd") == []  # nothing of its own to see
+        assert ino in (holders.now() or set())  # its thread's view holds the mapping
+    finally:
+        p.kill()
+        p.wait()

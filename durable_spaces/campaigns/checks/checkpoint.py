@@ -15,9 +15,10 @@ against the sha256 its id names and decoded here as the JSON it is (``{"format",
 "version", "entries": [[path, kind, mode, size, ref, mtime_ns], ...]}``), not with the
 adapter's decoder. Compared: the set of files,
 directories and symlinks, each file's sha256, size and mode, each directory's mode, each
-symlink's target (hard links as their first path's file). Not compared: times (a restore
-sets them from the manifest, a later write moves them), FIFOs, sockets and devices (no
-checkpoint holds them; ``effects`` reports them).
+symlink's target (hard links as their first path's file), and each one's mtime where the
+workspace was read with nanoseconds (a restore sets every time the manifest holds, so a
+checkpoint that missed an ``touch`` restores the wrong one). Not compared: FIFOs,
+sockets and devices (no checkpoint holds them; ``effects`` reports them).
 
 Not checked, with the reason said: a mode other than ``checkpoint``; a last call without
 a checkpoint of its own (an interrupted one keeps the one before it); a machine
@@ -157,6 +158,7 @@ def checkpoint_equals_workspace(inputs: Inputs) -> Verdict:
     nodes = {
         p: n for p, n in inputs.workspace.nodes.items() if n.kind in ("file", "dir", "symlink")
     }
+    times = inputs.workspace.fine_times  # nanoseconds known (a host walk, a pax tar)
     for path in sorted(set(rows) | set(nodes)):
         row, n = rows.get(path), nodes.get(path)
         if n is None:
@@ -170,7 +172,11 @@ def checkpoint_equals_workspace(inputs: Inputs) -> Verdict:
             row = rows.get(str(row[4])) or row
         if _KINDS.get(str(kind)) != n.kind:
             bad(path, f"a {n.kind} in the workspace, kind {kind!r} in the checkpoint")
-        elif n.kind == "symlink":
+            continue
+        if times and n.mtime_ns is not None and n.mtime_ns != row[5]:
+            # A restore sets every time the manifest holds: a wrong one is restored too.
+            bad(path, f"mtime {n.mtime_ns}; the checkpoint says {row[5]}")
+        if n.kind == "symlink":
             if row[4] != n.target:
                 bad(path, f"symlink to {n.target!r}; the checkpoint says {row[4]!r}")
         else:
