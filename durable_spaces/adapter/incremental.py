@@ -61,6 +61,7 @@ from durable_spaces.adapter.workspace_tree import (
 from durable_spaces.errors import SpaceError
 from durable_spaces.host_holders import Holders
 from durable_spaces.space import JournaledSpace, Space, WorkspaceChanges
+from durable_spaces.switches import switch
 
 #: Lists of a tree that keeps changing under them before a checkpoint gives up.
 ATTEMPTS = 3
@@ -68,6 +69,9 @@ ATTEMPTS = 3
 JOURNAL_PAUSE = 16
 #: A journal naming more paths than this and a quarter of the tree: walk everything.
 MOST_PATHS = 256
+#: Space instances a taker remembers (their journals, their copies' watches); the one
+#: used longest ago is let go (its next checkpoint reads everything again).
+MAX_SEEN = 16
 
 
 @dataclass
@@ -217,13 +221,20 @@ class Taker:
 
     def _seen(self, space: Space) -> Seen:
         key = (space.name, space.instance_id)
-        if key not in self.seen:
+        seen = self.seen.pop(key, None)
+        if seen is None:
             for k, v in list(self.seen.items()):
                 if k[0] == space.name:  # an older instance of the Space
                     v.close()
                     del self.seen[k]
-            self.seen[key] = Seen()
-        return self.seen[key]
+            seen = Seen()
+        self.seen[key] = seen  # the newest last: what a full table lets go is the oldest
+        while len(self.seen) > MAX_SEEN:
+            # A Space deleted leaves no word here: each remembered one holds inotify
+            # instances (its journal, its copy's watch), of which a user has 128.
+            oldest = next(iter(self.seen))
+            self.seen.pop(oldest).close()
+        return seen
 
     async def is_host(self, space: Space, epoch: int) -> bool:
         """Whether the workspace is a directory of this host (probed once per instance)."""
@@ -311,8 +322,9 @@ class Taker:
         if seen.holders is None:
             seen.holders = Holders(os.stat(space.root).st_dev)
         kept = seen.kept
-        if kept is not None and (seen.kept_epoch != epoch or kept.listing is None):
-            seen.drop_kept()  # a new epoch trusts nothing seen before it
+        stale = seen.kept_epoch != epoch or not switch("DS_SPACE_JOURNAL")
+        if kept is not None and (stale or kept.listing is None):
+            seen.drop_kept()  # a new epoch trusts nothing seen before it; or turned off
             kept = None
         if kept is not None and kept.listing is not None:
             # Until this checkpoint is written (``_host_sync``): one that fails after

@@ -163,7 +163,8 @@ def _row(row: object) -> tuple[str, Entry]:
     if not isinstance(path, str) or kind not in KINDS:
         raise ManifestError(f"manifest entry has a bad path or kind: {str(row)[:120]}")
     for name, v in (("mode", mode), ("size", size), ("mtime", mtime)):
-        if type(v) is not int or v < 0:
+        # A time before 1970 is negative, and a file can have one (``touch -d @-1``).
+        if type(v) is not int or (v < 0 and name != "mtime"):
             raise ManifestError(f"manifest entry {path[:200]!r}: bad {name} {str(v)[:40]}")
     if mode > 0o7777:
         raise ManifestError(f"manifest entry {path[:200]!r}: mode {mode:o} is not permission bits")

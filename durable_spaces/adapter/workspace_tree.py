@@ -217,8 +217,11 @@ def list_script(root: str, since_ns: int | None, copy: str) -> str:
 
 
 #: The files named NUL-separated on stdin (``./``-prefixed), as a tar, run in the root.
+#: Its warnings go nowhere: a Space merges stderr into the output, and "Cannot open" in
+#: the middle of the tar made it unreadable (a file of mode 000 in a Space whose
+#: commands are not root); a file left out is read alone or reported by the caller.
 FETCH_ARGV = (
-    "tar", "--null", "--no-recursion", "--ignore-failed-read", "-T", "-", "-cf", "-",
+    "sh", "-c", "exec tar --null --no-recursion --ignore-failed-read -T - -cf - 2>/dev/null",
 )  # fmt: skip
 
 

@@ -389,3 +389,44 @@ async def test_two_spaces_checkpointed_at_once_through_one_taker_keep_their_own_
         await _sh(a, "printf '?' >> d/b.txt")
         got = await _checked(tmp_path, taker, a, "a3")
         assert got["a.txt"].ref == mine
+
+
+async def test_a_taker_lets_go_of_spaces_it_used_longest_ago(tmp_path: Path) -> None:
+    """A deleted Space sends no word to the taker, and each Space it remembers holds
+    inotify instances (a user has 128): past ``MAX_SEEN`` the oldest is let go."""
+
+    def instances() -> int:
+        fds = os.listdir("/proc/self/fd")
+        return sum(1 for fd in fds if _link(f"/proc/self/fd/{fd}") == "anon_inode:inotify")
+
+    before = instances()
+    taker = Taker(DirectoryCheckpointStore(tmp_path / "store"))
+    for i in range(incremental.MAX_SEEN + 6):
+        async with _space(tmp_path / f"s{i}", "local") as space:
+            await _manifest(taker, space, f"c{i}")
+            assert taker.stats["full"] == i + 1
+    assert len(taker.seen) == incremental.MAX_SEEN
+    assert instances() - before <= 2 * incremental.MAX_SEEN  # a journal and a copy watch
+    for seen in list(taker.seen.values()):
+        seen.close()
+    assert instances() == before
+
+
+def _link(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
+async def test_turning_the_journal_off_stops_the_one_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with _space(tmp_path, "local") as space:
+        taker = Taker(DirectoryCheckpointStore(tmp_path / "store"))
+        await _manifest(taker, space, "c0")
+        await _checked(tmp_path, taker, space, "c1")
+        assert taker.stats == {"full": 1, "journal": 1}
+        monkeypatch.setenv("DS_SPACE_JOURNAL", "0")
+        await _checked(tmp_path, taker, space, "c2")
+        assert taker.stats == {"full": 2, "journal": 1}

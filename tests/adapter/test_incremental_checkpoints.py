@@ -40,7 +40,7 @@ from durable_spaces.adapter import manifest as mf
 from durable_spaces.adapter.checkpoint_id import CheckpointId
 from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
 from durable_spaces.backends import open_backend, unavailable_reason
-from durable_spaces.errors import CheckpointCorruptError
+from durable_spaces.errors import CheckpointCorruptError, SpaceError
 from durable_spaces.space import Space, space_name
 
 BACKENDS = [
@@ -413,3 +413,47 @@ async def test_a_prune_keeps_every_blob_when_a_kept_manifest_is_unreadable(
         assert x.workspace() == FILES
         x.store.prune([first])
         assert x.store_blobs() == {blob_of(d) for d in FILES.values()}
+
+
+# --- what a workspace may hold --------------------------------------------------------
+
+
+@pytest.mark.parametrize("via", VIA)
+async def test_a_file_dated_before_1970_checkpoints_and_restores(tmp_path: Path, via: str) -> None:
+    """Its mtime is negative: the manifest holds it and a restore reads it back (the
+    decoder refused negative times, so such a checkpoint could be taken, never restored)."""
+    async with lab(tmp_path, "local", via) as x:
+        await x.write({"past.txt": b"old\n"})
+        os.utime(x.root / "past.txt", ns=(-1_000_000_123_456_789, -1_000_000_123_456_789))
+        cid = await x.snaps.checkpoint(x.space, "call-1", 1)
+        await x.write({"past.txt": b"new\n"})
+        await x.snaps.restore(x.space, cid, 1)
+        assert (x.root / "past.txt").read_bytes() == b"old\n"
+        assert abs(os.stat(x.root / "past.txt").st_mtime_ns + 1_000_000_123_456_789) < 1000
+
+
+@pytest.mark.docker
+async def test_an_unreadable_file_in_a_docker_space_is_a_clear_error(tmp_path: Path) -> None:
+    """The Space's commands are not root there: a file of mode 000 cannot be read. Its
+    tar's warning used to land inside the tar (a Space merges stderr into the output),
+    a ``tarfile`` error; now the checkpoint says what it could not read."""
+    _need("docker")
+    b = open_backend("docker", tmp_path / "spaces")
+    try:
+        space = await b.create(space_name(f"incr-{tmp_path.name}"))
+        await space.advance_epoch(1)
+        snaps = WorkspaceSnapshots(b, store=DirectoryCheckpointStore(tmp_path / "store"))
+        await space.write_file("ok.txt", b"fine\n", epoch=1)
+        await snaps.checkpoint(space, "call-1", 1)
+        res = await space.exec(["sh", "-c", "printf z > zero && chmod 000 zero"], key=None,
+                               epoch=1, cwd=space.root)  # fmt: skip
+        assert res.exit_code == 0, res.output
+        who = await space.exec(["id", "-u"], key=None, epoch=1, cwd=space.root)
+        if who.output.strip() == b"0":
+            pytest.skip("the docker Space's commands run as root: mode 000 is readable")
+        with pytest.raises(SpaceError, match=r"kept changing|gone when read"):
+            await snaps.checkpoint(space, "call-2", 1)
+    finally:
+        for name in await b.names():
+            await b.delete(name)
+        await b.close()
