@@ -44,7 +44,7 @@ TIMED = (
     ("durable_spaces.adapter.incremental", "Taker._heal_host", "heal"),
     ("durable_spaces.host_holders", "Holders.now", "holders"),
     ("durable_spaces.adapter.kept_tree", "KeptTree.changes", "journal_sync"),
-    ("durable_spaces.adapter.incremental", "Builder.build", "manifest"),
+    ("durable_spaces.adapter.manifest_build", "Builder.build", "manifest"),
     ("durable_spaces.adapter.manifest", "encode", "encode"),
     ("durable_spaces.adapter.manifest", "Encoder.encode", "encode"),
     ("durable_spaces.adapter.checkpointing", "CheckpointKeeper.prune", "prune"),

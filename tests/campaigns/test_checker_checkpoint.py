@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from durable_spaces.adapter import manifest as mf
 from durable_spaces.adapter.checkpoint_id import CheckpointId
-from durable_spaces.adapter.incremental import build
+from durable_spaces.adapter.manifest_build import build
 from durable_spaces.adapter.workspace_tree import walk_host as adapter_walk
 from durable_spaces.campaigns.checker import check_all
 from durable_spaces.campaigns.checks import kept

@@ -14,7 +14,7 @@ from durable_spaces.adapter import image_log as img
 from durable_spaces.adapter import manifest as mf
 from durable_spaces.adapter.durable import session_epoch
 from durable_spaces.adapter.effects import Effect
-from durable_spaces.adapter.incremental import Builder, build
+from durable_spaces.adapter.manifest_build import Builder, build
 from durable_spaces.adapter.snapshots import check_archive
 from durable_spaces.adapter.state import KEEP_CALLS, CallRecord, SpaceState
 from durable_spaces.adapter.tool_args import BashArgs
