@@ -54,6 +54,7 @@ from durable_spaces.adapter.workspace_tree import (
     Take,
     TreeChanged,
     fetch_input,
+    host_dir,
     list_script,
     parse_files,
     parse_listing,
@@ -89,11 +90,10 @@ class Seen:
     copy_blobs: BlobNames = field(default_factory=BlobNames)  # host: the copy's blobs
     holders: Holders | None = None  # host: who holds the workspace's files
     kept: KeptTree | None = None  # host: the last listing, kept by a journal
-    kept_epoch: int | None = None
     journal_pause: int = 0  # host: full walks left before a journal is tried again
     #: This workspace's manifest memos (per Space instance: two Spaces' checkpoints may
     #: run at once, each under its own lock), and whether their last build was finished.
-    builder: Builder = field(default_factory=lambda: Builder())
+    builder: Builder = field(default_factory=Builder)
     encoder: mf.Encoder = field(default_factory=mf.Encoder)
     built: bool = False
 
@@ -222,7 +222,7 @@ class Taker:
         seen.clock_ns = listing.clock_ns
         if kept is not None:  # only now: the listing and the shas it needs go together
             kept.listing = listing
-            seen.kept, seen.kept_epoch = kept, epoch
+            seen.kept = kept
         self.needs[cid] = frozenset(need)
         return cid
 
@@ -237,8 +237,9 @@ class Taker:
         if seen.holders is None:
             seen.holders = Holders(os.stat(space.root).st_dev)
         kept = seen.kept
-        stale = seen.kept_epoch != epoch or not switch("DS_SPACE_JOURNAL")
-        if kept is not None and (stale or kept.listing is None):
+        if kept is not None and (
+            kept.epoch != epoch or kept.listing is None or not switch("DS_SPACE_JOURNAL")
+        ):
             seen.drop_kept()  # a new epoch trusts nothing seen before it; or turned off
             kept = None
         if kept is not None and kept.listing is not None:
@@ -260,7 +261,7 @@ class Taker:
         if seen.journal_pause > 0:
             seen.journal_pause -= 1  # the last journal broke while it walked: limits
         else:
-            kept = self._start_kept(space, seen.holders)
+            kept = self._start_kept(space, seen.holders, epoch)
         held = seen.holders.now() if kept is None else kept.held()
         files, trusted_ns = seen.files, seen.clock_ns
 
@@ -286,13 +287,13 @@ class Taker:
             kept = None
         return listing, kept, None
 
-    def _start_kept(self, space: Space, holders: Holders) -> KeptTree | None:
+    def _start_kept(self, space: Space, holders: Holders, epoch: int) -> KeptTree | None:
         if not isinstance(space, JournaledSpace):
             return None
         journal = space.workspace_journal()
         if journal is None:
             return None
-        kept = KeptTree(journal, holders)
+        kept = KeptTree(journal, holders, epoch)
         if kept.broken is not None:
             self.why_full = kept.broken  # e.g. not a local filesystem
             kept.close()
@@ -425,19 +426,12 @@ def _also(cb: Batch, sb: Batch, sha: str, size: int, data: bytes | None) -> None
 
 def _read_host(root: str, path: str) -> bytes:
     """A workspace file's bytes, every directory opened without following links."""
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    *dirs, name = path.split("/")
     try:
-        *dirs, name = path.split("/")
-        for part in dirs:
-            sub = os.open(part, flags, dir_fd=fd)
-            os.close(fd)
-            fd = sub
-        f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        with host_dir(root, dirs) as fd:
+            f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
     except OSError as e:
         raise TreeChanged(f"{path!r}: {e.strerror}") from None
-    finally:
-        os.close(fd)
     try:
         return read_all(f)
     finally:

@@ -19,11 +19,8 @@ was read.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
 import stat
-from collections.abc import Iterator
 
 from durable_spaces.adapter.manifest import DIR, FILE, ROOT
 from durable_spaces.adapter.workspace_tree import (
@@ -33,6 +30,7 @@ from durable_spaces.adapter.workspace_tree import (
     Take,
     TreeChanged,
     dir_node,
+    host_dir,
     link_node,
     take_file,
     walk_stack,
@@ -53,8 +51,9 @@ def _parent(rel: str) -> str:
 class KeptTree:
     """One workspace's journal, what its last listing found, and who held what."""
 
-    def __init__(self, journal: WorkspaceJournal, holders: Holders) -> None:
+    def __init__(self, journal: WorkspaceJournal, holders: Holders, epoch: int) -> None:
         self.journal = journal
+        self.epoch = epoch  # what it saw is trusted under this epoch only
         self.holders = holders
         #: The last listing, set by the caller once the checkpoint that made it is
         #: written (None meanwhile: a listing that lost the events it took is no base).
@@ -139,7 +138,7 @@ class KeptTree:
             raise TreeChanged("the workspace root itself was named")  # a full walk
         parts = rel.split("/")
         try:
-            with _parent_dir(root, parts[:-1]) as dfd:
+            with host_dir(root, parts[:-1]) as dfd:
                 self._relook_in(nodes, dfd, parts[-1], rel, tree, take)
         except FileNotFoundError:
             self._drop(nodes, rel)  # a parent is gone: its own event drops the rest
@@ -193,7 +192,7 @@ class KeptTree:
     def _restat_dir(self, root: str, nodes: dict[str, Node], rel: str) -> None:
         parts = [] if rel == ROOT else rel.split("/")
         try:
-            with _parent_dir(root, parts) as fd:
+            with host_dir(root, parts) as fd:
                 nodes[rel] = dir_node(os.fstat(fd))
         except FileNotFoundError:
             self._drop(nodes, rel)
@@ -201,23 +200,3 @@ class KeptTree:
 
 def _always(path: str, node: Node) -> bool:
     return True
-
-
-@contextlib.contextmanager
-def _parent_dir(root: str, parts: list[str]) -> Iterator[int]:
-    """The directory ``root/parts...``, every step opened without following a link;
-    FileNotFoundError when one is gone or no longer a directory."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        for part in parts:
-            try:
-                sub = os.open(part, DIR_FLAGS, dir_fd=fd)
-            except OSError as e:
-                if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-                    raise FileNotFoundError(e.errno, e.strerror, part) from None
-                raise
-            os.close(fd)
-            fd = sub
-        yield fd
-    finally:
-        os.close(fd)

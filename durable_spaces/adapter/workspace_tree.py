@@ -22,12 +22,14 @@ the caller lists again.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import os
 import stat
 import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -189,6 +191,26 @@ def take_file(rel: str, name: str, dfd: int, take: Take) -> Node:
         node = file_node(st)
         take(rel, node, fd)
         return node
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def host_dir(root: str, parts: list[str]) -> Iterator[int]:
+    """The directory ``root/parts...``, every step opened without following a link;
+    FileNotFoundError when one is gone or no longer a directory."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts:
+            try:
+                sub = os.open(part, DIR_FLAGS, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                    raise FileNotFoundError(e.errno, e.strerror, part) from None
+                raise
+            os.close(fd)
+            fd = sub
+        yield fd
     finally:
         os.close(fd)
 
