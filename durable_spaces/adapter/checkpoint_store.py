@@ -10,14 +10,15 @@ names are checkpoint ids that parse (``checkpoint_id``) or sha256 digests, every
 opened relative to the store's directory without following symlinks, and anything but a
 regular file is a bad copy, not a crash. Callers verify bytes against their names.
 
-Writes go in batches (``batch``): every new blob and the manifest are written to
-temporaries, fsynced together, the blobs renamed into place and their directory fsynced
-*before* the manifest is renamed into place, so a manifest on disk never names a blob
-that is not. ``prune`` deletes manifests not kept and then blobs no remaining manifest
-names, under the store's exclusive lock (a batch holds it shared from its first look at
-what is there to its manifest's rename), bumping ``.generation`` first so that a writer
-that remembered what the store held looks again. A crash anywhere in a prune leaves
-garbage at worst: a blob goes only when no manifest left on disk names it.
+Writes go in batches (``batch``, ``checkpoint_batch``): every new blob and the manifest
+are written to temporaries, fsynced together, the blobs renamed into place and their
+directory fsynced *before* the manifest is renamed into place, so a manifest on disk
+never names a blob that is not. ``prune`` deletes manifests not kept and then blobs no
+remaining manifest names, under the store's exclusive lock (a batch holds it shared
+from its first look at what is there to its manifest's rename), bumping
+``.generation`` first so that a writer that remembered what the store held looks again.
+A crash anywhere in a prune leaves garbage at worst: a blob goes only when no manifest
+left on disk names it.
 
 Large files are copied with a reflink (``FICLONE``) where the filesystem has them and
 hashed from the clone, never hard-linked: a blob never shares a mutable inode with the
@@ -29,30 +30,25 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import logging
 import os
 import stat
-import threading
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from durable_spaces.adapter import manifest as mf
+from durable_spaces.adapter.checkpoint_batch import CHUNK, NOFOLLOW, Batch, read_all, write_all
 from durable_spaces.adapter.checkpoint_id import CheckpointId
+from durable_spaces.adapter.inode_pool import POOL, InodePool
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import CheckpointCopyError
 
 logger = logging.getLogger(__name__)
 
 BLOBS = "blobs"
-_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+_NOFOLLOW = NOFOLLOW
 _DIR = os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW
-_FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
-#: Files at least this big are reflinked when the filesystem can (smaller ones copied).
-CLONE_MIN = 64 * 1024
-_CHUNK = 1 << 20
 
 
 @runtime_checkable
@@ -76,136 +72,6 @@ class CheckpointStore(Protocol):
     def batch(self, sync: bool = True) -> Batch: ...
 
 
-class Batch:
-    """New blobs and a manifest for one directory, made durable together (module doc).
-    Use as a context manager; leaving it by an exception writes nothing."""
-
-    def __init__(self, store: DirectoryCheckpointStore, shared_lock: bool, sync: bool) -> None:
-        self.store = store
-        self.sync = sync
-        self._lock_fd: int | None = None
-        self._dfd = -1
-        self._bfd = -1
-        self._pending: list[tuple[int, str, str]] = []  # (fd, tmp name, blob name)
-        self._manifest: tuple[int, str, str] | None = None
-        self._shared = shared_lock
-        self.added: set[str] = set()
-        self.generation = 0
-
-    def __enter__(self) -> Batch:
-        self._dfd, self._bfd = self.store._open_dirs()
-        if self._shared:
-            self._lock_fd = self.store._lock(self._dfd, fcntl.LOCK_SH)
-        self.generation = self.store._generation(self._dfd)
-        return self
-
-    def has(self, sha: str, size: int) -> bool:
-        """Whether blob ``sha`` of ``size`` bytes is there (or added to this batch)."""
-        if sha in self.added:
-            return True
-        try:
-            st = os.lstat(sha, dir_fd=self._bfd)
-        except FileNotFoundError:
-            return False
-        return stat.S_ISREG(st.st_mode) and st.st_size == size
-
-    @property
-    def blobs_fd(self) -> int:
-        """The open blobs directory (for a watch of its names, ``copy_watch``)."""
-        return self._bfd
-
-    def present(self) -> set[str]:
-        """Every blob name in the directory (one listing)."""
-        return mf.blob_names(self._bfd) | self.added
-
-    def add(self, data: bytes, replace: bool = False) -> str:
-        """Add a blob (if it is not there already, or ``replace``: over a damaged one);
-        returns its sha256."""
-        sha = hashlib.sha256(data).hexdigest()
-        if sha in self.added or (not replace and self.has(sha, len(data))):
-            return sha
-        fd, tmp = self.store._tmp(self._dfd)
-        self._pending.append((fd, tmp, sha))
-        _write_all(fd, data)
-        self.added.add(sha)
-        return sha
-
-    def add_from(self, src: int, size: int) -> tuple[str, bytes | None]:
-        """Add the bytes of the open regular file ``src`` (read from where it is);
-        returns the sha256, and the bytes when they were read whole (small files):
-        large ones are reflinked where the filesystem can and hashed from the clone."""
-        if size < CLONE_MIN:
-            data = read_all(src)
-            return self.add(data), data
-        fd, tmp = self.store._tmp(self._dfd)
-        try:
-            try:
-                fcntl.ioctl(fd, _FICLONE, src)
-                sha = _hash_fd(fd)
-            except OSError:  # no reflinks here: copy while hashing
-                os.lseek(src, 0, os.SEEK_SET)
-                sha = _copy_hashing(src, fd)
-        except BaseException:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=self._dfd)
-            raise
-        if sha in self.added or self.has(sha, os.fstat(fd).st_size):
-            os.close(fd)
-            os.unlink(tmp, dir_fd=self._dfd)
-        else:
-            self._pending.append((fd, tmp, sha))
-            self.added.add(sha)
-        return sha, None
-
-    def open_blob(self, sha: str) -> int:
-        """A read descriptor of blob ``sha`` (added by this batch or already there)."""
-        for _, tmp, name in self._pending:
-            if name == sha:
-                return os.open(tmp, os.O_RDONLY | _NOFOLLOW, dir_fd=self._dfd)
-        return os.open(sha, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK, dir_fd=self._bfd)
-
-    def manifest(self, cid: CheckpointId, data: bytes) -> None:
-        """The checkpoint this batch ends with (renamed into place after its blobs): a
-        manifest, or (``put``) a tar."""
-        if not cid.matches(data):
-            raise CheckpointCopyError(f"refusing to store bytes that are not checkpoint {cid}")
-        fd, tmp = self.store._tmp(self._dfd)
-        self._manifest = (fd, tmp, f"{cid}{cid.suffix}")
-        _write_all(fd, data)
-
-    def __exit__(self, typ: object, exc: object, tb: object) -> None:
-        try:
-            if typ is None:
-                self._commit()
-        finally:
-            for fd, tmp, _ in [*self._pending, *([self._manifest] if self._manifest else [])]:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-                if typ is not None:
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp, dir_fd=self._dfd)
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
-            for fd in (self._bfd, self._dfd):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-
-    def _commit(self) -> None:
-        files = [*self._pending, *([self._manifest] if self._manifest else [])]
-        if self.sync:
-            _fsync_all([fd for fd, _, _ in files])
-        for _, tmp, name in self._pending:
-            self.store._install(self._dfd, tmp, self._bfd, name)
-        if self._pending and self.sync:
-            os.fsync(self._bfd)
-        if self._manifest is not None:
-            _, tmp, name = self._manifest
-            self.store._install(self._dfd, tmp, self._dfd, name)
-        if self.sync:
-            os.fsync(self._dfd)
-
-
 class DirectoryCheckpointStore:
     """A directory (local or shared) of checkpoints and blobs (module doc).
 
@@ -219,9 +85,12 @@ class DirectoryCheckpointStore:
     prunes it), and a symlink or file planted at its own name or at ``blobs`` is removed
     (those names are ours), never followed."""
 
-    def __init__(self, directory: str | os.PathLike[str], *, in_space: bool = False) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str], *, in_space: bool = False, pool: InodePool = POOL
+    ) -> None:
         self.dir = Path(directory)
         self.in_space = in_space
+        self.pool = pool  # files made ahead for its batches (``inode_pool``)
         if not in_space:
             self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             with contextlib.suppress(OSError):
@@ -354,6 +223,31 @@ class DirectoryCheckpointStore:
                 os.unlink(path, dir_fd=parent)  # a symlink or file planted at our name
         raise CheckpointCopyError(f"{self.dir}: {path} keeps changing")
 
+    def _link_tmp(self, dfd: int, fd: int) -> str:
+        """Link the pooled file ``fd`` to a new temporary name in ``dfd``; where it
+        cannot be linked, a named file with its bytes (``inode_pool``)."""
+        for _ in range(5):
+            name = f".tmp-{os.urandom(8).hex()}"
+            try:
+                if self.pool.link(fd, dfd, name):
+                    return name
+                break
+            except FileExistsError:
+                continue
+        new, name = self._tmp(dfd)
+        try:
+            os.lseek(fd, 0, os.SEEK_SET)
+            while chunk := os.read(fd, CHUNK):
+                write_all(new, chunk)
+            os.dup2(new, fd, inheritable=False)  # the batch's descriptor is now the named file's
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=dfd)
+            raise
+        finally:
+            os.close(new)
+        return name
+
     def _tmp(self, dfd: int) -> tuple[int, str]:
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW
         for _ in range(5):
@@ -428,31 +322,12 @@ class DirectoryCheckpointStore:
     def _bump_generation(self, dfd: int) -> None:
         fd, tmp = self._tmp(dfd)
         try:
-            _write_all(fd, str(max(0, self._generation(dfd)) + 1).encode())
+            write_all(fd, str(max(0, self._generation(dfd)) + 1).encode())
             os.fsync(fd)
         finally:
             os.close(fd)
         self._install(dfd, tmp, dfd, ".generation")
         os.fsync(dfd)
-
-
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _fsync_all(fds: list[int]) -> None:
-    """fsync every file, all at once: the filesystem's journal then commits them
-    together (11 files in turn ~55 ms here, at once ~8 ms)."""
-    global _pool
-    if len(fds) < 2:
-        for fd in fds:
-            os.fsync(fd)
-        return
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="ds-fsync")
-    for f in [_pool.submit(os.fsync, fd) for fd in fds]:
-        f.result()
 
 
 def _blob_name(sha: str) -> str:
@@ -473,36 +348,6 @@ def _remove_tree(name: str, dfd: int) -> None:
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=dfd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def read_all(fd: int) -> bytes:
-    """The rest of the open file ``fd``."""
-    chunks = []
-    while chunk := os.read(fd, _CHUNK):
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _hash_fd(fd: int) -> str:
-    h = hashlib.sha256()
-    os.lseek(fd, 0, os.SEEK_SET)
-    while chunk := os.read(fd, _CHUNK):
-        h.update(chunk)
-    return h.hexdigest()
-
-
-def _copy_hashing(src: int, dst: int) -> str:
-    h = hashlib.sha256()
-    while chunk := os.read(src, _CHUNK):
-        h.update(chunk)
-        _write_all(dst, chunk)
-    return h.hexdigest()
 
 
 #: ``stat.filemode``'s first letter -> what a file of that type is, for messages.

@@ -35,13 +35,9 @@ from dataclasses import dataclass, field
 
 from durable_spaces.adapter import manifest as mf
 from durable_spaces.adapter import space_copy
+from durable_spaces.adapter.checkpoint_batch import Batch, read_all
 from durable_spaces.adapter.checkpoint_id import CheckpointId
-from durable_spaces.adapter.checkpoint_store import (
-    Batch,
-    CheckpointStore,
-    DirectoryCheckpointStore,
-    read_all,
-)
+from durable_spaces.adapter.checkpoint_store import CheckpointStore, DirectoryCheckpointStore
 from durable_spaces.adapter.copy_watch import BlobNames
 from durable_spaces.adapter.image import blob_id
 from durable_spaces.adapter.kept_tree import KeptTree

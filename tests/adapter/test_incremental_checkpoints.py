@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from durable_spaces.adapter import checkpoint_store
+from durable_spaces.adapter import checkpoint_batch, checkpoint_store, inode_pool
 from durable_spaces.adapter import manifest as mf
 from durable_spaces.adapter.checkpoint_id import CheckpointId
 from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
@@ -229,7 +230,7 @@ async def test_a_manifest_naming_a_path_out_of_the_workspace_is_refused(
 
 #: The store's calls that change what is on disk: a kill before any of them leaves what
 #: the ones before it did.
-MUTATING = ("write", "replace", "unlink", "rename", "fsync", "mkdir", "rmdir")
+MUTATING = ("write", "replace", "unlink", "rename", "fsync", "mkdir", "rmdir", "link")
 
 
 class Killed(BaseException):
@@ -237,9 +238,11 @@ class Killed(BaseException):
 
 
 class KillingOs(ModuleType):
-    """``os`` for ``checkpoint_store``: its ``at``-th mutating call raises ``Killed``
-    and every later one fails (a dead process changes nothing more; the ``with``
-    blocks' own clean-up still closes descriptors, as the kernel would)."""
+    """``os`` for ``checkpoint_store``, ``checkpoint_batch`` and ``inode_pool``: its
+    ``at``-th mutating call raises ``Killed`` and every later one fails (a dead process
+    changes nothing more; the ``with`` blocks' own clean-up still closes descriptors,
+    as the kernel would). The pool's own thread, making files ahead, is not counted:
+    its calls come whenever it runs, and it names nothing."""
 
     def __init__(self, at: int) -> None:
         super().__init__("os")
@@ -251,6 +254,8 @@ class KillingOs(ModuleType):
             return real
 
         def call(*args: Any, **kw: Any) -> Any:
+            if threading.current_thread().name.startswith("ds-inode-pool"):
+                return real(*args, **kw)
             self.calls += 1
             if self.calls == self.at:
                 raise Killed(f"killed at {name} (call {self.calls})")
@@ -265,7 +270,8 @@ class KillingOs(ModuleType):
 def killed_at(monkeypatch: pytest.MonkeyPatch, at: int) -> Iterator[KillingOs]:
     fake = KillingOs(at)
     with monkeypatch.context() as m:
-        m.setattr(checkpoint_store, "os", fake)
+        for module in (checkpoint_store, checkpoint_batch, inode_pool):
+            m.setattr(module, "os", fake)
         yield fake
 
 

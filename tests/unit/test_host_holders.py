@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -172,8 +173,51 @@ def test_a_mapping_is_held_after_the_main_thread_exits(file: Path, tmp_path: Pat
     p = subprocess.Popen([str(exe), str(file)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert p.stdout is not None and p.stdout.readline() == b"stored\n"
+        # The thread may store before the main thread is done exiting: wait for it.
+        deadline = time.monotonic() + 10
+        while os.listdir(f"/proc/{p.pid}/fd") and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert os.listdir(f"/proc/{p.pid}/fd") == []  # nothing of its own to see
         assert ino in (holders.now() or set())  # its thread's view holds the mapping
     finally:
         p.kill()
         p.wait()
+
+
+def _kernel_threads() -> list[str]:
+    out = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            data = Path(f"/proc/{pid}/stat").read_bytes()
+        except OSError:
+            continue
+        fields = data[data.rfind(b")") + 2 :].split()
+        if int(fields[6]) & host_holders._PF_KTHREAD:
+            out.append(pid)
+    return out
+
+
+def test_kernel_threads_are_known_after_one_look_and_skipped(file: Path) -> None:
+    kthreads = _kernel_threads()
+    if not kthreads:
+        pytest.skip("this PID namespace shows no kernel threads")
+    assert Holders(os.stat(file).st_dev).now() is not None
+    known = [p for p in kthreads if host_holders._KERNEL.known(p)]
+    # Each one found is kept (up to the limit), so the next look skips it.
+    assert len(known) >= min(len(kthreads), host_holders._Kernel.LIMIT) - 2  # some may exit
+
+
+def test_a_user_process_is_never_taken_for_a_kernel_thread_nor_kept_once_gone() -> None:
+    kernel = host_holders._Kernel()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert not kernel.learn(str(child.pid))  # its flags say it is a user process
+        # As if it were one (a kernel thread whose pid a new process took): the
+        # directory opened for the old one fails once it is gone.
+        kernel._fds[str(child.pid)] = os.open(f"/proc/{child.pid}", os.O_RDONLY)
+        assert kernel.known(str(child.pid))
+    finally:
+        child.kill()
+        child.wait()
+    assert not kernel.known(str(child.pid))
+    assert str(child.pid) not in kernel._fds

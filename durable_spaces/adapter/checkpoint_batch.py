@@ -1,0 +1,244 @@
+"""One batch of writes into a checkpoint directory (``checkpoint_store``): new blobs
+and a manifest, made durable together.
+
+Every file is written to a temporary (made ahead where it can be, ``inode_pool``), the
+temporaries fsynced together (``_fsync_all``), the blobs renamed into ``blobs/`` and that
+directory fsynced *before* the manifest is renamed into place, so a manifest on disk
+never names a blob that is not. Leaving the batch by an exception writes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import stat
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from durable_spaces.adapter import manifest as mf
+from durable_spaces.adapter.checkpoint_id import CheckpointId
+from durable_spaces.errors import CheckpointCopyError
+
+if TYPE_CHECKING:
+    from durable_spaces.adapter.checkpoint_store import DirectoryCheckpointStore
+
+__all__ = ["CLONE_MIN", "Batch", "read_all", "write_all"]
+
+NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+_FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
+#: Files at least this big are reflinked when the filesystem can (smaller ones copied).
+CLONE_MIN = 64 * 1024
+CHUNK = 1 << 20
+
+
+class Batch:
+    """New blobs and a manifest for one directory, made durable together (module doc).
+    Use as a context manager; leaving it by an exception writes nothing."""
+
+    def __init__(self, store: DirectoryCheckpointStore, shared_lock: bool, sync: bool) -> None:
+        self.store = store
+        self.sync = sync
+        self._lock_fd: int | None = None
+        self._dfd = -1
+        self._bfd = -1
+        #: (fd, tmp name, blob name); the tmp name is "" for a pooled file (``inode_pool``)
+        #: until ``_commit`` links it.
+        self._pending: list[tuple[int, str, str]] = []
+        self._manifest: tuple[int, str, str] | None = None
+        self._shared = shared_lock
+        self.added: set[str] = set()
+        self.generation = 0
+        self._pooled = self._named = 0  # files taken from the pool / made by name
+
+    def __enter__(self) -> Batch:
+        self._dfd, self._bfd = self.store._open_dirs()
+        if self._shared:
+            self._lock_fd = self.store._lock(self._dfd, fcntl.LOCK_SH)
+        self.generation = self.store._generation(self._dfd)
+        return self
+
+    def has(self, sha: str, size: int) -> bool:
+        """Whether blob ``sha`` of ``size`` bytes is there (or added to this batch)."""
+        if sha in self.added:
+            return True
+        try:
+            st = os.lstat(sha, dir_fd=self._bfd)
+        except FileNotFoundError:
+            return False
+        return stat.S_ISREG(st.st_mode) and st.st_size == size
+
+    @property
+    def blobs_fd(self) -> int:
+        """The open blobs directory (for a watch of its names, ``copy_watch``)."""
+        return self._bfd
+
+    def present(self) -> set[str]:
+        """Every blob name in the directory (one listing)."""
+        return mf.blob_names(self._bfd) | self.added
+
+    def add(self, data: bytes, replace: bool = False) -> str:
+        """Add a blob (if it is not there already, or ``replace``: over a damaged one);
+        returns its sha256."""
+        sha = hashlib.sha256(data).hexdigest()
+        if sha in self.added or (not replace and self.has(sha, len(data))):
+            return sha
+        fd, tmp = self._new_file()
+        self._pending.append((fd, tmp, sha))
+        write_all(fd, data)
+        self.added.add(sha)
+        return sha
+
+    def add_from(self, src: int, size: int) -> tuple[str, bytes | None]:
+        """Add the bytes of the open regular file ``src`` (read from where it is);
+        returns the sha256, and the bytes when they were read whole (small files):
+        large ones are reflinked where the filesystem can and hashed from the clone."""
+        if size < CLONE_MIN:
+            data = read_all(src)
+            return self.add(data), data
+        fd, tmp = self._new_file()
+        try:
+            try:
+                fcntl.ioctl(fd, _FICLONE, src)
+                sha = _hash_fd(fd)
+            except OSError:  # no reflinks here: copy while hashing
+                os.lseek(src, 0, os.SEEK_SET)
+                sha = _copy_hashing(src, fd)
+        except BaseException:
+            self._drop(fd, tmp)
+            raise
+        if sha in self.added or self.has(sha, os.fstat(fd).st_size):
+            self._drop(fd, tmp)
+        else:
+            self._pending.append((fd, tmp, sha))
+            self.added.add(sha)
+        return sha, None
+
+    def open_blob(self, sha: str) -> int:
+        """A read descriptor of blob ``sha`` (added by this batch or already there)."""
+        for fd, tmp, name in self._pending:
+            if name == sha:
+                if not tmp:  # pooled, not linked yet: its own open file, read again
+                    return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+                return os.open(tmp, os.O_RDONLY | NOFOLLOW, dir_fd=self._dfd)
+        return os.open(sha, os.O_RDONLY | NOFOLLOW | os.O_NONBLOCK, dir_fd=self._bfd)
+
+    def manifest(self, cid: CheckpointId, data: bytes) -> None:
+        """The checkpoint this batch ends with (renamed into place after its blobs): a
+        manifest, or (``put``) a tar."""
+        if not cid.matches(data):
+            raise CheckpointCopyError(f"refusing to store bytes that are not checkpoint {cid}")
+        fd, tmp = self._new_file()
+        self._manifest = (fd, tmp, f"{cid}{cid.suffix}")
+        write_all(fd, data)
+
+    def __exit__(self, typ: object, exc: object, tb: object) -> None:
+        try:
+            if typ is None:
+                self._commit()
+        finally:
+            for fd, tmp, _ in [*self._pending, *([self._manifest] if self._manifest else [])]:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                if typ is not None and tmp:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp, dir_fd=self._dfd)
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+            for fd in (self._bfd, self._dfd):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def _new_file(self) -> tuple[int, str]:
+        """A file to write: one made ahead (``inode_pool``, no name yet: ""), else one
+        made now by name."""
+        fd = self.store.pool.take(self._dfd)
+        if fd is not None:
+            self._pooled += 1
+            return fd, ""
+        self._named += 1
+        return self.store._tmp(self._dfd)
+
+    def _drop(self, fd: int, tmp: str) -> None:
+        os.close(fd)
+        if tmp:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=self._dfd)
+
+    def _name_pooled(self) -> None:
+        """Link each pooled file to a temporary name, as if it had been made there:
+        every later step (fsync, rename, directory fsync) is then the named one's."""
+        for i, (fd, tmp, name) in enumerate(self._pending):
+            if not tmp:
+                self._pending[i] = (fd, self.store._link_tmp(self._dfd, fd), name)
+        if self._manifest is not None and not self._manifest[1]:
+            fd, _, name = self._manifest
+            self._manifest = (fd, self.store._link_tmp(self._dfd, fd), name)
+
+    def _commit(self) -> None:
+        self._name_pooled()
+        files = [*self._pending, *([self._manifest] if self._manifest else [])]
+        if self.sync:
+            _fsync_all([fd for fd, _, _ in files])
+        for _, tmp, name in self._pending:
+            self.store._install(self._dfd, tmp, self._bfd, name)
+        if self._pending and self.sync:
+            os.fsync(self._bfd)
+        if self._manifest is not None:
+            _, tmp, name = self._manifest
+            self.store._install(self._dfd, tmp, self._dfd, name)
+        if self.sync:
+            os.fsync(self._dfd)
+        # For the next batch here: as many files made ahead as this one made.
+        self.store.pool.top_up(os.fspath(self.store.dir), os.fstat(self._dfd).st_dev, len(files))
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _fsync_all(fds: list[int]) -> None:
+    """fsync every file, all at once: the filesystem's journal then commits them
+    together (11 files in turn ~55 ms here, at once ~8 ms)."""
+    global _pool
+    if len(fds) < 2:
+        for fd in fds:
+            os.fsync(fd)
+        return
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="ds-fsync")
+    for f in [_pool.submit(os.fsync, fd) for fd in fds]:
+        f.result()
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def read_all(fd: int) -> bytes:
+    """The rest of the open file ``fd``."""
+    chunks = []
+    while chunk := os.read(fd, CHUNK):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _hash_fd(fd: int) -> str:
+    h = hashlib.sha256()
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, CHUNK):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def _copy_hashing(src: int, dst: int) -> str:
+    h = hashlib.sha256()
+    while chunk := os.read(src, CHUNK):
+        h.update(chunk)
+        write_all(dst, chunk)
+    return h.hexdigest()
