@@ -1,5 +1,5 @@
 """Files made ahead of a checkpoint: anonymous inodes (``O_TMPFILE``) opened in the
-background, given a name only when a batch writes them (``checkpoint_store.Batch``).
+background, given a name only when a batch takes them (``checkpoint_batch.Batch``).
 
 Why: making a file means allocating an inode, and while the filesystem's journal is
 committing (a log or ledger ``fsync`` just before a checkpoint: the harness's commit,
@@ -9,12 +9,13 @@ makes one file per new blob and one for its manifest, in the store and in the Sp
 copy, so on the spacesd backend those waits were most of its walk. The pool does the
 allocations while the next command runs, and a batch only links what it takes.
 
-What it changes: nothing a reader can see. A pooled file has no name until the batch
-links it to a temporary name (``.tmp-...``, as a file made there directly would have
-been) and then renames it into place, so every step after the link is the one it was:
-the fsync before the rename, the rename over a damaged file, the directory's fsync. A
-pooled file was never linked anywhere, so a process killed with files in its pool
-leaves nothing behind (the kernel frees an unnamed inode with its last descriptor).
+What it changes: nothing a reader can see. A pooled file has no name until a batch
+takes it and links it to a temporary name (``.tmp-...``, as a file made there directly
+would have been), so every step after the link is the one it was: the write, the fsync
+before the rename, the rename over a damaged file, the directory's fsync. A file still
+in the pool was never linked anywhere, so a process killed with files in its pool
+leaves nothing of them behind (the kernel frees an unnamed inode with its last
+descriptor).
 
 Where it cannot: a filesystem without ``O_TMPFILE`` (FUSE, NFS, old kernels), a target
 on another mount than the file (``EXDEV``), no ``/proc`` to link through: the batch makes
