@@ -184,6 +184,12 @@ class CallPipeline:
         self, space: Space, rec: CallRecord, event: RecoveryKind | None
     ) -> ToolResult:
         epoch = self.p.epoch_for(space.name)
+        settle = getattr(self.p.config.snapshots, "settle", None)
+        if settle is not None:
+            # The last checkpoint's Space copy is written (``copy_behind``) before the
+            # Space changes again: the checkpoint a recovery of this call may restore
+            # is then in both copies, as when it was written on the call's path.
+            await settle(space.name)
         if self.tool == "bash":
             assert rec.key is not None
             # Every way here follows a start mark (``_mark``): its key is new.

@@ -7,8 +7,9 @@ instance or a store whose ``.generation`` moved (a prune) starts from nothing: t
 checkpoint reads every file (and stores only the blobs missing).
 
 Every checkpoint is written to the store (when there is one) and to the copy beside the
-workspace (``.ds-checkpoints``), blobs first, the manifest last (``checkpoint_store``).
-The copy in the Space is where an agent can reach, so each checkpoint lists the blobs it
+workspace (``.ds-checkpoints``), blobs first, the manifest last (``checkpoint_store``);
+on the host with a store, the copy after the checkpoint returns (``copy_behind``). The
+copy in the Space is where an agent can reach, so each checkpoint lists the blobs it
 holds and puts back any the manifest needs that went missing.
 
 When the workspace is a directory of this host (a probe file written through the Space
@@ -38,6 +39,7 @@ from durable_spaces.adapter import space_copy
 from durable_spaces.adapter.checkpoint_batch import Batch, read_all
 from durable_spaces.adapter.checkpoint_id import CheckpointId
 from durable_spaces.adapter.checkpoint_store import CheckpointStore, DirectoryCheckpointStore
+from durable_spaces.adapter.copy_behind import Behind, CopyWrite, heal
 from durable_spaces.adapter.copy_watch import BlobNames
 from durable_spaces.adapter.image import blob_id
 from durable_spaces.adapter.kept_tree import KeptTree
@@ -122,6 +124,7 @@ class Taker:
         self.needs: dict[str, frozenset[str]] = {} if needs is None else needs
         #: Host checkpoints that walked everything / that a journal answered.
         self.stats = {"full": 0, "journal": 0}
+        self.behind = Behind()  # the Space copies still being written (``copy_behind``)
         self.why_full = "no checkpoint yet"
 
     def forget(self, space: Space) -> None:
@@ -155,6 +158,7 @@ class Taker:
         return seen.host
 
     async def checkpoint(self, space: Space, call_id: str, epoch: int) -> CheckpointId:
+        await self.behind.settle(space.name)  # the last one's copy first (``copy_behind``)
         seen = self._seen(space)
         await self.is_host(space, epoch)
         for attempt in range(ATTEMPTS):
@@ -176,24 +180,42 @@ class Taker:
 
     async def _on_host(self, space: Space, seen: Seen, call_id: str, epoch: int) -> CheckpointId:
         try:
-            return await asyncio.to_thread(self._host_sync, space, seen, call_id, epoch)
+            cid, write = await asyncio.to_thread(self._host_sync, space, seen, call_id, epoch)
         except (TreeChanged, SpaceError):
             raise
         except OSError as e:
             await space.stat(".")  # the Space's own error when it is gone or down
             raise SpaceError(f"checkpoint of Space {space.name} failed: {e}") from e
+        if write is not None and self.store is not None:
+            store, names, root = self.store, seen.copy_blobs, space.root
+            self.behind.start(
+                space.name, lambda: write.write(store, names, lambda p: _read_host(root, p))
+            )
+        return cid
 
-    def _host_sync(self, space: Space, seen: Seen, call_id: str, epoch: int) -> CheckpointId:
-        copy = DirectoryCheckpointStore(copy_dir(space), in_space=True)
+    def _host_sync(
+        self, space: Space, seen: Seen, call_id: str, epoch: int
+    ) -> tuple[CheckpointId, CopyWrite | None]:
+        """The checkpoint, written to the store; and, with a store, what the Space's copy
+        gets after it returns (``copy_behind``), else written to that copy here."""
+        behind = self.store is not None
+        later: dict[str, bytes | int] = {}  # the copy's new blobs (int: clone, this size)
         outer = self.store.batch() if self.store is not None else contextlib.nullcontext()
-        with outer as sb, copy.batch(sync=self.store is None) as cb:
+        inner = (
+            contextlib.nullcontext()
+            if behind
+            else DirectoryCheckpointStore(copy_dir(space), in_space=True).batch(sync=True)
+        )
+        with outer as sb, inner as cb:
             self._check_generation(seen, sb)
             fresh: dict[str, tuple[Node, str]] = {}
+            first = sb if sb is not None else cb
+            assert first is not None
 
             def take(path: str, node: Node, fd: int) -> None:
-                sha, data = (sb or cb).add_from(fd, node.size)
-                if sb is not None:
-                    _also(cb, sb, sha, node.size, data)
+                sha, data = first.add_from(fd, node.size)
+                if behind:
+                    later[sha] = data if data is not None else node.size
                 fresh[path] = (node, sha)
 
             listing, kept, changed = self._list_host(space, seen, epoch, take)
@@ -202,13 +224,16 @@ class Taker:
             seen.built = False
             m = seen.builder.build(listing, lambda p: (fresh.get(p) or seen.files[p])[1], changed)
             need = mf.blobs(m)
-            self._heal_host(space, m, need, seen.copy_blobs.names(cb.blobs_fd) | cb.added, cb, sb)
+            if cb is not None:
+                present = seen.copy_blobs.names(cb.blobs_fd) | cb.added
+                heal(self.store, m, need, present, cb, lambda p: _read_host(space.root, p))
             data = seen.encoder.encode(m, seen.builder.changed)
             seen.built = True
             cid = CheckpointId.for_manifest(call_id, data)
             if sb is not None:
                 sb.manifest(cid, data)
-            cb.manifest(cid, data)
+            if cb is not None:
+                cb.manifest(cid, data)
         files = seen.files
         files.update(fresh)
         if len(files) != sum(1 for n in listing.nodes.values() if n.kind == mf.FILE) or any(
@@ -220,7 +245,7 @@ class Taker:
             kept.listing = listing
             seen.kept = kept
         self.needs[cid] = frozenset(need)
-        return cid
+        return cid, CopyWrite(copy_dir(space), cid, data, m, need, later) if behind else None
 
     def _list_host(
         self, space: Space, seen: Seen, epoch: int, take: Take
@@ -295,29 +320,6 @@ class Taker:
             kept.close()
             return None
         return kept
-
-    def _heal_host(
-        self,
-        space: Space,
-        m: mf.Manifest,
-        need: set[str],
-        present: set[str],
-        cb: Batch,
-        sb: Batch | None,
-    ) -> None:
-        """Put back blobs the manifest needs (``need``) that the Space's copy lost: not
-        ``present`` there (``copy_watch``) nor added by this batch."""
-        missing = need - present
-        for path, e in m.items():
-            if e.kind != mf.FILE or e.ref not in missing:
-                continue
-            data = self.store.get_blob(e.ref) if self.store is not None else None
-            if data is None or blob_id(data) != e.ref:
-                data = _read_host(space.root, path)
-            if blob_id(data) != e.ref:
-                raise TreeChanged(f"{path!r} changed while its blob was put back")
-            cb.add(data)
-            missing.discard(e.ref)
 
     def _check_generation(self, seen: Seen, sb: Batch | None) -> None:
         gen = sb.generation if sb is not None else 0
@@ -405,19 +407,6 @@ def _most(changes: WorkspaceChanges, listed: int) -> bool:
 def _stale(seen: Seen, path: str, node: Node) -> bool:
     known = seen.files.get(path)
     return known is None or known[0] != node
-
-
-def _also(cb: Batch, sb: Batch, sha: str, size: int, data: bytes | None) -> None:
-    """The blob ``sb`` just took, into the Space's copy too (cloned from the store's
-    when it was too big to hold)."""
-    if data is not None:
-        cb.add(data)
-        return
-    fd = sb.open_blob(sha)
-    try:
-        cb.add_from(fd, size)
-    finally:
-        os.close(fd)
 
 
 def _read_host(root: str, path: str) -> bytes:

@@ -134,6 +134,12 @@ class WorkspaceSnapshots:
     async def checkpoint(self, space: Space, call_id: str, epoch: int) -> str:
         return await self.taker.checkpoint(space, call_id, epoch)
 
+    async def settle(self, space: str | None = None) -> None:
+        """Wait until the Space's (None: every Space's) copy of the checkpoints taken is
+        written (with a store, it is written after each checkpoint returns:
+        ``copy_behind``)."""
+        await self.taker.behind.settle(space)
+
     # --- pruning the Space's copies ---------------------------------------------------
 
     async def prune(self, space: Space, recorded: Callable[[], set[str]], epoch: int) -> list[str]:
@@ -146,6 +152,7 @@ class WorkspaceSnapshots:
         n = self._prune_calls[space.name] = self._prune_calls.get(space.name, 0) + 1
         if n % self.prune_every:
             return []
+        await self.taker.behind.settle(space.name)  # its copy's last write, first
         keep = {CheckpointId.parse(c) for c in recorded()}
         keep = {c for c in keep if c.kind == "workspace"}
         needed: set[str] | None = set()
@@ -207,6 +214,7 @@ class WorkspaceSnapshots:
         if tries:
             with contextlib.suppress(CheckpointMissing, CheckpointCorruptError):
                 return (await copies.load(tries)).tar
+        await self.taker.behind.settle()  # the Spaces' copies as this process wrote them
         async for sp in spaces:
             tries.append(CommandCopy(f"space {sp.name}", sp, copy_dir(sp), None))
         return (await copies.load(tries, skip={"store"})).tar
@@ -219,6 +227,9 @@ class WorkspaceSnapshots:
         doc); only then is the workspace replaced. A bad copy is reported (a warning
         naming it) and mended from the intact one."""
         cid = CheckpointId.parse(checkpoint_id, "the checkpoint to restore", "workspace")
+        await self.taker.behind.settle(space.name)  # no copy write under the restore
+        if source is not None:
+            await self.taker.behind.settle(source.name)
         host = await self.taker.is_host(space, epoch)
         tries = self._copies(space, epoch, host=host, source=source)
         copies = Copies(cid)

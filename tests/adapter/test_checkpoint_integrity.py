@@ -49,6 +49,7 @@ from durable_spaces.errors import (
     PermanentFailure,
 )
 from durable_spaces.space import Space, space_name
+from tests.adapter.settled import SettledSnapshots
 
 BACKENDS = [
     pytest.param("local", id="local"),
@@ -254,7 +255,7 @@ async def lab(tmp: Path, backend: str, store: bool = True) -> AsyncIterator[Lab]
             await space.write_file(path, data, epoch=1)
         await space.symlink("l", "a.txt", epoch=1)
         st = DirectoryCheckpointStore(tmp / "store")
-        snaps = WorkspaceSnapshots(b, store=st if store else None)
+        snaps = SettledSnapshots(b, store=st if store else None)
         cid = CheckpointId.parse(await snaps.checkpoint(space, "call-1", 1))
         yield Lab(space, snaps, st, cid, tmp)
     finally:

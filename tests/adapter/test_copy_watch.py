@@ -11,9 +11,10 @@ from pathlib import Path
 
 from durable_spaces.adapter import copy_watch
 from durable_spaces.adapter import manifest as mf
-from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
+from durable_spaces.adapter.snapshots import DirectoryCheckpointStore
 from durable_spaces.backends import open_backend
 from durable_spaces.space import Space
+from tests.adapter.settled import SettledSnapshots
 
 FILES = {f"d{i % 3}/f{i:02d}.txt": f"file {i}\n".encode() * (i + 1) for i in range(12)}
 
@@ -36,7 +37,7 @@ async def test_blobs_an_agent_removes_from_the_copy_are_put_back_without_a_listi
         await space.advance_epoch(1)
         for path, data in FILES.items():
             await space.write_file(path, data, epoch=1)
-        snaps = WorkspaceSnapshots(b, store=DirectoryCheckpointStore(tmp_path / "store"))
+        snaps = SettledSnapshots(b, store=DirectoryCheckpointStore(tmp_path / "store"))
         copy = Path(space.root).parent / ".ds-checkpoints"
         watch = snaps.taker._seen(space).copy_blobs
 

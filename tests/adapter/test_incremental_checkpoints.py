@@ -43,6 +43,7 @@ from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, Workspace
 from durable_spaces.backends import open_backend, unavailable_reason
 from durable_spaces.errors import CheckpointCorruptError, SpaceError
 from durable_spaces.space import Space, space_name
+from tests.adapter.settled import SettledSnapshots
 
 BACKENDS = [
     pytest.param("local", id="local"),
@@ -100,7 +101,7 @@ async def lab(tmp: Path, backend: str, via: str = "host") -> AsyncIterator[Lab]:
         space = await b.create(space_name(f"incr-{tmp.name}"))
         await space.advance_epoch(1)
         store = DirectoryCheckpointStore(tmp / "store")
-        x = Lab(space, WorkspaceSnapshots(b, store=store), store, tmp)
+        x = Lab(space, SettledSnapshots(b, store=store), store, tmp)
         if via == "commands":  # as if the workspace were not a directory here
             x.snaps.taker._seen(space).host = False
         await x.write(FILES)
@@ -448,7 +449,7 @@ async def test_an_unreadable_file_in_a_docker_space_is_a_clear_error(tmp_path: P
     try:
         space = await b.create(space_name(f"incr-{tmp_path.name}"))
         await space.advance_epoch(1)
-        snaps = WorkspaceSnapshots(b, store=DirectoryCheckpointStore(tmp_path / "store"))
+        snaps = SettledSnapshots(b, store=DirectoryCheckpointStore(tmp_path / "store"))
         await space.write_file("ok.txt", b"fine\n", epoch=1)
         await snaps.checkpoint(space, "call-1", 1)
         res = await space.exec(["sh", "-c", "printf z > zero && chmod 000 zero"], key=None,

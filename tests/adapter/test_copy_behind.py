@@ -1,0 +1,145 @@
+"""``copy_behind``: with a store, the Space's copy of a checkpoint is written after the
+checkpoint returns. Made slow (a slow disk under ``.ds-checkpoints``), it must still be
+complete before the next call changes the Space (so the checkpoint a recovery of that
+call restores is in both copies), and before a restore, a prune or a read of the copies;
+a write that fails must only warn, the store holding the checkpoint."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durable_spaces.adapter import copy_behind
+from durable_spaces.adapter import manifest as mf
+from durable_spaces.adapter.durable import durable_spaces
+from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
+from durable_spaces.adapter.state import DOC, SpaceState
+from durable_spaces.backends import open_backend
+from durable_spaces.harness.log import SqliteStorage
+from durable_spaces.harness.scheduler import AgentConfig, Harness
+from durable_spaces.harness.tools import CodingTools, Registry, ToolContext
+from durable_spaces.space import Space
+
+SLOW = 0.4  # seconds each copy write waits first
+
+
+@dataclass
+class Session:
+    harness: Harness
+    registry: Registry
+    conv: str
+    space: Space
+    snaps: WorkspaceSnapshots
+    calls: int = 0
+
+    async def call(self, tool: str, args: dict[str, Any]) -> str:
+        self.calls += 1
+        t = self.registry.get(tool)
+        assert t is not None
+        ctx = ToolContext(
+            harness=self.harness, conversation_id=self.conv, call_id=f"c{self.calls}",
+            tool_name=tool, task_id=f"c{self.calls}", attempt=1, resumed=False,
+            env=await self.harness.env(self.conv),
+        )  # fmt: skip
+        res = await t.execute(args, ctx)
+        assert res.status == "ok", res.content
+        return str(res.content)
+
+    def last_checkpoint(self) -> str:
+        conv = next(c for c in self.harness.conversations() if c.id == self.conv)
+        cid = SpaceState.from_json(conv.document(DOC)).last_checkpoint
+        assert cid is not None
+        return cid
+
+    @property
+    def copy(self) -> Path:
+        return Path(self.space.root).parent / ".ds-checkpoints"
+
+
+@asynccontextmanager
+async def session(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Session]:
+    real = copy_behind.CopyWrite.write
+
+    def slow(self: copy_behind.CopyWrite, *a: Any) -> None:
+        time.sleep(SLOW)  # a slow disk under the copy
+        real(self, *a)
+
+    monkeypatch.setattr(copy_behind.CopyWrite, "write", slow)
+    backend = open_backend("local", tmp / "spaces")
+    snaps = WorkspaceSnapshots(backend, store=DirectoryCheckpointStore(tmp / "store"))
+    durable = durable_spaces(backend, snapshots=snaps, mode="checkpoint", epoch=1)
+    registry = Registry().install(CodingTools).install(durable.extension)
+    harness = await Harness.open(
+        SqliteStorage(tmp / "log.sqlite"), models={}, registry=registry, env=durable.env
+    )
+    try:
+        conv = (await harness.root(AgentConfig(model="none"))).id
+        space = await durable.space(conv)
+        yield Session(harness, registry, conv, space, snaps)
+    finally:
+        await harness.close()
+        for name in await backend.names():
+            await backend.delete(name)
+        await backend.close()
+
+
+async def test_the_next_call_changes_the_space_only_once_the_copy_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with session(tmp_path, monkeypatch) as s:
+        await s.call("bash", {"command": "echo one > a.txt"})
+        cid = s.last_checkpoint()
+        manifest = s.copy / f"{cid}.manifest"
+        t0 = time.monotonic()
+        # The command itself looks: the copy is there before anything of it runs.
+        out = await s.call("bash", {"command": f"test -f {manifest} && echo there || echo missing"})
+        assert "there" in out, out
+        assert time.monotonic() - t0 >= SLOW * 0.9  # it waited for the slow write
+        m = mf.decode(manifest.read_bytes())
+        assert mf.blobs(m) <= {p.name for p in (s.copy / "blobs").iterdir()}
+
+
+async def test_a_restore_and_a_read_of_the_copies_wait_for_the_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with session(tmp_path, monkeypatch) as s:
+        await s.call("write", {"path": "a.txt", "content": "one\n"})
+        cid = s.last_checkpoint()
+        (Path(s.space.root) / "a.txt").write_text("changed behind its back\n")
+        await s.snaps.restore(s.space, cid, 1)  # with the copy's write still sleeping
+        assert (Path(s.space.root) / "a.txt").read_text() == "one\n"
+        assert (s.copy / f"{cid}.manifest").is_file()  # written before the restore ran
+        for ext in ("tmp", "pending"):
+            assert not list(s.copy.glob(f".{ext}-*"))
+
+
+async def test_a_copy_write_that_fails_only_warns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with session(tmp_path, monkeypatch) as s:
+        await s.call("write", {"path": "a.txt", "content": "one\n"})
+        slow = copy_behind.CopyWrite.write
+
+        def full(self: copy_behind.CopyWrite, *a: Any) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")  # the copy's disk is full
+
+        with caplog.at_level(logging.WARNING):
+            monkeypatch.setattr(copy_behind.CopyWrite, "write", full)
+            await s.call("write", {"path": "b.txt", "content": "two\n"})
+            cid = s.last_checkpoint()
+            await s.snaps.settle()
+        assert "was not written: [Errno 28]" in caplog.text
+        assert not (s.copy / f"{cid}.manifest").exists()
+        assert s.snaps.store is not None and s.snaps.store.get(cid) is not None
+        monkeypatch.setattr(copy_behind.CopyWrite, "write", slow)
+        await s.call("write", {"path": "c.txt", "content": "three\n"})  # carries on
+        await s.snaps.restore(s.space, cid, 1)  # from the store
+        assert sorted(p.name for p in Path(s.space.root).iterdir()) == ["a.txt", "b.txt"]
