@@ -31,6 +31,8 @@ import os
 import threading
 from collections import deque
 
+from durable_spaces.host_holders import not_workspace
+
 __all__ = ["POOL", "InodePool"]
 
 #: Errors that say the filesystem or kernel cannot make anonymous files here.
@@ -142,6 +144,11 @@ class InodePool:
             return None
         return fd
 
+    def held(self) -> list[int]:
+        """Every pooled file's descriptor (none is a file of a workspace)."""
+        with self._lock:
+            return [fd for q in self._ready.values() for fd in q]
+
     def ready(self, dev: int) -> int:
         """How many files are ready on ``dev`` (for tests and the bench)."""
         with self._lock:
@@ -159,3 +166,4 @@ class InodePool:
 
 
 POOL = InodePool()
+not_workspace(POOL.held)  # the look at this process's descriptors skips them

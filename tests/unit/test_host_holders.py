@@ -221,3 +221,26 @@ def test_a_user_process_is_never_taken_for_a_kernel_thread_nor_kept_once_gone() 
         child.wait()
     assert not kernel.known(str(child.pid))
     assert str(child.pid) not in kernel._fds
+
+
+def test_a_descriptor_a_cache_let_go_during_the_look_is_looked_at(
+    file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """This process's own caches' descriptors are skipped only when a cache held them
+    before and after the look: one let go meanwhile may be a new file already."""
+    holders = Holders(os.stat(file).st_dev)
+    ino = os.stat(file).st_ino
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        calls: list[int] = []
+
+        def cache() -> list[int]:  # holds ``fd`` at the first ask, not at the second
+            calls.append(fd)
+            return [fd] if len(calls) % 2 == 1 else []
+
+        monkeypatch.setattr(host_holders, "_NOT_WORKSPACE", [cache])
+        assert ino in (holders.now() or set())  # let go during the look: looked at
+        monkeypatch.setattr(host_holders, "_NOT_WORKSPACE", [lambda: [fd]])
+        assert ino not in (holders.now() or set())  # a cache's throughout: skipped
+    finally:
+        os.close(fd)
