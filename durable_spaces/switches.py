@@ -1,7 +1,7 @@
 """The on/off switches read from the environment, read one way.
 
 Switches: ``DS_SPACE_JOURNAL``, ``DS_LOCAL_FORKSERVER``, ``DS_WARM_DRIVERS``,
-``DS_WARM_WORKERS``, ``DS_FAST_EXIT``.
+``DS_WARM_WORKERS``, ``DS_FAST_EXIT``, ``DS_INODE_POOL``, ``DS_COPY_BEHIND``.
 
 Why: each of them used to be read its own way, and most took anything but ``0`` as
 "on". A value such as ``off``, ``false`` or a typo then silently left the feature on,
@@ -38,6 +38,8 @@ NAMES = (
     "DS_WARM_DRIVERS",
     "DS_WARM_WORKERS",
     "DS_FAST_EXIT",
+    "DS_INODE_POOL",
+    "DS_COPY_BEHIND",
 )
 
 

@@ -19,7 +19,7 @@ the blobs it needs.
 Order: one write per Space at a time, and nothing else of the Space's copy in between:
 the next effect on the Space, its next checkpoint, a prune, a restore and a read of the
 copies all wait for it first (``settle``). A write that fails is a warning: the copy is
-housekeeping.
+housekeeping. ``DS_COPY_BEHIND=0`` writes it on the call's path again, to compare.
 """
 
 from __future__ import annotations

@@ -198,13 +198,15 @@ class Taker:
     ) -> tuple[CheckpointId, CopyWrite | None]:
         """The checkpoint, written to the store; and, with a store, what the Space's copy
         gets after it returns (``copy_behind``), else written to that copy here."""
-        behind = self.store is not None
+        behind = self.store is not None and switch("DS_COPY_BEHIND")
         later: dict[str, bytes | int] = {}  # the copy's new blobs (int: clone, this size)
         outer = self.store.batch() if self.store is not None else contextlib.nullcontext()
         inner = (
             contextlib.nullcontext()
             if behind
-            else DirectoryCheckpointStore(copy_dir(space), in_space=True).batch(sync=True)
+            else DirectoryCheckpointStore(copy_dir(space), in_space=True).batch(
+                sync=self.store is None  # with a store, the copy is only a fast path
+            )
         )
         with outer as sb, inner as cb:
             self._check_generation(seen, sb)

@@ -21,6 +21,7 @@ Where it cannot: a filesystem without ``O_TMPFILE`` (FUSE, NFS, old kernels), a 
 on another mount than the file (``EXDEV``), no ``/proc`` to link through: the batch makes
 its file by name, as before, and the pool stops trying on that device. A forked child
 never takes its parent's pooled files (they would be the same open files).
+``DS_INODE_POOL=0`` makes no more files ahead, to compare.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import threading
 from collections import deque
 
 from durable_spaces.host_holders import not_workspace
+from durable_spaces.switches import switch
 
 __all__ = ["POOL", "InodePool"]
 
@@ -96,7 +98,7 @@ class InodePool:
     def top_up(self, directory: str, dev: int, used: int) -> None:
         """After a batch that used ``used`` new files in ``directory`` (on ``dev``): make
         about as many again, in the background, for the next one."""
-        if os.getpid() != self._pid or not self.usable:
+        if os.getpid() != self._pid or not self.usable or not switch("DS_INODE_POOL"):
             return
         with self._lock:
             if dev in self._off:
