@@ -114,14 +114,16 @@ class _Kernel:
     never turns into a user process, so once one is found it is skipped while the
     directory opened for it still answers: a pid reused after it exited names a new
     process, and the old directory then fails (``ESRCH``), so the new one is looked at
-    again. At most ``LIMIT`` are kept (each holds a descriptor); beyond that they are
-    looked at as before. Shared by every ``Holders`` of the process."""
+    again. At most ``LIMIT`` are kept, and no more than an eighth of the process's
+    descriptor limit (each holds one); beyond that they are looked at as before. Shared
+    by every ``Holders`` of the process."""
 
     LIMIT = 256
 
     def __init__(self) -> None:
         self._fds: dict[str, int] = {}
         self._lock = threading.Lock()
+        self.limit = min(self.LIMIT, fd_limit() // 8)
 
     def known(self, pid: str) -> bool:
         fd = self._fds.get(pid)
@@ -160,11 +162,22 @@ class _Kernel:
         except (OSError, ValueError):
             kernel = False
         with self._lock:
-            if kernel and pid not in self._fds and len(self._fds) < self.LIMIT:
+            if kernel and pid not in self._fds and len(self._fds) < self.limit:
                 self._fds[pid] = fd
                 return True
         os.close(fd)
         return kernel
+
+
+def fd_limit() -> int:
+    """The process's soft limit of open descriptors (1024 where it cannot be read)."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return 1024
+    return soft if soft > 0 else 1024
 
 
 #: ``PF_KTHREAD`` in the flags of ``/proc/<pid>/stat`` (include/linux/sched.h).

@@ -32,7 +32,7 @@ import os
 import threading
 from collections import deque
 
-from durable_spaces.host_holders import not_workspace
+from durable_spaces.host_holders import fd_limit, not_workspace
 from durable_spaces.switches import switch
 
 __all__ = ["POOL", "InodePool"]
@@ -44,7 +44,8 @@ _UNSUPPORTED = {errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT, errn
 class InodePool:
     """Anonymous files per device, topped up by a background thread (module doc)."""
 
-    #: Files kept ready per device, and in all (each holds a descriptor).
+    #: Files kept ready per device, and in all (each holds a descriptor; in all, also no
+    #: more than a sixteenth of the process's descriptor limit).
     PER_DEVICE = 32
     TOTAL = 96
 
@@ -56,6 +57,7 @@ class InodePool:
         self._filling: set[int] = set()
         self._off: set[int] = set()  # devices where it cannot work
         self._pid = os.getpid()
+        self.total = min(self.TOTAL, fd_limit() // 16)
         self.made = 0  # files made ahead, for tests
         #: Linking and reading a pooled file both go through ``/proc/self/fd``.
         self.usable = hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
@@ -117,7 +119,7 @@ class InodePool:
                 with self._lock:
                     ready = self._ready.setdefault(dev, deque())
                     total = sum(len(q) for q in self._ready.values())
-                    if dev in self._off or len(ready) >= self._want[dev] or total >= self.TOTAL:
+                    if dev in self._off or len(ready) >= self._want[dev] or total >= self.total:
                         return
                     where = self._where[dev]
                 fd = self._make(where, dev)

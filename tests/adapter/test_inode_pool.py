@@ -169,3 +169,38 @@ def test_where_a_pooled_file_cannot_be_linked_the_batch_writes_it_by_name(
         pytest.skip(f"no bind mounts here: {r.stderr.strip()[-200:]}")
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
     assert len(os.listdir(there / "blobs")) == 3  # written through the other mount
+
+
+def test_under_a_low_descriptor_limit_the_caches_stay_small(tmp_path: Path) -> None:
+    """The pool and the kernel threads' directories each take a small share of the
+    process's descriptor limit: a checkpointing process under ``ulimit -n 64`` still
+    writes its batches and looks at its holders."""
+    _supported(tmp_path)
+    script = textwrap.dedent(
+        """
+        import os, resource, sys, time
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+        from durable_spaces import host_holders
+        from durable_spaces.adapter.checkpoint_store import DirectoryCheckpointStore
+        from durable_spaces.adapter.inode_pool import POOL
+        kernel = host_holders._KERNEL
+        assert POOL.total == 4 and kernel.limit == 8, (POOL.total, kernel.limit)
+        store = DirectoryCheckpointStore(sys.argv[1])
+        holders = host_holders.Holders(os.stat(sys.argv[1]).st_dev)
+        for n in range(10):
+            with store.batch() as b:
+                for i in range(20):
+                    b.add(b"%d-%d" % (n, i))
+            assert holders.now() is not None
+            time.sleep(0.02)
+        assert len(os.listdir("/proc/self/fd")) < 40, os.listdir("/proc/self/fd")
+        print("ok")
+        """
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "store")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+    assert len(os.listdir(tmp_path / "store" / "blobs")) == 200
