@@ -49,7 +49,7 @@ class Batch:
         self._shared = shared_lock
         self.added: set[str] = set()
         self.generation = 0
-        self._pooled = self._named = 0  # files taken from the pool / made by name
+        self._pooled = 0  # files taken from the pool (``inode_pool``)
 
     def __enter__(self) -> Batch:
         self._dfd, self._bfd = self.store._open_dirs()
@@ -149,18 +149,23 @@ class Batch:
 
     def _new_file(self) -> tuple[int, str]:
         """A file to write, by its temporary name: one made ahead (``inode_pool``) and
-        linked to it now, else one made now by name. Either way, every later step
-        (fsync, rename, the directory's fsync) is the same."""
+        linked to it now, else (none ready, or it cannot be linked here) one made now by
+        name. Either way, every later step (fsync, rename, directory fsync) is the same."""
         fd = self.store.pool.take(self._dfd)
-        if fd is None:
-            self._named += 1
-            return self.store._tmp(self._dfd)
-        self._pooled += 1
-        try:
-            return fd, self.store._link_tmp(self._dfd, fd)
-        except BaseException:
-            os.close(fd)
-            raise
+        if fd is not None:
+            self._pooled += 1
+            try:
+                for _ in range(5):
+                    name = f".tmp-{os.urandom(8).hex()}"
+                    with contextlib.suppress(FileExistsError):
+                        if self.store.pool.link(fd, self._dfd, name):
+                            return fd, name
+                        break
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)  # still empty and unnamed: nothing of it remains
+        return self.store._tmp(self._dfd)
 
     def _drop(self, fd: int, tmp: str) -> None:
         os.close(fd)

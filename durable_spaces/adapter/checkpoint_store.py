@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from durable_spaces.adapter import manifest as mf
-from durable_spaces.adapter.checkpoint_batch import CHUNK, NOFOLLOW, Batch, read_all, write_all
+from durable_spaces.adapter.checkpoint_batch import NOFOLLOW, Batch, read_all, write_all
 from durable_spaces.adapter.checkpoint_id import CheckpointId
 from durable_spaces.adapter.inode_pool import POOL, InodePool
 from durable_spaces.chaos.failpoints import hit
@@ -47,8 +47,7 @@ from durable_spaces.errors import CheckpointCopyError
 logger = logging.getLogger(__name__)
 
 BLOBS = "blobs"
-_NOFOLLOW = NOFOLLOW
-_DIR = os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW
+_DIR = os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW
 
 
 @runtime_checkable
@@ -76,7 +75,7 @@ class DirectoryCheckpointStore:
     """A directory (local or shared) of checkpoints and blobs (module doc).
 
     The directory is 0700 and its files 0600 (they hold workspaces). Only valid ids and
-    digests name files; every file is opened with ``O_NOFOLLOW`` after an ``lstat``, so
+    digests name files; every file is opened with ``ONOFOLLOW`` after an ``lstat``, so
     a symlink, FIFO or device planted here is refused as a bad copy, never followed or
     opened. ``put`` of an id whose file is there but damaged replaces it.
 
@@ -223,33 +222,8 @@ class DirectoryCheckpointStore:
                 os.unlink(path, dir_fd=parent)  # a symlink or file planted at our name
         raise CheckpointCopyError(f"{self.dir}: {path} keeps changing")
 
-    def _link_tmp(self, dfd: int, fd: int) -> str:
-        """Link the pooled file ``fd`` to a new temporary name in ``dfd``; where it
-        cannot be linked, a named file with its bytes (``inode_pool``)."""
-        for _ in range(5):
-            name = f".tmp-{os.urandom(8).hex()}"
-            try:
-                if self.pool.link(fd, dfd, name):
-                    return name
-                break
-            except FileExistsError:
-                continue
-        new, name = self._tmp(dfd)
-        try:
-            os.lseek(fd, 0, os.SEEK_SET)
-            while chunk := os.read(fd, CHUNK):
-                write_all(new, chunk)
-            os.dup2(new, fd, inheritable=False)  # the batch's descriptor is now the named file's
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(name, dir_fd=dfd)
-            raise
-        finally:
-            os.close(new)
-        return name
-
     def _tmp(self, dfd: int) -> tuple[int, str]:
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | NOFOLLOW
         for _ in range(5):
             name = f".tmp-{os.urandom(8).hex()}"
             with contextlib.suppress(FileExistsError):
@@ -283,7 +257,7 @@ class DirectoryCheckpointStore:
             if not stat.S_ISREG(st.st_mode):
                 raise CheckpointCopyError(f"{where} is {_kind(st.st_mode)}, not a regular file")
             try:
-                fds.append(os.open(name, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK, dir_fd=fds[-1]))
+                fds.append(os.open(name, os.O_RDONLY | NOFOLLOW | os.O_NONBLOCK, dir_fd=fds[-1]))
             except FileNotFoundError:
                 return None
             if not stat.S_ISREG(os.fstat(fds[-1]).st_mode):  # swapped since the lstat
@@ -296,7 +270,7 @@ class DirectoryCheckpointStore:
                 os.close(fd)
 
     def _lock(self, dfd: int, how: int) -> int:
-        fd = os.open(".lock", os.O_RDWR | os.O_CREAT | _NOFOLLOW | os.O_NONBLOCK, 0o600, dir_fd=dfd)
+        fd = os.open(".lock", os.O_RDWR | os.O_CREAT | NOFOLLOW | os.O_NONBLOCK, 0o600, dir_fd=dfd)
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise CheckpointCopyError(f"{self.dir}/.lock is not a regular file")
@@ -309,7 +283,7 @@ class DirectoryCheckpointStore:
     @staticmethod
     def _generation(dfd: int) -> int:
         try:
-            fd = os.open(".generation", os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+            fd = os.open(".generation", os.O_RDONLY | NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
         except OSError:
             return 0
         try:

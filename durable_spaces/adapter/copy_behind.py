@@ -53,7 +53,7 @@ class CopyWrite:
     data: bytes  # the manifest's bytes
     manifest: mf.Manifest
     need: set[str]  # every blob the manifest names
-    #: sha -> the bytes, or (None) the size of a blob to clone from the store's
+    #: sha -> the bytes, or (an int) the size of a blob to clone from the store's
     blobs: dict[str, bytes | int] = field(default_factory=dict)
 
     def write(self, store: CheckpointStore, names: BlobNames, read: Callable[[str], bytes]) -> None:

@@ -82,9 +82,7 @@ class InodePool:
         try:
             os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dfd, follow_symlinks=True)
             return True
-        except FileExistsError:
-            raise
-        except OSError as e:
+        except OSError as e:  # a name taken (EEXIST) is the caller's to retry
             if e.errno in (errno.EXDEV, errno.ENOENT, errno.EPERM, errno.EACCES, errno.ELOOP):
                 self.turn_off(os.fstat(dfd).st_dev)
                 return False
