@@ -1,7 +1,8 @@
 """The on/off switches read from the environment, read one way.
 
 Switches: ``DS_SPACE_JOURNAL``, ``DS_LOCAL_FORKSERVER``, ``DS_WARM_DRIVERS``,
-``DS_WARM_WORKERS``, ``DS_FAST_EXIT``, ``DS_INODE_POOL``, ``DS_COPY_BEHIND``.
+``DS_WARM_WORKERS``, ``DS_FAST_EXIT``, ``DS_INODE_POOL``, ``DS_COPY_BEHIND``,
+``DS_CHECKPOINT_EARLY``.
 
 Why: each of them used to be read its own way, and most took anything but ``0`` as
 "on". A value such as ``off``, ``false`` or a typo then silently left the feature on,
@@ -40,6 +41,7 @@ NAMES = (
     "DS_FAST_EXIT",
     "DS_INODE_POOL",
     "DS_COPY_BEHIND",
+    "DS_CHECKPOINT_EARLY",
 )
 
 

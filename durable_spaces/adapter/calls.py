@@ -6,6 +6,7 @@ The order of commits is the whole design (README, "Modes" and "Recovery"):
   effect (spawn / wait, or the file operation)               -> adapter.spawn/running/exit
   outcome (transactional: + the call's diff, one commit)     -> adapter.outcome_commit
   checkpoint mode: checkpoint, then record it                -> adapter.checkpoint(_commit)
+    (begun while the outcome commits: the Space is the same either side of it)
   the harness commits the result entry                        -> harness.tool_returned/tool_result
 
 Each step is a failpoint. A new driver finds the call by its ``cua.space`` record,
@@ -21,6 +22,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+from durable_spaces import switches
 from durable_spaces.adapter import state as state_doc
 from durable_spaces.adapter.effects import Effect, name_issue
 from durable_spaces.adapter.image_log import ImageUpdate
@@ -141,7 +143,8 @@ class CallPipeline:
 
     async def _commit_outcome(self, rec: CallRecord, space: Space) -> None:
         """Record the outcome (transactional: with the call's diff, in one commit); auto may
-        switch to checkpoint mode in the same commit; checkpoint mode then checkpoints."""
+        switch to checkpoint mode in the same commit; checkpoint mode then checkpoints
+        (begun while the outcome commits, ``CheckpointKeeper.begin``)."""
         state = state_doc.load(self.h, self.conv)
         state.calls[rec.call_id] = rec
         update: ImageUpdate | None = None
@@ -152,12 +155,19 @@ class CallPipeline:
             )
         if switch is not None:
             state.mode, state.mode_reason = "checkpoint", switch
-        await self.p.commit(self.h, self.conv, state, update)
-        hit("adapter.outcome_commit")
+        started = None
+        if state.mode == "checkpoint" and switch is None and switches.switch("DS_CHECKPOINT_EARLY"):
+            started = await self.d.cp.begin(space, rec.call_id)  # it overlaps the commit
+        try:
+            await self.p.commit(self.h, self.conv, state, update)
+            hit("adapter.outcome_commit")
+        except BaseException:
+            await self.d.cp.drop(started)  # nothing of it runs on after this call
+            raise
         if switch is not None:
             self.p.emit("mode", self.conv, rec, reason=switch)
         if state.mode == "checkpoint":
-            await self.d.cp.take(self.h, self.conv, rec, space)
+            await self.d.cp.take(self.h, self.conv, rec, space, started)
 
     def _record_result_entry(self, call_id: str) -> None:
         """Add the result entry's id to the call's record, in the result's own commit."""

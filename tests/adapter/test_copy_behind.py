@@ -11,51 +11,21 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tool_session import ToolSession, tool_session
 
 from durable_spaces.adapter import copy_behind
 from durable_spaces.adapter import manifest as mf
-from durable_spaces.adapter.durable import durable_spaces
-from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
-from durable_spaces.adapter.state import DOC, SpaceState
-from durable_spaces.backends import open_backend
-from durable_spaces.harness.log import SqliteStorage
-from durable_spaces.harness.scheduler import AgentConfig, Harness
-from durable_spaces.harness.tools import CodingTools, Registry, ToolContext
-from durable_spaces.space import Space
 
 SLOW = 0.4  # seconds each copy write waits first
 
 
-@dataclass
-class Session:
-    harness: Harness
-    registry: Registry
-    conv: str
-    space: Space
-    snaps: WorkspaceSnapshots
-    calls: int = 0
-
-    async def call(self, tool: str, args: dict[str, Any]) -> str:
-        self.calls += 1
-        t = self.registry.get(tool)
-        assert t is not None
-        ctx = ToolContext(
-            harness=self.harness, conversation_id=self.conv, call_id=f"c{self.calls}",
-            tool_name=tool, task_id=f"c{self.calls}", attempt=1, resumed=False,
-            env=await self.harness.env(self.conv),
-        )  # fmt: skip
-        res = await t.execute(args, ctx)
-        assert res.status == "ok", res.content
-        return str(res.content)
-
+class Session(ToolSession):
     def last_checkpoint(self) -> str:
-        conv = next(c for c in self.harness.conversations() if c.id == self.conv)
-        cid = SpaceState.from_json(conv.document(DOC)).last_checkpoint
+        cid = self.state().last_checkpoint
         assert cid is not None
         return cid
 
@@ -73,22 +43,8 @@ async def session(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[S
         real(self, *a)
 
     monkeypatch.setattr(copy_behind.CopyWrite, "write", slow)
-    backend = open_backend("local", tmp / "spaces")
-    snaps = WorkspaceSnapshots(backend, store=DirectoryCheckpointStore(tmp / "store"))
-    durable = durable_spaces(backend, snapshots=snaps, mode="checkpoint", epoch=1)
-    registry = Registry().install(CodingTools).install(durable.extension)
-    harness = await Harness.open(
-        SqliteStorage(tmp / "log.sqlite"), models={}, registry=registry, env=durable.env
-    )
-    try:
-        conv = (await harness.root(AgentConfig(model="none"))).id
-        space = await durable.space(conv)
-        yield Session(harness, registry, conv, space, snaps)
-    finally:
-        await harness.close()
-        for name in await backend.names():
-            await backend.delete(name)
-        await backend.close()
+    async with tool_session(tmp) as s:
+        yield Session(s.harness, s.registry, s.conv, s.space, s.snaps)
 
 
 async def test_the_next_call_changes_the_space_only_once_the_copy_is_written(
