@@ -2,7 +2,7 @@
 
 Switches: ``DS_SPACE_JOURNAL``, ``DS_LOCAL_FORKSERVER``, ``DS_WARM_DRIVERS``,
 ``DS_WARM_WORKERS``, ``DS_FAST_EXIT``, ``DS_INODE_POOL``, ``DS_COPY_BEHIND``,
-``DS_CHECKPOINT_EARLY``.
+``DS_CHECKPOINT_EARLY``, ``DS_ZYGOTE``.
 
 Why: each of them used to be read its own way, and most took anything but ``0`` as
 "on". A value such as ``off``, ``false`` or a typo then silently left the feature on,
@@ -42,6 +42,7 @@ NAMES = (
     "DS_INODE_POOL",
     "DS_COPY_BEHIND",
     "DS_CHECKPOINT_EARLY",
+    "DS_ZYGOTE",
 )
 
 

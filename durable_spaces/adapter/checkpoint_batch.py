@@ -9,6 +9,7 @@ disk never names a blob that is not. Leaving the batch by an exception writes no
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import hashlib
@@ -206,6 +207,9 @@ def _fsync_all(fds: list[int]) -> None:
     with _pool_lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="ds-fsync")
+            # Its idle workers ended at exit, so a lab process's exit_now can skip the
+            # teardown (campaigns/fast_exit.py: 70-120 ms a checkpoint-mode run here).
+            atexit.register(_pool.shutdown)
     for f in [_pool.submit(os.fsync, fd) for fd in fds]:
         f.result()
 

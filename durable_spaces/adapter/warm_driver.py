@@ -36,7 +36,7 @@ def _refuse(err: ConfigError, fd: int | None = None) -> int:
     return sp.EXIT_PERMANENT
 
 
-def _prepare(state_dir: Path, module: str) -> None:
+def prepare(state_dir: Path, module: str) -> None:
     """Imports and the module's ``warm_up``: best effort, since a failure here happens
     again after the launch (where its traceback reaches the attempt's log), exactly as in
     a cold driver."""
@@ -80,7 +80,14 @@ def main(argv: list[str]) -> int:
         return _refuse(e)
     # Before any import of the driver's: this module's own imports write no variable.
     started_with = dict(os.environ)
-    _prepare(state_dir, module)
+    prepare(state_dir, module)
+    return serve(argv[1:], started_with)
+
+
+def serve(module_argv: list[str], started_with: dict[str, str]) -> int:
+    """Wait on fd 0 (the launch socket) for the launch, then become the driver
+    ``<python> -m <module_argv>``; ``started_with`` is the environment the imports saw.
+    A spare forked by the zygote (``adapter/warm_zygote.py``) comes here too."""
     try:
         sock = socket.socket(fileno=0)
     except OSError as e:
@@ -101,7 +108,7 @@ def main(argv: list[str]) -> int:
             raise ConfigError(f"a launch carries exactly one descriptor, not {len(fds)}")
         wl.check_stderr(fds[0])
         usable = fds[0]
-        launch = wl.decode(data, argv[1:])
+        launch = wl.decode(data, module_argv)
         differs = wl.cold_reason(started_with, launch.env)
         if differs is not None:
             raise ConfigError(f"the launch cannot be taken warm: {differs}")
@@ -112,7 +119,7 @@ def main(argv: list[str]) -> int:
             if extra != usable:
                 os.close(extra)
     _become(launch, sock, fds[0])
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    runpy.run_module(module_argv[0], run_name="__main__", alter_sys=True)
     return sp.EXIT_DONE
 
 

@@ -8,10 +8,11 @@ interpreter that imported the lab (every module, the last collection) took 30-14
 that wait, per run, on a loaded machine, for nothing anyone reads.
 
 ``exit_now`` runs the ``atexit`` callbacks, flushes stdout and stderr, then ends the
-process with ``os._exit``. It takes the normal exit instead while a thread other than the
-main one and not a daemon is alive (the normal exit first tells such threads to stop,
-e.g. an idle ``ThreadPoolExecutor``'s workers, then waits for them: joining them without
-that telling hung a checkpoint-mode driver for good), and in a process that loaded the
+process with ``os._exit``. It takes the normal exit instead while, after those
+callbacks, a thread other than the main one and not a daemon is alive (the normal exit
+first tells such threads to stop, e.g. an idle ``ThreadPoolExecutor``'s workers, then
+waits for them: joining them without that telling hung a checkpoint-mode driver for
+good), and in a process that loaded the
 cua SDK (the spacesd, docker and microvm backends), whose native library may register
 clean-ups of its own that ``os._exit`` would skip.
 """
@@ -31,12 +32,14 @@ ENV = "DS_FAST_EXIT"
 
 def exit_now(code: int) -> NoReturn:
     """Exit with ``code`` (see the module doc)."""
+    # The callbacks first: one may end the threads it started (the checkpoint store's
+    # fsync pool, adapter/checkpoint_batch.py), and they run once either way.
+    atexit._run_exitfuncs()
     main = threading.main_thread()
     threads = any(t is not main and not t.daemon for t in threading.enumerate())
     fast = os.environ.get(ENV, "1").strip() == "1"  # malformed: refused at the start (switches.py)
     if threads or not fast or "cua" in sys.modules:
         sys.exit(code)
-    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()

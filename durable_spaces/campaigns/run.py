@@ -62,6 +62,8 @@ from durable_spaces.space import space_name
 POINTS = KILL_POINTS
 
 AGENT_ARGV = (sys.executable, "-m", "durable_spaces.campaigns.agent")
+#: What the campaign's zygote imports once for every spare it forks (campaigns/zygote.py).
+DRIVER_MODULES = (AGENT_ARGV[2],)
 #: ``1``: keep every run's checker inputs in ``<run>/kept`` (``durable-spaces ... --keep``).
 KEEP_ENV = "CRASH_KEEP"
 RUN_TIMEOUT_S = 240.0

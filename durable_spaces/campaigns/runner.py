@@ -43,6 +43,7 @@ import psutil
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from durable_spaces.campaigns import zygote
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.replay import Reproduction, differences, exact_spec, reproduction
 from durable_spaces.campaigns.scenarios import registration
@@ -155,6 +156,11 @@ class _Runs:
         finally:
             spares, self.spares = self.spares, None
             await spares.close()
+
+    def zygote(self) -> contextlib.AbstractContextManager[None]:
+        """The campaign's zygote (``campaigns/zygote.py``) for every run inside, the
+        exact replays and shrinks included, so they start their drivers as the runs did."""
+        return zygote.serving(self.env, self.ref.split(":")[0])
 
     def _paths(self, spec: RunSpec, tag: str) -> tuple[Path, Path, Path]:
         work = self.out / "work"
@@ -311,6 +317,30 @@ def run_campaign(
             async with runs.warm(jobs if executor is None else 0, len(specs)):
                 return list(await asyncio.gather(*(one(rs) for rs in specs)))
 
+    with runs.zygote():
+        return _run_and_report(
+            spec, runs, specs, all_runs, out, stdout, retries, state_root, shrink_failures,
+            shrink_budget, by_id={rs.run_id: rs for rs in specs}, meta=meta, started=started,
+        )  # fmt: skip
+
+
+def _run_and_report(
+    spec: CampaignSpec,
+    runs: _Runs,
+    specs: Sequence[RunSpec],
+    all_runs: Callable[[], Any],
+    out: Path,
+    stdout: IO[str] | None,
+    retries: int,
+    state_root: str,
+    shrink_failures: bool,
+    shrink_budget: int,
+    *,
+    by_id: dict[str, RunSpec],
+    meta: dict[str, Any],
+    started: float,
+) -> CampaignResult:
+    """The runs, then the replays and shrinks of the failed ones, then the SUMMARY."""
     records = asyncio.run(all_runs())
     w = stdout if stdout is not None else sys.stdout
     extra = scenario_fields(records, registration(spec.scenario).summary_fields)
@@ -319,7 +349,6 @@ def run_campaign(
         Summary.of(records, mode=spec.mode, backend=spec.backend, seed_base=spec.seed_base,
                    extra=extra),
     )  # fmt: skip
-    by_id = {rs.run_id: rs for rs in specs}
     for rec in result.failed:
         result.repros[rec.run_id] = rec.repro
         why = ",".join(rec.failing_checks()) or rec.outcome
@@ -441,7 +470,8 @@ def run_determinism(
         async with runs.warm(jobs or spec.jobs, 2 * seeds):
             return list(await asyncio.gather(*(one(rs) for pair in pairs for rs in pair)))
 
-    recs = asyncio.run(all_runs())
+    with runs.zygote():
+        recs = asyncio.run(all_runs())
     result = Determinism(seeds, 0, spec.profile)
     for i in range(seeds):
         a, b = recs[2 * i], recs[2 * i + 1]

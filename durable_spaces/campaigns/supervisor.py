@@ -20,6 +20,12 @@ the path every run waits on (a run's first driver is cold, as in its exact repla
 warm driver speaks as soon as it is launched, so its successor's spare starts at once,
 as before. The rule follows the attempt's own output, so a run and its exact replays
 (``campaigns/replay.py``) start their spares alike.
+
+With the campaign's zygote (``campaigns/zygote.py``, named by ``DS_ZYGOTE_SOCKET``) a
+spare is a fork of a process that has done the imports: it takes no interpreter start
+from anyone, so the first attempt takes one too. The runner keeps its zygote for the
+exact replays and shrinks of its runs, and ``repro`` starts one, so those start their
+drivers alike as well.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from durable_spaces.campaigns.warm import Spares
+from durable_spaces.campaigns.zygote import DriverProcess
 from durable_spaces.session_protocol import EXIT_DONE, EXIT_PERMANENT, read_line
 
 #: Not an exit code: what ``Supervisor.supervise`` returns for a driver given up on
@@ -65,7 +72,7 @@ class Attempt:
     epoch: int
     pid: int
     started_ms: float
-    process: asyncio.subprocess.Process = field(repr=False)
+    process: DriverProcess = field(repr=False)
     exit_code: int | None = None
     ended_ms: float | None = None
     #: Why the coordinator killed it ("stall", "nemesis", ...), None if it died alone.
@@ -130,8 +137,10 @@ class Supervisor:
         log_path = self.drivers_dir / f"epoch-{launch.epoch}.log"
         log = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
         try:
-            proc = None
+            proc: DriverProcess | None = None
             if self.spares is not None:
+                if self.spares.forks:  # a fork takes no CPU from anyone: the first too
+                    self.spares.refill(launch.env)
                 proc = await self.spares.take(launch.epoch, launch.env, log)
             warm = proc is not None
             if proc is None:

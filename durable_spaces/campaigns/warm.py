@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from durable_spaces import warm_launch as wl
+from durable_spaces.campaigns import zygote as zy
 from durable_spaces.switches import switch
 
 ENV = "DS_WARM_DRIVERS"
@@ -50,7 +51,7 @@ def enabled_by_env(env: Mapping[str, str] | None = None) -> bool:
 
 @dataclass
 class Spare:
-    process: asyncio.subprocess.Process
+    process: zy.DriverProcess
     sock: socket.socket
     env: dict[str, str]
     watcher: asyncio.Task[None] | None = field(default=None, repr=False)
@@ -69,6 +70,9 @@ class Spares:
     ) -> None:
         self.spare_argv = wl.spare_argv(argv, state_dir)
         self.module_argv = list(argv[2:])
+        self.state_dir = os.fspath(state_dir)
+        #: The campaign's zygote (``campaigns/zygote.py``): spares forked there, not spawned.
+        self.zygote = os.environ.get(zy.SOCKET_ENV) or None
         self.cwd = cwd
         self._emit = emit
         self._spare: Spare | None = None
@@ -77,6 +81,11 @@ class Spares:
         self._losses = 0
         self._discarding: set[asyncio.Task[None]] = set()
         self.closed = False
+
+    @property
+    def forks(self) -> bool:
+        """Spares come from the zygote: a fork, so the first attempt takes one too."""
+        return self.zygote is not None and self.usable
 
     @property
     def usable(self) -> bool:
@@ -88,9 +97,32 @@ class Spares:
         if self.usable and self._spare is None and self._starting is None:
             self._starting = asyncio.create_task(self._start())
 
+    async def _fork(self) -> Spare | None:
+        """A spare from the zygote, or None (then it is spawned)."""
+        assert self._env is not None
+        if self.zygote is None:
+            return None
+        try:
+            proc, sock = await zy.fork_spare(
+                self.zygote, self.module_argv, self.state_dir, self.cwd, self._env
+            )
+        except zy.ZygoteUnavailable as e:
+            self.zygote = None  # this coordinator's spares are spawned from now on
+            self._emit("zygote_off", 0, reason=str(e)[:300])
+            return None
+        return Spare(proc, sock, dict(self._env))
+
     async def _start(self) -> None:
         try:
             assert self.spare_argv is not None and self._env is not None
+            forked = await self._fork()
+            if forked is not None:
+                if self.closed:
+                    await self._discard(forked)
+                    return
+                forked.watcher = asyncio.create_task(self._watch(forked))
+                self._spare = forked
+                return
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
                 proc = await asyncio.create_subprocess_exec(
@@ -133,13 +165,22 @@ class Spares:
 
     async def take(
         self, epoch: int, env: Mapping[str, str], stderr: IO[Any]
-    ) -> asyncio.subprocess.Process | None:
+    ) -> zy.DriverProcess | None:
         """Launch the spare as this attempt; None: spawn it cold."""
         if self._starting is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._starting)
         spare = self._spare
         if spare is None or spare.process.returncode is not None:
+            return None
+        if getattr(spare.process, "orphaned", False):
+            # Its zygote is gone: it would run with no exit code to tell. Start cold.
+            self.zygote = None
+            self._spare = None
+            self._emit("zygote_off", 0, reason="the zygote of the spare is gone")
+            task = asyncio.create_task(self._discard(spare))
+            self._discarding.add(task)
+            task.add_done_callback(self._discarding.discard)
             return None
         if wl.cold_reason(spare.env, env) is not None:
             return None  # keep the spare for launches it can take

@@ -18,11 +18,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
+from durable_spaces.campaigns import zygote as zy
+from durable_spaces.campaigns.zygote import DriverProcess
 from durable_spaces.switches import switch
 
 ENV = "DS_WARM_WORKERS"
@@ -31,6 +37,44 @@ ENV = "DS_WARM_WORKERS"
 def enabled_by_env(env: Mapping[str, str] | None = None) -> bool:
     """``DS_WARM_WORKERS``: ``0`` turns spare workers off; unset or ``1`` keeps them on."""
     return switch(ENV, env)
+
+
+@dataclass
+class _Spare:
+    """A waiting worker: spawned (its line goes to its stdin pipe) or forked by the
+    campaign's zygote (its line goes on its socket)."""
+
+    process: asyncio.subprocess.Process | zy.ForkedProcess
+    sock: socket.socket | None = None
+
+    def dead(self) -> bool:
+        if self.process.returncode is not None:
+            return True
+        if isinstance(self.process, zy.ForkedProcess):
+            return self.process.orphaned  # its exit code would go untold
+        return self.process.stdin is None
+
+    async def send(self, line: bytes) -> None:
+        if isinstance(self.process, zy.ForkedProcess):
+            assert self.sock is not None
+            self.sock.send(line)
+            self.sock.close()
+            return
+        assert self.process.stdin is not None
+        self.process.stdin.write(line)
+        await self.process.stdin.drain()
+        self.process.stdin.close()
+
+    def end(self) -> None:
+        """A spawned one gets end of file on its stdin: it exits having done nothing. A
+        forked one is killed: its socket's other end is still ours (the exit code's
+        relay), so it would never read end of file."""
+        if self.sock is not None:
+            self.sock.close()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGKILL)
+        elif isinstance(self.process, asyncio.subprocess.Process) and self.process.stdin:
+            self.process.stdin.close()
 
 
 class WorkerSpares:
@@ -42,9 +86,11 @@ class WorkerSpares:
         self.env = dict(env)
         self.size = size
         self.left = total
-        self._ready: list[asyncio.subprocess.Process] = []
+        self._ready: list[_Spare] = []
         self._starting: set[asyncio.Task[None]] = set()
         self.closed = False
+        #: The campaign's zygote (``campaigns/zygote.py``): spares forked there.
+        self.zygote = self.env.get(zy.SOCKET_ENV) or None
 
     def fill(self) -> None:
         """Start spares (in the background) until ``size`` are there or on their way."""
@@ -56,49 +102,72 @@ class WorkerSpares:
             self._starting.add(t)
             t.add_done_callback(self._starting.discard)
 
-    async def _start(self) -> None:
-        with contextlib.suppress(OSError):  # cannot start one: that run is spawned cold
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "durable_spaces.campaigns.worker", "--spare", self.ref,
-                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                env=self.env, start_new_session=True,
-            )  # fmt: skip
-            if self.closed:
-                await self._end(proc)
-            else:
-                self._ready.append(proc)
+    async def _fork(self) -> _Spare | None:
+        if self.zygote is None:
+            return None
+        argv = ["durable_spaces.campaigns.worker", "--spare", self.ref]
+        # Unbuffered as the zygote is (its environment is the drivers'); a worker's
+        # output goes to its run's log either way.
+        env = {**self.env, "PYTHONUNBUFFERED": "1"}
+        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            proc, sock = await zy.fork_spare(self.zygote, argv, "", None, env,
+                                             mode="main", stdout=null)  # fmt: skip
+        except zy.ZygoteUnavailable:
+            self.zygote = None  # spawned from now on
+            return None
+        finally:
+            os.close(null)
+        return _Spare(proc, sock)
 
-    async def take(self, spec: Path, out: Path, log: Path) -> asyncio.subprocess.Process | None:
+    async def _start(self) -> None:
+        spare = await self._fork()
+        if spare is None:
+            with contextlib.suppress(OSError):  # cannot start one: that run is spawned cold
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "durable_spaces.campaigns.worker", "--spare", self.ref,
+                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    env=self.env, start_new_session=True,
+                )  # fmt: skip
+                spare = _Spare(proc)
+        if spare is None:
+            return
+        if self.closed:
+            await self._end(spare)
+        else:
+            self._ready.append(spare)
+
+    async def take(self, spec: Path, out: Path, log: Path) -> DriverProcess | None:
         """A spare launched as the run of ``spec`` (None: spawn it cold); refills."""
         line = json.dumps({"spec": str(spec), "out": str(out), "log": str(log)}) + "\n"
-        if not self._ready and self._starting:
-            # One on its way started sooner than a cold worker would now: wait for it.
+        while not self._ready and self._starting:
+            # One on its way started sooner than a cold worker would now: wait for it
+            # (again when a run beside this one took the one that came first).
             await asyncio.wait(set(self._starting), return_when=asyncio.FIRST_COMPLETED)
         try:
             while self._ready:
-                proc = self._ready.pop(0)
-                if proc.returncode is not None or proc.stdin is None:
+                spare = self._ready.pop(0)
+                if spare.dead():
+                    await self._end(spare)
                     continue  # died while waiting
                 try:
-                    proc.stdin.write(line.encode())
-                    await proc.stdin.drain()
-                    proc.stdin.close()
-                except (BrokenPipeError, ConnectionResetError):
-                    await proc.wait()
+                    await spare.send(line.encode())
+                except OSError:
+                    await self._end(spare)
                     continue
-                return proc
+                return spare.process
             return None
         finally:
             self.fill()
 
-    async def _end(self, proc: asyncio.subprocess.Process) -> None:
-        if proc.stdin is not None:
-            proc.stdin.close()
+    async def _end(self, spare: _Spare) -> None:
+        spare.end()
+        proc = spare.process
         try:
             await asyncio.wait_for(proc.wait(), 10)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
-                proc.kill()
+                os.kill(proc.pid, signal.SIGKILL)
             await proc.wait()
 
     async def close(self) -> None:

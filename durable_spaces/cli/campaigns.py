@@ -134,6 +134,10 @@ def campaign(
     if not 0 <= retries <= 100:
         raise fail(f"--retries must be between 0 and 100, not {retries}")
     _keep(keep)
+    from durable_spaces.campaigns.bytecode import notice
+
+    if (line := notice()) is not None:
+        typer.echo(line, err=True)
     session = _session()
     if determinism is not None:
         if spec.scenario == "exhaustive":
@@ -235,7 +239,10 @@ def repro(
     )  # fmt: skip
     _keep(keep)
     session = _session()
-    rec = asyncio.run(session.run_one(run))
+    from durable_spaces.campaigns.zygote import serving
+
+    with serving(os.environ, SESSION_MODULE):  # its drivers started as a campaign's are
+        rec = asyncio.run(session.run_one(run))
     rec.save(state_dir)
     typer.echo(json.dumps(rec.to_json(), indent=2, sort_keys=True))
     failing = ",".join(rec.failing_checks()) or "-"
@@ -266,9 +273,12 @@ def _repro_exact(path: Path, tries: int, state_dir: Path | None) -> int:
         raise fail(f"--exact {path}: {e}") from None
     session = _session()
     replays = []
+    from durable_spaces.campaigns.zygote import serving
+
     for spec in specs:
         Path(spec.state_dir).mkdir(parents=True, exist_ok=True)
-        rec = asyncio.run(session.run_one(spec))
+        with serving(os.environ, SESSION_MODULE):  # as the campaign started its drivers
+            rec = asyncio.run(session.run_one(spec))
         rec.save(state_dir)
         replays.append(rec)
         diff = differences(original, rec)

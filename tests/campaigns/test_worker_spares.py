@@ -61,17 +61,29 @@ def test_a_bad_line_ends_a_spare_with_one_line(line: bytes) -> None:
     assert b"Traceback" not in got.stderr
 
 
-@pytest.mark.parametrize("warm", ["1", "0"])
+@pytest.mark.parametrize(("warm", "zygote"), [("1", "1"), ("1", "0"), ("0", "1")])
 def test_the_runner_hands_runs_to_spares(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, warm: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, warm: str, zygote: str
 ) -> None:
     monkeypatch.setenv("DS_WARM_WORKERS", warm)
+    monkeypatch.setenv("DS_ZYGOTE", zygote)
+    spawned: list[tuple[str, ...]] = []
+    spawn = asyncio.create_subprocess_exec
+
+    async def counted(*args: str, **kw: object) -> asyncio.subprocess.Process:
+        spawned.append(args)
+        return await spawn(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", counted)
     spec = CampaignSpec(seed_base="sw2", runs=4, calls=1, jobs=2)
     res = run_campaign(spec, always_ok, out_dir=tmp_path, stdout=io.StringIO(), progress=False)
     assert res.exit_code == 0
     logs = sorted((tmp_path / "logs").glob("*.log"))
     warm_runs = [p.name for p in logs if "campaign worker: warm" in p.read_text()]
     assert warm_runs == ([p.name for p in logs] if warm == "1" else [])
+    workers = [a for a in spawned if "durable_spaces.campaigns.worker" in a]
+    # Forked by the campaign's zygote, no worker is a new interpreter; else all are.
+    assert len(workers) == (0 if (warm, zygote) == ("1", "1") else 4)
     assert _running_spares() == [], "a spare worker outlived its campaign"
 
 
@@ -82,7 +94,8 @@ def _running_spares() -> list[int]:
     found = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and "--spare" in p.cmdline():
+            cmd = p.cmdline() if p.status() != psutil.STATUS_ZOMBIE else []
+            if "--spare" in cmd or "durable_spaces.adapter.warm_zygote" in cmd:
                 found.append(p.pid)
         except psutil.Error:  # exited, or a zombie, between the listing and the look
             continue
@@ -95,7 +108,7 @@ def test_closing_ends_the_spares_nobody_took() -> None:
         spares.fill()
         while len(spares._ready) < 2:  # started (importing, or waiting for their line)
             await asyncio.sleep(0.05)
-        procs = list(spares._ready)
+        procs = [s.process for s in spares._ready]
         await spares.close()
         return [p.returncode for p in procs]
 
