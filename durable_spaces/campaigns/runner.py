@@ -157,7 +157,7 @@ class _Runs:
             spares, self.spares = self.spares, None
             await spares.close()
 
-    def zygote(self) -> contextlib.AbstractContextManager[None]:
+    def zygote(self) -> contextlib.AbstractContextManager[zygote.CampaignZygote | None]:
         """The campaign's zygote (``campaigns/zygote.py``) for every run inside, the
         exact replays and shrinks included, so they start their drivers as the runs did."""
         return zygote.serving(self.env, self.ref.split(":")[0])

@@ -271,15 +271,16 @@ class CampaignZygote:
 
 
 @contextlib.contextmanager
-def serving(env: MutableMapping[str, str], run_one_module: str) -> Iterator[None]:
+def serving(env: MutableMapping[str, str], run_one_module: str) -> Iterator[CampaignZygote | None]:
     """A zygote while inside, named in ``env`` (the environment the coordinators and
     their drivers get: a runner's workers', or ``os.environ`` for a run in this process),
     preloading the ``DRIVER_MODULES`` of ``run_one_module``, that module and the
     campaign's worker (a spare worker is forked there too). Its own environment is the
     spares' a coordinator computes from ``env`` (``Coordinator._driver_env`` less what is
-    read at run time). Off with ``DS_ZYGOTE=0`` or ``DS_WARM_DRIVERS=0``."""
+    read at run time). Off with ``DS_ZYGOTE=0`` or ``DS_WARM_DRIVERS=0`` (then it
+    yields None)."""
     if not (enabled_by_env(env) and switch("DS_WARM_DRIVERS", env)):
-        yield
+        yield None
         return
     drivers = getattr(importlib.import_module(run_one_module), "DRIVER_MODULES", ())
     # The drivers' modules, and the spare workers' (campaigns/worker_spares.py).
@@ -287,7 +288,7 @@ def serving(env: MutableMapping[str, str], run_one_module: str) -> Iterator[None
     z = CampaignZygote({**wl.spare_env(env), "PYTHONUNBUFFERED": "1"}, modules)
     env[SOCKET_ENV] = z.address
     try:
-        yield
+        yield z
     finally:
         env.pop(SOCKET_ENV, None)
         z.close()

@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,20 +52,36 @@ def coord(tmp_path: Path, **kw: Any) -> Coordinator:
 
 
 def zygote_pid() -> int:
-    """The zygote serving this test (the one child of ours running warm_zygote)."""
-    for p in psutil.Process().children():
-        if "durable_spaces.adapter.warm_zygote" in " ".join(p.cmdline()):
-            return p.pid
-    raise AssertionError("no zygote is running")
+    """The zygote serving this test: the one ``serving`` names in the environment (the
+    test's other children may be zombies of earlier tests, with no command line)."""
+    assert _serving, "no zygote is running"
+    return _serving[-1].proc.pid
+
+
+_serving: list[zy.CampaignZygote] = []
+
+
+@contextlib.contextmanager
+def serving(env: dict[str, str]) -> Iterator[zy.CampaignZygote]:
+    with zy.serving(env, "toy_driver") as z:
+        assert z is not None
+        _serving.append(z)
+        try:
+            yield z
+        finally:
+            _serving.remove(z)
 
 
 async def run_with_parents(c: Coordinator) -> tuple[CoordinatorResult, list[int]]:
-    """The session, and the parent of each attempt's process as it started."""
+    """The session, and the parent of each attempt's process: the zygote it said forked
+    it, or this process for one spawned (a driver that ends at once is reaped by the
+    time a look at /proc could tell)."""
     parents: list[int] = []
 
     async def watch() -> None:
         async for a in c.attempts():
-            parents.append(psutil.Process(a.pid).ppid())
+            p = a.process
+            parents.append(p.zygote if isinstance(p, zy.ForkedProcess) else os.getpid())
 
     task = asyncio.create_task(watch())
     r = await c.run()
@@ -77,7 +93,7 @@ async def test_every_attempt_is_forked_with_its_exit_code(
     tmp_path: Path, toy_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     plan(monkeypatch, {"1": "crash", "2": "crash", "default": "done"})
-    with zy.serving(toy_env, "toy_driver"):
+    with serving(toy_env):
         zpid = zygote_pid()
         c = coord(tmp_path)
         r, parents = await run_with_parents(c)
@@ -92,7 +108,7 @@ async def test_a_permanent_exit_is_relayed(
     tmp_path: Path, toy_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     plan(monkeypatch, {"default": "permanent"})
-    with zy.serving(toy_env, "toy_driver"):
+    with serving(toy_env):
         c = coord(tmp_path)
         r = await c.run()
     assert r.exit_codes == [EXIT_PERMANENT] and c.history[0].warm
@@ -105,7 +121,7 @@ async def first_attempt_hangs(
     """A session whose first driver hangs until ``act`` (on the first attempt, half a
     second in) ends it; later ones are done."""
     plan(monkeypatch, {"1": "hang", "default": "done"})
-    with zy.serving(toy_env, "toy_driver"):
+    with serving(toy_env):
         c = coord(tmp_path)
 
         async def watch() -> None:
@@ -134,7 +150,7 @@ async def test_a_kill_is_relayed(
 async def test_a_spare_holds_only_its_stdin_stdout_and_stderr(
     tmp_path: Path, toy_env: dict[str, str]
 ) -> None:
-    with zy.serving(toy_env, "toy_driver"):
+    with serving(toy_env):
         env = {k: v for k, v in os.environ.items() if k not in {"DS_FAILPOINTS"}}
         env["PYTHONUNBUFFERED"] = "1"
         proc, launch = await zy.fork_spare(os.environ[zy.SOCKET_ENV], ["toy_driver"],
@@ -155,7 +171,7 @@ async def test_a_request_the_zygote_cannot_take_is_spawned_instead(
 ) -> None:
     # A variable read at import that the zygote's imports did not see: not forkable.
     plan(monkeypatch, {"1": "crash", "default": "done"})
-    with zy.serving(toy_env, "toy_driver"):
+    with serving(toy_env):
         c = coord(tmp_path, env={"DS_SOMETHING_AT_IMPORT": "1"})
         zpid = zygote_pid()
         r, parents = await run_with_parents(c)
@@ -223,7 +239,7 @@ def test_a_caller_that_dies_takes_its_launched_spare_with_it(
     # A launched driver reads nothing more from its launch socket: only the zygote sees
     # that its caller (a coordinator, a worker the runner killed) is gone.
     plan(monkeypatch, {"default": "hang"})
-    with zy.serving(toy_env, "toy_driver"):
+    with serving(toy_env):
         caller, driver = launched_by_a_caller(tmp_path)
         assert driver.ppid() == zygote_pid() and launches(tmp_path) == [(1, driver.pid)]
         caller.kill()
@@ -232,7 +248,7 @@ def test_a_caller_that_dies_takes_its_launched_spare_with_it(
 
 
 def test_a_bad_request_is_refused_in_one_line(tmp_path: Path, toy_env: dict[str, str]) -> None:
-    with zy.serving(toy_env, "toy_driver"):
+    with serving(toy_env):
         for data in (b"not json", json.dumps({"v": 1}).encode()):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             s.settimeout(10)
@@ -276,7 +292,7 @@ def test_no_driver_outlives_its_campaigns_zygote(
     # A caller still holding its launched driver when the campaign ends (the runner
     # closes the zygote): the driver goes with the zygote, not on as an orphan.
     plan(monkeypatch, {"default": "hang"})
-    with zy.serving(toy_env, "toy_driver"):
+    with serving(toy_env):
         caller, driver = launched_by_a_caller(tmp_path)
     try:
         driver.wait(10)  # killed as the zygote ended (psutil.TimeoutExpired otherwise)
