@@ -19,7 +19,8 @@ a child; the connection is the spare's launch socket. The first message on it (t
 
 with one descriptor: the spare's stdout. The child checks it strictly, as a launch is
 (``warm_launch.py``); the request's environment may differ from the zygote's only in the
-variables read at run time (the imports already read the others: ``cold_reason``). It
+variables read at run time (the imports already read the others: ``cold_reason``), and
+its caller must be in the zygote's namespaces (network, mount, PID, ...: ``NAMESPACES``). It
 answers ``{"pid": <its pid>, "zygote": <the zygote's>}`` and is from then on what a
 spare started by a new interpreter is: its own session, the request's cwd, stdin the
 socket, stdout the pipe, stderr ``/dev/null``, the module's ``warm_up``, then its
@@ -113,6 +114,33 @@ def decode(data: bytes, started_with: dict[str, str]) -> Request:
     return Request(msg["mode"], list(argv), state_dir, cwd, dict(env))
 
 
+#: Where a process lives besides its environment: a spare forked in other namespaces
+#: than its caller's would run outside them (a driver of a host in its own network
+#: namespace would escape that host's partitions, say).
+NAMESPACES = ("net", "mnt", "pid", "user", "ipc", "uts", "cgroup")
+
+
+def other_namespace(conn: socket.socket) -> str | None:
+    """Why the process at the other end of ``conn`` is not in this one's namespaces
+    (its pid as the kernel gave it at connect, so no word of the caller's is taken), or
+    None when it is in all of them."""
+    cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    pid = int.from_bytes(cred[:4], sys.byteorder)
+    if pid <= 0:
+        return "the caller is in a PID namespace this zygote cannot see"
+    for ns in NAMESPACES:
+        try:
+            ours = os.stat(f"/proc/self/ns/{ns}")
+            theirs = os.stat(f"/proc/{pid}/ns/{ns}")
+        except FileNotFoundError:
+            continue  # a namespace this kernel does not have
+        except OSError as e:
+            return f"cannot tell the caller's {ns} namespace: {e.strerror or e}"
+        if (ours.st_dev, ours.st_ino) != (theirs.st_dev, theirs.st_ino):
+            return f"the caller is in another {ns} namespace"
+    return None
+
+
 def _answer(conn: socket.socket, msg: dict[str, object]) -> None:
     with contextlib.suppress(OSError):
         conn.send(json.dumps(msg).encode())
@@ -130,6 +158,9 @@ def _child(conn: socket.socket, started_with: dict[str, str]) -> int:
         if cut or len(fds) != 1:
             raise ConfigError("a request carries exactly one descriptor, whole")
         req = decode(data, started_with)
+        differs = other_namespace(conn)
+        if differs is not None:
+            raise ConfigError(differs)
         os.chdir(req.cwd)
     except (ConfigError, OSError) as e:
         _answer(conn, {"refused": str(e)[:500]})

@@ -299,3 +299,39 @@ def test_no_driver_outlives_its_campaigns_zygote(
     finally:
         caller.kill()
         caller.wait()
+
+
+ELSEWHERE = """
+import asyncio, json, os, sys
+from durable_spaces.campaigns import zygote as zy
+
+async def main():
+    env = json.loads(sys.argv[2])
+    try:
+        await zy.fork_spare(os.environ[zy.SOCKET_ENV], ["toy_driver"], sys.argv[1], None, env)
+    except zy.ZygoteUnavailable as e:
+        print("refused:", e)
+    else:
+        print("forked")
+
+asyncio.run(main())
+"""
+
+
+def test_a_caller_in_another_network_namespace_is_refused(
+    tmp_path: Path, toy_env: dict[str, str]
+) -> None:
+    # A host of the redrive lab lives in a network namespace of its own: a driver forked
+    # outside it would escape its partitions.
+    probe = subprocess.run(["unshare", "--net", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a network namespace here: {probe.stderr.decode()[:200]}")
+    with serving(toy_env):
+        env = json.dumps({**os.environ, "PYTHONUNBUFFERED": "1"})
+        here = subprocess.run([sys.executable, "-c", ELSEWHERE, str(tmp_path), env],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        there = subprocess.run(["unshare", "--net", sys.executable, "-c", ELSEWHERE,
+                                str(tmp_path), env],
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert here.stdout.strip() == "forked", here.stderr
+    assert "another net namespace" in there.stdout, (there.stdout, there.stderr)
