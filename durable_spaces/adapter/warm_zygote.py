@@ -186,8 +186,10 @@ def _child(conn: socket.socket, started_with: dict[str, str]) -> int:
     return warm_driver.serve(req.argv, started_with)
 
 
-def _exit_code(status: int) -> int:
-    return os.waitstatus_to_exitcode(status)
+def _tell_exit(conn: socket.socket, status: int) -> None:
+    """A reaped child's exit code to its caller (negative for a signal), then its end."""
+    _answer(conn, {"exit": os.waitstatus_to_exitcode(status)})
+    conn.close()
 
 
 def serve(listener: socket.socket, started_with: dict[str, str]) -> socket.socket | None:
@@ -262,8 +264,7 @@ def _reap(
         by_fd.pop(conn.fileno(), None)
         with contextlib.suppress(KeyError, ValueError):
             poller.unregister(conn)
-        _answer(conn, {"exit": _exit_code(status)})
-        conn.close()
+        _tell_exit(conn, status)
 
 
 def _end(children: dict[int, socket.socket], by_fd: dict[int, int], poller: select.poll) -> None:
@@ -279,8 +280,7 @@ def _end(children: dict[int, socket.socket], by_fd: dict[int, int], poller: sele
             return
         conn = children.pop(pid, None)
         if conn is not None:
-            _answer(conn, {"exit": _exit_code(status)})
-            conn.close()
+            _tell_exit(conn, status)
 
 
 def main(argv: list[str]) -> int:
