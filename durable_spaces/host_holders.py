@@ -22,6 +22,9 @@ import os
 import threading
 from collections.abc import Callable, Iterable
 
+from durable_spaces.host_maps import Mapping, shared_mappings
+from durable_spaces.host_maps import read_whole as _read
+
 __all__ = ["Holders"]
 
 
@@ -325,43 +328,28 @@ def not_workspace(fds: Callable[[], Iterable[int]]) -> None:
     _NOT_WORKSPACE.append(fds)
 
 
-def _read(path: str) -> bytes:
-    """A ``/proc`` file whole, in as few reads as it takes (a buffered ``read`` asks in
-    small steps, and each step renders the file's next part again)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 1 << 18):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
 #: What a shared mapping's file is as ``stat`` sees it, by (pid, address range, device
 #: and inode as ``maps`` shows them); None: it could not be looked up.
-Seen = dict[tuple[str, bytes, bytes, bytes], "tuple[int, int] | None"]
+Seen = dict[tuple[str, str, int, int], "tuple[int, int] | None"]
 
 
-def _mapped_file(base: str, fields: list[bytes], dev: int, unsure: bool) -> tuple[int, int] | None:
-    """(device, inode) of the file of one ``maps`` line as ``stat`` sees it; None when
+def _mapped_file(base: str, mapping: Mapping, dev: int, unsure: bool) -> tuple[int, int] | None:
+    """(device, inode) of the file of one shared mapping as ``stat`` sees it; None when
     that cannot be told; (-1, 0) when the mapping went meanwhile."""
-    if "/task/" not in base:  # a thread's directory has no map_files
+    rng, mdev, ino = mapping
+    if "/task/" not in base and rng:  # a thread's directory has no map_files
         try:
             # The file as a path sees it (overlay, btrfs subvolumes: the dev of maps
             # is the backing superblock's, not the one ``stat`` reports).
-            s = os.stat(f"{base}/map_files/{fields[0].decode()}")
+            s = os.stat(f"{base}/map_files/{rng}")
             return s.st_dev, s.st_ino
         except PermissionError:
             pass  # map_files needs CAP_SYS_ADMIN: maps' own numbers, below
         except OSError:
             return -1, 0  # unmapped meanwhile: its file's close says the rest
-    major, _, minor = fields[3].partition(b":")
-    try:
-        mdev = os.makedev(int(major, 16), int(minor, 16))
-    except ValueError:
+    if mdev < 0:
         return None
-    return (mdev, int(fields[4])) if mdev == dev or not unsure else None
+    return (mdev, ino) if mdev == dev or not unsure else None
 
 
 class _Unsure(Exception):
@@ -371,27 +359,19 @@ class _Unsure(Exception):
 
 def _maps(base: str, dev: int, held: set[int], seen: Seen, now: Seen, unsure: bool = True) -> bool:
     """The shared mappings of the process at ``base`` (``now`` gets what ``seen`` knew,
-    and what it learns, of each); whether it showed any mapping at all. ``unsure``: the
-    workspace's filesystem may show ``maps`` another device than ``stat`` (overlay,
-    btrfs; or not known), so a mapping on another device that cannot be looked up
-    (``_Unsure``) makes the look untrusted."""
-    data = _read(f"{base}/maps")
-    # "s" as the permissions' last letter marks a shared mapping (even one mprotect-ed
-    # read-only now may have been written before). A process has a few (glibc maps its
-    # gconv cache so): find them without splitting every line.
-    i = data.find(b"s ")
-    while i != -1:
-        start = data.rfind(b"\n", 0, i) + 1
-        end = data.find(b"\n", i)
-        end = len(data) if end == -1 else end
-        fields = data[start:end].split(maxsplit=5)  # address perms offset dev inode [path]
-        if len(fields) >= 5 and fields[1][3:4] == b"s" and fields[4] != b"0":
-            key = (base, fields[0], fields[3], fields[4])
-            file = seen[key] if key in seen else _mapped_file(base, fields, dev, unsure)
-            now[key] = file
-            if file is None:
-                raise _Unsure(base)
-            if file[0] == dev:
-                held.add(file[1])
-        i = data.find(b"s ", end)
-    return bool(data)
+    and what it learns, of each); whether it has memory of its own at all (``maps``
+    reads empty otherwise). ``unsure``: the workspace's filesystem may show ``maps``
+    another device than ``stat`` (overlay, btrfs; or not known), so a mapping on another
+    device that cannot be looked up (``_Unsure``) makes the look untrusted."""
+    found = shared_mappings(base)
+    if found is None:
+        return False
+    for mapping in found:
+        key = (base, *mapping)
+        file = seen[key] if key in seen else _mapped_file(base, mapping, dev, unsure)
+        now[key] = file
+        if file is None:
+            raise _Unsure(base)
+        if file[0] == dev:
+            held.add(file[1])
+    return True

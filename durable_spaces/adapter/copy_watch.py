@@ -34,10 +34,9 @@ import contextlib
 import os
 import threading
 
-from inotify_simple import INotify
-from inotify_simple import flags as F
-
 from durable_spaces.adapter import manifest as mf
+from durable_spaces.host_inotify import INotify
+from durable_spaces.host_inotify import flags as F
 from durable_spaces.host_mounts import mount_problem
 
 #: Copies one process watches at once (module doc); the others are listed every time.

@@ -119,8 +119,18 @@ def serve(module_argv: list[str], started_with: dict[str, str]) -> int:
             if extra != usable:
                 os.close(extra)
     _become(launch, sock, fds[0])
-    runpy.run_module(module_argv[0], run_name="__main__", alter_sys=True)
+    run_as_main(module_argv[0])
     return sp.EXIT_DONE
+
+
+def run_as_main(module: str) -> None:
+    """Run ``module`` as ``python -m`` does: as ``__main__``, its own name not imported
+    yet. A warm process imported it under its name (``prepare``, the zygote's preload);
+    left there, runpy warns on the driver's stderr that the code runs beside that copy.
+    Modules that took names from the warm copy keep them, as a cold driver's would keep
+    those of a copy imported by its own imports."""
+    sys.modules.pop(module, None)
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,6 @@ import contextlib
 import importlib
 import json
 import os
-import runpy
 import select
 import signal
 import socket
@@ -178,7 +177,7 @@ def _child(conn: socket.socket, started_with: dict[str, str]) -> int:
     answer.detach()
     if req.mode == "main":
         sys.argv = list(req.argv)
-        runpy.run_module(req.argv[0], run_name="__main__", alter_sys=True)
+        warm_driver.run_as_main(req.argv[0])
         return sp.EXIT_DONE
     # A module the zygote did not preload is imported here, in this spare only (as a
     # spare started the old way would); a failing import shows again after the launch.

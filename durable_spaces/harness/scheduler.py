@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -39,6 +38,7 @@ from durable_spaces.errors import PermanentFailure
 from durable_spaces.harness.env import ExecutionEnv, LocalDirEnv
 from durable_spaces.harness.handles import Conversation, Settled, Submission
 from durable_spaces.harness.log import Op, Storage
+from durable_spaces.harness.log_core import encoded
 from durable_spaces.harness.models import Model
 from durable_spaces.harness.state import AgentConfig, Entry, LogState, Tx
 from durable_spaces.harness.tool_tasks import FATAL, run_tool, tools_for
@@ -200,7 +200,7 @@ class Harness:
         tx = Tx(self.state)
         result = build(tx)
         if tx.ops:
-            ops = json.loads(json.dumps(tx.ops))  # what a storage stores: plain JSON
+            ops = encoded(tx.ops)  # what a storage stores: plain JSON (and its text)
             try:
                 seq = self.storage.append(ops)
             except FATAL as e:

@@ -27,6 +27,7 @@ ALLOWED = (
     "durable_spaces.space_boot",  # the host's boot id, a Space may report (HostBoot)
     "durable_spaces.errors",
     "durable_spaces.host_mounts",  # the host's mount tables (what inotify sees), no deps
+    "durable_spaces.host_inotify",  # inotify_simple, its libc found without ldconfig, no deps
     "durable_spaces.switches",  # the DS_* on/off switches, read one way (imports errors)
     "durable_spaces.chaos.failpoints",
     "durable_spaces.chaos.mutants",

@@ -460,3 +460,30 @@ async def test_a_warm_driver_that_never_speaks_turns_spares_off(tmp_path: Path) 
     assert [a.warm for a in c.history] == [False, True, False]
     assert r.exit_codes == [1, -signal.SIGKILL, 0] and r.stalls == 1
     assert [e["event"] for e in r.events].count("warm_off") == 1
+
+
+def test_a_warm_module_runs_as_main_once_and_without_a_warning(tmp_path: Path) -> None:
+    """A spare (or the zygote) imported the driver's module to warm up; run as the
+    driver, it runs as ``python -m`` runs it: once as ``__main__``, with no RuntimeWarning
+    from runpy on the driver's stderr (a module inside a package, as the real driver)."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "mod.py").write_text(
+        "import sys\n"
+        "print(__name__, 'pkg.mod' in sys.modules)\n"
+    )
+    code = (
+        "import pkg.mod\n"
+        "from durable_spaces.adapter.warm_driver import run_as_main\n"
+        "run_as_main('pkg.mod')\n"
+    )
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
+    r = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-c", code],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["pkg.mod True", "__main__ False"]  # warm, then main
+    assert "RuntimeWarning" not in r.stderr

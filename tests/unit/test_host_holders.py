@@ -1,8 +1,10 @@
 """``host_holders.Holders``: which files of a filesystem some process holds, read from
 ``/proc`` (real child processes, real mappings). A file stored through a shared mapping
 must show while the mapping lives, with or without its descriptor, even mprotect-ed
-read-only; a file nobody holds must not; a process that turns unreadable makes the look
-untrusted (None); ``hidepid`` makes every look untrusted."""
+read-only, at any address; a file nobody holds must not; a process that turns
+unreadable makes the look untrusted (None); ``hidepid`` makes every look untrusted.
+Every test runs with both sources of the mappings (``host_maps``): the kernel's
+``PROCMAP_QUERY`` and the text of ``maps``."""
 
 from __future__ import annotations
 
@@ -16,8 +18,28 @@ from pathlib import Path
 
 import pytest
 
-from durable_spaces import host_holders
+from durable_spaces import host_holders, host_maps
 from durable_spaces.host_holders import Holders
+
+
+def _kernel_answers() -> bool:
+    """Whether this kernel answers ``PROCMAP_QUERY`` (Linux 6.11 and later)."""
+    saved = host_maps.use_query
+    try:
+        host_maps.use_query = True
+        host_maps.shared_mappings("/proc/self")
+        return host_maps.use_query
+    finally:
+        host_maps.use_query = saved
+
+
+@pytest.fixture(autouse=True, params=["query", "text"])
+def source(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The mappings from the kernel's ioctl, or from the text of ``maps``."""
+    if request.param == "query" and not _kernel_answers():
+        pytest.skip("this kernel has no PROCMAP_QUERY (Linux 6.11+): only the text is read")
+    monkeypatch.setattr(host_maps, "use_query", request.param == "query")
+    return str(request.param)
 
 #: Opens argv[1], maps it shared, then does what stdin says, line by line, acking each.
 _HOLDER = """
@@ -30,9 +52,12 @@ libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 size = os.stat(sys.argv[1]).st_size
 fd = os.open(sys.argv[1], os.O_RDWR)
+at = int(sys.argv[2], 16) if len(sys.argv) > 2 else None
 # libc's mmap, not Python's: Python's mmap object keeps a descriptor of its own.
-addr = libc.mmap(None, size, 3, 1, fd, 0)  # PROT_READ|PROT_WRITE, MAP_SHARED
-assert addr not in (None, ctypes.c_void_p(-1).value)
+# At ``at``: MAP_FIXED_NOREPLACE (0x100000) there.
+addr = libc.mmap(at, size, 3, 1 | (0x100000 if at else 0), fd, 0)  # RW, MAP_SHARED
+assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+assert at is None or addr == at
 ctypes.memmove(addr, b"STORE", 5)
 print("ready", flush=True)
 for cmd in sys.stdin:
@@ -48,9 +73,9 @@ for cmd in sys.stdin:
 
 
 class Holder:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, at: str | None = None) -> None:
         self.p = subprocess.Popen(
-            [sys.executable, "-c", _HOLDER, str(path)],
+            [sys.executable, "-c", _HOLDER, str(path), *([at] if at else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert self.p.stdout is not None and self.p.stdout.readline() == "ready\n"
@@ -87,6 +112,79 @@ def test_a_mapped_file_is_held_until_its_mapping_and_descriptor_go(file: Path) -
         assert ino in (holders.now() or set())  # written before, maybe: still held
         h.do("unmap")
         assert ino not in (holders.now() or set())  # neither a mapping nor a descriptor
+    finally:
+        h.end()
+
+
+def test_a_mapping_at_a_low_address_is_held(file: Path) -> None:
+    """``maps`` pads an address below 2**32 to 8 digits, which ``map_files`` refuses as
+    a name: the mapping must still be found (it was taken for one unmapped meanwhile)."""
+    holders = Holders(os.stat(file).st_dev)
+    ino = os.stat(file).st_ino
+    h = Holder(file, "200000")  # above vm.mmap_min_addr (64 KiB by default)
+    try:
+        h.do("close-fd")
+        maps = Path(f"/proc/{h.p.pid}/maps").read_text()
+        assert "00200000-" in maps  # as maps shows it
+        assert ino in (holders.now() or set())
+    finally:
+        h.end()
+
+
+def test_both_sources_find_the_same_mappings_of_every_process(file: Path) -> None:
+    if not _kernel_answers():
+        pytest.skip("this kernel has no PROCMAP_QUERY (Linux 6.11+): nothing to compare")
+    h = Holder(file)  # one process with a shared mapping of a file, at least
+    try:
+        compared = 0
+        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+            try:
+                host_maps.use_query = True
+                by_query = host_maps.shared_mappings(f"/proc/{pid}")
+                host_maps.use_query = False
+                by_text = host_maps.shared_mappings(f"/proc/{pid}")
+            except (PermissionError, FileNotFoundError, ProcessLookupError):
+                continue  # another user's, or gone
+            if pid == str(h.p.pid):
+                assert by_query and (os.stat(file).st_ino in {m[2] for m in by_query})
+            if by_query != by_text:  # changed between the two looks? Then not again
+                host_maps.use_query = True
+                again = host_maps.shared_mappings(f"/proc/{pid}")
+                host_maps.use_query = False
+                assert again == host_maps.shared_mappings(f"/proc/{pid}"), pid
+            compared += 1
+        assert compared > 1
+    finally:
+        h.end()
+
+
+@pytest.mark.parametrize(
+    ("errno_", "for_good"),
+    [(25, True), (22, True), (5, False), (12, False)],  # ENOTTY, EINVAL; EIO, ENOMEM
+)
+def test_an_ioctl_that_fails_reads_the_text_instead(
+    file: Path, monkeypatch: pytest.MonkeyPatch, errno_: int, for_good: bool
+) -> None:
+    """A kernel without the ioctl: the text from then on (asked once). An answer it does
+    not expect: the text of that process, that once; the look stays trusted."""
+    calls: list[int] = []
+
+    def failing(fd: int, request: int, arg: object = 0, mutate: bool = True) -> None:
+        calls.append(request)
+        raise OSError(errno_, os.strerror(errno_))
+
+    monkeypatch.setattr(host_maps.fcntl, "ioctl", failing)
+    monkeypatch.setattr(host_maps, "use_query", True)
+    holders = Holders(os.stat(file).st_dev)
+    ino = os.stat(file).st_ino
+    h = Holder(file)
+    try:
+        h.do("close-fd")
+        assert ino in (holders.now() or set())  # found in the text
+        assert host_maps.use_query is not for_good
+        asked = len(calls)
+        assert ino in (holders.now() or set())
+        assert (len(calls) == asked == 1) if for_good else len(calls) > asked
     finally:
         h.end()
 

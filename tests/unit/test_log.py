@@ -320,3 +320,32 @@ def test_load_after_append_equals_load_after_reopen(opener: Opener, tmp_path: Pa
     s = opener(tmp_path)
     assert before == s.load() == [Commit(1, [{"doc": {"items": [1, 2]}, "pair": [1, 2]}])]
     s.close()
+
+
+def test_encoded_ops_store_the_text_their_encoding_gives() -> None:
+    """The harness's commit encodes its ops once (``encoded``) and a file storage stores
+    that text: it must be what encoding the plain ops gives, for awkward values too."""
+    from durable_spaces.harness.log_core import dumps_ops, encoded
+
+    ops = [
+        {"op": "doc", "t": (1, 2), "u": "é\u2028\x00", "f": 0.1, "n": float("nan"), 3: None},
+        {"op": "entry", "big": 2**70, "nested": {"a": [True, {"b": -0.0}]}},
+    ]
+    enc = encoded(ops)
+    plain = json.loads(json.dumps(ops))  # what the harness stored before: plain JSON
+    assert dumps_ops(enc)[1] == dumps_ops(plain)[1]  # the text as if encoded again
+    assert enc[1] == plain[1] and type(enc[0]["t"]) is list  # tuples became lists
+
+
+def test_a_sqlite_log_reads_back_what_an_encoded_commit_stored(tmp_path: Path) -> None:
+    from durable_spaces.harness.log_core import encoded
+
+    storage = SqliteStorage(tmp_path / "log.sqlite")
+    ops = [{"op": "doc", "value": {"k": (1, "x"), "s": "ü"}}]
+    storage.append(encoded(ops))
+    storage.close()
+    again = SqliteStorage(tmp_path / "log.sqlite")
+    try:
+        assert again.load()[0].ops == [{"op": "doc", "value": {"k": [1, "x"], "s": "ü"}}]
+    finally:
+        again.close()

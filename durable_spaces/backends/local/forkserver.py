@@ -28,10 +28,14 @@ server and its request) and removing its files only while ``forkserver.json`` is
 
 from __future__ import annotations
 
-import contextlib
+# The C modules under ``socket``, ``signal`` and ``importlib.util``: this process starts
+# on the first spawn of every Space (on the path of a run's first call), and those three
+# cost it about 25 ms of imports here (their enums, ``selectors``, ``contextlib``), more
+# than the interpreter's own start (about 20 ms under -I -S).
+import _frozen_importlib_external
+import _signal
+import _socket
 import os
-import signal
-import socket
 import struct
 import sys
 import time
@@ -53,13 +57,14 @@ def request(cmd_dir: str) -> bytes:
     return MAGIC + len(path).to_bytes(4, "big") + path
 
 
-def peer(sock: socket.socket) -> tuple[int, int]:
-    """(pid, uid) of the other end of a Unix socket."""
-    pid, uid, _ = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+def peer(sock: _socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the other end of a Unix socket (a ``socket.socket`` is one too)."""
+    cred = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, _CRED.size)
+    pid, uid, _ = _CRED.unpack(cred)
     return pid, uid
 
 
-def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
+def _recv_exact(conn: _socket.socket, n: int) -> bytes | None:
     buf = b""
     while len(buf) < n:
         chunk = conn.recv(n - len(buf))
@@ -69,7 +74,7 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
     return buf
 
 
-def _recv_all(conn: socket.socket) -> bytes:
+def _recv_all(conn: _socket.socket) -> bytes:
     parts = []
     while chunk := conn.recv(1 << 16):
         parts.append(chunk)
@@ -77,23 +82,24 @@ def _recv_all(conn: socket.socket) -> bytes:
 
 
 def _load(name: str, path: str) -> ModuleType | None:
-    """A stdlib-only sibling module by its path (we run with no package on sys.path)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None or not os.path.exists(path):
+    """A stdlib-only sibling module by its path (we run with no package on sys.path),
+    from its cached bytecode where there is some, as an import would."""
+    if not os.path.exists(path):
         return None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    loader = _frozen_importlib_external.SourceFileLoader(name, path)
+    mod = ModuleType(name)
+    mod.__file__ = path
+    sys.modules[name] = mod
+    loader.exec_module(mod)
     return mod
 
 
-def _child(conn: socket.socket, listener: socket.socket, supervisor: ModuleType) -> int:
+def _child(conn: _socket.socket, listener: _socket.socket, supervisor: ModuleType) -> int:
     """One command's supervisor, forked: everything ``supervisor.main`` does, the spec read
     from ``conn`` after our pid went back on it."""
     listener.close()
     os.setsid()  # a session and process group of our own, led by us (``kill_space``)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # we wait for the command
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)  # we wait for the command
     head = _recv_exact(conn, len(MAGIC) + 4)
     if head is None or not head.startswith(MAGIC):
         return 4
@@ -142,8 +148,10 @@ def _retire(space_dir: str) -> bool:
         mine = False
     if mine:
         for name in (META, SOCK):
-            with contextlib.suppress(OSError):
+            try:  # noqa: SIM105 (``contextlib`` is one of the imports saved, above)
                 os.unlink(os.path.join(space_dir, name))
+            except OSError:
+                pass
     return True
 
 
@@ -151,12 +159,15 @@ def main(args: list[str]) -> int:
     space_dir, instance, _version, idle = args[1], args[2], args[3], float(args[4])
     here = os.path.dirname(os.path.abspath(__file__))
     supervisor = _load("ds_local_supervisor", os.path.join(here, "supervisor.py"))
-    failpoints = _load("ds_failpoints", os.path.join(here, "..", "..", "chaos", "failpoints.py"))
+    failpoints = None  # unarmed, its ``hit`` does nothing: not loaded (``signal``, threads)
+    if os.environ.get("DS_FAILPOINTS"):
+        path = os.path.join(here, "..", "..", "chaos", "failpoints.py")
+        failpoints = _load("ds_failpoints", path)
     if supervisor is None:
         return 2
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # our children are reaped by the kernel
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)  # our children are reaped by the kernel
     os.chdir(space_dir)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     listener.bind(SOCK)  # relative: the caller removed a stale one under the lock
     listener.listen(64)
     listener.settimeout(1.0)
@@ -168,7 +179,7 @@ def main(args: list[str]) -> int:
     me = os.getuid()
     while True:
         try:
-            conn, _ = listener.accept()
+            fd, _ = listener._accept()  # type: ignore[attr-defined]  # (fd, address)
         except TimeoutError:
             if _gone(space_dir, instance):
                 return 0
@@ -176,6 +187,7 @@ def main(args: list[str]) -> int:
                 return 0
             continue
         last = time.monotonic()
+        conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM, 0, fd)
         if peer(conn)[1] != me:
             conn.close()  # only our own uid may have commands run
             continue

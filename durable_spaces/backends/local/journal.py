@@ -49,10 +49,9 @@ import os
 import select
 from collections.abc import Callable, Sequence
 
-from inotify_simple import INotify
-from inotify_simple import flags as F
-
 from durable_spaces.chaos import mutants
+from durable_spaces.host_inotify import INotify
+from durable_spaces.host_inotify import flags as F
 from durable_spaces.host_mounts import LOCAL_FILESYSTEMS as LOCAL_FILESYSTEMS  # re-exported
 from durable_spaces.host_mounts import mount_problem
 from durable_spaces.space_types import WorkspaceChanges
