@@ -328,8 +328,8 @@ def not_workspace(fds: Callable[[], Iterable[int]]) -> None:
     _NOT_WORKSPACE.append(fds)
 
 
-#: What a shared mapping's file is as ``stat`` sees it, by (pid, address range, device
-#: and inode as ``maps`` shows them); None: it could not be looked up.
+#: What a shared mapping's file is as ``stat`` sees it, by (process directory, and the
+#: mapping as ``host_maps`` tells it: range, device, inode); None: it could not be looked up.
 Seen = dict[tuple[str, str, int, int], "tuple[int, int] | None"]
 
 

@@ -148,9 +148,9 @@ def encoded(ops: Sequence[Op]) -> EncodedOps:
     return out
 
 
-def dumps_ops(ops: Sequence[Op]) -> tuple[list[Op], str]:
-    """Copy and serialize ops *before* anything is stored (a bad op stores nothing)."""
+def dumps_ops(ops: Sequence[Op]) -> str:
+    """Serialize ops *before* anything is stored (a bad op stores nothing); the text an
+    ``EncodedOps`` already has."""
     if type(ops) is EncodedOps:
-        return ops, ops.text
-    copied = [dict(o) for o in ops]
-    return copied, json.dumps(copied, separators=(",", ":"))
+        return ops.text
+    return json.dumps([dict(o) for o in ops], separators=(",", ":"))

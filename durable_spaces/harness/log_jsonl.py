@@ -195,7 +195,7 @@ class JsonlStorage:
             return list(self._commits)
 
     def append(self, ops: Sequence[Op]) -> int:
-        _, text = dumps_ops(ops)
+        text = dumps_ops(ops)
         if len(text) > MAX_LINE_BYTES:  # characters <= bytes: surely over (exact check below)
             self._over_limit(len(text))
         stored = json.loads(text)  # what a reopen will read (deep, tuples become lists)

@@ -353,7 +353,7 @@ class SqliteStorage:
         return ops
 
     def append(self, ops: Sequence[Op]) -> int:
-        _, text = dumps_ops(ops)
+        text = dumps_ops(ops)
         with self._mutex:
             conn = self._db
             fence = self.fence
