@@ -6,8 +6,9 @@ ledger and an epoch fence. Every backend (``durable_spaces.backends.<name>``) im
 one). Abilities only some callers need are protocols of their own, so no backend is
 asked for what it cannot do and mypy checks each against its caller: ``Faults``
 (restart, kill the daemon, pause: what the chaos lab inflicts),
-``MachineCheckpoints`` (whole-machine checkpoints: what ``SandboxSnapshots`` takes) and
-``JournaledSpace`` (a change journal of a host workspace: what checkpoints read).
+``MachineCheckpoints`` (whole-machine checkpoints: what ``SandboxSnapshots`` takes),
+``JournaledSpace`` (a change journal of a host workspace: what checkpoints read) and
+``HostWorkspace`` (a workspace that is this host's directory by construction).
 Every protocol is runtime-checkable: a caller that needs an ability asks
 ``isinstance(backend, Faults)`` and refuses a backend without it with a clear error.
 
@@ -62,6 +63,7 @@ __all__ = [
     "Execution",
     "Faults",
     "FileStat",
+    "HostWorkspace",
     "JournaledSpace",
     "MachineCheckpoints",
     "OutputCallback",
@@ -313,6 +315,21 @@ class JournaledSpace(Protocol):
 
     def workspace_journal(self) -> WorkspaceJournal | None:
         """A new journal of the workspace (None: this Space cannot have one now)."""
+        ...
+
+
+@runtime_checkable
+class HostWorkspace(Protocol):
+    """A Space whose ``root`` is this host's directory by construction (``local``: the
+    backend makes it here and runs its processes here), so a checkpoint reads it here
+    without first proving it through the Space (``adapter/incremental.py``'s probe: a
+    command per driver, 17-30 ms of each attempt's first checkpoint). A Space that only
+    happens to be on this host (a daemon's, ``spacesd``) is proved instead: what it
+    says of itself comes from the daemon, and a wrong claim would checkpoint another
+    directory."""
+
+    def host_workspace(self) -> bool:
+        """True: ``root`` is the workspace as this host sees it."""
         ...
 
 

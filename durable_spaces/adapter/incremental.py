@@ -13,12 +13,13 @@ copy in the Space is where an agent can reach, so each checkpoint lists the blob
 holds and puts back any the manifest needs that went missing.
 
 When the workspace is a directory of this host (a probe file written through the Space
-and read here proves it, once per Space instance), the walk, the reads and the copy
-beside the workspace are done here: no command runs, and large files are reflinked where
-the filesystem can. That writes beside the workspace without an epoch: only new files
-named by their own digest, which a stale driver can add but never change (a name always
-means the same bytes) and which the fenced prune removes if nothing records them. The
-workspace itself is never written here. Otherwise one command lists the workspace and
+and read here proves it, once per Space instance; a ``HostWorkspace`` Space, ``local``,
+is one by construction), the walk, the reads and the copy beside the workspace are done
+here: no command runs, and large files are reflinked where the filesystem can. That
+writes beside the workspace without an epoch: only new files named by their own digest,
+which a stale driver can add but never change (a name always means the same bytes) and
+which the fenced prune removes if nothing records them. The workspace itself is never
+written here. Otherwise one command lists the workspace and
 tars what changed (``workspace_tree.list_script``), and one more writes the copy
 (``space_copy.write``).
 """
@@ -60,7 +61,7 @@ from durable_spaces.adapter.workspace_tree import (
 )
 from durable_spaces.errors import SpaceError
 from durable_spaces.host_holders import Holders
-from durable_spaces.space import JournaledSpace, Space, WorkspaceChanges
+from durable_spaces.space import HostWorkspace, JournaledSpace, Space, WorkspaceChanges
 from durable_spaces.switches import switch
 
 #: Lists of a tree that keeps changing under them before a checkpoint gives up.
@@ -154,7 +155,8 @@ class Taker:
         """Whether the workspace is a directory of this host (probed once per instance)."""
         seen = self._seen(space)
         if seen.host is None:
-            seen.host = await probe_host(space, epoch)
+            vouched = isinstance(space, HostWorkspace) and space.host_workspace()
+            seen.host = (vouched and os.path.isdir(space.root)) or await probe_host(space, epoch)
         return seen.host
 
     async def checkpoint(self, space: Space, call_id: str, epoch: int) -> CheckpointId:
@@ -258,7 +260,8 @@ class Taker:
         from the last listing's (None: a full walk, any may)."""
         clock = time.time_ns()  # before the looks: later changes are in the next one
         if seen.holders is None:
-            seen.holders = Holders(os.stat(space.root).st_dev)
+            # Its start is the first look, after the journal's start below.
+            seen.holders = Holders(os.stat(space.root).st_dev, lazy=True)
         kept = seen.kept
         if kept is not None and (
             kept.epoch != epoch or kept.listing is None or not switch("DS_SPACE_JOURNAL")

@@ -14,6 +14,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from durable_spaces import host_holders
 from durable_spaces.adapter.driver import (
     SessionHandle,
     StartContext,
@@ -90,11 +91,14 @@ def build(cfg: AgentConfigFile) -> tuple[DurableSpaces, ScriptedModel]:
 
 def warm_up(state_dir: Path) -> None:
     """Before a warm driver's launch (``adapter/warm_driver.py``): import this run's
-    backend and let it start what it can without a Space (its class's ``warm_up``)."""
+    backend and let it start what it can without a Space (its class's ``warm_up``), and
+    find the host's kernel threads, which the first checkpoint's look at who holds the
+    workspace's files would otherwise look at on the attempt's way (``host_holders``)."""
     cfg = AgentConfigFile.load(state_dir)
     warm = getattr(backend_class(cfg.backend), "warm_up", None)
     if callable(warm):
         warm(cfg.backend_dir)
+    host_holders.prime()
 
 
 def main() -> int:

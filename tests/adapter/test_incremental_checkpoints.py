@@ -42,7 +42,7 @@ from durable_spaces.adapter.checkpoint_id import CheckpointId
 from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
 from durable_spaces.backends import open_backend, unavailable_reason
 from durable_spaces.errors import CheckpointCorruptError, SpaceError
-from durable_spaces.space import Space, space_name
+from durable_spaces.space import HostWorkspace, Space, space_name
 from tests.adapter.settled import SettledSnapshots
 
 BACKENDS = [
@@ -464,3 +464,58 @@ async def test_an_unreadable_file_in_a_docker_space_is_a_clear_error(tmp_path: P
         for name in await b.names():
             await b.delete(name)
         await b.close()
+
+
+# --- where the workspace is read ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_only_a_space_that_is_a_host_directory_by_construction_skips_the_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """``local`` (a ``HostWorkspace``) is read here with no probe command; a daemon's
+    Space (spacesd) is proved by the probe first, since what it says of itself is the
+    daemon's word; either way the checkpoint is read here and restores exactly."""
+    from durable_spaces.adapter import incremental
+
+    probes: list[str] = []
+    real = incremental.probe_host
+
+    async def spy(space: Space, epoch: int) -> bool:
+        probes.append(space.name)
+        return await real(space, epoch)
+
+    monkeypatch.setattr(incremental, "probe_host", spy)
+    async with lab(tmp_path, backend) as x:
+        assert isinstance(x.space, HostWorkspace) == (backend == "local")
+        cid = await x.snaps.checkpoint(x.space, "c1", 1)
+        assert x.snaps.taker._seen(x.space).host is True
+        assert probes == ([] if backend == "local" else [x.space.name])
+        before = x.workspace()
+        (x.root / "d0" / "f000.txt").write_bytes(b"changed\n")
+        await x.snaps.restore(x.space, cid, 1)
+        assert x.workspace() == before
+
+
+async def test_a_host_workspace_whose_directory_is_gone_is_probed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim holds only while the directory is there: without it the probe decides
+    (and says no), as for any Space."""
+    from durable_spaces.adapter import incremental
+
+    probes: list[str] = []
+
+    async def spy(space: Space, epoch: int) -> bool:
+        probes.append(space.name)
+        return False
+
+    monkeypatch.setattr(incremental, "probe_host", spy)
+    async with lab(tmp_path, "local") as x:
+        moved = x.root.with_name("moved-away")
+        x.root.rename(moved)
+        try:
+            assert not await x.snaps.taker.is_host(x.space, 1)
+        finally:
+            moved.rename(x.root)
+        assert probes == [x.space.name]

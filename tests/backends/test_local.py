@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -118,20 +119,46 @@ async def test_torn_ledger_line_is_ignored(backend: LocalBackend, space: LocalSp
     assert (await fresh.exec_record("c:9:0@1")).state is ExecState.UNKNOWN
 
 
-async def test_restart_kills_processes_that_left_the_group(
-    backend: LocalBackend, space: LocalSpace
-) -> None:
-    # A daemonized grandchild: its own session, reparented away from the supervisor.
+async def _start_beater(space: LocalSpace) -> None:
+    """A daemonized grandchild of epoch 1 (its own session, reparented away from the
+    supervisor) that appends to ``beat`` until killed; returns once it has."""
     script = "(setsid sh -c 'while :; do echo x >> beat; sleep 0.05; done' &); sleep 30"
     await space.spawn(["sh", "-c", script], key="c:1:0@1", epoch=1)
     for _ in range(100):
         if await space.stat("beat") is not None:
-            break
+            return
         await asyncio.sleep(0.05)
+
+
+async def test_restart_kills_processes_that_left_the_group(
+    backend: LocalBackend, space: LocalSpace
+) -> None:
+    await _start_beater(space)
     await backend.restart("loc")
     before = await space.read_file("beat")
     await asyncio.sleep(0.4)
     assert await space.read_file("beat") == before
+
+
+async def test_epoch_raise_kills_only_older_marked_processes(space: LocalSpace) -> None:
+    """An older epoch's process that left the supervisor's group is found by its mark
+    and killed; a newer epoch's, and one naming the instance in another variable, live."""
+    await _start_beater(space)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("DS_")}
+    newer = subprocess.Popen(
+        ["sleep", "30"], env={**base, "DS_SPACE": space.instance_id, "DS_EPOCH": "3"}
+    )
+    bystander = subprocess.Popen(["sleep", "30"], env={**base, "OTHER": space.instance_id})
+    try:
+        await space.advance_epoch(2)
+        before = await space.read_file("beat")
+        await asyncio.sleep(0.4)
+        assert await space.read_file("beat") == before
+        assert newer.poll() is None and bystander.poll() is None
+    finally:
+        for p in (newer, bystander):
+            p.kill()
+            p.wait()
 
 
 async def test_invalid_names_refused(backend: LocalBackend) -> None:

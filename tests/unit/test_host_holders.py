@@ -197,10 +197,13 @@ def test_an_open_descriptor_alone_holds_the_file(file: Path) -> None:
     assert ino not in (holders.now() or set())
 
 
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
 def test_a_process_that_turns_unreadable_makes_the_look_untrusted(
-    file: Path, monkeypatch: pytest.MonkeyPatch
+    file: Path, monkeypatch: pytest.MonkeyPatch, lazy: bool
 ) -> None:
-    holders = Holders(os.stat(file).st_dev)
+    """Blind from the start (made, or with ``lazy`` its first look): trusted; blind
+    only later: nothing is."""
+    holders = Holders(os.stat(file).st_dev, lazy=lazy)
     assert holders.now() is not None
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     real = host_holders._fds
@@ -213,12 +216,36 @@ def test_a_process_that_turns_unreadable_makes_the_look_untrusted(
     try:
         monkeypatch.setattr(host_holders, "_fds", blind_child)
         assert holders.now() is None  # it was readable when the holders were made
-        fresh = Holders(os.stat(file).st_dev)
+        fresh = Holders(os.stat(file).st_dev, lazy=lazy)
         assert fresh.now() is not None  # blind from the start: trusted like the rest
+        assert fresh.now() is not None
     finally:
         child.kill()
         child.wait()
     assert holders.now() is not None  # gone: nothing of it to fear
+
+
+def test_lazy_holders_look_first_when_asked(file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``lazy``: no look when made (the checkpoint's journal starts after), one per
+    ``now``; the eager kind looks when made."""
+    looks: list[int] = []
+    real = Holders._look
+
+    def counted(self: Holders) -> object:
+        looks.append(1)
+        return real(self)
+
+    monkeypatch.setattr(Holders, "_look", counted)
+    holders = Holders(os.stat(file).st_dev, lazy=True)
+    assert looks == []
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        assert os.stat(file).st_ino in (holders.now() or set())
+    finally:
+        os.close(fd)
+    assert len(looks) == 1
+    Holders(os.stat(file).st_dev)
+    assert len(looks) == 2
 
 
 def test_proc_mounted_with_hidepid_is_untrusted_unless_root(
@@ -303,6 +330,28 @@ def test_kernel_threads_are_known_after_one_look_and_skipped(file: Path) -> None
     known = [p for p in kthreads if host_holders._KERNEL.known(p)]
     # Each one found is kept (up to the limit), so the next look skips it.
     assert len(known) >= min(len(kthreads), host_holders._Kernel.LIMIT) - 2  # some may exit
+
+
+def test_prime_finds_the_kernel_threads_before_any_look(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spare's warm-up (``prime``) leaves the first look nothing to learn of kernel
+    threads, and takes no user process for one."""
+    kthreads = _kernel_threads()
+    if not kthreads:
+        pytest.skip("this PID namespace shows no kernel threads")
+    fresh = host_holders._Kernel()
+    monkeypatch.setattr(host_holders, "_KERNEL", fresh)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        n = host_holders.prime()
+        known = [p for p in kthreads if fresh.known(p)]
+        assert n == len(fresh.fds())
+        assert len(known) >= min(len(kthreads), host_holders._Kernel.LIMIT) - 2  # some may exit
+        assert not fresh.known(str(child.pid)) and not fresh.known(str(os.getpid()))
+    finally:
+        child.kill()
+        child.wait()
+        for fd in fresh.fds():
+            os.close(fd)
 
 
 def test_a_user_process_is_never_taken_for_a_kernel_thread_nor_kept_once_gone() -> None:

@@ -180,7 +180,9 @@ class LocalBackend:
 
 
 if TYPE_CHECKING:  # what mypy checks this backend against (durable_spaces.space)
-    from durable_spaces.space import Faults, Space, SpaceBackend
+    from durable_spaces.space import Faults, HostWorkspace, JournaledSpace, Space, SpaceBackend
 
-    def _conforms(b: LocalBackend, s: LocalSpace) -> tuple[SpaceBackend, Faults, Space]:
-        return b, b, s
+    def _conforms(
+        b: LocalBackend, s: LocalSpace
+    ) -> tuple[SpaceBackend, Faults, Space, JournaledSpace, HostWorkspace]:
+        return b, b, s, s, s

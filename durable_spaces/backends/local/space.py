@@ -162,6 +162,11 @@ class LocalSpace:
         checkpoint's walk; None when ``DS_SPACE_JOURNAL=0``."""
         return self._journal(self.root) if journal_enabled() else None
 
+    def host_workspace(self) -> bool:
+        """``space.HostWorkspace``: the workspace is this host's directory (the stand-in
+        runs here), so a checkpoint need not prove it with a command."""
+        return True
+
     # --- guards -------------------------------------------------------------------------
 
     def _check(self) -> None:
