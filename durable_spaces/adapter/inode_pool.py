@@ -54,8 +54,15 @@ class InodePool:
         self._ready: dict[int, deque[int]] = {}
         self._want: dict[int, int] = {}
         self._where: dict[int, str] = {}  # a directory on the device to make them in
-        self._filling: set[int] = set()
+        self._filling: set[int] = set()  # devices due a fill, or being filled
         self._off: set[int] = set()  # devices where it cannot work
+        self._busy: set[int] = set()  # the device the filler is filling now
+        #: One filler thread per process, started at the first top-up and woken by each
+        #: (a thread started per top-up made the checkpoint's thread wait for it to run:
+        #: ``Thread.start`` returns only once the new thread has the interpreter's lock,
+        #: 0.1 ms of a checkpoint's path here while the loop's thread wanted it too).
+        self._wake = threading.Condition(self._lock)
+        self._filler: threading.Thread | None = None
         self._pid = os.getpid()
         self.total = min(self.TOTAL, fd_limit() // 16)
         self.made = 0  # files made ahead, for tests
@@ -109,29 +116,49 @@ class InodePool:
             if dev in self._filling or len(self._ready.get(dev, ())) >= want:
                 return
             self._filling.add(dev)
-        threading.Thread(target=self._fill, args=(dev,), name="ds-inode-pool", daemon=True).start()
+            start = self._filler is None
+            if start:  # once per process; later top-ups only wake it
+                self._filler = threading.Thread(
+                    target=self._serve, name="ds-inode-pool", daemon=True
+                )
+            else:
+                self._wake.notify()
+        if start and self._filler is not None:
+            self._filler.start()
+
+    def _serve(self) -> None:
+        """The filler thread: fills every device due a fill, then sleeps until woken. A
+        daemon thread, so a process exits (or ``fast_exit`` ends it) without joining it."""
+        while True:
+            with self._lock:
+                while not (due := [d for d in self._filling if d not in self._busy]):
+                    self._wake.wait()
+                dev = due[0]
+                self._busy.add(dev)
+            try:
+                self._fill(dev)
+            finally:
+                with self._lock:
+                    self._busy.discard(dev)
+                    self._filling.discard(dev)
 
     def _fill(self, dev: int) -> None:
-        try:
-            while True:
-                with self._lock:
-                    ready = self._ready.setdefault(dev, deque())
-                    total = sum(len(q) for q in self._ready.values())
-                    if dev in self._off or len(ready) >= self._want[dev] or total >= self.total:
-                        return
-                    where = self._where[dev]
-                fd = self._make(where, dev)
-                if fd is None:
-                    return
-                with self._lock:
-                    if dev in self._off:
-                        os.close(fd)
-                        return
-                    self._ready.setdefault(dev, deque()).append(fd)
-                    self.made += 1
-        finally:
+        while True:
             with self._lock:
-                self._filling.discard(dev)
+                ready = self._ready.setdefault(dev, deque())
+                total = sum(len(q) for q in self._ready.values())
+                if dev in self._off or len(ready) >= self._want[dev] or total >= self.total:
+                    return
+                where = self._where[dev]
+            fd = self._make(where, dev)
+            if fd is None:
+                return
+            with self._lock:
+                if dev in self._off:
+                    os.close(fd)
+                    return
+                self._ready.setdefault(dev, deque()).append(fd)
+                self.made += 1
 
     def _make(self, where: str, dev: int) -> int | None:
         flags = os.O_RDWR | os.O_TMPFILE | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -162,8 +189,10 @@ class InodePool:
             for fd in q:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        self._ready, self._filling = {}, set()
+        self._ready, self._filling, self._busy = {}, set(), set()
         self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._filler = None  # the parent's thread is not in the child
         self._pid = os.getpid()
 
 

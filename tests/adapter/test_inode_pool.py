@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -119,6 +120,25 @@ def test_a_forked_child_takes_none_of_its_parents_files(tmp_path: Path) -> None:
         assert pool.ready(dev) >= 4  # the parent's are still its own
     finally:
         os.close(dfd)
+
+
+def test_one_filler_thread_serves_every_top_up(tmp_path: Path) -> None:
+    """Batch after batch, the pool is topped up by one thread per process (woken, never
+    started again), and each batch after the first takes files made ahead."""
+    _supported(tmp_path)
+    pool = InodePool()
+    store = DirectoryCheckpointStore(tmp_path / "store", pool=pool)
+    dev = os.stat(tmp_path).st_dev
+    before = {t.ident for t in threading.enumerate()}
+    _write(store, "first", 4)
+    fillers = set()
+    for n in range(5):
+        _wait_ready(pool, dev, 5)
+        fillers |= {t.ident for t in threading.enumerate() if t.name == "ds-inode-pool"} - before
+        _, pooled = _write(store, f"b{n}", 4)
+        assert pooled == 5  # four blobs and the manifest, all made ahead
+    assert len(fillers) == 1
+    assert pool._filler is not None and pool._filler.is_alive() and pool._filler.daemon
 
 
 _OTHER_MOUNT = textwrap.dedent(
