@@ -21,12 +21,17 @@ checkpoints on microvm, as auto mode would use them). Transactional mode runs wi
 line each (``RATIO`` and ``PEER`` are the forms issue 13 asks for; fields only ever
 appended)::
 
-    RATIO wrapped/unwrapped mode=<m> backend=<b> tool=<t> files=<n> changed=<k> wrapped_ms=<x> unwrapped_ms=<y> x=<ratio>
+    RATIO wrapped/unwrapped mode=<m> backend=<b> tool=<t> files=<n> changed=<k> wrapped_ms=<x> unwrapped_ms=<y> x=<ratio> result_commit_ms=<z>
     PEER name=<p> files=<n> ms=<x> backend=<b>
     OVERHEAD mode=<m> backend=<b> tool=<t> files=<n> overhead_ms=<x> tar_ms=<y> git_ms=<z> below_tar=<yes|no> below_git=<yes|no>
     BYTES mode=<m> backend=<b> tool=<t> files=<n> log_per_call=<bytes> store_per_call=<bytes>
     SKIP backend=<b> [peer=<p>] reason=<why>
     PHASES mode=<m> backend=<b> tool=<t> files=<n> call_ms=<x> ...   (--phases: bench.phases)
+
+``result_commit_ms`` is the harness's commit of the wrapped call's result, which the
+bench makes after each call as the harness would (untimed in ``wrapped_ms``: a tool pays
+it wrapped or not), with what the adapter adds to it (in checkpoint mode, the
+checkpoint's record).
 
 ``OVERHEAD`` is the adapter's per-call cost (wrapped - unwrapped) beside the peers of the
 same tree on the same backend; ``BYTES`` what each wrapped call added to the log (JSON
@@ -64,6 +69,7 @@ from durable_spaces.adapter.snapshots import (
 from durable_spaces.backends import open_backend, unavailable_reason
 from durable_spaces.harness.log import Commit, Op, SqliteStorage
 from durable_spaces.harness.scheduler import AgentConfig, Harness
+from durable_spaces.harness.tool_tasks import record_result
 from durable_spaces.harness.tools import CodingTools, Registry, ToolContext
 from durable_spaces.space import Space, SpaceBackend, space_name
 
@@ -127,6 +133,7 @@ class Figures:
     changed: int
     wrapped: list[float] = field(default_factory=list)
     plain: list[float] = field(default_factory=list)
+    result: list[float] = field(default_factory=list)  # each wrapped call's result commit
     log_per_call: int = 0
     store_per_call: int = 0
 
@@ -139,11 +146,13 @@ class Figures:
         return statistics.median(self.plain) * 1000
 
     def ratio_line(self) -> str:
+        commit = self.result and f" result_commit_ms={1000 * statistics.median(self.result):.2f}"
         return (
             f"RATIO wrapped/unwrapped mode={self.mode} backend={self.backend} "
             f"tool={self.tool} files={self.files} changed={self.changed} "
             f"wrapped_ms={self.wrapped_ms:.2f} unwrapped_ms={self.unwrapped_ms:.2f} "
             f"x={self.wrapped_ms / self.unwrapped_ms:.2f}"
+            + (commit or "")
         )
 
 
@@ -159,6 +168,8 @@ class Setup:
     store: Path
     phases: Phases | None = None
     calls: int = 0
+    #: Each wrapped call's result commit (not in its figure: see ``wrapped``).
+    result_s: list[float] = field(default_factory=list)
 
     async def wrapped(self, tool: str, args: dict[str, Any]) -> None:
         self.calls += 1
@@ -181,6 +192,11 @@ class Setup:
                 res = await t.execute(args, ctx)
         if res.status != "ok":
             raise RuntimeError(f"wrapped {tool} failed: {res.content}")
+        # The result's commit, untimed as the harness's own (a tool pays it wrapped or
+        # not), with what the adapter adds to it: the call's record, its checkpoint.
+        t0 = time.perf_counter()
+        await record_result(self.harness, ctx, res)
+        self.result_s.append(time.perf_counter() - t0)
 
     def store_bytes(self) -> int:
         if not self.store.is_dir():
@@ -275,6 +291,7 @@ async def bench_mode(
                     await fn()
                     xs.append(time.perf_counter() - t0)
             assert fig is not None
+            fig.result = s.result_s[-reps:]
             fig.log_per_call = (s.storage.total - log0) // reps
             fig.store_per_call = (s.store_bytes() - store0) // reps
             print(fig.ratio_line(), flush=True)

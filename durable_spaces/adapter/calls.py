@@ -5,9 +5,10 @@ The order of commits is the whole design (README, "Modes" and "Recovery"):
   start mark (exec key; transactional: + outside changes)   -> adapter.start_mark
   effect (spawn / wait, or the file operation)               -> adapter.spawn/running/exit
   outcome (transactional: + the call's diff, one commit)     -> adapter.outcome_commit
-  checkpoint mode: checkpoint, then record it                -> adapter.checkpoint(_commit)
+  checkpoint mode: checkpoint                                 -> adapter.checkpoint
     (begun while the outcome commits: the Space is the same either side of it)
   the harness commits the result entry                        -> harness.tool_returned/tool_result
+    (checkpoint mode: with the checkpoint's record, in the same commit)
 
 Each step is a failpoint. A new driver finds the call by its ``cua.space`` record,
 gathers what is known (outcome recorded / the ledger's record / the Space instance) and
@@ -23,6 +24,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from durable_spaces import switches
+from durable_spaces.adapter import checkpointing
 from durable_spaces.adapter import state as state_doc
 from durable_spaces.adapter.effects import Effect, name_issue
 from durable_spaces.adapter.image_log import ImageUpdate
@@ -141,10 +143,11 @@ class CallPipeline:
         state.calls[rec.call_id] = rec
         await self.p.commit(self.h, self.conv, state)
 
-    async def _commit_outcome(self, rec: CallRecord, space: Space) -> None:
+    async def _commit_outcome(self, rec: CallRecord, space: Space) -> str | None:
         """Record the outcome (transactional: with the call's diff, in one commit); auto may
         switch to checkpoint mode in the same commit; checkpoint mode then checkpoints
-        (begun while the outcome commits, ``CheckpointKeeper.begin``)."""
+        (begun while the outcome commits, ``CheckpointKeeper.begin``) and returns the
+        checkpoint's id, for the result's commit to record."""
         state = state_doc.load(self.h, self.conv)
         state.calls[rec.call_id] = rec
         update: ImageUpdate | None = None
@@ -167,10 +170,12 @@ class CallPipeline:
         if switch is not None:
             self.p.emit("mode", self.conv, rec, reason=switch)
         if state.mode == "checkpoint":
-            await self.d.cp.take(self.h, self.conv, rec, space, started)
+            return await self.d.cp.take(self.h, self.conv, rec, space, started, with_result=True)
+        return None
 
-    def _record_result_entry(self, call_id: str) -> None:
-        """Add the result entry's id to the call's record, in the result's own commit."""
+    def _record_result_entry(self, call_id: str, checkpoint: str | None = None) -> None:
+        """Add the result entry's id to the call's record, and the ``checkpoint`` taken
+        after it (``CheckpointKeeper.take``), in the result's own commit."""
         conv, h = self.conv, self.h
 
         def build(tx: Any, entry_id: str) -> None:
@@ -178,14 +183,16 @@ class CallPipeline:
             rec = state.calls.get(call_id)
             if rec is not None:
                 rec.result_entry = entry_id
+                if checkpoint is not None:
+                    checkpointing.record(state, call_id, checkpoint)
                 state_doc.put(tx, conv, state)
 
         self.ctx.on_result(build)
 
     async def _finish(self, space: Space, rec: CallRecord, outcome: dict[str, Any]) -> ToolResult:
         rec.outcome = outcome
-        await self._commit_outcome(rec, space)
-        self._record_result_entry(rec.call_id)
+        checkpoint = await self._commit_outcome(rec, space)
+        self._record_result_entry(rec.call_id, checkpoint)
         return _result(outcome)
 
     # --- the effect -------------------------------------------------------------------------
@@ -240,10 +247,11 @@ class CallPipeline:
         )
         if decision is Decision.ADOPT:
             assert rec.outcome is not None
+            taken = None
             if state.mode == "checkpoint" and rec.checkpoint is None:
-                await self.d.cp.take(self.h, self.conv, rec, space)
+                taken = await self.d.cp.take(self.h, self.conv, rec, space, with_result=True)
             self.p.emit("adopted", self.conv, rec, tool=self.tool)
-            self._record_result_entry(rec.call_id)
+            self._record_result_entry(rec.call_id, taken)
             return _result(rec.outcome)
         if decision is Decision.REATTACH:
             assert rec.key is not None

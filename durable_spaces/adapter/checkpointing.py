@@ -38,6 +38,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def record(state: SpaceState, call_id: str, cid: str) -> None:
+    """``cid`` as the checkpoint after call ``call_id``, and the newest, in ``state``."""
+    rec = state.calls.get(call_id)
+    if rec is not None:
+        rec.checkpoint = cid
+    state.last_checkpoint = cid
+
+
 class CheckpointKeeper:
     def __init__(self, parts: Parts) -> None:
         self.p = parts
@@ -81,9 +89,14 @@ class CheckpointKeeper:
         rec: CallRecord,
         space: Space,
         started: asyncio.Task[str] | None = None,
-    ) -> None:
+        *,
+        with_result: bool = False,
+    ) -> str:
         """Checkpoint after ``rec``'s recorded outcome (``started``: begun while it
-        committed, ``begin``) and record it."""
+        committed, ``begin``) and record it: in a commit of its own, or with
+        ``with_result`` in the call's result commit, which the caller arranges
+        (``calls.CallPipeline``, with ``record``): the checkpoint then becomes the log's
+        with the result entry, one commit fewer per call. Returns its id."""
         if started is not None:
             cid = await started
         else:
@@ -91,26 +104,28 @@ class CheckpointKeeper:
             cid = await self.snapshots.checkpoint(space, rec.call_id, epoch)
         await self.p.boot.require_same(space)  # the checkpoint holds this boot's state
         hit("adapter.checkpoint")
-        state = state_doc.load(harness, conv)
         rec.checkpoint = cid
-        state.calls[rec.call_id] = rec
-        state.last_checkpoint = cid
-        await self.p.commit(harness, conv, state)
-        hit("adapter.checkpoint_commit")
-        await self.prune(harness, space)
+        if not with_result:
+            state = state_doc.load(harness, conv)
+            state.calls[rec.call_id] = rec
+            state.last_checkpoint = cid
+            await self.p.commit(harness, conv, state)
+        await self.prune(harness, space, taken=cid)
+        return cid
 
-    async def prune(self, harness: Harness, space: Space) -> None:
-        """After a checkpoint commit: drop the Space's checkpoints that no conversation of
-        the log (this one or a fork) records any more (machine checkpoints; the Space's
-        copies of workspace checkpoints when a store keeps them all). A crash between a
-        checkpoint and its commit leaves one nobody records; this is where it goes."""
+    async def prune(self, harness: Harness, space: Space, taken: str | None = None) -> None:
+        """After a checkpoint: drop the Space's checkpoints that no conversation of the
+        log (this one or a fork) records any more (machine checkpoints; the Space's
+        copies of workspace checkpoints when a store keeps them all), but ``taken``, the
+        one just taken, whose record may still be on its way (``take``). A crash between
+        a checkpoint and its record leaves one nobody records; this is where it goes."""
         prune = getattr(self.snapshots, "prune", None)
         if prune is None:
             return
 
         def recorded() -> set[str]:
             # Asked only when the provider prunes this time (not on every call).
-            ids: set[str] = set()
+            ids: set[str] = set() if taken is None else {taken}
             for c in harness.conversations():
                 ids |= SpaceState.from_json(c.document(DOC)).checkpoints()
             return ids

@@ -62,9 +62,6 @@ ADAPTER_OUTCOME_COMMIT = _point(
 ADAPTER_CHECKPOINT = _point(
     "adapter.checkpoint", ADAPTER, "the checkpoint after the call exists, the log does not say so"
 )
-ADAPTER_CHECKPOINT_COMMIT = _point(
-    "adapter.checkpoint_commit", ADAPTER, "the checkpoint after the call is committed"
-)
 
 # --- recovery: a resumed call, a Space brought back to the log ---------------------------
 RECOVERY = "recovery"

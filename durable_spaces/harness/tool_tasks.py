@@ -130,6 +130,30 @@ def finish_tool(
     h._commit(build)
 
 
+async def record_result(h: Harness, ctx: ToolContext, result: ToolResult) -> str:
+    """The result entry of a tool called outside a tool task (a bench, a test), with the
+    ops the tool added to it (``ToolContext.on_result``), in one commit as ``finish_tool``
+    makes it; returns the entry's id. Without it such a call leaves out what belongs in
+    its result's commit: a wrapped call's checkpoint record, in checkpoint mode."""
+
+    def build(tx: Tx) -> str:
+        data = {
+            "call_id": ctx.call_id,
+            "name": ctx.tool_name,
+            "status": result.status,
+            "content": result.content,
+            "output": ctx.output_so_far[-OUTPUT_KEEP_CHARS:],
+            "details": result.details,
+        }
+        eid = tx.entry(ctx.conversation_id, "tool_result", data)
+        for build_more in ctx.result_builds:
+            build_more(tx, eid)
+        return eid
+
+    eid: str = await h.commit(build)
+    return eid
+
+
 class _OutputFlusher:
     """Commits a running tool's accumulated output at most every ``OUTPUT_FLUSH_SECONDS``."""
 

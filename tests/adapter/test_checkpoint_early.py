@@ -1,8 +1,9 @@
 """``CheckpointKeeper.begin``: in checkpoint mode the checkpoint after a call starts
 while the call's outcome commits (the Space is the same either side of that commit), so
 its work on the host overlaps the log's fsync. The outcome is still committed before the
-checkpoint is recorded; a commit that fails leaves nothing of the checkpoint running and
-nothing of it recorded; ``DS_CHECKPOINT_EARLY=0`` keeps the old order."""
+checkpoint is recorded (with the call's result); a commit that fails leaves nothing of the
+checkpoint running and nothing of it recorded; ``DS_CHECKPOINT_EARLY=0`` keeps the old
+order."""
 
 from __future__ import annotations
 
@@ -17,14 +18,14 @@ import pytest
 from tool_session import ToolSession, tool_session
 
 from durable_spaces.adapter import incremental
-from durable_spaces.adapter.parts import Parts
+from durable_spaces.harness.scheduler import Harness
 
-COMMIT_S = 0.15  # each adapter commit made this slow (a slow disk under the log)
+COMMIT_S = 0.15  # each commit of the log made this slow (a slow disk under the log)
 
 
 @dataclass
 class Timeline:
-    """When each adapter commit ran, and when each checkpoint's host part started and
+    """When each commit of the log ran, and when each checkpoint's host part started and
     ended (monotonic seconds)."""
 
     commits: list[tuple[float, float]] = field(default_factory=list)
@@ -45,15 +46,15 @@ class Session(ToolSession):
 @asynccontextmanager
 async def session(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Session]:
     line = Timeline()
-    real_commit, real_sync = Parts.commit, incremental.Taker._host_sync
+    real_commit, real_sync = Harness.commit, incremental.Taker._host_sync
 
-    async def commit(self: Parts, *a: Any, **k: Any) -> None:
+    async def commit(self: Harness, *a: Any, **k: Any) -> Any:
         t0 = time.monotonic()
         time.sleep(COMMIT_S)  # blocking, as the log's own fsync blocks the loop
         try:
             if line.fail_commit == len(line.commits) + 1:
                 raise OSError(28, "No space left on device (the log's disk)")
-            await real_commit(self, *a, **k)
+            return await real_commit(self, *a, **k)
         finally:
             line.commits.append((t0, time.monotonic()))
 
@@ -65,7 +66,7 @@ async def session(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[S
         finally:
             line.syncs.append((t0, time.monotonic()))
 
-    monkeypatch.setattr(Parts, "commit", commit)
+    monkeypatch.setattr(Harness, "commit", commit)
     monkeypatch.setattr(incremental.Taker, "_host_sync", host_sync)
     async with tool_session(tmp) as s:
         yield Session(s.harness, s.registry, s.conv, s.space, s.snaps, line=line)
@@ -82,7 +83,7 @@ async def test_the_checkpoint_runs_while_the_outcome_commits(
         line.commits.clear()
         line.syncs.clear()
         await s.call("bash", {"command": "echo two > b.txt"})
-        # Commits: the start mark, the outcome, the checkpoint's record.
+        # Commits: the start mark, the outcome, the result with the checkpoint's record.
         assert len(line.syncs) == 1 and len(line.commits) == 3, line
         outcome, record = line.commits[1], line.commits[2]
         after = line.syncs[0]

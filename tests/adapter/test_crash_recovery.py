@@ -26,7 +26,6 @@ STEPS = [
     "adapter.file_op:2",
     "adapter.outcome_commit:2",
     "adapter.checkpoint:2",
-    "adapter.checkpoint_commit:2",
     "harness.tool_returned:3",
     "harness.tool_result:2",
 ]

@@ -119,7 +119,7 @@ def test_machine_restarted_under_a_running_driver_is_not_committed(tmp_path: Pat
     setup(tmp_path, "microvm", "checkpoint", calls=5, sleep=0.0, seed="1", snapshots="sandbox")
     o = drive(
         tmp_path,
-        [Attempt(during=_restart_machine_after("adapter.checkpoint_commit 2")), Attempt()],
+        [Attempt(during=_restart_machine_after("harness.tool_result 2")), Attempt()],
         backend="microvm",
     )
     assert o.codes[0] == 1, (o.codes, o.stderr)  # halted: the machine booted again

@@ -1,5 +1,6 @@
 """A wrapped tool called in-process, as the harness would call it (a real ``Registry``,
-``ToolContext`` and SQLite log), for tests that time or break the steps of one call."""
+``ToolContext`` and SQLite log, the result committed after it with what the tool added),
+for tests that time or break the steps of one call."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from durable_spaces.adapter.state import DOC, SpaceState
 from durable_spaces.backends import open_backend
 from durable_spaces.harness.log import SqliteStorage
 from durable_spaces.harness.scheduler import AgentConfig, Harness
+from durable_spaces.harness.tool_tasks import record_result
 from durable_spaces.harness.tools import CodingTools, Registry, ToolContext
 from durable_spaces.space import Space
 
@@ -40,6 +42,7 @@ class ToolSession:
         )  # fmt: skip
         res = await t.execute(args, ctx)
         assert res.status == "ok", res.content
+        await record_result(self.harness, ctx, res)  # as the harness would, after it
         return str(res.content)
 
     def state(self) -> SpaceState:
