@@ -51,6 +51,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from durable_spaces.backends.docker.host_view import WorkspaceView, merged_dir
 from durable_spaces.backends.docker.space import ContainerProbe, DockerSpace
 from durable_spaces.backends.spacesd.daemon import free_port
 from durable_spaces.backends.spacesd.machine import orphan_sweep_script, wait_http_health
@@ -311,6 +312,7 @@ class DockerBackend:
         space = self._spaces.get(name)
         if space is not None and space.container_id == c.id and space.port == port:
             return space
+        merged = merged_dir(c)  # where this host sees the container's files (host_view)
         space = DockerSpace(
             self,
             name=name,
@@ -321,6 +323,8 @@ class DockerBackend:
             root=ROOT,
             user=USER,
             sdk_home=self._sdk_home(),
+            view=WorkspaceView(merged, ROOT) if merged is not None else None,
+            journal_dir=str(self._home(name) / "journal"),
         )
         await space.require_exec_ledger()
         self._spaces[name] = space

@@ -23,7 +23,10 @@ from typing import Any, Protocol
 
 import psutil
 
-from durable_spaces.backends.spacesd.space import SpacesdSpace, SweepWhen
+from durable_spaces.backends.docker.host_view import WorkspaceView
+from durable_spaces.backends.local.journal import ChangeJournal, MountTable
+from durable_spaces.backends.spacesd.host_scan import HostScan, HostScannedSpace
+from durable_spaces.backends.spacesd.space import SweepWhen
 
 #: How often a wait for a daemon asks the engine whether its container was removed.
 REMOVED_POLL = 0.25
@@ -86,6 +89,10 @@ class ContainerProbe:
         except psutil.NoSuchProcess:
             return False
 
+    def init_pid(self) -> int | None:
+        """The host pid of the container's pid 1 while it runs and this host sees it."""
+        return self._init.pid if self._init_alive() and self._init is not None else None
+
     def boot_id(self) -> str | None:
         try:
             if not self._init_alive() and not self._refresh_init():
@@ -128,8 +135,10 @@ class ContainerProbe:
         return self._gone
 
 
-class DockerSpace(SpacesdSpace):
-    """A cua-spacesd Space inside a container, reached on its published loopback port."""
+class DockerSpace(HostScannedSpace):
+    """A cua-spacesd Space inside a container, reached on its published loopback port;
+    scanned on this host through the container's root filesystem where it can be
+    (``view``, ``host_view``), with the journal's sentinel in ``journal_dir``."""
 
     def __init__(
         self,
@@ -143,6 +152,8 @@ class DockerSpace(SpacesdSpace):
         root: str,
         user: str,
         sdk_home: str | None = None,
+        view: WorkspaceView | None = None,
+        journal_dir: str | None = None,
     ) -> None:
         super().__init__(
             name,
@@ -158,6 +169,43 @@ class DockerSpace(SpacesdSpace):
         self._backend = backend
         self.container_id = container_id
         self.port = port
+        self._view = view
+        self._journal_dir = journal_dir
+        if view is not None and journal_dir is not None:
+            self._host = HostScan(
+                root, "", self._journal, self._up, self._scans.stats, resolve_root=view.resolve
+            )
+
+    def _up(self) -> bool:
+        """The daemon answers and this host sees its container's mount table."""
+        probe = self._probe
+        assert isinstance(probe, ContainerProbe)
+        return probe.boot_id() is not None and probe.init_pid() is not None
+
+    def _journal(self, root: str) -> ChangeJournal:
+        """A journal of the workspace as this host sees it (``root``), trusted while the
+        container's daemon is the one it started with and no mount appears at or under
+        the workspace, here or in the container (``host_view``)."""
+        probe = self._probe
+        assert isinstance(probe, ContainerProbe) and self._journal_dir is not None
+        view = self._view
+        assert view is not None
+        boot, pid = probe.boot_id(), probe.init_pid()
+        tables: list[MountTable] = ["/proc/self/mountinfo"]
+        if pid is not None:
+            tables.append((f"/proc/{pid}/mountinfo", self.root))
+
+        def guard() -> str | None:
+            if boot is None or pid is None or probe.boot_id() != boot:
+                return "the container or its daemon started again"
+            return view.moved()
+
+        return ChangeJournal(root, self._journal_dir, guard, tables)
+
+    async def close(self) -> None:
+        await super().close()
+        if self._view is not None:
+            self._view.close()
 
     def __repr__(self) -> str:  # never shows the token
         return f"DockerSpace({self.name!r}, port={self.port})"

@@ -86,23 +86,31 @@ def _join(base: str, name: str) -> str:
     return name if base == "." else f"{base}/{name}"
 
 
+#: A mount table to watch: its ``/proc/<pid>/mountinfo`` path, or that path and the
+#: workspace's path in that namespace when it is not the journal's root (a container's).
+MountTable = str | tuple[str, str]
+
+
 class _Mounts:
     """The mount tables of some namespaces, re-read only when the kernel says they
-    changed (``POLLPRI`` on an open mountinfo)."""
+    changed (``POLLPRI`` on an open mountinfo); each checked for the workspace at its
+    path in that namespace (``root`` where the table names none)."""
 
-    def __init__(self, paths: Sequence[str], root: str) -> None:
-        self.root = root
-        self._files = [open(p, "rb") for p in paths]  # noqa: SIM115 (kept open to poll)
+    def __init__(self, tables: Sequence[MountTable], root: str) -> None:
+        self._files = []
+        for t in tables:
+            path, where = (t, root) if isinstance(t, str) else t
+            self._files.append((open(path, "rb"), where))  # noqa: SIM115 (kept open to poll)
         self._poll = select.poll()
-        for f in self._files:
+        for f, _ in self._files:
             self._poll.register(f.fileno(), select.POLLPRI | select.POLLERR)
         self.problem = self._check()
         self._poll.poll(0)  # the open itself may flag a change: consume it
 
     def _check(self) -> str | None:
-        for f in self._files:
+        for f, where in self._files:
             f.seek(0)
-            why = mount_problem(f.read().decode(errors="replace"), self.root)
+            why = mount_problem(f.read().decode(errors="replace"), where)
             if why is not None:
                 return why
         return None
@@ -113,7 +121,7 @@ class _Mounts:
         return self.problem
 
     def close(self) -> None:
-        for f in self._files:
+        for f, _ in self._files:
             f.close()
 
 
@@ -131,7 +139,7 @@ class ChangeJournal:
         root: str,
         sentinel_dir: str,
         guard: Callable[[], str | None] | None = None,
-        mountinfo: Sequence[str] = ("/proc/self/mountinfo",),
+        mountinfo: Sequence[MountTable] = ("/proc/self/mountinfo",),
     ) -> None:
         self.root = root
         self.broken: str | None = None

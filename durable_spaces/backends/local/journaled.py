@@ -78,8 +78,13 @@ class JournaledScanner:
         make_journal: JournalFactory | None,
         host_fallback: bool = True,
         stats: dict[str, int] | None = None,
+        resolve_root: Callable[[], str] | None = None,
     ) -> None:
         self.root = root
+        #: Finds ``root`` again before each full scan (a container's workspace, held by
+        #: a descriptor whose directory may have been swapped since: ``docker.host_view``);
+        #: what it raises (``OSError``) makes the scan the caller's.
+        self._resolve = resolve_root
         #: Whether a scan without a journal walks this host (``LocalSpace``) or returns
         #: None for the caller to scan its own way (a daemon that may see other mounts).
         self.host_fallback = host_fallback
@@ -184,6 +189,12 @@ class JournaledScanner:
     def _full(self, exclude: Sequence[str], excl: list[str]) -> PathTable | None:
         """A full scan that (re)starts the journal: watches first, then reads."""
         self.reset(self.why_full)
+        if self._resolve is not None:
+            try:
+                self.root = self._resolve()
+            except OSError as e:
+                self.why_full = f"the workspace cannot be found here: {e}"
+                return None
         journal = self._make(self.root) if self._make is not None else None
         if journal is not None and journal.broken is not None:
             self.why_full = journal.broken  # e.g. not a local filesystem: stays off

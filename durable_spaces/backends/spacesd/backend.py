@@ -38,13 +38,12 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from durable_spaces.backends.local.journal import ChangeJournal
 from durable_spaces.backends.local.journal import enabled as journal_enabled
-from durable_spaces.backends.local.journaled import JournaledScanner, small_if_free
 from durable_spaces.backends.spacesd.daemon import (
     PIDNS,
     DaemonState,
@@ -53,6 +52,7 @@ from durable_spaces.backends.spacesd.daemon import (
     sweep_untracked,
     unshare_reason,
 )
+from durable_spaces.backends.spacesd.host_scan import HostScan, HostScannedSpace
 from durable_spaces.backends.spacesd.runtime import start_runtime
 from durable_spaces.backends.spacesd.space import SpacesdSpace, SweepWhen
 from durable_spaces.errors import (
@@ -61,7 +61,6 @@ from durable_spaces.errors import (
     SpaceGoneError,
     SpaceUnavailableError,
 )
-from durable_spaces.space import PathTable, confine
 from durable_spaces.space_boot import read_host_boot_id
 
 __all__ = ["SpacesdBackend", "daemon_binary", "unavailable_reason", "unshare_reason"]
@@ -129,7 +128,7 @@ class _Probe:
         return st.daemon_pid if st is not None and st.isolation == PIDNS else 0
 
 
-class NamespacedSpace(SpacesdSpace):
+class NamespacedSpace(HostScannedSpace):
     """A Space whose daemon is pid 1 of its own PID namespace on this host: raising the
     epoch also sweeps processes the daemon does not track (orphans of older commands);
     its workspace is scanned here, kept by a change journal (module docstring)."""
@@ -138,10 +137,12 @@ class NamespacedSpace(SpacesdSpace):
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
-        self._host = JournaledScanner(
-            self.root, self._journal, host_fallback=False, stats=self._scans.stats
+        self._host = HostScan(
+            self.root, self.root, self._journal, self._up, stats=self._scans.stats
         )
-        self._host_lock = threading.Lock()
+
+    def _up(self) -> bool:
+        return self._probe.boot_id() is not None
 
     def _journal(self, root: str) -> ChangeJournal:
         probe = self._probe
@@ -163,55 +164,6 @@ class NamespacedSpace(SpacesdSpace):
         if not journal_enabled() or self._probe.boot_id() is None:
             return None
         return self._journal(self.root)
-
-    def _host_scan(self, root: str, exclude: list[str]) -> PathTable | None:
-        if self._probe.boot_id() is None:
-            return None  # the daemon is down: the Space answers as it does
-        with self._host_lock:
-            return self._host.scan(root, exclude)
-
-    def _small_scan(self, root: str, exclude: list[str]) -> PathTable | None:
-        """The journal's answer right here when it is small work (``JournaledScanner.
-        small``) and no worker thread holds the scanner; else None."""
-        if self._probe.boot_id() is None:
-            return None
-        return small_if_free(self._host_lock, self._host, root, exclude)
-
-    async def scan(self, root: str = ".", exclude: Sequence[str] = ()) -> PathTable:
-        table = self._small_scan(root, list(exclude))
-        if table is None:
-            table = await asyncio.to_thread(self._host_scan, root, list(exclude))
-        return table if table is not None else await super().scan(root, exclude)
-
-    def _kept(self) -> dict[str, bytes]:
-        with self._host_lock:
-            return self._host.kept
-
-    async def read_files(self, paths: Sequence[str]) -> dict[str, bytes]:
-        if self._host_lock.acquire(blocking=False):  # a dict: no thread hand-off for it
-            try:
-                kept = self._host.kept
-            finally:
-                self._host_lock.release()
-        else:
-            kept = await asyncio.to_thread(self._kept)
-        out = {p: kept[confine(self.root, p)] for p in paths if confine(self.root, p) in kept}
-        rest = [p for p in paths if p not in out]
-        if rest:
-            out.update(await super().read_files(rest))
-        return out
-
-    def _reset(self, why: str) -> None:
-        with self._host_lock:
-            self._host.reset(why)
-
-    async def advance_epoch(self, epoch: int) -> None:
-        await super().advance_epoch(epoch)
-        await asyncio.to_thread(self._reset, "a new epoch")
-
-    async def close(self) -> None:
-        await asyncio.to_thread(self._reset, "closed")
-        await super().close()
 
     async def host_boot_id(self) -> str | None:
         """The boot id of the host the daemon's data dir and workspace are on
@@ -323,7 +275,6 @@ class SpacesdBackend:
         """Start the daemon and wait for its first answer (caller holds the lock).
         A port taken meanwhile by someone else gets a new one, recorded in the state."""
         from durable_spaces.backends.spacesd.runtime import check_exec_ledger
-        from durable_spaces.backends.spacesd.space import SpacesdSpace
 
         if not self._checked:
             reason = await asyncio.to_thread(unavailable_reason)
