@@ -7,8 +7,9 @@ one). Abilities only some callers need are protocols of their own, so no backend
 asked for what it cannot do and mypy checks each against its caller: ``Faults``
 (restart, kill the daemon, pause: what the chaos lab inflicts),
 ``MachineCheckpoints`` (whole-machine checkpoints: what ``SandboxSnapshots`` takes),
-``JournaledSpace`` (a change journal of a host workspace: what checkpoints read) and
-``HostWorkspace`` (a workspace that is this host's directory by construction).
+``JournaledSpace`` (a change journal of a host workspace: what checkpoints read),
+``HostWorkspace`` (a workspace that is this host's directory by construction) and
+``ViewedSpace`` (a workspace this host can read at another path: a container's).
 Every protocol is runtime-checkable: a caller that needs an ability asks
 ``isinstance(backend, Faults)`` and refuses a backend without it with a clear error.
 
@@ -63,6 +64,7 @@ __all__ = [
     "Execution",
     "Faults",
     "FileStat",
+    "HostView",
     "HostWorkspace",
     "JournaledSpace",
     "MachineCheckpoints",
@@ -71,6 +73,7 @@ __all__ = [
     "PathTable",
     "Space",
     "SpaceBackend",
+    "ViewedSpace",
     "WorkspaceChanges",
     "WorkspaceJournal",
     "check_name",
@@ -315,6 +318,42 @@ class JournaledSpace(Protocol):
 
     def workspace_journal(self) -> WorkspaceJournal | None:
         """A new journal of the workspace (None: this Space cannot have one now)."""
+        ...
+
+
+@runtime_checkable
+class HostView(Protocol):
+    """A Space's workspace as this host can read it at another path than the Space's
+    ``root`` (a container's, through its root filesystem), for a checkpoint's walk. Only
+    reads: every change, the Space's copy of a checkpoint included, still goes through
+    the Space, fenced by its epoch."""
+
+    def open(self) -> str:
+        """Find the workspace (again) and return the path to read it at; ``OSError``
+        when this host cannot read it now."""
+        ...
+
+    def journal(self, root: str) -> WorkspaceJournal | None:
+        """A new journal of the workspace read at ``root`` (``open``'s), which breaks when
+        the workspace is no longer there (None: no journal now)."""
+        ...
+
+    def copy_at(self, directory: str) -> tuple[str, tuple[int, int]] | None:
+        """Where this host writes ``directory`` (a path in the Space beside the
+        workspace: its copy of its checkpoints), found where ``open`` found the
+        workspace, and the (uid, gid) its files must have; None: not here."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class ViewedSpace(Protocol):
+    """A Space with a ``HostView`` (``docker``, where the engine shows the container's
+    root filesystem here)."""
+
+    def host_view(self) -> HostView | None:
+        """A new view of the workspace from this host (None: none)."""
         ...
 
 

@@ -160,6 +160,8 @@ class Batch:
                     name = f".tmp-{os.urandom(8).hex()}"
                     with contextlib.suppress(FileExistsError):
                         if self.store.pool.link(fd, self._dfd, name):
+                            if self.store.owner is not None:
+                                os.fchown(fd, *self.store.owner)
                             return fd, name
                         break
             except BaseException:

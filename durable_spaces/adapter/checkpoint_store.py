@@ -85,10 +85,18 @@ class DirectoryCheckpointStore:
     (those names are ours), never followed."""
 
     def __init__(
-        self, directory: str | os.PathLike[str], *, in_space: bool = False, pool: InodePool = POOL
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        in_space: bool = False,
+        pool: InodePool = POOL,
+        owner: tuple[int, int] | None = None,
     ) -> None:
         self.dir = Path(directory)
         self.in_space = in_space
+        #: (uid, gid) given to every file and directory it makes (None: left as made):
+        #: a container's copy, written from this host, pruned by the container's user.
+        self.owner = owner
         self.pool = pool  # files made ahead for its batches (``inode_pool``)
         if not in_space:
             self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -214,6 +222,8 @@ class DirectoryCheckpointStore:
             except FileNotFoundError:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(path, 0o700, dir_fd=parent)
+                    if self.owner is not None:
+                        os.chown(path, *self.owner, dir_fd=parent, follow_symlinks=False)
             except (NotADirectoryError, OSError) as e:
                 if e.errno not in (errno.ENOTDIR, errno.ELOOP) or not (
                     self.in_space or parent is not None
@@ -227,7 +237,10 @@ class DirectoryCheckpointStore:
         for _ in range(5):
             name = f".tmp-{os.urandom(8).hex()}"
             with contextlib.suppress(FileExistsError):
-                return os.open(name, flags, 0o600, dir_fd=dfd), name
+                fd = os.open(name, flags, 0o600, dir_fd=dfd)
+                if self.owner is not None:
+                    os.fchown(fd, *self.owner)
+                return fd, name
         raise CheckpointCopyError(f"{self.dir}: no temporary name free")
 
     @staticmethod

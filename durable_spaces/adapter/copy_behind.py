@@ -55,12 +55,15 @@ class CopyWrite:
     need: set[str]  # every blob the manifest names
     #: sha -> the bytes, or (an int) the size of a blob to clone from the store's
     blobs: dict[str, bytes | int] = field(default_factory=dict)
+    #: (uid, gid) every file and directory it makes must have (a container's user,
+    #: which prunes the copy from inside); None: this process's.
+    owner: tuple[int, int] | None = None
 
     def write(self, store: CheckpointStore, names: BlobNames, read: Callable[[str], bytes]) -> None:
         """Write it (blobs first, the manifest last, not fsynced); ``names`` keeps the
         copy's blob names, ``read(path)`` a workspace file's bytes for a blob the store
         lacks."""
-        copy = DirectoryCheckpointStore(self.directory, in_space=True)
+        copy = DirectoryCheckpointStore(self.directory, in_space=True, owner=self.owner)
         with copy.batch(sync=False) as cb:
             large = {s: n for s, n in self.blobs.items() if isinstance(n, int)}
             for blob in self.blobs.values():

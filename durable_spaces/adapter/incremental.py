@@ -19,9 +19,13 @@ here: no command runs, and large files are reflinked where the filesystem can. T
 writes beside the workspace without an epoch: only new files named by their own digest,
 which a stale driver can add but never change (a name always means the same bytes) and
 which the fenced prune removes if nothing records them. The workspace itself is never
-written here. Otherwise one command lists the workspace and
-tars what changed (``workspace_tree.list_script``), and one more writes the copy
-(``space_copy.write``).
+written here. When this host reads the workspace at another path (``space.HostView``:
+a container's, through its root filesystem), the walk, its journal and the reads are
+done there in the same way, and the copy is written through one command: from here its
+files would be this host's user's, which the Space's own user could not prune.
+Otherwise one command lists the workspace and tars what changed
+(``workspace_tree.list_script``), and one more writes the copy (``space_copy.write``).
+What a taker knows of each Space instance between checkpoints is ``workspace_seen``.
 """
 
 from __future__ import annotations
@@ -29,22 +33,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import posixpath
 import shlex
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from durable_spaces.adapter import manifest as mf
 from durable_spaces.adapter import space_copy
-from durable_spaces.adapter.checkpoint_batch import Batch, read_all
+from durable_spaces.adapter.checkpoint_batch import Batch
 from durable_spaces.adapter.checkpoint_id import CheckpointId
 from durable_spaces.adapter.checkpoint_store import CheckpointStore, DirectoryCheckpointStore
 from durable_spaces.adapter.copy_behind import Behind, CopyWrite, heal
-from durable_spaces.adapter.copy_watch import BlobNames
 from durable_spaces.adapter.image import blob_id
 from durable_spaces.adapter.kept_tree import KeptTree
-from durable_spaces.adapter.manifest_build import Builder
+from durable_spaces.adapter.workspace_seen import Seen, Where, copy_dir, probe_host, read_host
 from durable_spaces.adapter.workspace_tree import (
     FETCH_ARGV,
     RACY_NS,
@@ -53,7 +54,6 @@ from durable_spaces.adapter.workspace_tree import (
     Take,
     TreeChanged,
     fetch_input,
-    host_dir,
     list_script,
     parse_files,
     parse_listing,
@@ -61,7 +61,13 @@ from durable_spaces.adapter.workspace_tree import (
 )
 from durable_spaces.errors import SpaceError
 from durable_spaces.host_holders import Holders
-from durable_spaces.space import HostWorkspace, JournaledSpace, Space, WorkspaceChanges
+from durable_spaces.space import (
+    HostView,
+    HostWorkspace,
+    Space,
+    ViewedSpace,
+    WorkspaceChanges,
+)
 from durable_spaces.switches import switch
 
 #: Lists of a tree that keeps changing under them before a checkpoint gives up.
@@ -75,40 +81,8 @@ MOST_PATHS = 256
 MAX_SEEN = 16
 
 
-@dataclass
-class Seen:
-    """What this process knows of one Space instance's workspace."""
-
-    host: bool | None = None  # the workspace is a directory here (None: not probed yet)
-    #: path -> (node, sha): through commands, the files a stat key can vouch for; on the
-    #: host, every file of the last listing (``clock_ns`` says which keys vouch).
-    files: dict[str, tuple[Node, str]] = field(default_factory=dict)
-    generation: int | None = None  # of the store, when ``files`` was filled
-    since_ns: int | None = None  # commands: the clock of the last listing, less RACY_NS
-    clock_ns: int = 0  # host: the clock of the last listing
-    copy_blobs: BlobNames = field(default_factory=BlobNames)  # host: the copy's blobs
-    holders: Holders | None = None  # host: who holds the workspace's files
-    kept: KeptTree | None = None  # host: the last listing, kept by a journal
-    journal_pause: int = 0  # host: full walks left before a journal is tried again
-    #: This workspace's manifest memos (per Space instance: two Spaces' checkpoints may
-    #: run at once, each under its own lock), and whether their last build was finished.
-    builder: Builder = field(default_factory=Builder)
-    encoder: mf.Encoder = field(default_factory=mf.Encoder)
-    built: bool = False
-
-    def drop_kept(self) -> None:
-        if self.kept is not None:
-            self.kept.close()
-            self.kept = None
-
-    def close(self) -> None:
-        self.copy_blobs.close()
-        self.drop_kept()
-
-
-def copy_dir(space: Space) -> str:
-    """Where a Space keeps its own copies: beside the workspace, not in it."""
-    return posixpath.join(posixpath.dirname(space.root.rstrip("/")), ".ds-checkpoints")
+class _NoView(Exception):
+    """The Space's ``HostView`` cannot read its workspace now (``Taker._by_view``)."""
 
 
 class Taker:
@@ -167,6 +141,12 @@ class Taker:
             try:
                 if seen.host:
                     return await self._on_host(space, seen, call_id, epoch)
+                view = self._view_of(space, seen)
+                if view is not None:
+                    try:
+                        return await self._by_view(space, seen, view, call_id, epoch)
+                    except _NoView:
+                        seen.drop_view()  # read through the Space, from now on
                 return await self._by_commands(space, seen, call_id, epoch)
             except TreeChanged as e:
                 seen.files.clear()
@@ -180,23 +160,28 @@ class Taker:
 
     # --- the workspace is a directory here --------------------------------------------
 
-    async def _on_host(self, space: Space, seen: Seen, call_id: str, epoch: int) -> CheckpointId:
+    async def _on_host(
+        self, space: Space, seen: Seen, call_id: str, epoch: int, where: Where | None = None
+    ) -> CheckpointId:
+        where = where or Where.of(space)
         try:
-            cid, write = await asyncio.to_thread(self._host_sync, space, seen, call_id, epoch)
+            cid, write = await asyncio.to_thread(
+                self._host_sync, space, seen, where, call_id, epoch
+            )
         except (TreeChanged, SpaceError):
             raise
         except OSError as e:
             await space.stat(".")  # the Space's own error when it is gone or down
             raise SpaceError(f"checkpoint of Space {space.name} failed: {e}") from e
         if write is not None and self.store is not None:
-            store, names, root = self.store, seen.copy_blobs, space.root
+            store, names, root = self.store, seen.copy_blobs, where.root
             self.behind.start(
-                space.name, lambda: write.write(store, names, lambda p: _read_host(root, p))
+                space.name, lambda: write.write(store, names, lambda p: read_host(root, p))
             )
         return cid
 
     def _host_sync(
-        self, space: Space, seen: Seen, call_id: str, epoch: int
+        self, space: Space, seen: Seen, where: Where, call_id: str, epoch: int
     ) -> tuple[CheckpointId, CopyWrite | None]:
         """The checkpoint, written to the store; and, with a store, what the Space's copy
         gets after it returns (``copy_behind``), else written to that copy here."""
@@ -222,7 +207,7 @@ class Taker:
                     later[sha] = data if data is not None else node.size
                 fresh[path] = (node, sha)
 
-            listing, kept, changed = self._list_host(space, seen, epoch, take)
+            listing, kept, changed = self._list_host(where, seen, epoch, take)
             if not seen.built:
                 changed = None  # the memos may hold a manifest that was never finished
             seen.built = False
@@ -230,7 +215,7 @@ class Taker:
             need = mf.blobs(m)
             if cb is not None:
                 present = seen.copy_blobs.names(cb.blobs_fd) | cb.added
-                heal(self.store, m, need, present, cb, lambda p: _read_host(space.root, p))
+                heal(self.store, m, need, present, cb, lambda p: read_host(where.root, p))
             data = seen.encoder.encode(m, seen.builder.changed)
             seen.built = True
             cid = CheckpointId.for_manifest(call_id, data)
@@ -238,6 +223,22 @@ class Taker:
                 sb.manifest(cid, data)
             if cb is not None:
                 cb.manifest(cid, data)
+        self._keep(seen, listing, kept, fresh, cid, need)
+        if not behind:
+            return cid, None
+        at, owner = where.copy()  # after the walk: where it found the workspace
+        return cid, CopyWrite(at, cid, data, m, need, later, owner)
+
+    def _keep(
+        self,
+        seen: Seen,
+        listing: Listing,
+        kept: KeptTree | None,
+        fresh: dict[str, tuple[Node, str]],
+        cid: CheckpointId,
+        need: set[str],
+    ) -> None:
+        """After a checkpoint read here is written: what the next one starts from."""
         files = seen.files
         files.update(fresh)
         if len(files) != sum(1 for n in listing.nodes.values() if n.kind == mf.FILE) or any(
@@ -249,10 +250,47 @@ class Taker:
             kept.listing = listing
             seen.kept = kept
         self.needs[cid] = frozenset(need)
-        return cid, CopyWrite(copy_dir(space), cid, data, m, need, later) if behind else None
+
+    # --- the workspace is read here at another path ---------------------------------------
+
+    def _view_of(self, space: Space, seen: Seen) -> HostView | None:
+        if not seen.viewed:
+            seen.viewed = True
+            seen.view = space.host_view() if isinstance(space, ViewedSpace) else None
+        return seen.view
+
+    async def _by_view(
+        self, space: Space, seen: Seen, view: HostView, call_id: str, epoch: int
+    ) -> CheckpointId:
+        """A Space whose workspace this host reads at another path (``space.HostView``:
+        a container's): taken as for a host directory, there, the copy written there
+        too, owned by the workspace's owner (the Space's own user prunes it). Only with a
+        store and the copy written behind, so that the copy's place is found after the
+        walk (a full walk finds the workspace again); else, or when the view is lost
+        (``_NoView``), commands take over."""
+        if self.store is None or not switch("DS_COPY_BEHIND"):
+            raise _NoView("a copy written on the call's path")
+
+        def found() -> str:
+            try:
+                return view.open()
+            except OSError as e:
+                raise _NoView(str(e)) from None
+
+        def copy() -> tuple[str, tuple[int, int] | None]:
+            at = view.copy_at(copy_dir(space))
+            if at is None:
+                raise _NoView("the Space's copy cannot be written here")
+            return at
+
+        if seen.where is None:
+            seen.where = Where(found(), found, lambda: None, copy)
+        where = seen.where
+        where.journal = lambda: view.journal(where.root)  # at the root a full walk found
+        return await self._on_host(space, seen, call_id, epoch, where)
 
     def _list_host(
-        self, space: Space, seen: Seen, epoch: int, take: Take
+        self, where: Where, seen: Seen, epoch: int, take: Take
     ) -> tuple[Listing, KeptTree | None, set[str] | None]:
         """The listing: what the kept tree's journal names when it vouches, else a full
         walk (which starts a new journal where the Space has one); the kept tree to
@@ -261,7 +299,7 @@ class Taker:
         clock = time.time_ns()  # before the looks: later changes are in the next one
         if seen.holders is None:
             # Its start is the first look, after the journal's start below.
-            seen.holders = Holders(os.stat(space.root).st_dev, lazy=True)
+            seen.holders = Holders(os.stat(where.root).st_dev, lazy=True)
         kept = seen.kept
         if kept is not None and (
             kept.epoch != epoch or kept.listing is None or not switch("DS_SPACE_JOURNAL")
@@ -278,16 +316,20 @@ class Taker:
                 changes = None  # most of the tree: one walk costs less than a look at each
                 kept.broken = "most of the workspace changed"
             if held is not None and changes is not None:
-                listing = kept.relook(space.root, prev, clock, changes, held, take)
+                listing = kept.relook(where.root, prev, clock, changes, held, take)
                 self.stats["journal"] += 1
                 return listing, kept, kept.touched
             self.why_full = kept.broken or "the journal is not trusted"
             seen.drop_kept()
         kept = None
+        where.root = where.fresh()  # a full walk reads the workspace found now
+        dev = os.stat(where.root).st_dev
+        if seen.holders.dev != dev:  # another filesystem (a container's, mounted again)
+            seen.holders = Holders(dev, lazy=True)
         if seen.journal_pause > 0:
             seen.journal_pause -= 1  # the last journal broke while it walked: limits
         else:
-            kept = self._start_kept(space, seen.holders, epoch)
+            kept = self._start_kept(where, seen.holders, epoch)
         held = seen.holders.now() if kept is None else kept.held()
         files, trusted_ns = seen.files, seen.clock_ns
 
@@ -300,7 +342,7 @@ class Taker:
                 or node.ino in (held or ())
             )
 
-        listing = walk_host(space.root, want, take, kept.journal if kept is not None else None)
+        listing = walk_host(where.root, want, take, kept.journal if kept is not None else None)
         listing.clock_ns = min(listing.clock_ns, clock)
         self.stats["full"] += 1
         if kept is not None and (held is None or kept.journal.broken is not None):
@@ -313,10 +355,8 @@ class Taker:
             kept = None
         return listing, kept, None
 
-    def _start_kept(self, space: Space, holders: Holders, epoch: int) -> KeptTree | None:
-        if not isinstance(space, JournaledSpace):
-            return None
-        journal = space.workspace_journal()
+    def _start_kept(self, where: Where, holders: Holders, epoch: int) -> KeptTree | None:
+        journal = where.journal()
         if journal is None:
             return None
         kept = KeptTree(journal, holders, epoch)
@@ -414,62 +454,8 @@ def _stale(seen: Seen, path: str, node: Node) -> bool:
     return known is None or known[0] != node
 
 
-def _read_host(root: str, path: str) -> bytes:
-    """A workspace file's bytes, every directory opened without following links."""
-    *dirs, name = path.split("/")
-    try:
-        with host_dir(root, dirs) as fd:
-            f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
-    except OSError as e:
-        raise TreeChanged(f"{path!r}: {e.strerror}") from None
-    try:
-        return read_all(f)
-    finally:
-        os.close(f)
-
-
 async def _sh(space: Space, script: str, epoch: int) -> bytes:
     res = await space.exec(["bash", "-c", script], key=None, epoch=epoch, cwd="/")
     if res.exit_code != 0:
         raise SpaceError(f"checkpoint command failed ({res.exit_code}): {res.output[-300:]!r}")
     return res.output
-
-
-async def probe_host(space: Space, epoch: int) -> bool:
-    """Whether ``space.root`` is the workspace as this host sees it: a random token
-    written beside it through the Space must read back here."""
-    if not os.path.isdir(space.root):
-        return False
-    d = copy_dir(space)
-    token = os.urandom(16).hex()
-    name = f".probe-{token}"
-    q = shlex.quote
-    res = await space.exec(
-        [
-            "bash",
-            "-c",
-            f'd={q(d)}; if [ -L "$d" ] || {{ [ -e "$d" ] && [ ! -d "$d" ]; }}; then '
-            f'rm -f -- "$d"; fi; mkdir -p -- "$d" && printf %s {token} > "$d/{name}"',
-        ],
-        key=None,
-        epoch=epoch,
-        cwd="/",
-    )
-    if res.exit_code != 0:
-        return False
-    try:
-        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
-        try:
-            ok = os.read(f, 64) == token.encode()
-        finally:
-            os.close(f)
-        os.unlink(name, dir_fd=fd)
-        return ok
-    except OSError:
-        return False
-    finally:
-        os.close(fd)

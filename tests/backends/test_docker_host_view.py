@@ -7,13 +7,11 @@ container. Real Docker and the real image; skipped with the reason when missing.
 from __future__ import annotations
 
 import os
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from durable_spaces.backends.docker.backend import DockerBackend, unavailable_reason
+from durable_spaces.backends.docker.backend import DockerBackend
 from durable_spaces.backends.docker.host_view import WorkspaceView, merged_dir, open_beneath
 from durable_spaces.backends.docker.space import DockerSpace
 from durable_spaces.backends.spacesd.space import SpacesdSpace
@@ -21,28 +19,16 @@ from durable_spaces.space import PathTable
 
 pytestmark = pytest.mark.docker
 
-_REASON = unavailable_reason()
-if _REASON is not None:
-    pytest.skip(_REASON, allow_module_level=True)
-
 
 @pytest.fixture
-async def space(tmp_path: Path) -> AsyncIterator[DockerSpace]:
-    b = DockerBackend(tmp_path / "state")
-    try:
-        sp = await b.create(f"hv-{uuid.uuid4().hex[:8]}")
-        await sp.advance_epoch(1)
-        yield sp
-    finally:
-        await b.delete_all()
-        await b.close()
+def space(docker_space: DockerSpace) -> DockerSpace:
+    return docker_space
 
 
 def _need_host_view(space: DockerSpace) -> None:
     """Skip, saying why, where the engine shows no container's files here (another
     storage driver, a remote engine); where it does, the Space must scan through them."""
-    backend = space._backend
-    c = backend.engine().containers.get(space.container_id)
+    c = space._backend.engine().containers.get(space.container_id)
     driver = (c.attrs.get("GraphDriver") or {}).get("Name")
     if merged_dir(c) is None:
         pytest.skip(f"the engine's storage driver {driver!r} shows no MergedDir on this host")

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import posixpath
 import threading
 from typing import Any
 
@@ -83,19 +84,41 @@ class WorkspaceView:
 
     def __init__(self, merged: str, inside: str) -> None:
         self.merged = merged
-        self.inside = inside
+        self.inside = inside.rstrip("/") or "/"
         self._fd: int | None = None
+        self._parent: int | None = None  # the workspace's directory, opened with it
         self._lock = threading.Lock()
 
     def resolve(self) -> str:
         """The workspace opened now (module doc), as a path to its descriptor."""
-        fd = open_beneath(self.merged, self.inside)
-        with self._lock:
-            old, self._fd = self._fd, fd
-        if old is not None:
-            with contextlib.suppress(OSError):
-                os.close(old)
+        parent = open_beneath(self.merged, posixpath.dirname(self.inside))
+        try:
+            fd = open_beneath(self.merged, self.inside)
+        except BaseException:
+            os.close(parent)
+            raise
+        self._hold(fd, parent)
         return f"/proc/self/fd/{fd}"
+
+    def beside(self, directory: str) -> tuple[str, tuple[int, int]] | None:
+        """Where this host reaches ``directory``, a sibling of the workspace in the
+        container (a checkpoint's copy), through the directory opened with it, and the
+        workspace's owner (uid, gid), whom what is made there must belong to; None when
+        it is not a plain sibling or nothing is open."""
+        name = posixpath.basename(directory.rstrip("/"))
+        if posixpath.dirname(directory.rstrip("/")) != posixpath.dirname(self.inside):
+            return None
+        if name in ("", ".", "..") or "/" in name:
+            return None
+        with self._lock:
+            fd, parent = self._fd, self._parent
+        if fd is None or parent is None:
+            return None
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            return None
+        return f"/proc/self/fd/{parent}/{name}", (st.st_uid, st.st_gid)
 
     def moved(self) -> str | None:
         """Why the directory at the workspace's path is not the one held (swapped,
@@ -117,8 +140,14 @@ class WorkspaceView:
         return None
 
     def close(self) -> None:
+        self._hold(None, None)
+
+    def _hold(self, fd: int | None, parent: int | None) -> None:
+        """Hold these descriptors from now on, and close the ones held before."""
         with self._lock:
-            fd, self._fd = self._fd, None
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            old = (self._fd, self._parent)
+            self._fd, self._parent = fd, parent
+        for o in old:
+            if o is not None:
+                with contextlib.suppress(OSError):
+                    os.close(o)

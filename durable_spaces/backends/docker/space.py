@@ -25,6 +25,7 @@ import psutil
 
 from durable_spaces.backends.docker.host_view import WorkspaceView
 from durable_spaces.backends.local.journal import ChangeJournal, MountTable
+from durable_spaces.backends.local.journal import enabled as journal_enabled
 from durable_spaces.backends.spacesd.host_scan import HostScan, HostScannedSpace
 from durable_spaces.backends.spacesd.space import SweepWhen
 
@@ -183,13 +184,16 @@ class DockerSpace(HostScannedSpace):
         return probe.boot_id() is not None and probe.init_pid() is not None
 
     def _journal(self, root: str) -> ChangeJournal:
-        """A journal of the workspace as this host sees it (``root``), trusted while the
-        container's daemon is the one it started with and no mount appears at or under
-        the workspace, here or in the container (``host_view``)."""
+        assert self._view is not None
+        return self.journal_of(self._view, root)
+
+    def journal_of(self, view: WorkspaceView, root: str) -> ChangeJournal:
+        """A journal of the workspace as this host sees it (``root``, ``view``'s), trusted
+        while the container's daemon is the one it started with, the workspace's path
+        names the directory ``view`` holds, and no mount appears at or under the
+        workspace, here or in the container (``host_view``)."""
         probe = self._probe
         assert isinstance(probe, ContainerProbe) and self._journal_dir is not None
-        view = self._view
-        assert view is not None
         boot, pid = probe.boot_id(), probe.init_pid()
         tables: list[MountTable] = ["/proc/self/mountinfo"]
         if pid is not None:
@@ -201,6 +205,13 @@ class DockerSpace(HostScannedSpace):
             return view.moved()
 
         return ChangeJournal(root, self._journal_dir, guard, tables)
+
+    def host_view(self) -> ContainerView | None:
+        """``space.ViewedSpace``: a view of its own for a checkpoint's walk (a descriptor of
+        its own: the scans' view opens the workspace again on its own schedule)."""
+        if self._view is None or self._journal_dir is None or not self._up():
+            return None
+        return ContainerView(self, WorkspaceView(self._view.merged, self.root))
 
     async def close(self) -> None:
         await super().close()
@@ -215,3 +226,25 @@ class DockerSpace(HostScannedSpace):
 
     async def _sweep_strays(self) -> None:
         await self._backend.sweep(self.name, self.container_id)
+
+
+class ContainerView:
+    """``space.HostView`` of a docker Space (``DockerSpace.host_view``)."""
+
+    def __init__(self, space: DockerSpace, view: WorkspaceView) -> None:
+        self._space = space
+        self._view = view
+
+    def open(self) -> str:
+        if not self._space._up():
+            raise OSError(2, "the container's daemon is down, or its files are not seen here")
+        return self._view.resolve()
+
+    def journal(self, root: str) -> ChangeJournal | None:
+        return self._space.journal_of(self._view, root) if journal_enabled() else None
+
+    def copy_at(self, directory: str) -> tuple[str, tuple[int, int]] | None:
+        return self._view.beside(directory)
+
+    def close(self) -> None:
+        self._view.close()
