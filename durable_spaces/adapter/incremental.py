@@ -20,10 +20,9 @@ writes beside the workspace without an epoch: only new files named by their own 
 which a stale driver can add but never change (a name always means the same bytes) and
 which the fenced prune removes if nothing records them. The workspace itself is never
 written here. When this host reads the workspace at another path (``space.HostView``:
-a container's, through its root filesystem), the walk, its journal and the reads are
-done there in the same way, and the copy is written through one command: from here its
-files would be this host's user's, which the Space's own user could not prune.
-Otherwise one command lists the workspace and tars what changed
+a container's, through its root filesystem), all of it is done there in the same way,
+with a store only, and what the copy gets is given to the workspace's owner (the
+Space's own user prunes it). Otherwise one command lists the workspace and tars what changed
 (``workspace_tree.list_script``), and one more writes the copy (``space_copy.write``).
 What a taker knows of each Space instance between checkpoints is ``workspace_seen``.
 """
@@ -223,22 +222,6 @@ class Taker:
                 sb.manifest(cid, data)
             if cb is not None:
                 cb.manifest(cid, data)
-        self._keep(seen, listing, kept, fresh, cid, need)
-        if not behind:
-            return cid, None
-        at, owner = where.copy()  # after the walk: where it found the workspace
-        return cid, CopyWrite(at, cid, data, m, need, later, owner)
-
-    def _keep(
-        self,
-        seen: Seen,
-        listing: Listing,
-        kept: KeptTree | None,
-        fresh: dict[str, tuple[Node, str]],
-        cid: CheckpointId,
-        need: set[str],
-    ) -> None:
-        """After a checkpoint read here is written: what the next one starts from."""
         files = seen.files
         files.update(fresh)
         if len(files) != sum(1 for n in listing.nodes.values() if n.kind == mf.FILE) or any(
@@ -250,6 +233,10 @@ class Taker:
             kept.listing = listing
             seen.kept = kept
         self.needs[cid] = frozenset(need)
+        if not behind:
+            return cid, None
+        at, owner = where.copy()  # after the walk: where it found the workspace
+        return cid, CopyWrite(at, cid, data, m, need, later, owner)
 
     # --- the workspace is read here at another path ---------------------------------------
 
@@ -283,10 +270,11 @@ class Taker:
                 raise _NoView("the Space's copy cannot be written here")
             return at
 
-        if seen.where is None:
-            seen.where = Where(found(), found, lambda: None, copy)
         where = seen.where
-        where.journal = lambda: view.journal(where.root)  # at the root a full walk found
+        if where is None:
+            where = seen.where = Where(found(), found, lambda: None, copy)
+            journal_at = where  # at the root a full walk found (``fresh``)
+            where.journal = lambda: view.journal(journal_at.root)
         return await self._on_host(space, seen, call_id, epoch, where)
 
     def _list_host(

@@ -56,7 +56,6 @@ class InodePool:
         self._where: dict[int, str] = {}  # a directory on the device to make them in
         self._filling: set[int] = set()  # devices due a fill, or being filled
         self._off: set[int] = set()  # devices where it cannot work
-        self._busy: set[int] = set()  # the device the filler is filling now
         #: One filler thread per process, started at the first top-up and woken by each
         #: (a thread started per top-up made the checkpoint's thread wait for it to run:
         #: ``Thread.start`` returns only once the new thread has the interpreter's lock,
@@ -131,15 +130,13 @@ class InodePool:
         daemon thread, so a process exits (or ``fast_exit`` ends it) without joining it."""
         while True:
             with self._lock:
-                while not (due := [d for d in self._filling if d not in self._busy]):
+                while not self._filling:
                     self._wake.wait()
-                dev = due[0]
-                self._busy.add(dev)
+                dev = next(iter(self._filling))  # stays in it while filled: no top-up again
             try:
                 self._fill(dev)
             finally:
                 with self._lock:
-                    self._busy.discard(dev)
                     self._filling.discard(dev)
 
     def _fill(self, dev: int) -> None:
@@ -189,7 +186,7 @@ class InodePool:
             for fd in q:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        self._ready, self._filling, self._busy = {}, set(), set()
+        self._ready, self._filling = {}, set()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._filler = None  # the parent's thread is not in the child

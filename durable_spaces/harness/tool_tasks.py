@@ -95,6 +95,7 @@ async def run_tool(h: Harness, task: dict[str, Any]) -> None:
     finish_tool(h, task, result, ctx.output_so_far[-OUTPUT_KEEP_CHARS:], ctx.result_builds)
     hit("harness.tool_result")
 
+
 def finish_tool(
     h: Harness,
     task: dict[str, Any],
@@ -112,18 +113,8 @@ def finish_tool(
     )
 
     def build(tx: Tx) -> None:
-        data = {
-            "call_id": task["call_id"],
-            "name": task["name"],
-            "status": result.status,
-            "content": result.content,
-            "output": output,
-            "details": result.details,
-        }
-        eid = tx.entry(cid, "tool_result", data)
+        eid = _result_entry(tx, cid, task["call_id"], task["name"], result, output, extra)
         tx._task(tid, state="done", status=result.status, entry_id=eid, output=output)
-        for build_more in extra:
-            build_more(tx, eid)
         if last:
             tx._task(kind="generation", conversation_id=cid, submission_id=sid, state="pending")
 
@@ -136,21 +127,38 @@ async def record_result(h: Harness, ctx: ToolContext, result: ToolResult) -> str
     makes it; returns the entry's id. Without it such a call leaves out what belongs in
     its result's commit: a wrapped call's checkpoint record, in checkpoint mode."""
 
+    output = ctx.output_so_far[-OUTPUT_KEEP_CHARS:]
+
     def build(tx: Tx) -> str:
-        data = {
-            "call_id": ctx.call_id,
-            "name": ctx.tool_name,
-            "status": result.status,
-            "content": result.content,
-            "output": ctx.output_so_far[-OUTPUT_KEEP_CHARS:],
-            "details": result.details,
-        }
-        eid = tx.entry(ctx.conversation_id, "tool_result", data)
-        for build_more in ctx.result_builds:
-            build_more(tx, eid)
-        return eid
+        return _result_entry(
+            tx, ctx.conversation_id, ctx.call_id, ctx.tool_name, result, output, ctx.result_builds
+        )
 
     eid: str = await h.commit(build)
+    return eid
+
+
+def _result_entry(
+    tx: Tx,
+    conv: str,
+    call_id: str,
+    name: str,
+    result: ToolResult,
+    output: str,
+    extra: Sequence[Callable[[Tx, str], None]],
+) -> str:
+    """The ``tool_result`` entry, and what the tool added to its commit; its id."""
+    data = {
+        "call_id": call_id,
+        "name": name,
+        "status": result.status,
+        "content": result.content,
+        "output": output,
+        "details": result.details,
+    }
+    eid = tx.entry(conv, "tool_result", data)
+    for build_more in extra:
+        build_more(tx, eid)
     return eid
 
 

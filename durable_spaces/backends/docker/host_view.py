@@ -65,17 +65,24 @@ def open_beneath(top: str, inside: str) -> int:
     try:
         dev = os.fstat(fd).st_dev
         for part in [p for p in inside.split("/") if p]:
-            if part in (".", ".."):
-                raise OSError(22, f"not a plain path: {inside!r}")
-            sub = os.open(part, _DIR | os.O_NOFOLLOW, dir_fd=fd)
+            sub = _step(fd, part, dev, inside)
             os.close(fd)
             fd = sub
-            if os.fstat(fd).st_dev != dev:
-                raise OSError(18, f"{inside!r} crosses into another filesystem here")
         return fd
     except BaseException:
         os.close(fd)
         raise
+
+
+def _step(fd: int, part: str, dev: int, inside: str) -> int:
+    """The directory ``part`` of ``fd``, not a link, on filesystem ``dev``."""
+    if part in (".", ".."):
+        raise OSError(22, f"not a plain path: {inside!r}")
+    sub = os.open(part, _DIR | os.O_NOFOLLOW, dir_fd=fd)
+    if os.fstat(sub).st_dev != dev:
+        os.close(sub)
+        raise OSError(18, f"{inside!r} crosses into another filesystem here")
+    return sub
 
 
 class WorkspaceView:
@@ -92,8 +99,9 @@ class WorkspaceView:
     def resolve(self) -> str:
         """The workspace opened now (module doc), as a path to its descriptor."""
         parent = open_beneath(self.merged, posixpath.dirname(self.inside))
-        try:
-            fd = open_beneath(self.merged, self.inside)
+        try:  # the workspace as a child of the directory held with it
+            name = posixpath.basename(self.inside)
+            fd = _step(parent, name, os.fstat(parent).st_dev, self.inside)
         except BaseException:
             os.close(parent)
             raise
