@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 
 from durable_spaces.chaos import failpoints, points
+from durable_spaces.proc_start import started
 
 STATE_FILE = "coordinator.json"
 LOCK_FILE = "coordinator.lock"
@@ -67,7 +68,7 @@ def process_alive(pid: int, create_time: float | None) -> bool:
     """Alive and the same process (a reused pid has another start time)."""
     try:
         p = psutil.Process(pid)
-        if create_time is not None and abs(p.create_time() - create_time) > 0.05:
+        if create_time is not None and abs(started(pid) - create_time) > 0.05:
             return False
         return p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
@@ -76,7 +77,7 @@ def process_alive(pid: int, create_time: float | None) -> bool:
 
 def _my_ctime() -> float | None:
     try:
-        return float(psutil.Process().create_time())
+        return started(os.getpid())
     except psutil.Error:
         return None
 
@@ -128,7 +129,7 @@ class StateFile:
     def record_driver(self, epoch: int, pid: int) -> None:
         """Record the driver spawned under ``epoch``, unless a newer epoch was issued."""
         try:
-            ctime: float | None = psutil.Process(pid).create_time()
+            ctime: float | None = started(pid)
         except psutil.Error:
             ctime = None
         with _locked(self.dir):

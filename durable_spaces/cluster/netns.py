@@ -39,6 +39,7 @@ from typing import Any
 import psutil
 
 from durable_spaces.errors import NetnsError
+from durable_spaces.proc_start import started
 
 RUN_DIR = Path("/tmp/ds-netns")
 BASE = ipaddress.IPv4Network("10.77.0.0/16")
@@ -207,7 +208,7 @@ class NetnsLab:
     def _write(self) -> None:
         body = {
             "owner": os.getpid(),
-            "owner_start": psutil.Process().create_time(),
+            "owner_start": started(os.getpid()),
             "subnet": str(self.subnet),
             "bridge": self.bridge,
             "rule": self._rule,
@@ -277,7 +278,7 @@ def sweep_stale() -> list[str]:
                 f.unlink(missing_ok=True)
                 continue
             try:
-                start = psutil.Process(int(rec["owner"])).create_time()
+                start = started(int(rec["owner"]))
                 alive = abs(start - float(rec["owner_start"])) < 0.05
             except (psutil.Error, KeyError, ValueError, TypeError):
                 alive = False

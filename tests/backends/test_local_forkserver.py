@@ -23,6 +23,7 @@ from durable_spaces.backends.local.backend import LocalBackend, LocalSpace
 from durable_spaces.backends.local.forkserver import MARK, META, SOCK, request
 from durable_spaces.backends.local.forkserver_client import FAILPOINTS_ENV, version
 from durable_spaces.errors import ConfigError, StaleEpochError
+from durable_spaces.proc_start import started
 from durable_spaces.space import ExecState
 from tests.backends import test_local
 
@@ -56,7 +57,7 @@ def _d(space: LocalSpace) -> Path:
 def _server(space: LocalSpace) -> psutil.Process:
     meta = json.loads((_d(space) / META).read_text())
     p = psutil.Process(meta["pid"])
-    assert p.create_time() == pytest.approx(meta["ctime"], abs=0.01)
+    assert started(p.pid) == pytest.approx(meta["ctime"], abs=0.01)
     return p
 
 
@@ -164,7 +165,7 @@ async def test_stale_files_of_a_dead_server_whose_pid_was_reused(space: LocalSpa
     innocent = subprocess.Popen(["sleep", "60"])
     try:
         d = _d(space)
-        ctime = psutil.Process(innocent.pid).create_time()
+        ctime = started(innocent.pid)
         meta = {"pid": innocent.pid, "ctime": ctime, "instance": space.instance_id,
                 "version": version()}  # fmt: skip
         (d / META).write_text(json.dumps(meta))

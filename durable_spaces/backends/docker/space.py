@@ -28,6 +28,7 @@ from durable_spaces.backends.local.journal import ChangeJournal, MountTable
 from durable_spaces.backends.local.journal import enabled as journal_enabled
 from durable_spaces.backends.spacesd.host_scan import HostScan, HostScannedSpace
 from durable_spaces.backends.spacesd.space import SweepWhen
+from durable_spaces.proc_start import started
 
 #: How often a wait for a daemon asks the engine whether its container was removed.
 REMOVED_POLL = 0.25
@@ -76,7 +77,7 @@ class ContainerProbe:
         self._remote_started = str(state.get("StartedAt"))
         try:
             p = psutil.Process(pid)
-            self._init, self._init_start = p, p.create_time()
+            self._init, self._init_start = p, started(pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             self._init = None  # a remote engine: the pid is not ours to see
         return True
@@ -86,7 +87,7 @@ class ContainerProbe:
         if p is None:
             return False
         try:
-            return p.create_time() == self._init_start and p.status() != psutil.STATUS_ZOMBIE
+            return started(p.pid) == self._init_start and p.status() != psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return False
 
@@ -105,7 +106,7 @@ class ContainerProbe:
         try:
             for child in self._init.children():
                 if child.name() == "cua-spacesd" and child.status() != psutil.STATUS_ZOMBIE:
-                    return f"{child.pid}:{child.create_time()}"
+                    return f"{child.pid}:{started(child.pid)}"
         except psutil.NoSuchProcess:
             pass
         return None

@@ -40,6 +40,7 @@ from durable_spaces.backends.local.forkserver import LOG, MARK, META, SOCK, peer
 from durable_spaces.backends.local.procs import alive, dead, track
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import ConfigError
+from durable_spaces.proc_start import started
 from durable_spaces.switches import switch
 
 ENV_KNOB = "DS_LOCAL_FORKSERVER"
@@ -166,7 +167,7 @@ class ForkServer:
             if pid <= 0:
                 s.close()
                 return None
-            ctime = psutil.Process(pid).create_time()
+            ctime = started(pid)
             s.settimeout(None)
         except (OSError, ValueError, psutil.Error):
             s.close()  # a child that exists reads EOF: it never runs anything
@@ -212,7 +213,7 @@ class ForkServer:
         try:
             if line != b"ready\n":
                 raise psutil.NoSuchProcess(popen.pid)
-            ctime = psutil.Process(popen.pid).create_time()
+            ctime = started(popen.pid)
         except psutil.Error:
             popen.kill()
             return None

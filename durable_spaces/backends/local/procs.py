@@ -27,6 +27,7 @@ import psutil
 from durable_spaces.backends.local.disk import read_json
 from durable_spaces.backends.local.forkserver import MARK
 from durable_spaces.errors import SpaceUnavailableError
+from durable_spaces.proc_start import started
 
 #: How long the processes of a Space may take to die of SIGKILL.
 KILL_TIMEOUT = 10.0
@@ -52,7 +53,7 @@ def alive(pid: int, ctime: float) -> bool:
     """Whether ``pid`` still is the process created at ``ctime`` (and not a zombie)."""
     try:
         p = psutil.Process(pid)
-        if abs(p.create_time() - ctime) > 0.01:
+        if abs(started(pid) - ctime) > 0.01:
             return False  # the pid was reused
         return p.status() != psutil.STATUS_ZOMBIE
     except (psutil.NoSuchProcess, psutil.ZombieProcess):

@@ -44,8 +44,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from durable_spaces.backends.local import fs as local_fs
 from durable_spaces.backends.local.disk import read_json, write_atomic
 from durable_spaces.backends.local.execution import LocalExecution
@@ -64,6 +62,7 @@ from durable_spaces.errors import (
     SpaceUnavailableError,
     StaleEpochError,
 )
+from durable_spaces.proc_start import started
 from durable_spaces.space import (
     EXEC_LEDGER,
     Capabilities,
@@ -331,7 +330,7 @@ class LocalSpace:
                         start_new_session=True,
                     )
                 track(popen)
-                pid, ctime = popen.pid, psutil.Process(popen.pid).create_time()
+                pid, ctime = popen.pid, started(popen.pid)
             meta = {"pid": pid, "ctime": ctime, "epoch": epoch, "key": key}
             try:
                 write_atomic(cmd_dir / "meta.json", json.dumps(meta).encode(), fsync=False)

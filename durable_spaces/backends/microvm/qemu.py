@@ -45,6 +45,7 @@ from durable_spaces.backends.microvm.guest import GUEST_PORT, KERNEL_CMDLINE, Gu
 from durable_spaces.backends.spacesd.machine import wait_http_health
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import SpaceError, SpaceUnavailableError
+from durable_spaces.proc_start import started
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +180,7 @@ def launch(
         )
     _popens.append(p)
     try:
-        start = psutil.Process(p.pid).create_time()
+        start = started(p.pid)
     except psutil.NoSuchProcess:
         start = 0.0
     return VmProcess(p.pid, start)
@@ -193,10 +194,11 @@ def kill_strays(qmp_sock: pathlib.Path) -> list[int]:
     machines on one ledger would break it), so the next start removes it first."""
     needle = f"unix:{qmp_sock},"
     found: list[tuple[int, float]] = []
-    for proc in psutil.process_iter(["cmdline", "create_time"]):
+    for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info.get("cmdline") or []
         if cmd and "qemu-system" in cmd[0] and any(needle in c for c in cmd):
-            found.append((proc.pid, float(proc.info.get("create_time") or 0.0)))
+            with contextlib.suppress(psutil.NoSuchProcess):
+                found.append((proc.pid, started(proc.pid)))
     for pid, start in found:
         log.warning("killing a stray QEMU %d of %s", pid, qmp_sock)
         kill(pid, start)
@@ -213,7 +215,7 @@ def alive(pid: int, start: float) -> bool:
     reap()
     try:
         p = psutil.Process(pid)
-        return abs(p.create_time() - start) < 0.05 and p.status() != psutil.STATUS_ZOMBIE
+        return abs(started(pid) - start) < 0.05 and p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
 

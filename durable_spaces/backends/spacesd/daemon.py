@@ -43,6 +43,7 @@ import psutil
 
 from durable_spaces.backends.local.disk import fsync_dir
 from durable_spaces.errors import SpaceError, SpaceUnavailableError
+from durable_spaces.proc_start import started
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ def _start_time(pid: int) -> float | None:
         p = psutil.Process(pid)
         if p.status() == psutil.STATUS_ZOMBIE:
             return None
-        return float(p.create_time())
+        return started(pid)
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
 
