@@ -193,6 +193,10 @@ class CallPipeline:
         rec.outcome = outcome
         checkpoint = await self._commit_outcome(rec, space)
         self._record_result_entry(rec.call_id, checkpoint)
+        release = getattr(self.p.config.snapshots, "release", None)
+        if checkpoint is not None and release is not None:
+            name = space.name
+            self.ctx.after_result(lambda: release(name))  # its Space copy (``copy_behind``)
         return _result(outcome)
 
     # --- the effect -------------------------------------------------------------------------

@@ -4,7 +4,8 @@ returns, when a store already holds it durably (``incremental``).
 Why: with a store, the copy beside the workspace is only a fast path (every restore, a
 fork's first use and the checker read the store first), yet writing it (a file per new
 blob, the manifest, their renames) was about 1 ms of each checkpoint here, on the path
-of the call. It now runs in a thread while the next command runs.
+of the call. It now runs in a thread once the call's result is committed (``Behind``),
+while the model thinks.
 
 What it gives up: nothing a recovery needs. The next call's effect waits for the write
 (``calls.py``), so a checkpoint that a recovery may restore (the one before a call whose
@@ -110,20 +111,36 @@ class Behind:
 
     def __init__(self) -> None:
         self._running: dict[str, asyncio.Future[None]] = {}
+        self._held: dict[str, Callable[[], None]] = {}
 
     def start(self, space: str, job: Callable[[], None]) -> None:
-        """Run ``job`` in a thread (the caller settled ``space`` first)."""
+        """Take ``job`` (the caller settled ``space`` first); it runs, in a thread, once
+        ``release`` says the call is over (its result committed: ``calls.py`` asks for
+        that through ``ToolContext.after_result``) or at the next ``settle``, whichever
+        comes first. Why not at once: a copy running beside the rest of the call (the
+        checkpoint's hand-back, its record in the result's commit) took their CPU and
+        the GIL: 0.6 ms of a checkpoint-mode call here. After the result, it runs while
+        the model thinks."""
+        self._held[space] = job
 
-        def run() -> None:
-            try:
-                job()
-            except Exception as e:  # housekeeping: the store holds the checkpoint
-                logger.warning("the copy in Space %s was not written: %s", space, e)
+    def release(self, space: str | None = None) -> None:
+        """Start the held copy write of ``space`` (None: of every Space)."""
+        for name in list(self._held) if space is None else [space]:
+            job = self._held.pop(name, None)
+            if job is None:
+                continue
 
-        self._running[space] = asyncio.get_running_loop().run_in_executor(None, run)
+            def run(job: Callable[[], None] = job, name: str = name) -> None:
+                try:
+                    job()
+                except Exception as e:  # housekeeping: the store holds the checkpoint
+                    logger.warning("the copy in Space %s was not written: %s", name, e)
+
+            self._running[name] = asyncio.get_running_loop().run_in_executor(None, run)
 
     async def settle(self, space: str | None = None) -> None:
-        """Wait for the write of ``space`` (None: of every Space)."""
+        """Wait for the write of ``space`` (None: of every Space), started now if held."""
+        self.release(space)
         loop = asyncio.get_running_loop()
         for name in list(self._running) if space is None else [space]:
             fut = self._running.get(name)

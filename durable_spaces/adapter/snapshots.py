@@ -134,6 +134,11 @@ class WorkspaceSnapshots:
     async def checkpoint(self, space: Space, call_id: str, epoch: int) -> str:
         return await self.taker.checkpoint(space, call_id, epoch)
 
+    def release(self, space: str | None = None) -> None:
+        """Start writing the Space's copy of the checkpoints taken (``copy_behind``):
+        the call they were taken for is over."""
+        self.taker.behind.release(space)
+
     async def settle(self, space: str | None = None) -> None:
         """Wait until the Space's (None: every Space's) copy of the checkpoints taken is
         written (with a store, it is written after each checkpoint returns:

@@ -94,6 +94,7 @@ async def run_tool(h: Harness, task: dict[str, Any]) -> None:
     hit("harness.tool_returned")
     finish_tool(h, task, result, ctx.output_so_far[-OUTPUT_KEEP_CHARS:], ctx.result_builds)
     hit("harness.tool_result")
+    ctx.run_after_result()
 
 
 def finish_tool(
@@ -124,8 +125,9 @@ def finish_tool(
 async def record_result(h: Harness, ctx: ToolContext, result: ToolResult) -> str:
     """The result entry of a tool called outside a tool task (a bench, a test), with the
     ops the tool added to it (``ToolContext.on_result``), in one commit as ``finish_tool``
-    makes it; returns the entry's id. Without it such a call leaves out what belongs in
-    its result's commit: a wrapped call's checkpoint record, in checkpoint mode."""
+    makes it, then what the tool asked to run after it (``ToolContext.after_result``);
+    returns the entry's id. Without it such a call leaves out what belongs in its result's
+    commit: a wrapped call's checkpoint record, in checkpoint mode."""
 
     output = ctx.output_so_far[-OUTPUT_KEEP_CHARS:]
 
@@ -135,6 +137,7 @@ async def record_result(h: Harness, ctx: ToolContext, result: ToolResult) -> str
         )
 
     eid: str = await h.commit(build)
+    ctx.run_after_result()
     return eid
 
 

@@ -11,6 +11,7 @@ Space's ledger without the built-ins knowing. The built-ins touch the workspace 
 from __future__ import annotations
 
 import codecs
+import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
@@ -18,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from durable_spaces.harness.env import ExecutionEnv
     from durable_spaces.harness.scheduler import Harness, Tx
+
+logger = logging.getLogger(__name__)
 
 Status = Literal["ok", "error", "interrupted"]
 Replay = Literal["safe", "unsafe"]
@@ -79,6 +82,7 @@ class ToolContext:
         self._on_output = on_output
         self._output: list[str] = []
         self.result_builds: list[Callable[[Tx, str], None]] = []
+        self.after_results: list[Callable[[], None]] = []
 
     def output(self, chunk: str) -> None:
         """Report live output (kept and committed by the harness at most every ~200 ms)."""
@@ -98,6 +102,22 @@ class ToolContext:
         ``Tx`` and the result entry's id): state that must change with the outcome, or not
         at all. Dropped if execute() raises a fatal error (nothing is recorded then)."""
         self.result_builds.append(build)
+
+    def after_result(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` (on the event loop's thread) once this call's result is committed:
+        work that may wait until the call is over (the Space's copy of a checkpoint,
+        ``adapter/copy_behind.py``), so it does not share the CPU with the result's own
+        commit. Never run if nothing is recorded; an error in it is logged, not raised."""
+        self.after_results.append(fn)
+
+    def run_after_result(self) -> None:
+        """What ``after_result`` was given, now (the harness, after the result's commit)."""
+        for fn in self.after_results:
+            try:
+                fn()
+            except Exception:
+                logger.exception("after the result of call %s", self.call_id)
+        self.after_results.clear()
 
     async def commit(self, build: Callable[[Tx], Any]) -> Any:
         """One atomic commit to the log (same ``Tx`` as ``Conversation.commit``)."""

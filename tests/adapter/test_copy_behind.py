@@ -6,6 +6,7 @@ a write that fails must only warn, the store holding the checkpoint."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import time
@@ -19,6 +20,8 @@ from tool_session import ToolSession, tool_session
 
 from durable_spaces.adapter import copy_behind
 from durable_spaces.adapter import manifest as mf
+from durable_spaces.harness.tool_tasks import record_result
+from durable_spaces.harness.tools import ToolContext
 
 SLOW = 0.4  # seconds each copy write waits first
 
@@ -99,3 +102,46 @@ async def test_a_copy_write_that_fails_only_warns(
         await s.call("write", {"path": "c.txt", "content": "three\n"})  # carries on
         await s.snaps.restore(s.space, cid, 1)  # from the store
         assert sorted(p.name for p in Path(s.space.root).iterdir()) == ["a.txt", "b.txt"]
+
+
+async def test_the_copy_starts_once_the_result_is_committed_and_needs_no_next_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not beside the rest of the call (its CPU and the GIL: ``Behind.start``), and not
+    left for the next call to start either: the result's commit releases it."""
+    started: list[float] = []
+    real = copy_behind.CopyWrite.write
+
+    def timed(self: copy_behind.CopyWrite, *a: Any) -> None:
+        started.append(time.monotonic())
+        real(self, *a)
+
+    monkeypatch.setattr(copy_behind.CopyWrite, "write", timed)
+    async with tool_session(tmp_path) as s:
+        await s.call("write", {"path": "a.txt", "content": "one\n"})
+        await s.snaps.settle()
+        started.clear()
+        t = s.registry.get("bash")
+        assert t is not None
+        ctx = ToolContext(
+            harness=s.harness, conversation_id=s.conv, call_id="late", tool_name="bash",
+            task_id="late", attempt=1, resumed=False, env=await s.harness.env(s.conv),
+        )  # fmt: skip
+        res = await t.execute({"command": "echo two > b.txt"}, ctx)
+        committing: list[float] = []
+
+        def slow_commit(tx: Any, entry_id: str) -> None:
+            time.sleep(0.1)  # a copy started before this commit would be writing by now
+            committing.append(time.monotonic())
+
+        ctx.on_result(slow_commit)
+        await record_result(s.harness, ctx, res)
+        for _ in range(500):  # no settle, no next call: only the release starts it
+            if started:
+                break
+            await asyncio.sleep(0.01)
+        assert started, "the copy was never started after the result's commit"
+        assert committing and started[0] > committing[0]
+        cid = s.state().last_checkpoint
+        await s.snaps.settle()
+        assert (Path(s.space.root).parent / ".ds-checkpoints" / f"{cid}.manifest").is_file()
