@@ -1,5 +1,5 @@
-"""The Space's copy of a checkpoint (``.ds-checkpoints``), written after the checkpoint
-returns, when a store already holds it durably (``incremental``).
+"""The Space's copy of a checkpoint (``.ds-checkpoints``), written once the call it was
+taken for is over, when a store already holds it durably (``incremental``).
 
 Why: with a store, the copy beside the workspace is only a fast path (every restore, a
 fork's first use and the checker read the store first), yet writing it (a file per new

@@ -141,8 +141,8 @@ class WorkspaceSnapshots:
 
     async def settle(self, space: str | None = None) -> None:
         """Wait until the Space's (None: every Space's) copy of the checkpoints taken is
-        written (with a store, it is written after each checkpoint returns:
-        ``copy_behind``)."""
+        written (with a store, it is written once each checkpoint's call is over:
+        ``copy_behind``); one still held is started now."""
         await self.taker.behind.settle(space)
 
     # --- pruning the Space's copies ---------------------------------------------------
