@@ -481,5 +481,9 @@ def run_determinism(
         else:
             result.same += 1
     (out / "determinism.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
-    print(result.line(), file=stdout if stdout is not None else sys.stdout, flush=True)
+    w = stdout if stdout is not None else sys.stdout
+    print(result.line(), file=w, flush=True)
+    for run, diff in result.differences.items():  # where each pair parted, and its records
+        print(f"PARTED {run}: {'; '.join(diff)} ({out / 'runs' / run}.a.json, .b.json)",
+              file=w, flush=True)  # fmt: skip
     return result

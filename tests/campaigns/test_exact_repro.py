@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.replay import differences, exact_spec, reproduction, signature
 from durable_spaces.campaigns.run import POINTS, run_one
-from durable_spaces.campaigns.runner import run_determinism
+from durable_spaces.campaigns.runner import Determinism, run_determinism
 from durable_spaces.campaigns.spec import CampaignSpec, RunSpec
 from durable_spaces.campaigns.summary import Summary
 from durable_spaces.chaos.schedule import AttemptPlan, PointFault, Schedule, SpaceFault
@@ -116,16 +117,56 @@ def test_the_rerun_exited_mutant_reproduces_exactly_every_time(
 
 def test_logical_schedules_go_the_same_way_twice(tmp_path: Path) -> None:
     """The determinism figure for logical-point schedules (no random-time kills)."""
+    d, out = _determinism(tmp_path / "det", "det", 3, calls=4, profile="logical")
+    assert d.seeds == 3 and d.same == 3, _both_ways(tmp_path / "det", d.differences)
+    assert out.startswith("DETERMINISM seeds=3 same=3 fraction=1.000")
+
+
+def test_a_seed_whose_runs_parted_is_named_with_where_and_its_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from durable_spaces.campaigns import runner
+
+    monkeypatch.setattr(runner, "differences", lambda a, b: ["#2: recovery x | recovery y"])
+    d, out = _determinism(tmp_path / "det", "prt", 1, calls=2, profile="calm")
+    assert d.same == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("DETERMINISM seeds=1 same=0 fraction=0.000")
+    assert lines[1].startswith("PARTED run-0000: #2: recovery x | recovery y (")
+    assert (tmp_path / "det" / "runs" / "run-0000.a.json").exists()
+    assert str(tmp_path / "det" / "runs" / "run-0000") in lines[1]
+
+
+def _determinism(
+    out: Path, seed_base: str, seeds: int, *, calls: int, profile: str
+) -> tuple[Determinism, str]:
+    """``--determinism`` on local, transactional: its result and what it printed."""
     spec = CampaignSpec(
-        mode="transactional", backend="local", seed_base="det", runs=1, calls=4, jobs=2,
-        profile="logical",
+        mode="transactional", backend="local", seed_base=seed_base, runs=1, calls=calls,
+        jobs=2, profile=profile,
     )  # fmt: skip
-    out = io.StringIO()
+    printed = io.StringIO()
     d = run_determinism(
-        spec, "durable_spaces.campaigns.run:run_one", 3, out_dir=tmp_path / "det", stdout=out
+        spec, "durable_spaces.campaigns.run:run_one", seeds, out_dir=out, stdout=printed
     )
-    assert d.seeds == 3 and d.same == 3, d.differences
-    assert out.getvalue().startswith("DETERMINISM seeds=3 same=3 fraction=1.000")
+    return d, printed.getvalue()
+
+
+def _both_ways(out: Path, parted: dict[str, list[str]]) -> str:
+    """What each twin of a seed that parted did, attempt by attempt: its exits, its
+    faults and where they landed, its recoveries (the message is all a CI log keeps)."""
+    lines = [repr(parted)]
+    for run in parted:
+        for twin in ("a", "b"):
+            f = out / "runs" / f"{run}.{twin}.json"
+            extra = RunRecord.from_json(json.loads(f.read_text())).extra if f.exists() else {}
+            faults = [(i.get("attempt"), i.get("kind"), i.get("at")) for i in extra.get(
+                "interleaving", [])]  # fmt: skip
+            lines.append(
+                f"{run}.{twin}: exits={extra.get('exit_codes')} faults={faults} "
+                f"recoveries={extra.get('recovery_sequence')}"
+            )
+    return "\n".join(lines)
 
 
 def test_lab_errors_are_counted_apart_from_failures() -> None:
