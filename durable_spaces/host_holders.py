@@ -22,8 +22,11 @@ import os
 import threading
 from collections.abc import Callable, Iterable
 
+import psutil
+
 from durable_spaces.host_maps import Mapping, shared_mappings
 from durable_spaces.host_maps import read_whole as _read
+from durable_spaces.proc_start import started
 
 __all__ = ["Holders", "prime"]
 
@@ -45,7 +48,7 @@ class Holders:
     def __init__(self, dev: int, *, lazy: bool = False) -> None:
         self.dev = dev
         #: Who was blind at the start (None: no look yet, ``lazy``).
-        self._blind: frozenset[tuple[str, bytes]] | None = None
+        self._blind: frozenset[tuple[str, float]] | None = None
         self._mapped: Seen = {}  # the last look's shared mappings (``_maps``)
         self._unsure = _fstype(dev) not in _SAME_DEV
         #: Why no look can be trusted at all (None: it can).
@@ -78,9 +81,9 @@ class Holders:
             return None
         return held
 
-    def _look(self) -> tuple[set[int], set[tuple[str, bytes]]] | None:
+    def _look(self) -> tuple[set[int], set[tuple[str, float]]] | None:
         held: set[int] = set()
-        blind: set[tuple[str, bytes]] = set()
+        blind: set[tuple[str, float]] = set()
         try:
             pids = [p for p in os.listdir("/proc") if p.isdigit()]
         except OSError:
@@ -271,15 +274,12 @@ _SAME_DEV = frozenset({"ext2", "ext3", "ext4", "xfs", "tmpfs", "f2fs"})
 _SHOWN = {b"hidepid=0", b"hidepid=off"}
 
 
-def _started(pid: str) -> bytes:
-    """The start time of ``pid`` (field 22 of its stat, after the parenthesised name)."""
+def _started(pid: str) -> float:
+    """The start of ``pid`` since boot (``proc_start``); -1.0 when it cannot be read."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return b""
-    fields = data[data.rfind(b")") + 2 :].split()
-    return fields[19] if len(fields) > 19 else b""
+        return started(int(pid))
+    except psutil.NoSuchProcess:
+        return -1.0
 
 
 def _fds(base: str, dev: int, held: set[int]) -> None:

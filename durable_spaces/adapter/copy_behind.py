@@ -113,7 +113,7 @@ class Behind:
         self._running: dict[str, asyncio.Future[None]] = {}
         self._held: dict[str, Callable[[], None]] = {}
 
-    def start(self, space: str, job: Callable[[], None]) -> None:
+    def hold(self, space: str, job: Callable[[], None]) -> None:
         """Take ``job`` (the caller settled ``space`` first); it runs, in a thread, once
         ``release`` says the call is over (its result committed: ``calls.py`` asks for
         that through ``ToolContext.after_result``) or at the next ``settle``, whichever

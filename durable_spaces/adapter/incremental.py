@@ -174,7 +174,7 @@ class Taker:
             raise SpaceError(f"checkpoint of Space {space.name} failed: {e}") from e
         if write is not None and self.store is not None:
             store, names, root = self.store, seen.copy_blobs, where.root
-            self.behind.start(
+            self.behind.hold(
                 space.name, lambda: write.write(store, names, lambda p: read_host(root, p))
             )
         return cid

@@ -107,7 +107,7 @@ async def test_a_copy_write_that_fails_only_warns(
 async def test_the_copy_starts_once_the_result_is_committed_and_needs_no_next_call(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Not beside the rest of the call (its CPU and the GIL: ``Behind.start``), and not
+    """Not beside the rest of the call (its CPU and the GIL: ``Behind.hold``), and not
     left for the next call to start either: the result's commit releases it."""
     started: list[float] = []
     real = copy_behind.CopyWrite.write
