@@ -68,7 +68,7 @@ class CheckpointStore(Protocol):
 
     def get_blob(self, sha: str) -> bytes | None: ...
 
-    def batch(self, sync: bool = True) -> Batch: ...
+    def batch(self, sync: bool = True, *, refill_now: bool = True) -> Batch: ...
 
 
 class DirectoryCheckpointStore:
@@ -154,10 +154,11 @@ class DirectoryCheckpointStore:
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             os.unlink(self.dir / name)
 
-    def batch(self, sync: bool = True) -> Batch:
+    def batch(self, sync: bool = True, *, refill_now: bool = True) -> Batch:
         """A batch of writes (``sync`` False: not fsynced, for a copy that is only a
-        fast path because a store holds the same)."""
-        return Batch(self, shared_lock=not self.in_space, sync=sync)
+        fast path because a store holds the same; ``refill_now`` False: the files it
+        used are made again when its ``refill`` is called, ``Batch``)."""
+        return Batch(self, shared_lock=not self.in_space, sync=sync, refill_now=refill_now)
 
     # --- garbage -------------------------------------------------------------------------
 

@@ -59,11 +59,16 @@ class CopyWrite:
     #: (uid, gid) every file and directory it makes must have (a container's user,
     #: which prunes the copy from inside); None: this process's.
     owner: tuple[int, int] | None = None
+    #: The store's files made ahead again for the next checkpoint (``Batch.refill``):
+    #: after the call, as this write, not beside its end.
+    refill: Callable[[], None] | None = None
 
     def write(self, store: CheckpointStore, names: BlobNames, read: Callable[[str], bytes]) -> None:
         """Write it (blobs first, the manifest last, not fsynced); ``names`` keeps the
         copy's blob names, ``read(path)`` a workspace file's bytes for a blob the store
         lacks."""
+        if self.refill is not None:
+            self.refill()
         copy = DirectoryCheckpointStore(self.directory, in_space=True, owner=self.owner)
         with copy.batch(sync=False) as cb:
             large = {s: n for s, n in self.blobs.items() if isinstance(n, int)}

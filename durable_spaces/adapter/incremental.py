@@ -186,7 +186,11 @@ class Taker:
         gets after it returns (``copy_behind``), else written to that copy here."""
         behind = self.store is not None and switch("DS_COPY_BEHIND")
         later: dict[str, bytes | int] = {}  # the copy's new blobs (int: clone, this size)
-        outer = self.store.batch() if self.store is not None else contextlib.nullcontext()
+        outer = (
+            self.store.batch(refill_now=not behind)  # the refill after the call with the copy
+            if self.store is not None
+            else contextlib.nullcontext()
+        )
         inner = (
             contextlib.nullcontext()
             if behind
@@ -236,7 +240,8 @@ class Taker:
         if not behind:
             return cid, None
         at, owner = where.copy()  # after the walk: where it found the workspace
-        return cid, CopyWrite(at, cid, data, m, need, later, owner)
+        refill = sb.refill if sb is not None else None
+        return cid, CopyWrite(at, cid, data, m, need, later, owner, refill)
 
     # --- the workspace is read here at another path ---------------------------------------
 

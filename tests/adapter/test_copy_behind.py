@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 from tool_session import ToolSession, tool_session
 
-from durable_spaces.adapter import copy_behind
+from durable_spaces.adapter import copy_behind, inode_pool
 from durable_spaces.adapter import manifest as mf
 from durable_spaces.harness.tool_tasks import record_result
 from durable_spaces.harness.tools import ToolContext
@@ -121,21 +122,7 @@ async def test_the_copy_starts_once_the_result_is_committed_and_needs_no_next_ca
         await s.call("write", {"path": "a.txt", "content": "one\n"})
         await s.snaps.settle()
         started.clear()
-        t = s.registry.get("bash")
-        assert t is not None
-        ctx = ToolContext(
-            harness=s.harness, conversation_id=s.conv, call_id="late", tool_name="bash",
-            task_id="late", attempt=1, resumed=False, env=await s.harness.env(s.conv),
-        )  # fmt: skip
-        res = await t.execute({"command": "echo two > b.txt"}, ctx)
-        committing: list[float] = []
-
-        def slow_commit(tx: Any, entry_id: str) -> None:
-            time.sleep(0.1)  # a copy started before this commit would be writing by now
-            committing.append(time.monotonic())
-
-        ctx.on_result(slow_commit)
-        await record_result(s.harness, ctx, res)
+        committing = await _call_with_a_slow_result_commit(s)
         for _ in range(500):  # no settle, no next call: only the release starts it
             if started:
                 break
@@ -145,3 +132,55 @@ async def test_the_copy_starts_once_the_result_is_committed_and_needs_no_next_ca
         cid = s.state().last_checkpoint
         await s.snaps.settle()
         assert (Path(s.space.root).parent / ".ds-checkpoints" / f"{cid}.manifest").is_file()
+
+
+async def test_the_stores_files_are_made_ahead_again_only_after_the_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's batch used files made ahead (``inode_pool``); making them again ran
+    beside the checkpoint's hand-back and the result's commit when its commit asked for
+    it. It is asked for with the copy's write, after the result's commit; and still
+    asked for, with no next call."""
+    topped: list[tuple[str, float]] = []
+    real = inode_pool.InodePool.top_up
+
+    def timed(self: inode_pool.InodePool, directory: str, dev: int, used: int) -> None:
+        topped.append((directory, time.monotonic()))
+        real(self, directory, dev, used)
+
+    monkeypatch.setattr(inode_pool.InodePool, "top_up", timed)
+    async with tool_session(tmp_path) as s:
+        await s.call("write", {"path": "a.txt", "content": "one\n"})
+        await s.snaps.settle()
+        assert s.snaps.store is not None
+        store_dir = os.fspath(s.snaps.store.dir)
+        topped.clear()
+        committing = await _call_with_a_slow_result_commit(s)
+        for _ in range(500):  # no settle, no next call
+            if any(d == store_dir for d, _ in topped):
+                break
+            await asyncio.sleep(0.01)
+        at = [t for d, t in topped if d == store_dir]
+        assert at, f"the store's pool was never topped up after the call: {topped}"
+        assert committing and min(at) > committing[0], "topped up before the result's commit"
+
+
+async def _call_with_a_slow_result_commit(s: ToolSession) -> list[float]:
+    """A checkpoint-mode bash call whose result's commit takes 0.1 s (what runs beside
+    it would be running by its end); returns when that commit ended."""
+    t = s.registry.get("bash")
+    assert t is not None
+    ctx = ToolContext(
+        harness=s.harness, conversation_id=s.conv, call_id="late", tool_name="bash",
+        task_id="late", attempt=1, resumed=False, env=await s.harness.env(s.conv),
+    )  # fmt: skip
+    res = await t.execute({"command": "echo two > b.txt"}, ctx)
+    committing: list[float] = []
+
+    def slow_commit(tx: Any, entry_id: str) -> None:
+        time.sleep(0.1)
+        committing.append(time.monotonic())
+
+    ctx.on_result(slow_commit)
+    await record_result(s.harness, ctx, res)
+    return committing
