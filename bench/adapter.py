@@ -2,7 +2,7 @@
 
     python -m bench.adapter [--backends local,spacesd,docker[,microvm]] [--sizes 10,100,1000]
                             [--modes transactional,checkpoint] [--tools bash,write]
-                            [--reps N] [--peer-reps N] [--quick]
+                            [--reps N] [--peer-reps N] [--think MS] [--quick]
 
 Per (mode, backend, tool, workspace size) it times the *wrapped* tool's ``execute`` (the
 tool the adapter's extension installs in a real ``Registry``, called with a real
@@ -12,8 +12,11 @@ unwrapped call's changes never fall into the wrapped call's scans or checkpoints
 ``bash`` appends a line to ten files of the tree (a different ten per call), unwrapped
 ``space.exec(..., key=None)`` of the same command; ``write`` writes one small file,
 unwrapped ``space.write_file``. The two take turns, call by call, so drift hits both
-alike; the figures are medians. The harness's own commits around a tool (task running,
-result entry) are not counted: a tool pays them wrapped or not.
+alike; the figures are medians. After each call it pauses ``--think`` ms (20 by default;
+0: back to back), as the model's turn would: what a wrapped call leaves running after its
+result (its Space copy's write, the store's files made ahead) runs there, not in the next
+timed call, which half the time is the unwrapped twin's. The harness's own commits around
+a tool (task running, result entry) are not counted: a tool pays them wrapped or not.
 
 Checkpoint mode keeps workspace checkpoints in a ``DirectoryCheckpointStore`` (machine
 checkpoints on microvm, as auto mode would use them). Transactional mode runs with
@@ -78,6 +81,9 @@ TOOLS = ("bash", "write")
 OPT_IN = {"microvm": "not named in --backends (a call takes seconds under TCG: minutes)"}
 #: ``--quick``: calls per tool and runs per peer.
 QUICK_REPS, QUICK_PEER_REPS = 5, 3
+#: The pause after each timed call (``--think``): an agent's tool calls have the model's
+#: turn between them, where the work a wrapped call leaves for after its result runs.
+THINK_MS = 20.0
 #: Backends whose every exec costs tens of ms: fewer repetitions.
 SLOW = ("docker", "microvm")
 
@@ -270,6 +276,7 @@ async def bench_mode(
     tools: Sequence[str],
     reps: int,
     phases: Phases | None = None,
+    think: float = 0.0,
 ) -> list[Figures]:
     plain = await backend.create(space_name(f"bench-plain-{tmp.name}"))
     await plain.advance_epoch(1)
@@ -290,6 +297,10 @@ async def bench_mode(
                     t0 = time.perf_counter()
                     await fn()
                     xs.append(time.perf_counter() - t0)
+                    # The model's turn: what a call leaves running after its result
+                    # (its copy's write, files made ahead) runs here, as in a session,
+                    # not in the next timed call (the unwrapped twin's, half the time).
+                    await asyncio.sleep(think)
             assert fig is not None
             fig.result = s.result_s[-reps:]
             fig.log_per_call = (s.storage.total - log0) // reps
@@ -357,7 +368,16 @@ async def bench_backend(name: str, base: Path, args: argparse.Namespace) -> list
                 tmp.mkdir(parents=True)
                 reps = args.reps or call_reps(name)
                 figs += await bench_mode(
-                    name, backend, tmp, mode, files, tree, args.tools.split(","), reps, phases
+                    name,
+                    backend,
+                    tmp,
+                    mode,
+                    files,
+                    tree,
+                    args.tools.split(","),
+                    reps,
+                    phases,
+                    args.think / 1000,
                 )
             print(f"# {name} {files} files: {time.monotonic() - t0:.1f} s", flush=True)
         for line in overhead_lines(figs, peer):
@@ -385,6 +405,12 @@ async def main(argv: Sequence[str] | None = None) -> int:
         "--reps", type=int, default=None, help="calls per tool (default 31; 9 on docker, microvm)"
     )
     ap.add_argument("--peer-reps", type=int, default=None, help="runs per peer")
+    ap.add_argument(
+        "--think",
+        type=float,
+        default=THINK_MS,
+        help=f"ms between calls, the model's turn (default {THINK_MS:g}; 0: back to back)",
+    )
     ap.add_argument(
         "--phases",
         action="store_true",

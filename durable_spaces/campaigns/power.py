@@ -32,17 +32,19 @@ import json
 import os
 import random
 import signal
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from durable_spaces.campaigns.checks.rawlog import read_log
+from durable_spaces.campaigns.inject import last_hit
 from durable_spaces.chaos.powerfs import PowerFS, mount
 from durable_spaces.errors import LogError, SpaceError
 from durable_spaces.space_boot import BOOT_ENV
 
 if TYPE_CHECKING:
-    from durable_spaces.campaigns.coordinator import Coordinator, Launch
+    from durable_spaces.campaigns.coordinator import Attempt, Coordinator, Launch
     from durable_spaces.space import Faults, SpaceBackend
 
 #: The driver's log's SQLite ``synchronous`` level and format (``adapter/driver.py``).
@@ -99,6 +101,7 @@ class PowerHost:
         self._coordinator: Coordinator | None = None
         self._coordinators: list[Coordinator] = []
         self._backend: SpaceBackend | None = None
+        self._up_ms = 0.0  # when the host last came up (wall clock, as ``Attempt``'s)
         self._space = ""
 
     def start(self, dirs: Sequence[str], off_host: Sequence[str] = ()) -> None:
@@ -173,6 +176,7 @@ class PowerHost:
         if self.fs is None or self._coordinator is None or self._backend is None:
             raise RuntimeError("power_loss before the host was started and attached")
         self.up.clear()
+        up, self._up_ms = self._up_ms, time.time() * 1000
         try:
             attempt = self._coordinator.current
             pid = self._coordinator.kill_current("power_loss")
@@ -206,6 +210,14 @@ class PowerHost:
                     await power_off(self._space)
                 else:
                     await cast("Faults", self._backend).kill_daemon(self._space)
+            # nor one whose driver died inside it, killed now or just before (after_kill):
+            # its write may be in the WAL, its fsync never returned (a stuck one is also
+            # held above: the larger count, not both). Read once they are dead.
+            dying = [a for c in self._coordinators for a in c.history if a.pid in stale]
+            for c in self._coordinators:  # the newest of each: no driver wrote after it
+                if c.history and (c.history[-1] is attempt or _ended_since(c.history[-1], up)):
+                    dying.append(c.history[-1])
+            in_flight = max(in_flight, killed_in_commit(dying))
             tear = random.Random(f"{self.seed}:tear:{self.boots}").random() < self.p_tear
             before = self._look()
             report = self.fs.cut(tear=tear)  # no await: nothing else touches the mount now
@@ -244,6 +256,26 @@ class PowerHost:
 
     def _log_name(self) -> str:
         return "log.jsonl" if self.log_format == "jsonl" else "log.sqlite"
+
+
+def killed_in_commit(attempts: Sequence[Attempt]) -> int:
+    """How many of these drivers died inside a commit of the log: the last point their
+    failpoint trace shows is ``log.before_commit`` (``harness/log.py``: hit once the
+    commit is built, before it is written; ``log.after_commit`` once it is durable).
+    Such a commit's write may be in the log's WAL, where a reader before the cut finds
+    it, while its fsync never returned: it was never acknowledged, and a cut may take
+    it. A driver killed after the fsync returned but before its next hit lost nothing
+    (its commit is durable), so the count only ever excuses unacknowledged commits."""
+    n = 0
+    for a in attempts:
+        hit = last_hit(Path(a.trace)) if a.trace else None
+        if hit is not None and hit[0] == "log.before_commit":
+            n += 1
+    return n
+
+
+def _ended_since(a: Attempt, ms: float) -> bool:
+    return a.ended_ms is not None and a.ended_ms >= ms
 
 
 def look(log: Path, ledger: Path, epoch_file: Path) -> dict[str, Any]:

@@ -89,6 +89,9 @@ class Attempt:
     abandoned_ms: float | None = None
     #: The launch's environment, until the next attempt's spare is started from it.
     spare_env: dict[str, str] | None = field(default=None, repr=False)
+    #: Its failpoint trace (``DS_FAILPOINT_TRACE``), where the lab reads the last point
+    #: it passed (``inject.last_hit``); None when it writes none.
+    trace: str | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     abandon: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
@@ -166,6 +169,7 @@ class Supervisor:
             backoff_ms=backoff_ms,
             warm=warm,
             spare_env=launch.env if self.spares is not None else None,
+            trace=launch.env.get("DS_FAILPOINT_TRACE") or None,
         )
 
     def _refill(self, a: Attempt) -> None:

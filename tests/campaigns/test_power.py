@@ -186,3 +186,98 @@ def test_the_host_reads_a_jsonl_logs_floor_from_its_markers(tmp_path: Path) -> N
     (tmp_path / "epoch").write_text("3\n")
     seen_now = look(log, tmp_path / "ledger.jsonl", tmp_path / "epoch")
     assert (seen_now["commits"], seen_now["log_epoch"], seen_now["log_floor"]) == (1, 3, 3)
+
+
+_COMMITTER = """
+import sys
+from durable_spaces.chaos import failpoints
+from durable_spaces.harness.log_sqlite import SqliteStorage
+failpoints.arm({sys.argv[2]: (2, "stop")}, trace=sys.argv[3])
+log = SqliteStorage(sys.argv[1], synchronous="FULL")
+log.append([{"op": "one"}])
+log.append([{"op": "two"}])  # stops at its second hit of the armed point
+"""
+
+
+@pytest.mark.parametrize("stop_at", ["log.before_commit", "log.after_commit"])
+def test_a_driver_killed_inside_a_commit_is_one_commit_in_flight(
+    tmp_path: Path, stop_at: str
+) -> None:
+    """A driver SIGKILLed between ``log.before_commit`` and ``log.after_commit`` may have
+    written its commit into the WAL (a reader before the cut sees it) while its fsync
+    never returned: unacknowledged, so a cut that takes it is no rollback of a durable
+    log. (CI's ``ci-pcp-0`` was failed for such a commit: killed by a random kill inside
+    it, the power cut right after.) One killed after its commit returned has none."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from durable_spaces.campaigns.power import killed_in_commit
+    from durable_spaces.campaigns.supervisor import Attempt
+
+    trace = tmp_path / "trace"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _COMMITTER, str(tmp_path / "log.sqlite"), stop_at, str(trace)]
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not _stopped(child.pid):
+            assert child.poll() is None, "the committer exited before its stop"
+            time.sleep(0.01)
+        assert _stopped(child.pid), "the committer never stopped at its point"
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    attempt = Attempt(0, 1, child.pid, 0.0, process=None, trace=str(trace))  # type: ignore[arg-type]
+    inside = killed_in_commit([attempt])
+    assert inside == (1 if stop_at == "log.before_commit" else 0)
+    assert killed_in_commit([Attempt(1, 2, 1, 0.0, process=None)]) == 0  # type: ignore[arg-type]
+    # what the check makes of one commit lost at such a cut
+    cut = {"lost_commits": 1, "in_flight_commits": inside, "commits_after": 1}
+    assert power_losses([cut], "FULL")["valid"] is (stop_at == "log.before_commit")
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False
+
+
+@needs_fuse
+@pytest.mark.parametrize("how", ["after_kill", "at_point"])
+def test_a_cut_counts_the_commit_its_killed_driver_was_inside(tmp_path: Path, how: str) -> None:
+    """The power goes while the driver is inside its 6th log commit: killed there by its
+    failpoint, the cut right after (``after_kill``), or the cut itself landing there
+    (``at_point``, which kills it). Either way the cut counts that commit in flight,
+    and the run (FULL) is consistent."""
+    from durable_spaces.campaigns.run import run_one
+    from durable_spaces.chaos.faults import Failpoint, PointFault, SpaceFault
+    from durable_spaces.chaos.schedule import AttemptPlan
+
+    if how == "after_kill":
+        first = AttemptPlan(
+            failpoint=Failpoint("log.before_commit", 6),
+            faults=(SpaceFault("power_loss", trigger="after_kill"),),
+        )
+    else:
+        first = AttemptPlan(at_points=(PointFault("log.before_commit", 6, "power_loss"),))
+    seed = f"pif-{how}"
+    spec = RunSpec(
+        run_id="run-0000",
+        seed=seed,
+        mode="checkpoint",
+        backend="local",
+        calls=3,
+        durable_mode="checkpoint",
+        state_dir=str(tmp_path / "run"),  # short: powerfs binds a socket under it
+        schedule=Schedule(seed, (first,), "manual"),
+        profile="power",
+    )
+    rec = asyncio.run(run_one(spec))
+    assert rec.outcome == "ok", {k: v["detail"] for k, v in rec.checks.items() if not v["valid"]}
+    (cut,) = rec.extra["power"]
+    assert cut["in_flight_commits"] == 1, cut

@@ -6,8 +6,10 @@ of the ``local`` Space. Per cut it names:
 
 - ``log_rolled_back``: commits the log had are gone after the cut (``lost`` of them,
   beyond those in flight: a commit whose fsync a stalled disk still held when the power
-  went was never acknowledged; a reader may see it before the cut, recovering the
-  log's written WAL, and it is gone after; ``in_flight_commits`` counts them);
+  went, or whose driver was killed inside it, was never acknowledged; a reader may see
+  it before the cut, recovering the log's written WAL, and it is gone after;
+  ``in_flight_commits`` counts them, ``campaigns/power.py``'s ``killed_in_commit``
+  the second kind);
   SQLite ``NORMAL`` documents that it may lose the newest commits then, ``FULL`` does
   not: with ``FULL`` it is a failure of the log's durability, with ``NORMAL`` the run
   is still judged by whether the adapter brought the Space back to what the log kept;
