@@ -422,6 +422,8 @@ async def main(argv: Sequence[str] | None = None) -> int:
         help="local and spacesd only (unless --backends), 5 calls per tool, 3 runs per peer",
     )
     args = ap.parse_args(argv)
+    if not 0 <= args.think <= 60_000:  # NaN fails this too; inf would never wake
+        ap.error(f"--think {args.think:g}: milliseconds from 0 to 60000")
     if args.backends is None:
         args.backends = "local,spacesd" if args.quick else "local,spacesd,docker"
         for name in ("docker", "microvm"):
