@@ -32,13 +32,14 @@ import json
 import os
 import random
 import signal
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from durable_spaces.campaigns.checks.rawlog import read_log
 from durable_spaces.campaigns.inject import last_hit
+from durable_spaces.campaigns.supervisor import now_ms
+from durable_spaces.chaos.points import LOG_BEFORE_COMMIT
 from durable_spaces.chaos.powerfs import PowerFS, mount
 from durable_spaces.errors import LogError, SpaceError
 from durable_spaces.space_boot import BOOT_ENV
@@ -101,7 +102,7 @@ class PowerHost:
         self._coordinator: Coordinator | None = None
         self._coordinators: list[Coordinator] = []
         self._backend: SpaceBackend | None = None
-        self._up_ms = 0.0  # when the host last came up (wall clock, as ``Attempt``'s)
+        self._up_ms = 0.0  # when the host last came up (``now_ms``, as ``Attempt``'s)
         self._space = ""
 
     def start(self, dirs: Sequence[str], off_host: Sequence[str] = ()) -> None:
@@ -176,7 +177,7 @@ class PowerHost:
         if self.fs is None or self._coordinator is None or self._backend is None:
             raise RuntimeError("power_loss before the host was started and attached")
         self.up.clear()
-        up, self._up_ms = self._up_ms, time.time() * 1000
+        up, self._up_ms = self._up_ms, now_ms()
         try:
             attempt = self._coordinator.current
             pid = self._coordinator.kill_current("power_loss")
@@ -210,9 +211,10 @@ class PowerHost:
                     await power_off(self._space)
                 else:
                     await cast("Faults", self._backend).kill_daemon(self._space)
-            # nor one whose driver died inside it, killed now or just before (after_kill):
-            # its write may be in the WAL, its fsync never returned (a stuck one is also
-            # held above: the larger count, not both). Read once they are dead.
+            # Nor was a commit whose driver died inside it, killed now or just before
+            # (after_kill): its write may be in the WAL, its fsync never returned. A driver
+            # stuck in a held fsync is counted both ways: the larger count, not the sum.
+            # Their traces are read once they are dead.
             dying = [a for c in self._coordinators for a in c.history if a.pid in stale]
             for c in self._coordinators:  # the newest of each: no driver wrote after it
                 if c.history and (c.history[-1] is attempt or _ended_since(c.history[-1], up)):
@@ -269,7 +271,7 @@ def killed_in_commit(attempts: Sequence[Attempt]) -> int:
     n = 0
     for a in attempts:
         hit = last_hit(Path(a.trace)) if a.trace else None
-        if hit is not None and hit[0] == "log.before_commit":
+        if hit is not None and hit[0] == LOG_BEFORE_COMMIT:
             n += 1
     return n
 

@@ -4,16 +4,24 @@ checker names after it (``campaigns/power.py``, ``checks/power.py``)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from durable_spaces.campaigns.checks.power import power_losses
 from durable_spaces.campaigns.coordinator_state import StateFile, read_state
+from durable_spaces.campaigns.power import killed_in_commit
 from durable_spaces.campaigns.spec import CampaignSpec, RunSpec
+from durable_spaces.campaigns.supervisor import Attempt
+from durable_spaces.chaos.faults import Failpoint, PointFault, SpaceFault
 from durable_spaces.chaos.powerfs import mount, unavailable
 from durable_spaces.chaos.profiles import PROFILES
-from durable_spaces.chaos.schedule import Schedule
+from durable_spaces.chaos.schedule import AttemptPlan, Schedule
 from durable_spaces.errors import ConfigError
 
 _WHY = unavailable()
@@ -208,15 +216,6 @@ def test_a_driver_killed_inside_a_commit_is_one_commit_in_flight(
     never returned: unacknowledged, so a cut that takes it is no rollback of a durable
     log. (CI's ``ci-pcp-0`` was failed for such a commit: killed by a random kill inside
     it, the power cut right after.) One killed after its commit returned has none."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from durable_spaces.campaigns.power import killed_in_commit
-    from durable_spaces.campaigns.supervisor import Attempt
-
     trace = tmp_path / "trace"
     child = subprocess.Popen(
         [sys.executable, "-c", _COMMITTER, str(tmp_path / "log.sqlite"), stop_at, str(trace)]
@@ -255,8 +254,6 @@ def test_a_cut_counts_the_commit_its_killed_driver_was_inside(tmp_path: Path, ho
     (``at_point``, which kills it). Either way the cut counts that commit in flight,
     and the run (FULL) is consistent."""
     from durable_spaces.campaigns.run import run_one
-    from durable_spaces.chaos.faults import Failpoint, PointFault, SpaceFault
-    from durable_spaces.chaos.schedule import AttemptPlan
 
     if how == "after_kill":
         first = AttemptPlan(
