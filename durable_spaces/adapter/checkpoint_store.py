@@ -10,15 +10,21 @@ names are checkpoint ids that parse (``checkpoint_id``) or sha256 digests, every
 opened relative to the store's directory without following symlinks, and anything but a
 regular file is a bad copy, not a crash. Callers verify bytes against their names.
 
-Writes go in batches (``batch``, ``checkpoint_batch``): every new blob and the manifest
-are written to temporaries, fsynced together, the blobs renamed into place and their
-directory fsynced *before* the manifest is renamed into place, so a manifest on disk
-never names a blob that is not. ``prune`` deletes manifests not kept and then blobs no
-remaining manifest names, under the store's exclusive lock (a batch holds it shared
-from its first look at what is there to its manifest's rename), bumping
-``.generation`` first so that a writer that remembered what the store held looks again.
-A crash anywhere in a prune leaves garbage at worst: a blob goes only when no manifest
-left on disk names it.
+Writes go in batches (``batch``, ``checkpoint_batch``): a manifest's file also
+carries the bytes of the small blobs it adds (``checkpoint_carry``), so one fsync makes
+the checkpoint durable; those blobs' own files are renamed into ``blobs/`` after it,
+unsynced. Other blobs are fsynced and their directory too *before* the manifest is
+renamed into place. So a manifest on disk never names a blob that has no durable copy,
+and a file in ``blobs/`` always has one (itself, or a carrier). ``get_blob`` reads a
+small blob whose file is missing or damaged from a manifest that carries it, and mends
+the file. A carrier is removed (``prune``, ``delete``) or replaced only after the blobs
+it carries are synced in ``blobs/`` (``_retire``).
+
+``prune`` deletes manifests not kept and then blobs no remaining manifest names, under
+the store's exclusive lock (a batch holds it shared from its first look at what is
+there to its last rename), bumping ``.generation`` first so that a writer that
+remembered what the store held looks again. A crash anywhere in a prune leaves garbage
+at worst: a blob goes only when no manifest left on disk names it.
 
 Large files are copied with a reflink (``FICLONE``) where the filesystem has them and
 hashed from the clone, never hard-linked: a blob never shares a mutable inode with the
@@ -30,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import logging
 import os
 import stat
@@ -37,8 +44,16 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from durable_spaces.adapter import checkpoint_carry as carry
 from durable_spaces.adapter import manifest as mf
-from durable_spaces.adapter.checkpoint_batch import NOFOLLOW, Batch, read_all, write_all
+from durable_spaces.adapter.checkpoint_batch import (
+    CLONE_MIN,
+    NOFOLLOW,
+    Batch,
+    fsync_all,
+    read_all,
+    write_all,
+)
 from durable_spaces.adapter.checkpoint_id import CheckpointId
 from durable_spaces.adapter.inode_pool import POOL, InodePool
 from durable_spaces.chaos.failpoints import hit
@@ -99,7 +114,10 @@ class DirectoryCheckpointStore:
         self.owner = owner
         self.pool = pool  # files made ahead for its batches (``inode_pool``)
         if not in_space:
+            made = [p for p in (self.dir, *self.dir.parents) if not p.exists()]
             self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            for p in made:  # each one's name durable in its parent, as a power cut keeps it
+                _sync_dir(p.parent)
             with contextlib.suppress(OSError):
                 st = self.dir.stat()
                 if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
@@ -143,16 +161,60 @@ class DirectoryCheckpointStore:
             b.manifest(cid, data)
 
     def get(self, checkpoint_id: str) -> bytes | None:
+        """The checkpoint's bytes (a manifest without the blobs its file carries)."""
         _, name = self._path(checkpoint_id)
-        return self._read(name, self.location(checkpoint_id), blob=False)
+        data = self._read(name, self.location(checkpoint_id), blob=False)
+        return None if data is None else carry.split(data)
 
     def get_blob(self, sha: str) -> bytes | None:
-        return self._read(_blob_name(sha), self.blob_location(sha), blob=True)
+        """The blob's bytes: its file's, or where that is missing or not these bytes
+        (a power cut took what was never synced), a carrier's, the file then mended.
+        Large blobs (never carried) are returned as found: callers verify."""
+        where = self.blob_location(sha)
+        problem: CheckpointCopyError | None = None
+        try:
+            data = self._read(_blob_name(sha), where, blob=True)
+        except CheckpointCopyError as e:
+            data, problem = None, e
+        if data is not None and (len(data) >= CLONE_MIN or hashlib.sha256(data).hexdigest() == sha):
+            return data
+        found = None if self.in_space else self._from_carrier(sha)
+        if found is None:
+            if problem is not None:
+                raise problem
+            return data
+        logger.warning(
+            "%s is %s; read from the manifest %s that carries it, and mended",
+            where,
+            "missing" if data is None and problem is None else "damaged",
+            found[1],
+        )
+        try:
+            with self.batch() as b:
+                b.add(found[0], replace=True)
+        except (OSError, CheckpointCopyError) as e:
+            logger.warning("could not mend %s: %s", where, e)
+        return found[0]
 
     def delete(self, checkpoint_id: str) -> None:
+        """Delete a checkpoint (the blobs its file carries synced in ``blobs/`` first)."""
         _, name = self._path(checkpoint_id)
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-            os.unlink(self.dir / name)
+        try:
+            dfd, bfd = self._open_dirs()
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        try:
+            lock = None if self.in_space else self._lock(dfd, fcntl.LOCK_EX)
+            try:
+                self._retire(dfd, bfd, [name])
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                    os.unlink(name, dir_fd=dfd)
+            finally:
+                if lock is not None:
+                    os.close(lock)
+        finally:
+            os.close(bfd)
+            os.close(dfd)
 
     def batch(self, sync: bool = True, *, refill_now: bool = True) -> Batch:
         """A batch of writes (``sync`` False: not fsynced, for a copy that is only a
@@ -173,25 +235,17 @@ class DirectoryCheckpointStore:
         try:
             self._bump_generation(dfd)
             keep_ids = None if keep is None else {str(CheckpointId.parse(k)) for k in keep}
-            for cid in self.ids():
-                if keep_ids is not None and str(cid) not in keep_ids:
-                    os.unlink(f"{cid}{cid.suffix}", dir_fd=dfd)
-                    removed.append(str(cid))
+            gone = [c for c in self.ids() if keep_ids is not None and str(c) not in keep_ids]
+            needed = self._needed([c for c in self.ids() if c not in gone])
+            # What the manifests going carry, and the rest still need, synced first.
+            self._retire(dfd, bfd, [f"{c}{c.suffix}" for c in gone], needed)
+            for cid in gone:
+                os.unlink(f"{cid}{cid.suffix}", dir_fd=dfd)
+                removed.append(str(cid))
             os.fsync(dfd)
             hit("checkpoint_store.prune")  # manifests gone, blobs not yet: garbage only
-            needed: set[str] = set()
-            for cid in self.ids():
-                if cid.form != "manifest":
-                    continue
-                data = self.get(cid)
-                if data is None or not cid.matches(data):
-                    logger.warning("prune of %s keeps every blob: %s is unreadable", self.dir, cid)
-                    return removed
-                try:
-                    needed |= mf.blobs(mf.decode(data))
-                except mf.ManifestError as e:
-                    logger.warning("prune of %s keeps every blob: %s: %s", self.dir, cid, e)
-                    return removed
+            if needed is None:
+                return removed
             for name in os.listdir(bfd):
                 if mf.BLOB_NAME.fullmatch(name) and name not in needed:
                     os.unlink(name, dir_fd=bfd)
@@ -204,6 +258,95 @@ class DirectoryCheckpointStore:
             os.close(bfd)
             os.close(dfd)
         return removed
+
+    def _needed(self, ids: list[CheckpointId]) -> set[str] | None:
+        """Every blob the manifests ``ids`` name; None (keep every blob) when one cannot
+        be read: a prune never guesses what a checkpoint needs."""
+        needed: set[str] = set()
+        for cid in ids:
+            if cid.form != "manifest":
+                continue
+            try:
+                data = self.get(cid)
+            except CheckpointCopyError as e:
+                logger.warning("prune of %s keeps every blob: %s: %s", self.dir, cid, e)
+                return None
+            if data is None or not cid.matches(data):
+                logger.warning("prune of %s keeps every blob: %s is unreadable", self.dir, cid)
+                return None
+            try:
+                needed |= mf.blobs(mf.decode(data))
+            except mf.ManifestError as e:
+                logger.warning("prune of %s keeps every blob: %s: %s", self.dir, cid, e)
+                return None
+        return needed
+
+    # --- carried blobs (``checkpoint_carry``) ----------------------------------------
+
+    def _retire(self, dfd: int, bfd: int, names: list[str], needed: set[str] | None = None) -> None:
+        """Before the manifest files ``names`` go (or are replaced): each blob they carry
+        intact (and ``needed`` names, when given) synced in ``blobs/``, its file written
+        again from the carrier where it is missing or not those bytes."""
+        fds: list[int] = []
+        try:
+            for name in names:
+                try:
+                    st = os.lstat(name, dir_fd=dfd)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                if not stat.S_ISREG(st.st_mode) or st.st_size < carry.FOOTER.size:
+                    continue
+                try:
+                    data = self._read(name, str(self.dir / name), blob=False)
+                except CheckpointCopyError:
+                    continue  # nothing can be saved from it
+                parsed = None if data is None else carry.entries(data)
+                if data is None or parsed is None:
+                    continue
+                for sha in parsed[1]:
+                    blob = carry.carried(data, sha)
+                    if blob is not None and (needed is None or sha in needed):
+                        fds.append(self._blob_file(dfd, bfd, sha, blob))
+            if fds:
+                fsync_all(fds)
+                os.fsync(bfd)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _blob_file(self, dfd: int, bfd: int, sha: str, blob: bytes) -> int:
+        """An open descriptor of ``blobs/<sha>`` holding ``blob`` (written again through a
+        temporary when it does not), for its fsync."""
+        with contextlib.suppress(OSError):
+            fd = os.open(sha, os.O_RDONLY | NOFOLLOW | os.O_NONBLOCK, dir_fd=bfd)
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode) and read_all(fd) == blob:
+                    return fd
+            except OSError:
+                pass
+            os.close(fd)
+        fd, tmp = self._tmp(dfd)
+        try:
+            write_all(fd, blob)
+            self._install(dfd, tmp, bfd, sha)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+        return fd
+
+    def _from_carrier(self, sha: str) -> tuple[bytes, str] | None:
+        """Blob ``sha`` intact from a manifest file that carries it, and that file's name."""
+        try:
+            dfd = os.open(self.dir, _DIR)
+        except OSError:
+            return None
+        try:
+            names = [f"{c}{c.suffix}" for c in sorted(self.ids(), reverse=True)]
+            return carry.find(dfd, names, sha)
+        finally:
+            os.close(dfd)
 
     # --- the directory -------------------------------------------------------------------
 
@@ -225,6 +368,10 @@ class DirectoryCheckpointStore:
                     os.mkdir(path, 0o700, dir_fd=parent)
                     if self.owner is not None:
                         os.chown(path, *self.owner, dir_fd=parent, follow_symlinks=False)
+                    if parent is None:
+                        _sync_dir(Path(path).parent)
+                    else:
+                        os.fsync(parent)  # its name durable before anything goes in it
             except (NotADirectoryError, OSError) as e:
                 if e.errno not in (errno.ENOTDIR, errno.ELOOP) or not (
                     self.in_space or parent is not None
@@ -316,6 +463,16 @@ class DirectoryCheckpointStore:
             os.close(fd)
         self._install(dfd, tmp, dfd, ".generation")
         os.fsync(dfd)
+
+
+def _sync_dir(path: Path) -> None:
+    """fsync a directory (a name made in it durable); what cannot be is left."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, _DIR)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _blob_name(sha: str) -> str:

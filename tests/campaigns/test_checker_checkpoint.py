@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+from durable_spaces.adapter import checkpoint_carry as carry
 from durable_spaces.adapter import manifest as mf
 from durable_spaces.adapter.checkpoint_id import CheckpointId
 from durable_spaces.adapter.manifest_build import build
@@ -158,6 +159,35 @@ def test_a_space_placed_again_from_the_store_is_checked_against_the_store(
     inputs.checkpoint = asyncio.run(read_last(space, "local", inputs.history, store))
     v = check_all(inputs)["checkpoint_equals_workspace"]
     assert v["valid"] is False and "No such file" in str(v["anomalies"])
+
+
+def test_a_store_file_that_carries_blobs_is_read_as_its_manifest(tmp_path: Path) -> None:
+    """The store's manifest file carries the small blobs it added after the manifest
+    (``adapter/checkpoint_carry.py``): the checker reads the manifest before them, and
+    still refuses one whose manifest part is not the one the id names."""
+    s = scene(tmp_path)
+    cid = _checkpoint(s)
+    copy = s.root.parent / ".ds-checkpoints" / f"{cid}.manifest"
+    data = copy.read_bytes()
+    store = tmp_path / "store"
+    store.mkdir()
+    blob = b"carried\n"
+    (store / copy.name).write_bytes(
+        data + carry.trailer(len(data), [(hashlib.sha256(blob).hexdigest(), blob)])
+    )
+    copy.unlink()
+    space = cast(Space, SimpleNamespace(root=str(s.root)))
+
+    def verdict() -> dict[str, Any]:
+        inputs = s.inputs()
+        inputs.checkpoint = asyncio.run(read_last(space, "local", inputs.history, store))
+        return check_all(inputs)["checkpoint_equals_workspace"]
+
+    assert verdict()["valid"] is True
+    other = data.replace(b"f0.txt", b"f1.txt")
+    (store / copy.name).write_bytes(other + carry.trailer(len(other), []))
+    v = verdict()
+    assert v["valid"] is False and "not the manifest the id names" in str(v["anomalies"])
 
 
 def test_a_time_the_checkpoint_missed_is_named(tmp_path: Path) -> None:

@@ -42,7 +42,7 @@ PROGRAM = textwrap.dedent(
         import os
         from durable_spaces.adapter import checkpoint_batch
         fds = [os.open(out / n, os.O_CREAT | os.O_WRONLY) for n in ("a", "b")]
-        checkpoint_batch._fsync_all(fds)
+        checkpoint_batch.fsync_all(fds)
         assert any(t.name.startswith("ds-fsync") for t in threading.enumerate())
         for fd in fds:
             os.close(fd)
