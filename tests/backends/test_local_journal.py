@@ -251,3 +251,36 @@ def test_the_journal_refuses_a_workspace_with_a_mount_inside() -> None:
     nfs = "22 1 8:1 / / rw - ext4 /dev/sda1 rw\n41 22 0:6 / /n rw - nfs4 srv:/ rw\n"
     assert "not a local one" in str(jr.mount_problem(nfs, "/n/w"))
     assert jr.mount_problem("22 1 8:1 / /a\\040b rw - ext4 /dev/sda1 rw\n", "/a b/c") is None
+
+
+async def test_read_files_answers_from_the_scans_bytes_without_a_thread(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The files a scan just hashed are read back from what it kept, here, with no
+    worker thread (``LocalSpace._kept_if_free``); one it did not keep (or a path changed
+    since) goes the thread's way and is read from the disk."""
+    import asyncio
+
+    b = LocalBackend(state_dir)
+    space = await b.create("rf")
+    threads: list[object] = []
+    real = asyncio.to_thread
+
+    async def counted(fn: Callable[..., object], *a: object) -> object:
+        threads.append(fn)
+        return await real(fn, *a)
+
+    try:
+        await space.write_file("old", b"old", epoch=1)
+        await space.scan()
+        await space.write_file("a", b"alpha", epoch=1)
+        await space.write_file("d/b", b"beta", epoch=1)
+        await space.scan()  # the journal's: it reads and keeps the two new files
+        monkeypatch.setattr(asyncio, "to_thread", counted)
+        assert await space.read_files(["a", "d/b"]) == {"a": b"alpha", "d/b": b"beta"}
+        assert threads == []
+        assert await space.read_files(["a", "old", "gone"]) == {"a": b"alpha", "old": b"old"}
+        assert len(threads) == 1
+    finally:
+        monkeypatch.undo()
+        await b.delete("rf")

@@ -457,9 +457,32 @@ class LocalSpace:
         return out
 
     async def read_files(self, paths: Sequence[str]) -> dict[str, bytes]:
-        """See ``Space.read_files``: the bytes the last scan read where it kept them."""
+        """See ``Space.read_files``: the bytes the last scan read where it kept them
+        (all of them kept: answered here, as ``small_if_free`` answers a small scan, the
+        hand-off to a worker thread costing more than the lookups)."""
         self._check()
-        return await asyncio.to_thread(self._read_files_sync, list(paths))
+        paths = list(paths)
+        found = self._kept_if_free(paths)
+        if found is not None:
+            return found
+        return await asyncio.to_thread(self._read_files_sync, paths)
+
+    def _kept_if_free(self, paths: list[str]) -> dict[str, bytes] | None:
+        """Every one of ``paths`` from the last scan's kept bytes; None when one is not
+        kept, or a worker thread holds the scanner."""
+        if not self._scan_lock.acquire(blocking=False):
+            return None
+        try:
+            kept = self._scanner.kept
+        finally:
+            self._scan_lock.release()
+        out: dict[str, bytes] = {}
+        for p in paths:
+            data = kept.get(confine(self.root, p))
+            if data is None:
+                return None
+            out[p] = data
+        return out
 
     def _mutate_sync(self, epoch: int, op: Callable[[], None]) -> None:
         """A file operation, fenced: under the lock ``advance_epoch`` holds from its kill
