@@ -189,23 +189,31 @@ async def prune(
     elif doomed is not None:  # fd 3: the blobs to delete
         drop_blobs = (
             "[ -d blobs ] && [ ! -L blobs ] && ( cd blobs && grep -xE '[0-9a-f]{64}' <&3 | "
-            "xargs -r rm -f -- ); exec 3<&-; "
+            "xargs -r rm -f -- ); "
         )
-    else:  # fd 3: the blobs to keep
+    else:  # fd 3: the blobs to keep, put in a file first (never through a name planted
+        # there: ``set -C``): the daemon's stdin pipe is not the command's to open again
+        # (``/dev/fd/3`` is EACCES where the daemon is root and the command a user: a
+        # docker Space's, which then pruned no blob at all)
         drop_blobs = (
-            "[ -d blobs ] && [ ! -L blobs ] && ( cd blobs && ls -A | grep -xE '[0-9a-f]{64}' | "
-            "grep -vxF -f /dev/fd/3 | xargs -r rm -f -- ); exec 3<&-; "
+            "[ -d blobs ] && [ ! -L blobs ] && ( set -C; cat <&3 > .tmp-keep ) && "
+            "( cd blobs && ls -A | "
+            "grep -xE '[0-9a-f]{64}' | grep -vxF -f ../.tmp-keep | xargs -r rm -f -- ); "
+            "rm -f .tmp-keep; "
         )
     code, out = await _sh(
         space,
         # fd 3: the blobs to keep or to delete (stdin; a pipeline's later commands have
-        # their own)
-        f"exec 3<&0; cd {_q(d)} 2>/dev/null || exit 0; [ -L blobs ] && rm -f blobs; "
+        # their own). Whatever way the script ends, it reads all of it first: a command
+        # that exits before reading its input fails the daemon's write (a broken pipe)
+        # once the input is more than a pipe holds (1000 blobs to keep).
+        f"exec 3<&0; cd {_q(d)} 2>/dev/null || {{ cat >/dev/null; exit 0; }}; "
+        "[ -L blobs ] && rm -f blobs; "
         "rm -rf -- .restore-* .tmp-* .probe-*; "
         'for f in *.tar *.manifest .pending-*.tar; do [ -e "$f" ] || [ -L "$f" ] || continue; '
         f'case "$f" in {pattern}) ;; *) rm -rf -- "$f" && printf "%s\\0" "$f";; esac; done; '
         + drop_blobs
-        + "exit 0",
+        + "cat <&3 >/dev/null; exit 0",
         epoch,
         stdin=blobs.encode() if keep_blobs is not None else None,
     )

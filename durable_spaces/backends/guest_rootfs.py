@@ -47,10 +47,12 @@ __all__ = [
 ]
 
 #: What debootstrap installs. minbase already has bash, coreutils, findutils, tar, grep,
-#: sed, gzip (all Essential); procps adds ps/kill/pgrep for daemon-kill faults and checks.
+#: sed, gzip (all Essential); procps adds ps/kill/pgrep for daemon-kill faults and checks;
+#: git is what an agent in a sandbox reaches for, and the bench's ``git commit`` peer
+#: (``bench/peers.py``) on the tree of a docker or microvm Space.
 SUITE = "bookworm"
 VARIANT = "minbase"
-INCLUDE = ("procps",)
+INCLUDE = ("procps", "git")
 MIRROR = os.environ.get("DS_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 
 USER_UID = 1000

@@ -164,3 +164,53 @@ async def test_a_prune_deletes_every_unneeded_blob_and_nothing_else(
         for name in await backend.names():
             await backend.delete(name)
         await backend.close()
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "local",
+        pytest.param("spacesd", marks=pytest.mark.spacesd),
+        pytest.param("docker", marks=pytest.mark.docker),
+    ],
+)
+@pytest.mark.parametrize("blobs", [40, 1200])
+async def test_the_prune_command_deletes_unneeded_blobs_on_every_backend(
+    tmp_path: Path, backend: str, blobs: int
+) -> None:
+    """The command path (no listing from this host), as a Space's own user runs it: on
+    docker that user could not open the daemon's stdin pipe again (``/dev/fd/3``), so
+    no blob was ever pruned, and with 1200 blobs to keep (more than a pipe holds) the
+    daemon's write of them failed. A copy that is not there takes the whole input too."""
+    from durable_spaces.backends import unavailable_reason
+
+    why = unavailable_reason(backend)
+    if why is not None:
+        pytest.skip(why)
+    b = open_backend(backend, tmp_path / "spaces")
+    try:
+        space = await b.create(f"pr-{blobs}")
+        await space.advance_epoch(1)
+        d = copy_dir(space)
+        names = [f"{i:064x}" for i in range(blobs)]
+        keep = names[5:]
+        assert await space_copy.prune(space, d, [], keep, 1) == []  # no copy yet
+        res = await space.exec(
+            [
+                "sh",
+                "-c",
+                f"mkdir -p {d}/blobs && cd {d}/blobs && xargs touch && ln -s /etc ../.tmp-keep",
+            ],
+            key=None,
+            epoch=1,
+            cwd=space.root,
+            stdin="\n".join(names).encode(),
+        )
+        assert res.exit_code == 0, res.output
+        await space_copy.prune(space, d, [], keep, 1)
+        res = await space.exec(["sh", "-c", f"ls -A {d}/blobs"], key=None, epoch=1, cwd=space.root)
+        assert sorted(res.output.decode().split()) == keep
+    finally:
+        for name in await b.names():
+            await b.delete(name)
+        await b.close()
