@@ -67,7 +67,9 @@ def walk(
     if len(footer) != FOOTER.size:
         return None
     magic, mlen, count = FOOTER.unpack(footer)
-    if magic != MAGIC or mlen > end or count > end:
+    # Each entry takes at least its header: a count past that is refused before the walk
+    # (a planted file cannot make a reader loop over more headers than the file holds).
+    if magic != MAGIC or mlen > end or count > (end - mlen) // _ENTRY.size:
         return None
     found: dict[str, tuple[int, int]] = {}
     at = mlen

@@ -62,6 +62,8 @@ LARGE = {"big.bin": os.urandom(checkpoint_batch.CLONE_MIN + 100)}
 
 
 def test_the_format_round_trips_and_refuses_what_does_not_fill_it() -> None:
+    """Every entry read is checked against the file's bounds; a count no file of this
+    size could hold is refused at once (``walk`` reads no header of it)."""
     manifest = b'{"format":"durable-spaces.manifest"}'
     blobs = [(sha(b"a"), b"a"), (sha(b"bc" * 100), b"bc" * 100)]
     data = manifest + carry.trailer(len(manifest), blobs)
@@ -79,9 +81,14 @@ def test_the_format_round_trips_and_refuses_what_does_not_fill_it() -> None:
         data[:-1],  # no footer
         data[:-16] + (10**9).to_bytes(8, "big") + data[-8:],  # a manifest past the end
         data[:-8] + (2**40).to_bytes(8, "big"),  # more entries than bytes
+        data[:-8] + (3).to_bytes(8, "big"),  # more entries than there are
     ):
         assert carry.entries(broken) is None
         assert carry.split(broken) == broken
+    reads: list[int] = []
+    huge = manifest + b"x" * 400 + carry.FOOTER.pack(carry.MAGIC, len(manifest), 11)
+    assert carry.walk(len(huge), lambda at, n: reads.append(at) or huge[at : at + n]) is None
+    assert len(reads) == 1  # the footer only: 11 headers do not fit in 400 bytes
 
 
 # --- a store on a directory ------------------------------------------------------------
