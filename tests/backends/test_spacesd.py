@@ -527,3 +527,39 @@ async def test_a_write_killed_by_an_advance_never_lands(backend: SpacesdBackend)
         spacesd_space.SpacesdSpace._feed = real_feed  # type: ignore[method-assign]
         await task
     assert await other.read_file("f.txt") == b"old"
+
+
+async def test_a_daemon_scan_keeps_the_small_files_it_read_for_read_files(
+    backend: SpacesdBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the daemon (no host scan): the changed small files come in one ``tar`` and
+    are hashed here, their bytes kept, so ``read_files`` of them runs no command; a large
+    one is hashed in the Space and read by a command. Every hash is the file's."""
+    import hashlib
+
+    from durable_spaces.backends.spacesd import space as sd
+
+    space = await backend.create("kept")
+    space._host = None  # type: ignore[attr-defined]  # the daemon's scan, as microvm's
+    await space.write_file("old.txt", b"old", epoch=1)
+    await space.scan()
+    files = {f"d/f{i}.txt": f"small {i}\n".encode() * (i + 1) for i in range(3)}
+    files["big.bin"] = os.urandom(sd.KEEP_MAX + 1)
+    for path, data in files.items():
+        await space.write_file(path, data, epoch=1)
+    table = await space.scan()
+    for path, data in files.items():
+        assert table[path].sha256 == hashlib.sha256(data).hexdigest(), path
+    runs: list[object] = []
+    real = sd.SpacesdSpace._run
+
+    async def counted(self: object, argv: object, *a: object, **k: object) -> object:
+        runs.append(argv)
+        return await real(self, argv, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sd.SpacesdSpace, "_run", counted)
+    small = sorted(p for p in files if p.startswith("d/"))
+    assert await space.read_files(small) == {p: files[p] for p in small}
+    assert runs == []
+    assert await space.read_files([*small, "big.bin"]) == {p: files[p] for p in files}
+    assert len(runs) == 1

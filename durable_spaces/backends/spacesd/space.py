@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import hashlib
 import json
 import os
 import posixpath
@@ -103,6 +104,12 @@ _FILE_OPS = frozenset({"download", "make_dir", "remove", "stat", "list_dir", "mo
 SweepWhen = Literal["never", "rise", "always"]
 
 
+
+#: Stale files smaller than this are read whole by a scan and hashed here (``_hash_stale``),
+#: at most ``KEEP_TOTAL`` bytes of them a scan; larger ones are hashed in the Space.
+KEEP_MAX = 64 * 1024
+KEEP_TOTAL = 8 << 20
+
 class SpacesdSpace:
     """A Space whose machine runs a cua-spacesd daemon at ``url``."""
 
@@ -133,6 +140,9 @@ class SpacesdSpace:
         self._client: Any = None
         self._lock = asyncio.Lock()
         self._scans = ScanCache()
+        #: The bytes of the small files the last whole-workspace scan read
+        #: (``_hash_stale``), by workspace path: ``read_files`` of them costs nothing more.
+        self._kept: dict[str, bytes] = {}
         #: The epoch this object last advanced the Space to: its helper commands run
         #: under it, so a driver's next successor kills one its death left waiting (an
         #: epoch-0 helper outlives every advance, e.g. an unfed ``xargs``).
@@ -395,8 +405,11 @@ class SpacesdSpace:
         return bytes(await self._call("download", self._abs(rel)))
 
     async def read_files(self, paths: Sequence[str]) -> dict[str, bytes]:
-        """See ``Space.read_files``: one ``tar`` stream through one command (``bulk``)."""
+        """See ``Space.read_files``: the bytes the last scan read where it kept them all,
+        else one ``tar`` stream through one command (``bulk``)."""
         wanted = bulk.wanted(self.root, paths)
+        if wanted and all(rel in self._kept for rel in wanted.values()):
+            return {p: self._kept[rel] for p, rel in wanted.items()}
         if len(wanted) <= 1:
             return {}  # one file: ``read_file`` is one transfer already, and cheaper
         rels = sorted(set(wanted.values()))
@@ -489,8 +502,38 @@ class SpacesdSpace:
         if res.exit_code != 0:
             raise SpaceError(f"scan failed: {res.output[-500:].decode(errors='replace')}")
         listing = self._scans.listing(top, ex.stdout(), excl)
+        hashes, kept = await self._hash_stale(listing.stale, listing.table)
+        table = self._scans.table(listing, hashes)
+        self._kept = kept
+        return table
+
+    async def _hash_stale(
+        self, stale: list[str], table: PathTable
+    ) -> tuple[dict[str, str], dict[str, bytes]]:
+        """The sha256 of each file in ``stale`` (gone ones left out), and the bytes of
+        those read whole: the small ones (under ``KEEP_MAX``, ``KEEP_TOTAL`` in all) come
+        in one ``tar`` (``bulk``) and are hashed here, so transactional mode's read of
+        what a command changed is answered from them (one command fewer per call: 250 ms
+        of a microvm call under TCG); the rest, and any the stream left out or could not
+        give (changed while read, no longer a regular file), are hashed in the Space."""
         hashes: dict[str, str] = {}
-        if listing.stale:
-            hashed, _ = await self._run(HASH_ARGV, cwd=self.root, stdin=hash_input(listing.stale))
-            hashes = parse_hashes(hashed.stdout())
-        return self._scans.table(listing, hashes)
+        kept: dict[str, bytes] = {}
+        small: list[str] = []
+        total = 0
+        for name in stale:
+            size = table[name].size or 0
+            if size < KEEP_MAX and total + size <= KEEP_TOTAL:
+                small.append(name)
+                total += size
+        if len(small) > 1:  # one file: ``HASH_ARGV`` is one command already
+            ex, res = await self._run(
+                bulk.read_argv(self.root), cwd="/", stdin=bulk.read_input(small)
+            )
+            if res.exit_code == 0:
+                kept = bulk.parse(ex.stdout(), set(small))
+                hashes = {n: hashlib.sha256(data).hexdigest() for n, data in kept.items()}
+        rest = [n for n in stale if n not in hashes]
+        if rest:
+            hashed, _ = await self._run(HASH_ARGV, cwd=self.root, stdin=hash_input(rest))
+            hashes.update(parse_hashes(hashed.stdout()))
+        return hashes, kept
