@@ -29,7 +29,18 @@ import stat
 import struct
 from collections.abc import Callable, Iterable
 
-__all__ = ["CARRY_MAX", "FOOTER", "MAGIC", "carried", "entries", "find", "split", "trailer", "walk"]
+__all__ = [
+    "CARRY_MAX",
+    "FOOTER",
+    "MAGIC",
+    "carried",
+    "entries",
+    "find",
+    "intact",
+    "split",
+    "trailer",
+    "walk",
+]
 
 MAGIC = b"DS-CARRY"
 FOOTER = struct.Struct(">8sQQ")  # magic, manifest length, entries
@@ -92,14 +103,20 @@ def split(data: bytes) -> bytes:
     return data if parsed is None else data[: parsed[0]]
 
 
+def intact(data: bytes) -> dict[str, bytes]:
+    """Every blob the file ``data`` carries whose bytes match its sha256 (one parse)."""
+    parsed = entries(data)
+    found: dict[str, bytes] = {}
+    for sha, (at, length) in (parsed[1] if parsed is not None else {}).items():
+        blob = data[at : at + length]
+        if hashlib.sha256(blob).hexdigest() == sha:
+            found[sha] = blob
+    return found
+
+
 def carried(data: bytes, sha: str) -> bytes | None:
     """Blob ``sha`` as the file ``data`` carries it, if intact; else None."""
-    parsed = entries(data)
-    if parsed is None or sha not in parsed[1]:
-        return None
-    at, length = parsed[1][sha]
-    blob = data[at : at + length]
-    return blob if hashlib.sha256(blob).hexdigest() == sha else None
+    return intact(data).get(sha)
 
 
 def find(dfd: int, names: Iterable[str], sha: str) -> tuple[bytes, str] | None:

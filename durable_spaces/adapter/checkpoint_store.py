@@ -300,12 +300,8 @@ class DirectoryCheckpointStore:
                     data = self._read(name, str(self.dir / name), blob=False)
                 except CheckpointCopyError:
                     continue  # nothing can be saved from it
-                parsed = None if data is None else carry.entries(data)
-                if data is None or parsed is None:
-                    continue
-                for sha in parsed[1]:
-                    blob = carry.carried(data, sha)
-                    if blob is not None and (needed is None or sha in needed):
+                for sha, blob in (carry.intact(data) if data is not None else {}).items():
+                    if needed is None or sha in needed:
                         fds.append(self._blob_file(dfd, bfd, sha, blob))
             if fds:
                 fsync_all(fds)

@@ -103,12 +103,11 @@ _FILE_OPS = frozenset({"download", "make_dir", "remove", "stat", "list_dir", "mo
 #: When ``advance_epoch`` sweeps stray processes: never, when the floor rises, or always.
 SweepWhen = Literal["never", "rise", "always"]
 
-
-
 #: Stale files smaller than this are read whole by a scan and hashed here (``_hash_stale``),
 #: at most ``KEEP_TOTAL`` bytes of them a scan; larger ones are hashed in the Space.
 KEEP_MAX = 64 * 1024
 KEEP_TOTAL = 8 << 20
+
 
 class SpacesdSpace:
     """A Space whose machine runs a cua-spacesd daemon at ``url``."""
