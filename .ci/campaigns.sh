@@ -29,6 +29,11 @@ for backend in local spacesd; do
   run "pause-$backend" --mode transactional --backend "$backend" --runs 8 --calls 6 --seed-base ci-pause --profile pause
   run "exhaustive-$backend" --scenario exhaustive --backend "$backend" --calls 4 --seed-base ci-ex
 done
+# The change journal in the Space (a microvm's, spacesd/guest_journal.pl) on the real
+# daemon, the host scan off: daemon kills, restarts and removals of the Space under it.
+export DS_HOST_SCAN=0
+run "journal-in-space-spacesd" --mode transactional --backend spacesd --runs 12 --calls 6 --seed-base ci-gj --profile space
+unset DS_HOST_SCAN
 # Power losses of the host (powerfs: unsynced writes of the log, the ledger, the store and
 # the workspace dropped or torn), the log at SQLite FULL: every run consistent.
 if why=$(python -c 'from durable_spaces.chaos.powerfs import unavailable as u; import sys; r=u(); print(r or ""); sys.exit(1 if r else 0)'); then

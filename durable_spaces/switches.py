@@ -1,6 +1,6 @@
 """The on/off switches read from the environment, read one way.
 
-Switches: ``DS_SPACE_JOURNAL``, ``DS_LOCAL_FORKSERVER``, ``DS_WARM_DRIVERS``,
+Switches: ``DS_SPACE_JOURNAL``, ``DS_HOST_SCAN``, ``DS_LOCAL_FORKSERVER``, ``DS_WARM_DRIVERS``,
 ``DS_WARM_WORKERS``, ``DS_FAST_EXIT``, ``DS_INODE_POOL``, ``DS_COPY_BEHIND``,
 ``DS_CHECKPOINT_EARLY``, ``DS_ZYGOTE``.
 
@@ -35,6 +35,7 @@ def switch(name: str, env: Mapping[str, str] | None = None, default: bool = True
 #: Every switch, so a command can check them all before it starts any work.
 NAMES = (
     "DS_SPACE_JOURNAL",
+    "DS_HOST_SCAN",
     "DS_LOCAL_FORKSERVER",
     "DS_WARM_DRIVERS",
     "DS_WARM_WORKERS",

@@ -282,6 +282,8 @@ async def _drive(durable: DurableSpaces, start: Start, session: Session) -> int:
         finally:
             with contextlib.suppress(Exception):
                 await handle.close()
+            with contextlib.suppress(Exception):
+                await durable.close()
     finally:
         storage.close()
 

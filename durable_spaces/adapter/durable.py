@@ -16,6 +16,7 @@ crashed), and runs each wrapped call under the Space's lock.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -245,6 +246,16 @@ class DurableSpaces:
                 rec.instance = None
         await self.parts.commit(harness, conv, state)
         return space
+
+    async def close(self) -> None:
+        """Let go of the Space objects this adapter opened: their connections, and what
+        each keeps running in its Space for its own use (the change journal's helper,
+        ``spacesd/guest_journal.py``). A driver's last act; the Spaces go on."""
+        keeper = self.parts.spaces
+        spaces, keeper.open = list(keeper.open.values()), {}
+        for space in spaces:
+            with contextlib.suppress(Exception):
+                await space.close()
 
     async def ensure_space(self, harness: Harness, conversation_id: str) -> None:
         """After a run settles: a Space lost after the last call is rebuilt before the

@@ -396,3 +396,47 @@ async def test_stale_restore_and_checkpoint_are_refused_by_the_host_floor(
     with pytest.raises(StaleEpochError):
         await restored.exec(["true"], key=None, epoch=2)
     assert await restored.current_epoch() == 3
+
+
+async def test_the_journal_in_the_guest_answers_scans_as_the_daemon_would(
+    backend: MicrovmBackend,
+) -> None:
+    """A microvm Space's scans come from the change journal in its guest
+    (``spacesd/guest_journal.pl``): one walk, then each scan the paths the events named,
+    each table the one ``find`` through the daemon gives. A restore is a new machine:
+    the journal is not trusted across it (a new walk)."""
+    from durable_spaces.backends.microvm.space import MicrovmSpace
+
+    name = _name()
+    sp: Any = await backend.create(name)
+    await sp.advance_epoch(1)
+    r = await sp.exec(["cat", "/proc/sys/fs/inotify/max_user_watches"], key=None, epoch=1)
+    assert int(r.output) >= 65536  # set by the guest's init for the journal's watches
+
+    async def oracle() -> object:
+        other = MicrovmSpace(sp._host, name, backend.files.read(name), sp._token)
+        other._guest.unavailable = "the oracle scans without a journal"
+        try:
+            return await other.scan()
+        finally:
+            await other.close()
+
+    steps = [
+        "mkdir -p d/e && printf a > a && printf b > d/e/b",
+        "printf more >> a && mv d m",
+        "ln m/e/b ../hl && printf via-link >> ../hl && rm ../hl",
+        "rm -rf m && ln -s a link && chmod 700 a",
+    ]
+    assert await sp.scan() == await oracle()
+    for step in steps:
+        r = await sp.exec(["sh", "-c", step], key=None, epoch=1)
+        assert r.exit_code == 0, r.output
+        assert await sp.scan() == await oracle(), step
+    assert sp.scan_stats["full"] == 1 and sp.scan_stats["journal"] == len(steps)
+    cid = await backend.checkpoint(name)
+    await sp.exec(["sh", "-c", "printf after > after"], key=None, epoch=1)
+    await sp.scan()
+    sp = await backend.restore(name, cid)
+    await sp.advance_epoch(2)
+    table = await sp.scan()
+    assert "after" not in table and table == await oracle()

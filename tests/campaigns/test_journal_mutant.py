@@ -3,6 +3,8 @@ appends to existing files never reach the image or the checkpoint): a short
 transactional campaign on ``local`` fails it on the image-versus-workspace check, a
 checkpoint campaign (whose journaled checkpoints then miss a call's append) on the
 checkpoint-versus-workspace check, and the same campaigns on the correct build pass.
+The journal that runs in the Space (``spacesd/guest_journal.pl``, a microvm's) the same
+way, on the real cua-spacesd with the host scan off (``DS_HOST_SCAN=0``).
 What the journal vouches for is therefore checked, not assumed."""
 
 from __future__ import annotations
@@ -18,14 +20,15 @@ pytestmark = pytest.mark.slow
 
 
 def _campaign(
-    out: Path, mutant: bool, mode: str = "transactional"
+    out: Path, mutant: bool, mode: str = "transactional", backend: str = "local"
 ) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env.pop("DS_MUTANTS", None)
     env.pop("DS_SPACE_JOURNAL", None)
+    env["DS_HOST_SCAN"] = "0"  # spacesd: the journal in the Space (local has no other)
     if mutant:
         env["DS_MUTANTS"] = "journal_miss"
-    args = ["campaign", "--mode", mode, "--backend", "local", "--runs", "4",
+    args = ["campaign", "--mode", mode, "--backend", backend, "--runs", "4",
             "--calls", "8", "--seed-base", "jmiss", "--jobs", "2", "--out", str(out),
             "--no-progress", "--no-report", "--retries", "0"]  # fmt: skip
     return subprocess.run(
@@ -34,14 +37,22 @@ def _campaign(
     )  # fmt: skip
 
 
-def test_a_journal_that_misses_events_is_caught_and_the_real_one_passes(tmp_path: Path) -> None:
-    broken = _campaign(tmp_path / "broken", mutant=True)
+@pytest.mark.parametrize("backend", ["local", pytest.param("spacesd", marks=pytest.mark.spacesd)])
+def test_a_journal_that_misses_events_is_caught_and_the_real_one_passes(
+    tmp_path: Path, backend: str
+) -> None:
+    if backend == "spacesd":
+        from durable_spaces.backends.spacesd.backend import unavailable_reason
+
+        if (why := unavailable_reason()) is not None:
+            pytest.skip(f"cua-spacesd unavailable: {why}")
+    broken = _campaign(tmp_path / "broken", mutant=True, backend=backend)
     summary = broken.stdout.splitlines()[-1]
     assert broken.returncode == 1, broken.stdout[-2000:]
-    assert summary.startswith("SUMMARY mode=transactional backend=local ")
+    assert summary.startswith(f"SUMMARY mode=transactional backend={backend} ")
     assert " failed=0 " not in summary
     assert "(image_equals_workspace)" in broken.stdout, broken.stdout[-2000:]
-    fixed = _campaign(tmp_path / "fixed", mutant=False)
+    fixed = _campaign(tmp_path / "fixed", mutant=False, backend=backend)
     assert fixed.returncode == 0, fixed.stdout[-2000:]
     assert " failed=0 " in fixed.stdout.splitlines()[-1]
 

@@ -25,6 +25,9 @@ BACKENDS = [
     # supervisor started directly, the fallback when the server cannot be had.
     pytest.param("local:direct", id="local-direct"),
     pytest.param("spacesd", marks=pytest.mark.spacesd, id="spacesd"),
+    # The real daemon with its Space scanned through it (DS_HOST_SCAN=0): the change
+    # journal in the Space (spacesd/guest_journal.pl), as a microvm's, on this host.
+    pytest.param("spacesd:daemon-scan", marks=pytest.mark.spacesd, id="spacesd-daemon-scan"),
     pytest.param("docker", marks=pytest.mark.docker, id="docker"),
     pytest.param("microvm", marks=[pytest.mark.microvm, pytest.mark.slow], id="microvm"),
 ]
@@ -40,6 +43,8 @@ def backend_name(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     name, _, variant = str(request.param).partition(":")
     if variant == "direct":
         monkeypatch.setenv("DS_LOCAL_FORKSERVER", "0")  # its drivers inherit it too
+    if variant == "daemon-scan":
+        monkeypatch.setenv("DS_HOST_SCAN", "0")
     reason = unavailable_reason(name)
     if reason is not None:
         pytest.skip(f"backend {name} cannot run here: {reason}")

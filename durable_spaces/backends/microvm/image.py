@@ -93,6 +93,10 @@ $BB ip addr add 10.0.2.15/24 dev eth0
 $BB ip link set eth0 up
 $BB ip route add default via 10.0.2.2
 mkdir -p /run/cua && chmod 700 /run/cua
+# The change journal (spacesd/guest_journal.pl) watches every file and directory of the
+# workspace as the Space's user: the kernel's default of 8192 watches a user would cut
+# it to full scans at a few thousand files.
+echo 65536 > /proc/sys/fs/inotify/max_user_watches
 FW=/sys/firmware/qemu_fw_cfg/by_name/opt/cua/token/raw
 (umask 077; [ -r $FW ] && cat $FW > /run/cua/env-token.new \
   && mv /run/cua/env-token.new /run/cua/env-token)

@@ -196,9 +196,21 @@ class SpacesdExecution:
 
     async def feed(self, data: bytes) -> None:
         """Send ``data`` to the command's stdin (spawned with ``stdin=True``), then close it."""
+        await self.send(data)
+        await self.close_input()
+
+    async def send(self, data: bytes) -> None:
+        """Send ``data`` to the command's stdin, keeping it open (a conversation with a
+        helper that answers each request: ``guest_journal``)."""
         try:
             for i in range(0, len(data), STDIN_CHUNK):
                 await self._proc.write_stdin(data[i : i + STDIN_CHUNK])
+        except Exception as e:
+            raise self._errors.map(e) from None
+
+    async def close_input(self) -> None:
+        """Close the command's stdin (it reads end of file)."""
+        try:
             await self._proc.close_stdin()
         except Exception as e:
             raise self._errors.map(e) from None

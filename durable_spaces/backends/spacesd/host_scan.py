@@ -26,6 +26,7 @@ from durable_spaces.backends.local.journal import ChangeJournal
 from durable_spaces.backends.local.journaled import JournaledScanner, small_if_free
 from durable_spaces.backends.spacesd.space import SpacesdSpace
 from durable_spaces.space import PathTable, confine
+from durable_spaces.switches import switch
 
 __all__ = ["HostScan", "HostScannedSpace"]
 
@@ -99,18 +100,31 @@ class HostScan:
         await asyncio.to_thread(self._reset, why)
 
 
+def enabled() -> bool:
+    """``DS_HOST_SCAN``: unset or ``1``, a Space whose workspace this host sees is
+    scanned here; ``0``, through its daemon (the journal in the Space, as a microvm's:
+    to compare, and to run that path on a Space of this host)."""
+    return switch("DS_HOST_SCAN")
+
+
 class HostScannedSpace(SpacesdSpace):
     """A daemon's Space that scans here when its ``_host`` can (set by the subclass once
     it knows where this host sees the workspace), and through the daemon otherwise."""
 
     _host: HostScan | None = None
 
+    @property
+    def _here(self) -> HostScan | None:
+        return self._host if enabled() else None
+
     async def scan(self, root: str = ".", exclude: Sequence[str] = ()) -> PathTable:
-        table = await self._host.scan(root, exclude) if self._host is not None else None
+        host = self._here
+        table = await host.scan(root, exclude) if host is not None else None
         return table if table is not None else await super().scan(root, exclude)
 
     async def read_files(self, paths: Sequence[str]) -> dict[str, bytes]:
-        out = await self._host.read_files(paths) if self._host is not None else {}
+        host = self._here
+        out = await host.read_files(paths) if host is not None else {}
         rest = [p for p in paths if p not in out]
         if rest:
             out.update(await super().read_files(rest))

@@ -10,6 +10,7 @@ within ``RACY_SECONDS`` of the scan is not cached (a same-tick rewrite looks unc
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from durable_spaces.space import (
@@ -64,7 +65,7 @@ class ScanCache:
             name = prefix + name_b.decode("utf-8", "surrogateescape")
             if any(name == x or name.startswith(x + "/") for x in exclude):
                 continue
-            cut = _unrepresentable(name)
+            cut = unrepresentable(name)
             if cut is not None:  # as local_fs: one entry where the image stops
                 table[cut[0]] = unsupported(cut[1])
                 continue
@@ -106,6 +107,32 @@ class ScanCache:
         return table
 
 
+def table_of(
+    entries: Mapping[str, PathEntry],
+    top: str,
+    exclude: Sequence[str],
+    cuts: Mapping[str, tuple[str, str]],
+) -> PathTable:
+    """The table a scan of ``top`` leaving out ``exclude`` gives, from ``entries`` of the
+    whole workspace (``guest_journal``), as ``ScanCache.listing`` builds it from a
+    listing; ``cuts`` holds ``unrepresentable`` of the names it is not None for."""
+    if top == "." and not exclude and not cuts:
+        return dict(entries)
+    prefix = "" if top == "." else top + "/"
+    table: PathTable = {}
+    for name, e in entries.items():
+        if not name.startswith(prefix):
+            continue
+        if any(name == x or name.startswith(x + "/") for x in exclude):
+            continue
+        cut = cuts.get(name)
+        if cut is not None:
+            table[cut[0]] = unsupported(cut[1])
+            continue
+        table[name] = e
+    return table
+
+
 def hash_input(names: list[str]) -> bytes:
     """The stdin of ``HASH_ARGV`` for ``names``."""
     return b"\0".join(n.encode("utf-8", "surrogateescape") for n in names) + b"\0"
@@ -120,7 +147,7 @@ def parse_hashes(out: bytes) -> dict[str, str]:
     return hashes
 
 
-def _unrepresentable(name: str) -> tuple[str, str] | None:
+def unrepresentable(name: str) -> tuple[str, str] | None:
     """Where a listed path leaves what the image can hold (a bad name, too deep): the
     path up to there and why; None when all of it is representable."""
     parts = name.split("/")

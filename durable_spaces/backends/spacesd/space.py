@@ -59,6 +59,7 @@ from durable_spaces.backends.spacesd.execution import (
     SpacesdExecution,
     parse_record,
 )
+from durable_spaces.backends.spacesd.guest_journal import GuestJournal
 from durable_spaces.backends.spacesd.mutate import (
     MUTATE,
     mutate_argv,
@@ -72,6 +73,7 @@ from durable_spaces.backends.spacesd.scan import (
     ScanCache,
     hash_input,
     parse_hashes,
+    table_of,
 )
 from durable_spaces.chaos import mutants
 from durable_spaces.chaos.failpoints import hit
@@ -142,6 +144,16 @@ class SpacesdSpace:
         #: The bytes of the small files the last whole-workspace scan read
         #: (``_hash_stale``), by workspace path: ``read_files`` of them costs nothing more.
         self._kept: dict[str, bytes] = {}
+        #: The change journal in the Space (``guest_journal``): a scan asks it first.
+        self._guest = GuestJournal(
+            self.root,
+            self._start_journal,
+            self._hash_files,
+            probe.boot_id,
+            KEEP_MAX,
+            KEEP_TOTAL,
+            self._scans.stats,
+        )
         #: The epoch this object last advanced the Space to: its helper commands run
         #: under it, so a driver's next successor kills one its death left waiting (an
         #: epoch-0 helper outlives every advance, e.g. an unfed ``xargs``).
@@ -199,6 +211,7 @@ class SpacesdSpace:
         return dict(json.loads(out or "{}"))
 
     async def close(self) -> None:
+        await self._guest.reset("closed")
         self._client = None
 
     # --- capabilities, ledger, epoch -------------------------------------------------------
@@ -242,6 +255,7 @@ class SpacesdSpace:
         before = await self._daemon_epoch() if when == "rise" else 0
         if epoch < before:
             raise StaleEpochError(epoch, before, "space")
+        await self._guest.reset("a new epoch")  # its helper would be killed with the rest
         await self._rpc("AdvanceEpoch", {"epoch": epoch})
         self._helper_epoch = max(self._helper_epoch, epoch)
         if when == "always" or (when == "rise" and epoch > before):
@@ -494,6 +508,17 @@ class SpacesdSpace:
         excl = [confine(self.root, e) for e in exclude]
         if "." in excl:
             return {}
+        entries = await self._guest.scan()
+        if entries is not None:  # the journal vouches for the whole workspace
+            if top != ".":
+                st = await self._lstat(top)
+                if st is None or st.kind != "directory":
+                    return {}
+            self._kept = self._guest.kept
+            table = table_of(entries, top, excl, self._guest.cuts)
+            self._scans.stats["scans"] += 1
+            self._scans.stats["files"] = len(table)
+            return table
         st = await self._lstat(top)
         if st is None or st.kind != "directory":
             return {}
@@ -505,6 +530,21 @@ class SpacesdSpace:
         table = self._scans.table(listing, hashes)
         self._kept = kept
         return table
+
+    async def _start_journal(self, argv: Sequence[str]) -> SpacesdExecution:
+        """The journal's helper: the Space's user, in the workspace, under the helper
+        epoch (an advance kills it with the rest of the older epoch's commands)."""
+        ex = await self.spawn(
+            argv, key=None, epoch=self._helper_epoch, cwd=self.root, stdin=True, keep_output=0
+        )
+        if not isinstance(ex, SpacesdExecution):  # key=None: never a replay
+            raise SpaceError("the journal's helper was not started")
+        return ex
+
+    async def _hash_files(self, names: list[str]) -> dict[str, str]:
+        """The sha256 of the workspace files ``names`` (those that could be hashed)."""
+        ex, _ = await self._run(HASH_ARGV, cwd=self.root, stdin=hash_input(names))
+        return parse_hashes(ex.stdout())
 
     async def _hash_stale(
         self, stale: list[str], table: PathTable

@@ -1,0 +1,228 @@
+"""The change journal in the Space (``backends/spacesd/guest_journal.py`` and its helper
+``guest_journal.pl``), on the real cua-spacesd with the host scan off (``DS_HOST_SCAN=0``),
+as a microvm's Space runs it: each scan it answers must be the table the daemon's own
+scan (``find`` and ``sha256sum``, the journal off) finds, after every kind of change a
+command can make, including those inotify sees only per inode (a write through a hard
+link outside the workspace, a store through a shared mapping); and whatever it cannot
+vouch for (its helper killed, an answer that is not one, too many watches, a new epoch)
+makes the scan the daemon's own, or a new helper's full walk, never a wrong table.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from durable_spaces.backends.local import journal as host_journal
+from durable_spaces.backends.spacesd import guest_journal as gj
+from durable_spaces.backends.spacesd.backend import SpacesdBackend, unavailable_reason
+from durable_spaces.backends.spacesd.space import SpacesdSpace
+from durable_spaces.chaos import mutants
+from durable_spaces.space import PathTable
+
+pytestmark = [
+    pytest.mark.spacesd,
+    pytest.mark.skipif(not host_journal.enabled(), reason="DS_SPACE_JOURNAL=0 turns it off"),
+]
+
+if unavailable_reason() is not None:
+    pytest.skip(f"cua-spacesd unavailable: {unavailable_reason()}", allow_module_level=True)
+
+EPOCH = 1
+
+
+@pytest.fixture
+async def backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[SpacesdBackend]:
+    monkeypatch.setenv("DS_HOST_SCAN", "0")
+    b = SpacesdBackend(tmp_path / "spaces")
+    yield b
+    for name in await b.names():
+        await b.delete(name)
+    await b.close()
+
+
+@pytest.fixture
+async def space(backend: SpacesdBackend) -> SpacesdSpace:
+    s = await backend.create("gj")
+    await s.advance_epoch(EPOCH)
+    await sh(s, "mkdir -p d/e && printf alpha > a && printf beta > d/b && printf c > d/e/c")
+    return s  # type: ignore[return-value]
+
+
+async def sh(space: SpacesdSpace, script: str) -> None:
+    r = await space.exec(["sh", "-c", script], key=None, epoch=EPOCH)
+    assert r.exit_code == 0, r.output
+
+
+async def oracle(space: SpacesdSpace) -> PathTable:
+    """The daemon's own scan of the same Space (a new object: no cache, no journal)."""
+    other = SpacesdSpace(
+        space.name, space.root, space.instance_id, space._url, space._token, space._probe,
+        user=space._user, sdk_home=space._sdk_home,
+    )  # fmt: skip
+    other._guest.unavailable = "the oracle scans without a journal"
+    try:
+        return await other.scan()
+    finally:
+        await other.close()
+
+
+def journaled(space: SpacesdSpace) -> int:
+    return space.scan_stats["journal"]
+
+
+#: Changes a command can make, each followed by a scan the journal must answer.
+STEPS = [
+    "printf more >> a",
+    "printf new > d/new && mkdir -p n/m && printf q > n/m/q",
+    "mv n moved",
+    "rm -rf d/e",
+    "chmod 700 a",
+    "ln -s a link && ln -s /etc/passwd out",
+    "ln moved/m/q /tmp/gj-hl && printf through-link >> /tmp/gj-hl && rm /tmp/gj-hl",
+    'perl -e \'open(my $f, "+<", "a"); truncate($f, 3)\'',
+    "python3 -c \"import mmap; f=open('d/b','r+b'); m=mmap.mmap(f.fileno(), 0);"
+    " m[0:1]=b'B'; m.close(); f.close()\"",
+    "rm link && mkdir link && printf in > link/f",
+    "rm -rf link && printf file > link",
+    "mkdir -p deep/1/2 && printf x > deep/1/2/f && mv deep/1 top",
+    "printf 'a\\\\b' > 'back\\\\slash'",
+    "head -c 70000 /dev/urandom > big",
+    "true",
+]
+
+
+async def test_every_change_is_the_daemon_scans_table(space: SpacesdSpace) -> None:
+    assert await space.scan() == await oracle(space)
+    assert space.scan_stats["full"] == 1
+    for i, step in enumerate(STEPS, 1):
+        await sh(space, step)
+        table = await space.scan()
+        assert table == await oracle(space), step
+        assert journaled(space) == i, (step, space._guest.why_full)
+    assert space.scan_stats["full"] == 1  # one walk, every later scan the journal's
+
+
+async def test_random_changes_match_the_daemon_scan(space: SpacesdSpace) -> None:
+    rnd = random.Random(1313)
+    names = ["a", "b", "a/b", "b/c", "a/b/c", "c"]
+    ops = [
+        "mkdir -p {d}", "printf {r} > {d}/{f}", "printf {r} >> {f}", "rm -rf {d}",
+        "mv {d} {d2}", "mv {f} {d}/{f2}", "ln -sf {f} {f2}", "chmod {m} {f}", "rm -f {f}",
+        "cp -r {d} {d2}", "touch {d}/{f}", "ln {f} {f2}", "rm -rf {d2} && mkdir {d2}",
+        "mkdir -p {d}/{d2} && printf x > {d}/{d2}/{f}", "head -c {n} /dev/urandom > {f}",
+    ]  # fmt: skip
+    await space.scan()
+    for _ in range(30):
+        script = "; ".join(
+            rnd.choice(ops).format(
+                d=rnd.choice(names),
+                d2=rnd.choice(names),
+                f=rnd.choice(names),
+                f2=rnd.choice(names),
+                r=rnd.randrange(10**6),
+                m=rnd.choice(["600", "755"]),
+                n=rnd.choice([5, 70000]),
+            )
+            for _ in range(rnd.randint(1, 4))
+        )
+        await sh(space, f"({script}) 2>/dev/null; true")
+        assert await space.scan() == await oracle(space), script
+    assert space.scan_stats["full"] == 1
+
+
+async def test_a_journal_that_misses_content_events_is_caught_by_the_comparison(
+    space: SpacesdSpace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The comparison above can fail: with ``journal_miss`` the helper drops the events
+    of a file's contents, and an append goes unseen."""
+    monkeypatch.setattr(mutants, "_active", frozenset({"journal_miss"}))
+    await space.scan()
+    await sh(space, "printf more >> a")
+    table = await space.scan()
+    assert table["a"] != (await oracle(space))["a"]
+
+
+async def test_read_files_of_what_changed_runs_no_command(
+    space: SpacesdSpace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await space.scan()
+    await sh(space, "printf one > x && printf two > d/y")
+    await space.scan()
+    runs: list[object] = []
+    real = SpacesdSpace._run
+
+    async def counted(self: SpacesdSpace, argv: object, **kw: object) -> object:
+        runs.append(argv)
+        return await real(self, argv, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SpacesdSpace, "_run", counted)
+    assert await space.read_files(["x", "d/y"]) == {"x": b"one", "d/y": b"two"}
+    assert runs == []
+
+
+async def test_a_killed_helper_makes_the_next_scan_the_daemons_then_a_new_walk(
+    space: SpacesdSpace,
+) -> None:
+    await space.scan()
+    await sh(space, "printf changed > a; pkill -u $(id -u) -x perl; true")
+    assert await space.scan() == await oracle(space)  # the daemon's scan: the helper is gone
+    assert space._guest.why_full  # dropped: it exited (or its stdin was gone)
+    fulls = space.scan_stats["full"]
+    await sh(space, "printf again > a")
+    assert await space.scan() == await oracle(space)
+    assert space.scan_stats["full"] == fulls + 1  # a new helper, a new walk
+
+
+async def test_a_new_epoch_starts_a_new_helper(space: SpacesdSpace) -> None:
+    await space.scan()
+    await space.advance_epoch(EPOCH + 1)
+    assert space._guest.why_full == "a new epoch"
+    r = await space.exec(["sh", "-c", "printf later >> a"], key=None, epoch=EPOCH + 1)
+    assert r.exit_code == 0
+    assert await space.scan() == await oracle(space)
+    assert space.scan_stats["full"] == 2
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        pytest.param("exit 3", id="exits"),
+        pytest.param('$|=1; while (<STDIN>) { print "Z\\0\\0\\0\\0" }', id="unknown-frame"),
+        pytest.param('$|=1; while (<STDIN>) { print "F\\xff\\xff\\xff\\xff" }', id="huge-frame"),
+        pytest.param(
+            '$|=1; while (<STDIN>) { print "E", pack("N", 13), pack("N/a* N/a*", "nonce", "") }',
+            id="another-nonce",
+        ),
+        pytest.param(
+            '$|=1; while (<STDIN>) { print "E", pack("N", 3), "abc" }',
+            id="cut-short",
+        ),
+        pytest.param(
+            '$|=1; while (my $n = <STDIN>) { chomp $n; my $b = pack("N/a* N Q> c N/a*", '
+            '"../escape", 420, 1, 1, "x"); print "F", pack("N", length $b), $b, "E", '
+            'pack("N", 8 + length $n), pack("N/a* N/a*", $n, "") }',
+            id="escaping-path",
+        ),
+    ],
+)
+async def test_a_helper_that_gives_no_answer_leaves_the_scan_to_the_daemon(
+    space: SpacesdSpace, monkeypatch: pytest.MonkeyPatch, script: str
+) -> None:
+    monkeypatch.setattr(gj, "SCRIPT", script)
+    for _ in range(3):
+        assert await space.scan() == await oracle(space)
+        await sh(space, "printf x >> a")
+    assert space.scan_stats["journal"] == space.scan_stats["full"] == 0
+    assert space._guest.unavailable is not None  # given up after GIVE_UP helpers
+
+
+async def test_too_many_watches_is_untrusted_and_the_scan_still_right(
+    space: SpacesdSpace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gj, "MAX_WATCHES", 3)
+    assert await space.scan() == await oracle(space)
+    assert "more than 3 watches" in space._guest.why_full
