@@ -29,6 +29,15 @@ class HostBoot(Protocol):
     async def host_boot_id(self) -> str | None: ...
 
 
+@runtime_checkable
+class MachineBoot(Protocol):
+    """A Space that can read its machine's boot id through a process it already runs
+    there (``spacesd/guest_journal.py``'s helper), without starting a command: None when
+    it runs none (then the id is read by a command, ``adapter/machine.py``)."""
+
+    async def machine_boot_id(self) -> str | None: ...
+
+
 def read_host_boot_id() -> str | None:
     """This host's boot id (``DS_HOST_BOOT_ID``'s file, else the kernel's); None when it
     cannot be read. Only a short printable word is taken (it is compared, never a path)."""

@@ -12,7 +12,8 @@ remembers the one it bound to. Two rules follow:
 - before a commit that vouches for the machine's state (a checkpoint, a scan) the boot
   id is read again, and the driver halts instead of committing a torn disk.
 
-Watched are whole-machine Spaces (``machine_checkpoints``: one exec per commit) and
+Watched are whole-machine Spaces (``machine_checkpoints``: one exec per commit, or one
+request to a helper the Space already runs there, ``space_boot.MachineBoot``) and
 Spaces whose state is on the driver's own host (``space_boot.HostBoot``: the ``local``
 stand-in, one file read), whose host can lose power and with it the unsynced tail of
 the log *and* of the workspace (the Space may then be ahead of the log, or behind it).
@@ -24,7 +25,7 @@ from durable_spaces.adapter.spaces import SpaceKeeper
 from durable_spaces.adapter.state import SpaceState
 from durable_spaces.errors import SpaceUnavailableError
 from durable_spaces.space import Space
-from durable_spaces.space_boot import HostBoot
+from durable_spaces.space_boot import HostBoot, MachineBoot
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
@@ -39,6 +40,10 @@ class BootWatch:
     async def read(self, space: Space) -> str | None:
         if isinstance(space, HostBoot):  # its state is on this host: the host's boot id
             return await space.host_boot_id()
+        if isinstance(space, MachineBoot):  # read by a process already running there
+            boot = await space.machine_boot_id()
+            if boot is not None:
+                return boot
         res = await space.exec(
             ["cat", BOOT_ID], key=None, epoch=self.spaces.epoch_for(space.name), cwd="/"
         )

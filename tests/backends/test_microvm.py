@@ -432,11 +432,26 @@ async def test_the_journal_in_the_guest_answers_scans_as_the_daemon_would(
         r = await sp.exec(["sh", "-c", step], key=None, epoch=1)
         assert r.exit_code == 0, r.output
         assert await sp.scan() == await oracle(), step
-    assert sp.scan_stats["full"] == 1 and sp.scan_stats["journal"] == len(steps)
+    assert sp.scan_stats["guest_full"] == 1 and sp.scan_stats["guest_journal"] == len(steps)
+    # The machine's boot id, read by the running helper, is the kernel's.
+    kernel = await sp.exec(["cat", "/proc/sys/kernel/random/boot_id"], key=None, epoch=1)
+    assert await sp.machine_boot_id() == kernel.output.decode().strip()
     cid = await backend.checkpoint(name)
     await sp.exec(["sh", "-c", "printf after > after"], key=None, epoch=1)
     await sp.scan()
     sp = await backend.restore(name, cid)
     await sp.advance_epoch(2)
+    kernel = await sp.exec(["cat", "/proc/sys/kernel/random/boot_id"], key=None, epoch=2)
+    assert await sp.machine_boot_id() == kernel.output.decode().strip()  # a helper started
     table = await sp.scan()
     assert "after" not in table and table == await oracle()
+    # A machine booted again has no helper: the old object's answer is None, never the
+    # boot id it read before (the adapter then reads the new one by a command), and the
+    # next one comes from a new helper in the new boot.
+    before = await sp.machine_boot_id()
+    await backend.restart(name)
+    assert await sp.machine_boot_id() is None
+    assert sp._guest.entries == {}  # and its journal is dropped with it
+    sp = await backend.find(name)
+    after = await sp.machine_boot_id()
+    assert after is not None and after != before

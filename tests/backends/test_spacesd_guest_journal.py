@@ -70,8 +70,21 @@ async def oracle(space: SpacesdSpace) -> PathTable:
         await other.close()
 
 
+def count_commands(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The argv of every command a Space starts from now on (``spawn``)."""
+    runs: list[object] = []
+    real = SpacesdSpace.spawn
+
+    async def counted(self: SpacesdSpace, argv: object, **kw: object) -> object:
+        runs.append(argv)
+        return await real(self, argv, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SpacesdSpace, "spawn", counted)
+    return runs
+
+
 def journaled(space: SpacesdSpace) -> int:
-    return space.scan_stats["journal"]
+    return space.scan_stats["guest_journal"]
 
 
 #: Changes a command can make, each followed by a scan the journal must answer.
@@ -97,13 +110,13 @@ STEPS = [
 
 async def test_every_change_is_the_daemon_scans_table(space: SpacesdSpace) -> None:
     assert await space.scan() == await oracle(space)
-    assert space.scan_stats["full"] == 1
+    assert space.scan_stats["guest_full"] == 1
     for i, step in enumerate(STEPS, 1):
         await sh(space, step)
         table = await space.scan()
         assert table == await oracle(space), step
         assert journaled(space) == i, (step, space._guest.why_full)
-    assert space.scan_stats["full"] == 1  # one walk, every later scan the journal's
+    assert space.scan_stats["guest_full"] == 1  # one walk, every later scan the journal's
 
 
 async def test_random_changes_match_the_daemon_scan(space: SpacesdSpace) -> None:
@@ -131,7 +144,7 @@ async def test_random_changes_match_the_daemon_scan(space: SpacesdSpace) -> None
         )
         await sh(space, f"({script}) 2>/dev/null; true")
         assert await space.scan() == await oracle(space), script
-    assert space.scan_stats["full"] == 1
+    assert space.scan_stats["guest_full"] == 1
 
 
 async def test_a_journal_that_misses_content_events_is_caught_by_the_comparison(
@@ -152,14 +165,7 @@ async def test_read_files_of_what_changed_runs_no_command(
     await space.scan()
     await sh(space, "printf one > x && printf two > d/y")
     await space.scan()
-    runs: list[object] = []
-    real = SpacesdSpace._run
-
-    async def counted(self: SpacesdSpace, argv: object, **kw: object) -> object:
-        runs.append(argv)
-        return await real(self, argv, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(SpacesdSpace, "_run", counted)
+    runs = count_commands(monkeypatch)
     assert await space.read_files(["x", "d/y"]) == {"x": b"one", "d/y": b"two"}
     assert runs == []
 
@@ -171,10 +177,10 @@ async def test_a_killed_helper_makes_the_next_scan_the_daemons_then_a_new_walk(
     await sh(space, "printf changed > a; pkill -u $(id -u) -x perl; true")
     assert await space.scan() == await oracle(space)  # the daemon's scan: the helper is gone
     assert space._guest.why_full  # dropped: it exited (or its stdin was gone)
-    fulls = space.scan_stats["full"]
+    fulls = space.scan_stats["guest_full"]
     await sh(space, "printf again > a")
     assert await space.scan() == await oracle(space)
-    assert space.scan_stats["full"] == fulls + 1  # a new helper, a new walk
+    assert space.scan_stats["guest_full"] == fulls + 1  # a new helper, a new walk
 
 
 async def test_a_new_epoch_starts_a_new_helper(space: SpacesdSpace) -> None:
@@ -184,7 +190,7 @@ async def test_a_new_epoch_starts_a_new_helper(space: SpacesdSpace) -> None:
     r = await space.exec(["sh", "-c", "printf later >> a"], key=None, epoch=EPOCH + 1)
     assert r.exit_code == 0
     assert await space.scan() == await oracle(space)
-    assert space.scan_stats["full"] == 2
+    assert space.scan_stats["guest_full"] == 2
 
 
 @pytest.mark.parametrize(
@@ -216,7 +222,7 @@ async def test_a_helper_that_gives_no_answer_leaves_the_scan_to_the_daemon(
     for _ in range(3):
         assert await space.scan() == await oracle(space)
         await sh(space, "printf x >> a")
-    assert space.scan_stats["journal"] == space.scan_stats["full"] == 0
+    assert space.scan_stats["guest_journal"] == space.scan_stats["guest_full"] == 0
     assert space._guest.unavailable is not None  # given up after GIVE_UP helpers
 
 
@@ -226,3 +232,43 @@ async def test_too_many_watches_is_untrusted_and_the_scan_still_right(
     monkeypatch.setattr(gj, "MAX_WATCHES", 3)
     assert await space.scan() == await oracle(space)
     assert "more than 3 watches" in space._guest.why_full
+
+
+async def test_the_helper_reads_the_machines_boot_id_and_only_while_it_runs(
+    space: SpacesdSpace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``machine_boot_id``: the kernel's, read by the running helper (no command once it
+    runs; the first read starts it, and its first scan is still a walk); None once it is
+    gone, so the adapter reads it by a command."""
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        kernel = f.read().strip()
+    assert await space.machine_boot_id() == kernel
+    assert await space.scan() == await oracle(space)
+    assert space.scan_stats["guest_full"] == 1 and space.scan_stats["guest_journal"] == 0
+    with monkeypatch.context() as m:
+        runs = count_commands(m)
+        assert await space.machine_boot_id() == kernel
+        assert runs == []
+    await sh(space, "pkill -u $(id -u) -x perl; true")
+    assert await space.machine_boot_id() is None
+    assert space._guest.entries == {}  # dropped: the next scan is a new walk
+
+
+@pytest.mark.parametrize(
+    "boot",
+    [
+        pytest.param("", id="empty"),
+        pytest.param("x" * 65, id="long"),
+        pytest.param("a\\nb", id="newline"),
+    ],
+)
+async def test_a_boot_id_that_is_not_one_is_not_believed(
+    space: SpacesdSpace, monkeypatch: pytest.MonkeyPatch, boot: str
+) -> None:
+    script = gj.SCRIPT.replace("'/proc/sys/kernel/random/boot_id'", "'/dev/null'")
+    script = script.replace("my $id = $bf ? <$bf> : undef;", f'my $id = "{boot}";')
+    assert script != gj.SCRIPT
+    monkeypatch.setattr(gj, "SCRIPT", script)
+    await space.scan()
+    assert await space.machine_boot_id() is None
+    assert "boot id" in space._guest.why_full

@@ -47,6 +47,8 @@ MAX_WATCHES = 50_000
 #: A helper asked nothing for this long exits (a Space object never closed must not leave
 #: it running for good); the next scan then starts another, with a full walk.
 IDLE_SECONDS = 600
+#: How long a boot id's answer may take (a file read in the Space).
+BOOT_TIMEOUT = 30.0
 #: What a frame may hold beyond a small file's bytes (its path, a link's target).
 FRAME_SLACK = 1 << 20
 #: How long an answer may take (a first walk of a big tree under TCG takes seconds).
@@ -144,10 +146,14 @@ class GuestJournal:
         #: A helper that could not start is not tried again by this object.
         self.unavailable: str | None = None
         self._failed_first = 0
-        #: ``full`` (first answers: walks), ``journal`` (later ones), ``relooked`` (their
-        #: frames), ``hashed`` (files read and hashed): added to the caller's counters.
+        #: Whether the running helper gave a good answer, and its walk.
+        self._answered = self._walked = False
+        #: ``guest_full`` (walks), ``guest_journal`` (later answers), ``guest_relooked``
+        #: (their frames), and ``hashed`` (files read and hashed, every scan's counter):
+        #: added to the caller's counters, apart from a host journal's ``full`` and
+        #: ``journal`` beside them (``host_scan``).
         self.stats = stats if stats is not None else {}
-        for k in ("full", "journal", "relooked", "hashed"):
+        for k in ("guest_full", "guest_journal", "guest_relooked", "hashed"):
             self.stats.setdefault(k, 0)
 
     # --- the helper ------------------------------------------------------------------
@@ -159,6 +165,7 @@ class GuestJournal:
         if mutants.active("journal_miss"):
             argv.append("miss")
         self._boot = self._boot_id()
+        self._answered = self._walked = False
         self._ex = await self._start(argv)
         self._chunks = self._ex.output().__aiter__()
         self._buf = bytearray()
@@ -171,6 +178,7 @@ class GuestJournal:
 
     async def _drop_helper(self, why: str) -> None:
         ex, self._ex, self._chunks = self._ex, None, None
+        self._answered = self._walked = False
         self._drop(".")
         self.kept = {}
         self.why_full = why
@@ -202,7 +210,7 @@ class GuestJournal:
             if n > self._keep[0] + FRAME_SLACK:  # a file's bytes and two paths at most
                 raise Untrusted(f"a frame of {n} bytes from the journal")
             body = await self._read(n)
-            if kind in "TDLF":
+            if kind in "TDLFB":
                 frames.append((kind, body))
                 continue
             if kind != "E":  # not the helper's speech: nothing after it can be trusted
@@ -225,6 +233,35 @@ class GuestJournal:
         if self._boot_id() != self._boot:
             raise Untrusted("the Space's daemon restarted")
         return frames
+
+    async def boot_id(self) -> str | None:
+        """The machine's boot id, read now by the helper: a process of that boot (a
+        machine that booted again has none, a restored one is another daemon), so ~6 ms
+        under TCG where a command costs ~50. A helper is started for it if none runs
+        (its first scan is still a walk): checkpoint mode reads the id twice a call and
+        scans never. None when it gives no good answer (dropped then): the caller reads
+        the id its own way."""
+        if self.unavailable is not None or not host_journal.enabled():
+            return None
+        async with self._lock:
+            nonce = secrets.token_hex(8)
+            try:
+                if self._ex is None:
+                    await self._launch()
+                await self._ex.send(f"?{nonce}\n".encode())
+                frames = await asyncio.wait_for(self._answer(nonce), BOOT_TIMEOUT)
+                if self._boot_id() != self._boot:
+                    raise Untrusted("the Space's daemon restarted")
+                if [k for k, _ in frames] != ["B"]:
+                    raise Untrusted("the journal's answer holds no boot id")
+                boot = _text(_Reader(frames[0][1]).blob()).strip()
+                if not (0 < len(boot) <= 64 and boot.isascii() and boot.isprintable()):
+                    raise Untrusted(f"a boot id that is not one: {boot[:80]!r}")
+            except Exception as e:
+                await self._failed(e)
+                return None
+            self._answered = True
+            return boot
 
     # --- the table -------------------------------------------------------------------
 
@@ -312,25 +349,29 @@ class GuestJournal:
         if self.unavailable is not None or not host_journal.enabled():
             return None
         async with self._lock:
-            first = self._ex is None
+            walk = not self._walked  # a helper's first scan answer is a walk
             try:
                 frames = await self._ask()
                 unhashed = self._apply(frames)
                 await self._hash_rest(unhashed)
             except Exception as e:  # the daemon's own errors: the caller's scan says them
-                # A helper that started and gave no first answer counts towards GIVE_UP
-                # (it exited, or spoke no answer); a daemon down or gone does not.
-                down = isinstance(e, SpaceUnavailableError)
-                self._failed_first += first and self._ex is not None and not down
-                why = str(e) if isinstance(e, Untrusted) else f"the journal failed: {e!r}"
-                await self._drop_helper(why)
-            else:
-                self._failed_first = 0
-                self.stats["full" if first else "journal"] += 1
-                self.stats["relooked"] += 0 if first else len(frames)
-                if not first:
-                    self.why_full = ""
-                return self.entries
-            if self._failed_first >= GIVE_UP:
-                self.unavailable = f"the journal's helper gave no first answer: {self.why_full}"
-            return None
+                await self._failed(e)
+                return None
+            self._answered = self._walked = True
+            self._failed_first = 0
+            self.stats["guest_full" if walk else "guest_journal"] += 1
+            self.stats["guest_relooked"] += 0 if walk else len(frames)
+            if not walk:
+                self.why_full = ""
+            return self.entries
+
+    async def _failed(self, e: Exception) -> None:
+        """Drop the helper after ``e``. One that started and never gave a good answer
+        (it exited, or spoke no answer) counts towards GIVE_UP; a daemon down or gone
+        does not."""
+        down = isinstance(e, SpaceUnavailableError)
+        self._failed_first += self._ex is not None and not self._answered and not down
+        why = str(e) if isinstance(e, Untrusted) else f"the journal failed: {e!r}"
+        await self._drop_helper(why)
+        if self._failed_first >= GIVE_UP:
+            self.unavailable = f"the journal's helper gave no first answer: {why}"

@@ -541,6 +541,10 @@ class SpacesdSpace:
             raise SpaceError("the journal's helper was not started")
         return ex
 
+    async def machine_boot_id(self) -> str | None:
+        """See ``space_boot.MachineBoot``: the journal's helper reads it, when one runs."""
+        return await self._guest.boot_id()
+
     async def _hash_files(self, names: list[str]) -> dict[str, str]:
         """The sha256 of the workspace files ``names`` (those that could be hashed)."""
         ex, _ = await self._run(HASH_ARGV, cwd=self.root, stdin=hash_input(names))
