@@ -10,6 +10,7 @@ makes the scan the daemon's own, or a new helper's full walk, never a wrong tabl
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -272,3 +273,40 @@ async def test_a_boot_id_that_is_not_one_is_not_believed(
     await space.scan()
     assert await space.machine_boot_id() is None
     assert "boot id" in space._guest.why_full
+
+
+def helpers(space: SpacesdSpace) -> list[int]:
+    """The journal helpers running for this Space's workspace (the daemon is on this
+    host: its commands are this host's processes)."""
+    import psutil
+
+    out = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmd = proc.info["cmdline"] or []
+        mine = cmd[:2] == ["perl", "-e"] and cmd[3:4] == [space.root]
+        if mine and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            out.append(proc.pid)
+    return out
+
+
+async def test_a_new_helper_ends_an_older_one_of_the_same_workspace(space: SpacesdSpace) -> None:
+    """One helper per workspace: the one a machine restored from a checkpoint brings back
+    answers nobody. Two objects of one Space take turns: each new helper ends the other's,
+    and each object's next scan is right (a new walk)."""
+    other = SpacesdSpace(
+        space.name, space.root, space.instance_id, space._url, space._token, space._probe,
+        user=space._user, sdk_home=space._sdk_home,
+    )  # fmt: skip
+    try:
+        for turn, obj in enumerate([space, other, space, other]):
+            await sh(space, f"printf {turn} >> a")
+            assert await obj.scan() == await oracle(space), turn
+            assert len(helpers(space)) == 1, turn
+    finally:
+        await other.close()
+    await space.close()
+    for _ in range(100):
+        if not helpers(space):
+            break
+        await asyncio.sleep(0.05)
+    assert helpers(space) == []  # closed: the helper read the end of its input and left

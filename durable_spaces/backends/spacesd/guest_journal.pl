@@ -105,6 +105,28 @@ sub start {
 
 END { if (defined $sentinel_dir) { unlink $sentinel; rmdir $sentinel_dir; } }
 
+# One helper per workspace: another one of this script for this workspace answers a Space
+# object that no longer asks (a machine restored or forked from a checkpoint brings back
+# the helper that ran when it was taken, and an advance to the same epoch spares it), and
+# would otherwise run until its idle exit. Killed here, at a new helper's start.
+sub sweep_others {
+    local $/;
+    open(my $me, '<:raw', '/proc/self/cmdline') or return;
+    my @mine = split /\0/, (<$me> // ''), -1;
+    close $me;
+    return unless @mine >= 4;
+    opendir(my $pd, '/proc') or return;
+    for my $pid (grep { /^\d+$/ && $_ != $$ } readdir $pd) {
+        open(my $c, '<:raw', "/proc/$pid/cmdline") or next;
+        my @a = split /\0/, (<$c> // ''), -1;
+        close $c;
+        kill 'KILL', $pid
+            if @a >= 4 && $a[0] eq $mine[0] && $a[1] eq '-e' && $a[2] eq $mine[2]
+            && $a[3] eq $ROOT;
+    }
+    closedir $pd;
+}
+
 sub watches { return scalar(keys %dirs) + scalar(keys %files); }
 
 sub add_watch {
@@ -373,6 +395,7 @@ sub request {
     return $line;
 }
 
+sweep_others();
 start();
 my $first = 1;
 while (defined(my $nonce = request())) {
