@@ -310,3 +310,39 @@ async def test_a_new_helper_ends_an_older_one_of_the_same_workspace(space: Space
             break
         await asyncio.sleep(0.05)
     assert helpers(space) == []  # closed: the helper read the end of its input and left
+
+
+async def test_a_stopped_helper_costs_a_silence_not_a_hang(
+    space: SpacesdSpace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A helper stopped (SIGSTOP: a paused Space, or a command of its user) answers
+    nothing: the scan gives up after ``SILENCE_TIMEOUT`` of silence and is the daemon's
+    own; the next one starts a helper, which ends the stopped one."""
+    monkeypatch.setattr(gj, "SILENCE_TIMEOUT", 1.0)
+    await space.scan()
+    await sh(space, "printf x >> a; pkill -STOP -u $(id -u) -x perl; true")
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    assert await space.scan() == await oracle(space)
+    assert loop.time() - t0 < 10
+    assert "said nothing" in space._guest.why_full
+    await sh(space, "printf y >> a")
+    assert await space.scan() == await oracle(space)
+    assert space.scan_stats["guest_full"] == 2
+    assert len(helpers(space)) == 1  # the stopped one was ended by the new one
+
+
+async def test_a_long_walk_speaks_while_it_works(
+    space: SpacesdSpace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Silence, not time, ends a wait: a walk that takes longer than the silence allowed
+    (3000 files here) is not given up, since the helper says it is still working."""
+    await sh(space, "mkdir -p many && cd many && for i in $(seq 3000); do : > f$i; done")
+    monkeypatch.setattr(gj, "SILENCE_TIMEOUT", 1.0)
+    look = "    look($rel, $path, $st[2]);"
+    script = gj.SCRIPT.replace(look, "    select(undef, undef, undef, 0.001);" + look)
+    assert script != gj.SCRIPT
+    monkeypatch.setattr(gj, "SCRIPT", script)  # about 3 s of walk: slower than the silence
+    table = await space.scan()
+    assert space.scan_stats["guest_full"] == 1, space._guest.why_full
+    assert table == await oracle(space)

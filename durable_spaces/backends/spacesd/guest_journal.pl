@@ -8,8 +8,8 @@
 # that long (an object never closed: a killed driver's, whose successor's advance kills
 # it anyway, or a reader's at epoch 0, which no advance kills), or when it cannot write.
 # Each line on stdin is a request (a nonce; "?" and a nonce asks for the machine's boot id,
-# a B frame); each answer is frames (type, length, body) ending with an E frame that
-# carries the nonce and "" (trusted) or why it is not.
+# a B frame); each answer is frames (type, length, body; K: only "still working") ending
+# with an E frame that carries the nonce and "" (trusted) or why it is not.
 # The first answer is a walk of the whole workspace; every later one names only what the
 # inotify events since the last answer say changed, looked at again.
 #
@@ -63,10 +63,18 @@ sub fail { $broken ||= $_[0]; }
 sub join_rel { my ($b, $n) = @_; return $b eq '.' ? $n : "$b/$n"; }
 sub fdpath { return '/proc/self/fd/' . fileno($_[0]); }
 
+# Frames go out as they fill a MiB, and a K frame at least once a second while an answer
+# is worked on: the host gives up on a helper that is silent (stopped), not on one that is
+# slow (a walk of a big tree under TCG). The host applies none of them before the E frame
+# says the answer is trusted.
+my $last_out = time;
 sub frame {
     my ($type, $body) = @_;
     $out .= $type . pack('N', length $body) . $body;
+    flush_out() if length($out) >= 1 << 20;
 }
+
+sub alive { if (time - $last_out >= 1) { frame('K', ''); flush_out(); } }
 
 sub flush_out {
     my $off = 0;
@@ -75,7 +83,7 @@ sub flush_out {
         if (!defined $n) { next if $! == $EINTR; exit 1; }
         $off += $n;
     }
-    $out = '';
+    ($out, $last_out) = ('', time);
 }
 
 sub start {
@@ -258,6 +266,7 @@ sub walk {
         my @names = grep { $_ ne '.' && $_ ne '..' } readdir $dh;
         closedir $dh;
         for my $name (@names) {
+            alive();
             my $rel = join_rel($d, $name);
             my $path = fdpath($fh) . "/$name";
             my @st = lstat $path or next;
@@ -431,6 +440,7 @@ while (defined(my $nonce = request())) {
             }
             for my $p (sort keys %ppaths) {
                 last if $broken;
+                alive();
                 relook($p, 0) unless $t{$p} || under_tree($p);
             }
             %ptrees = ();
@@ -438,7 +448,7 @@ while (defined(my $nonce = request())) {
         }
         $first = 0;
     }
-    $out = '' if $broken;    # an untrusted answer is no answer
+    $out = '' if $broken;    # an untrusted answer is no answer (the E frame says so)
     frame('E', pack('N/a* N/a*', $nonce, $broken));
     flush_out();
 }

@@ -47,12 +47,12 @@ MAX_WATCHES = 50_000
 #: A helper asked nothing for this long exits (a Space object never closed must not leave
 #: it running for good); the next scan then starts another, with a full walk.
 IDLE_SECONDS = 600
-#: How long a boot id's answer may take (a file read in the Space).
-BOOT_TIMEOUT = 30.0
 #: What a frame may hold beyond a small file's bytes (its path, a link's target).
 FRAME_SLACK = 1 << 20
-#: How long an answer may take (a first walk of a big tree under TCG takes seconds).
-ANSWER_TIMEOUT = 300.0
+#: How long a helper may say nothing while an answer is due: it speaks at least once a
+#: second while it works (K frames), so this much silence is a stopped helper (a pause, a
+#: stopped machine), and the scan is the daemon's own after it, not a wait without end.
+SILENCE_TIMEOUT = 20.0
 
 #: Helpers in a row that gave no first answer before this object stops starting them (no
 #: perl in the Space, a script it refuses): its scans are the Space's own from then on.
@@ -193,9 +193,13 @@ class GuestJournal:
         while len(self._buf) < n:
             assert self._chunks is not None
             try:
-                chunk = await self._chunks.__anext__()
+                chunk = await asyncio.wait_for(self._chunks.__anext__(), SILENCE_TIMEOUT)
             except StopAsyncIteration:
                 raise Untrusted("the journal's helper exited") from None
+            except TimeoutError:
+                raise Untrusted(
+                    f"the journal's helper said nothing for {SILENCE_TIMEOUT:g} s (stopped?)"
+                ) from None
             self._buf += chunk
         out = bytes(self._buf[:n])
         del self._buf[:n]
@@ -210,6 +214,8 @@ class GuestJournal:
             if n > self._keep[0] + FRAME_SLACK:  # a file's bytes and two paths at most
                 raise Untrusted(f"a frame of {n} bytes from the journal")
             body = await self._read(n)
+            if kind == "K":  # still working
+                continue
             if kind in "TDLFB":
                 frames.append((kind, body))
                 continue
@@ -229,7 +235,7 @@ class GuestJournal:
             await self._launch()
         nonce = secrets.token_hex(8)
         await self._ex.send(nonce.encode() + b"\n")
-        frames = await asyncio.wait_for(self._answer(nonce), ANSWER_TIMEOUT)
+        frames = await self._answer(nonce)
         if self._boot_id() != self._boot:
             raise Untrusted("the Space's daemon restarted")
         return frames
@@ -249,7 +255,7 @@ class GuestJournal:
                 if self._ex is None:
                     await self._launch()
                 await self._ex.send(f"?{nonce}\n".encode())
-                frames = await asyncio.wait_for(self._answer(nonce), BOOT_TIMEOUT)
+                frames = await self._answer(nonce)
                 if self._boot_id() != self._boot:
                     raise Untrusted("the Space's daemon restarted")
                 if [k for k, _ in frames] != ["B"]:
