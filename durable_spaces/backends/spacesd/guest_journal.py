@@ -165,7 +165,6 @@ class GuestJournal:
         if mutants.active("journal_miss"):
             argv.append("miss")
         self._boot = self._boot_id()
-        self._answered = self._walked = False
         self._ex = await self._start(argv)
         self._chunks = self._ex.output().__aiter__()
         self._buf = bytearray()
@@ -229,12 +228,13 @@ class GuestJournal:
                 raise Untrusted(why)
             return frames
 
-    async def _ask(self) -> list[tuple[str, bytes]]:
-        """One answer's frames (a new helper's first: a full walk)."""
+    async def _ask(self, kind: str = "") -> list[tuple[str, bytes]]:
+        """One answer's frames: to a scan (``kind`` "": a new helper's first is a full
+        walk) or to a boot id's request ("?")."""
         if self._ex is None:
             await self._launch()
         nonce = secrets.token_hex(8)
-        await self._ex.send(nonce.encode() + b"\n")
+        await self._ex.send(f"{kind}{nonce}\n".encode())
         frames = await self._answer(nonce)
         if self._boot_id() != self._boot:
             raise Untrusted("the Space's daemon restarted")
@@ -250,14 +250,8 @@ class GuestJournal:
         if self.unavailable is not None or not host_journal.enabled():
             return None
         async with self._lock:
-            nonce = secrets.token_hex(8)
             try:
-                if self._ex is None:
-                    await self._launch()
-                await self._ex.send(f"?{nonce}\n".encode())
-                frames = await self._answer(nonce)
-                if self._boot_id() != self._boot:
-                    raise Untrusted("the Space's daemon restarted")
+                frames = await self._ask("?")
                 if [k for k, _ in frames] != ["B"]:
                     raise Untrusted("the journal's answer holds no boot id")
                 boot = _text(_Reader(frames[0][1]).blob()).strip()

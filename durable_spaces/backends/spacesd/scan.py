@@ -63,7 +63,7 @@ class ScanCache:
         for i in range(0, len(fields) - 7, 8):
             typ, name_b, mode, size, ino, mtime, ctime, target = fields[i : i + 8]
             name = prefix + name_b.decode("utf-8", "surrogateescape")
-            if any(name == x or name.startswith(x + "/") for x in exclude):
+            if excluded(name, exclude):
                 continue
             cut = unrepresentable(name)
             if cut is not None:  # as local_fs: one entry where the image stops
@@ -107,6 +107,11 @@ class ScanCache:
         return table
 
 
+def excluded(name: str, exclude: Sequence[str]) -> bool:
+    """Whether the workspace path ``name`` is one of ``exclude`` or under one."""
+    return any(name == x or name.startswith(x + "/") for x in exclude)
+
+
 def table_of(
     entries: Mapping[str, PathEntry],
     top: str,
@@ -121,9 +126,7 @@ def table_of(
     prefix = "" if top == "." else top + "/"
     table: PathTable = {}
     for name, e in entries.items():
-        if not name.startswith(prefix):
-            continue
-        if any(name == x or name.startswith(x + "/") for x in exclude):
+        if not name.startswith(prefix) or excluded(name, exclude):
             continue
         cut = cuts.get(name)
         if cut is not None:

@@ -577,6 +577,5 @@ class SpacesdSpace:
                 hashes = {n: hashlib.sha256(data).hexdigest() for n, data in kept.items()}
         rest = [n for n in stale if n not in hashes]
         if rest:
-            hashed, _ = await self._run(HASH_ARGV, cwd=self.root, stdin=hash_input(rest))
-            hashes.update(parse_hashes(hashed.stdout()))
+            hashes.update(await self._hash_files(rest))
         return hashes, kept
