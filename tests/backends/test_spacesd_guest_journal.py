@@ -11,7 +11,12 @@ makes the scan the daemon's own, or a new helper's full walk, never a wrong tabl
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 import random
+import shutil
+import signal
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -175,7 +180,8 @@ async def test_a_killed_helper_makes_the_next_scan_the_daemons_then_a_new_walk(
     space: SpacesdSpace,
 ) -> None:
     await space.scan()
-    await sh(space, "printf changed > a; pkill -u $(id -u) -x perl; true")
+    await sh(space, "printf changed > a")
+    signal_helpers(space, signal.SIGKILL)
     assert await space.scan() == await oracle(space)  # the daemon's scan: the helper is gone
     assert space._guest.why_full  # dropped: it exited (or its stdin was gone)
     fulls = space.scan_stats["guest_full"]
@@ -250,7 +256,7 @@ async def test_the_helper_reads_the_machines_boot_id_and_only_while_it_runs(
         runs = count_commands(m)
         assert await space.machine_boot_id() == kernel
         assert runs == []
-    await sh(space, "pkill -u $(id -u) -x perl; true")
+    signal_helpers(space, signal.SIGKILL)
     assert await space.machine_boot_id() is None
     assert space._guest.entries == {}  # dropped: the next scan is a new walk
 
@@ -289,6 +295,75 @@ def helpers(space: SpacesdSpace) -> list[int]:
     return out
 
 
+def signal_helpers(space: SpacesdSpace, sig: signal.Signals) -> None:
+    """Signal this Space's helpers only (a ``pkill -u`` would reach other tests' too)."""
+    pids = helpers(space)
+    assert pids
+    for pid in pids:
+        os.kill(pid, sig)
+    if sig == signal.SIGKILL:
+        for _ in range(200):
+            if not helpers(space):
+                return
+            time.sleep(0.01)
+
+
+def sentinel_dir(pid: int) -> Path:
+    """The directory of the sentinel a helper holds open (its lock, sweep_sentinels)."""
+    import psutil
+
+    [path] = [f.path for f in psutil.Process(pid).open_files() if "/.ds-journal-" in f.path]
+    return Path(path).parent
+
+
+async def test_a_new_helper_removes_what_killed_helpers_left(
+    space: SpacesdSpace, backend: SpacesdBackend
+) -> None:
+    """A helper killed with its epoch or its machine leaves its sentinel's directory in
+    /tmp; the next helper removes those whose sentinel nobody holds locked (a live
+    helper's stays, another workspace's included, and so does a directory younger than a
+    helper's start)."""
+    live: SpacesdSpace = await backend.create("gj-live")  # type: ignore[assignment]
+    await live.advance_epoch(EPOCH)
+    await live.scan()
+    [live_pid] = helpers(live)
+    live_dir = sentinel_dir(live_pid)
+    await space.scan()
+    [pid] = helpers(space)
+    dead = sentinel_dir(pid)
+    assert dead.is_dir()
+    signal_helpers(space, signal.SIGKILL)
+    assert dead.is_dir()  # SIGKILL: its END block did not run
+    base = dead.parent
+    made = {}
+    for kind in ("locked", "unlocked", "empty", "young"):
+        d = base / f".ds-journal-{os.getpid()}-{abs(hash((kind, time.time()))) % 10**9}"
+        d.mkdir(mode=0o700)
+        if kind != "empty":
+            (d / "sentinel").touch()
+        made[kind] = d
+    lock = open(made["locked"] / "sentinel")  # noqa: SIM115 - held across the scan
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        old = time.time() - 120
+        for d in (dead, made["locked"], made["unlocked"], made["empty"], live_dir):
+            os.utime(d, (old, old))
+        await space.advance_epoch(EPOCH + 1)
+        assert await space.scan() == await oracle(space)  # a new helper: it swept
+        assert not dead.exists() and not made["unlocked"].exists()
+        assert not made["empty"].exists()
+        assert made["locked"].is_dir() and made["young"].is_dir()
+        [new] = helpers(space)
+        assert sentinel_dir(new).is_dir()  # its own is not swept
+        assert live_dir.is_dir()  # nor a live helper's
+        assert await live.scan() == await oracle(live)
+        assert live.scan_stats["guest_journal"] == 1  # and that helper still answers
+    finally:
+        lock.close()
+        for d in made.values():
+            shutil.rmtree(d, ignore_errors=True)
+
+
 async def test_a_new_helper_ends_an_older_one_of_the_same_workspace(space: SpacesdSpace) -> None:
     """One helper per workspace: the one a machine restored from a checkpoint brings back
     answers nobody. Two objects of one Space take turns: each new helper ends the other's,
@@ -320,7 +395,8 @@ async def test_a_stopped_helper_costs_a_silence_not_a_hang(
     own; the next one starts a helper, which ends the stopped one."""
     monkeypatch.setattr(gj, "SILENCE_TIMEOUT", 1.0)
     await space.scan()
-    await sh(space, "printf x >> a; pkill -STOP -u $(id -u) -x perl; true")
+    await sh(space, "printf x >> a")
+    signal_helpers(space, signal.SIGSTOP)
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     assert await space.scan() == await oracle(space)

@@ -34,6 +34,7 @@ my %MACHINE = (
     183 => { nr => [26, 27, 28], dir => 040000, nofollow => 0100000 },
 );
 my ($O_RDONLY, $O_NONBLOCK) = (0, 04000);
+my ($LOCK_EX, $LOCK_NB) = (2, 4);
 sub S_ISREG { return ($_[0] & 0170000) == 0100000; }
 sub S_ISDIR { return ($_[0] & 0170000) == 0040000; }
 sub S_ISLNK { return ($_[0] & 0170000) == 0120000; }
@@ -56,6 +57,7 @@ my $broken = '';
 my (%dirs, %dir_wd, %files, %file_wd);    # wd -> rel, rel -> wd; wd -> {rel}, rel -> wd
 my (%ptrees, %ppaths);                     # what the events named since the last answer
 my ($ino_fh, $root_fh, @root_id, $mounts0, $sentinel, $sentinel_dir, $sentinel_wd);
+my $sentinel_fh;    # locked while this helper lives (sweep_sentinels)
 my ($NR_INIT, $NR_ADD, $NR_RM, $O_DIR, $O_NOFOLLOW);    # set by start() for this machine
 my ($out, $budget) = ('', 0);
 
@@ -102,16 +104,38 @@ sub start {
     return fail("inotify_init1: $!") if $fd < 0;
     open($ino_fh, '<&=', $fd) or return fail("inotify fd: $!");
     my $tmp = $ENV{TMPDIR} || '/tmp';
+    sweep_sentinels($tmp);
     $sentinel_dir = sprintf('%s/.ds-journal-%d-%d', $tmp, $$, int(rand(1e9)));
     mkdir($sentinel_dir, 0700) or return fail("cannot make the sentinel's directory: $!");
     $sentinel = "$sentinel_dir/sentinel";
-    open(my $s, '>', $sentinel) or return fail("cannot make the sentinel: $!");
-    close $s;
+    open($sentinel_fh, '>', $sentinel) or return fail("cannot make the sentinel: $!");
+    flock($sentinel_fh, $LOCK_EX | $LOCK_NB) or return fail("cannot lock the sentinel: $!");
     $sentinel_wd = add_watch($sentinel, $ATTRIB | $DONT_FOLLOW);
     fail('cannot watch the sentinel') unless defined $sentinel_wd;
 }
 
 END { if (defined $sentinel_dir) { unlink $sentinel; rmdir $sentinel_dir; } }
+
+# A helper killed (with its epoch, its Space's machine or its PID namespace) cannot remove
+# its sentinel's directory, and PIDs say nothing across namespaces: a live helper holds a
+# lock on its sentinel, so a new one removes the directories of this user whose sentinel
+# it can lock (or that have none) and that are older than a helper's start.
+sub sweep_sentinels {
+    my ($tmp) = @_;
+    opendir(my $d, $tmp) or return;
+    for my $name (grep { /^\.ds-journal-\d+-\d+\z/ } readdir $d) {
+        my $dir = "$tmp/$name";
+        my @st = lstat $dir;
+        next unless @st && S_ISDIR($st[2]) && $st[4] == $> && time - $st[9] > 60;
+        if (sysopen(my $f, "$dir/sentinel", $O_RDONLY | $O_NOFOLLOW)) {
+            next unless flock($f, $LOCK_EX | $LOCK_NB);
+            unlink "$dir/sentinel";
+            close $f;
+        }
+        rmdir $dir;
+    }
+    closedir $d;
+}
 
 # One helper per workspace: another one of this script for this workspace answers a Space
 # object that no longer asks (a machine restored or forked from a checkpoint brings back
