@@ -13,12 +13,41 @@ unset CRASH_MODE CRASH_SCENARIO CRASH_BACKEND CRASH_RUNS CRASH_CALLS CRASH_JOBS 
 out=${CI_CAMPAIGNS_OUT:-campaigns-out/ci}
 rm -rf "$out"
 status=0
+failed=()
 run() {
   local name=$1; shift
   echo "== campaign $name"
-  if ! durable-spaces campaign --no-progress --out "$out/$name" "$@"; then
+  local rc=0
+  durable-spaces campaign --no-progress --out "$out/$name" "$@" || rc=$?
+  if [ "$rc" -ne 0 ]; then
     status=1
+    failed+=("$name:$rc")
   fi
+}
+# A CI log keeps its tail: the campaigns that failed are named again at the end, each
+# with its failed runs (their failing checks, details and repro commands).
+recap() {
+  [ ${#failed[@]} -eq 0 ] && return 0
+  echo "== FAILED campaigns: ${failed[*]}"
+  for f in "${failed[@]}"; do
+    python - "$out/${f%%:*}" "${f##*:}" <<'PY' || true
+import json, sys
+from pathlib import Path
+d, rc = Path(sys.argv[1]), sys.argv[2]
+print(f"-- {d.name} exited {rc}")
+for p in sorted((d / "runs").glob("*.json")):
+    r = json.loads(p.read_text())
+    if r.get("outcome") == "ok":
+        continue
+    print(f"   {r.get('run_id')} {r.get('outcome')}: {r.get('repro')}")
+    for name, v in (r.get("checks") or {}).items():
+        if v.get("valid") is not True:
+            print(f"     {name} valid={v.get('valid')}: {str(v.get('detail'))[:300]}")
+            for a in (v.get("anomalies") or [])[:3]:
+                print(f"       {str(a)[:300]}")
+    print(f"     faults: {json.dumps(r.get('faults'))[:300]}")
+PY
+  done
 }
 for backend in local spacesd; do
   run "transactional-$backend" --mode transactional --backend "$backend" --runs 12 --calls 6 --seed-base ci-tx
@@ -72,4 +101,5 @@ if why=$(python -c 'from durable_spaces.backends import unavailable_reason as u;
 else
   echo "== microvm campaigns skipped: $why"
 fi
+recap
 exit $status

@@ -27,6 +27,7 @@ from durable_spaces.backends.spacesd import guest_journal as gj
 from durable_spaces.backends.spacesd.backend import SpacesdBackend, unavailable_reason
 from durable_spaces.backends.spacesd.space import SpacesdSpace
 from durable_spaces.chaos import mutants
+from durable_spaces.errors import SpaceGoneError
 from durable_spaces.space import PathTable
 
 pytestmark = [
@@ -296,7 +297,8 @@ def helpers(space: SpacesdSpace) -> list[int]:
 
 
 def signal_helpers(space: SpacesdSpace, sig: signal.Signals) -> None:
-    """Signal this Space's helpers only (a ``pkill -u`` would reach other tests' too)."""
+    """Signal this Space's helpers only (a ``pkill`` in a Space without a PID namespace
+    would reach every helper on this host, other tests' too)."""
     pids = helpers(space)
     assert pids
     for pid in pids:
@@ -385,6 +387,29 @@ async def test_a_new_helper_ends_an_older_one_of_the_same_workspace(space: Space
             break
         await asyncio.sleep(0.05)
     assert helpers(space) == []  # closed: the helper read the end of its input and left
+
+
+@pytest.mark.parametrize("fault", ["delete", "restart", "kill_daemon"])
+async def test_a_daemon_gone_under_the_helper_costs_no_wait(
+    space: SpacesdSpace, backend: SpacesdBackend, fault: str
+) -> None:
+    """The SDK retries a dead daemon's connection for ~12 s before a write to the helper
+    fails: a scan whose Space was removed or restarted under it (by another process, so
+    this object keeps its connection) gives up on the helper as soon as the backend's
+    probe says its daemon is another, and is the daemon's own (or says the Space is
+    gone) within a few seconds."""
+    await space.scan()
+    lab = SpacesdBackend(backend.state_dir)  # another process's view: no shared objects
+    await getattr(lab, fault)(space.name)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    if fault == "delete":
+        with pytest.raises(SpaceGoneError):
+            await space.scan()
+    else:
+        assert await space.scan() == await oracle(space)
+    assert loop.time() - t0 < 6, "waited out the SDK's retries"
+    await lab.close()
 
 
 async def test_a_stopped_helper_costs_a_silence_not_a_hang(

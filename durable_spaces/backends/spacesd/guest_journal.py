@@ -53,6 +53,11 @@ FRAME_SLACK = 1 << 20
 #: second while it works (K frames), so this much silence is a stopped helper (a pause, a
 #: stopped machine), and the scan is the daemon's own after it, not a wait without end.
 SILENCE_TIMEOUT = 20.0
+#: How often a wait on the helper looks whether its daemon is still the one it started
+#: under (the backend's probe, no request): the SDK keeps retrying a dead daemon's
+#: connection for ~12 s before a write to the helper fails, and a Space removed or
+#: restarted under a call cost it that much.
+DAEMON_LOOK_S = 0.1
 
 #: Helpers in a row that gave no first answer before this object stops starting them (no
 #: perl in the Space, a script it refuses): its scans are the Space's own from then on.
@@ -181,18 +186,40 @@ class GuestJournal:
         self._drop(".")
         self.kept = {}
         self.why_full = why
-        if ex is not None:
+        if ex is not None and self._boot_id() == self._boot:  # else it died with its daemon
             try:
-                await asyncio.wait_for(ex.close_input(), 5)
-                await ex.detach()
+                await self._while_daemon(ex.close_input(), 5)
+                await self._while_daemon(ex.detach(), 5)
             except Exception:  # the daemon or the helper is gone already: nothing to end
                 pass
+
+    async def _while_daemon(self, aw: Awaitable[Any], timeout: float) -> Any:
+        """``aw``, given up (``SpaceUnavailableError``) as soon as the daemon the helper
+        started under is down or another (``DAEMON_LOOK_S``), and after ``timeout``
+        (``TimeoutError``)."""
+        task = asyncio.ensure_future(aw)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            while True:
+                left = deadline - loop.time()
+                done, _ = await asyncio.wait({task}, timeout=max(0.0, min(DAEMON_LOOK_S, left)))
+                if done:
+                    return task.result()
+                if self._boot_id() != self._boot:
+                    raise SpaceUnavailableError("the daemon the journal's helper ran under is gone")
+                if left <= 0:
+                    raise TimeoutError
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     async def _read(self, n: int) -> bytes:
         while len(self._buf) < n:
             assert self._chunks is not None
             try:
-                chunk = await asyncio.wait_for(self._chunks.__anext__(), SILENCE_TIMEOUT)
+                chunk = await self._while_daemon(self._chunks.__anext__(), SILENCE_TIMEOUT)
             except StopAsyncIteration:
                 raise Untrusted("the journal's helper exited") from None
             except TimeoutError:
@@ -234,7 +261,7 @@ class GuestJournal:
         if self._ex is None:
             await self._launch()
         nonce = secrets.token_hex(8)
-        await self._ex.send(f"{kind}{nonce}\n".encode())
+        await self._while_daemon(self._ex.send(f"{kind}{nonce}\n".encode()), SILENCE_TIMEOUT)
         frames = await self._answer(nonce)
         if self._boot_id() != self._boot:
             raise Untrusted("the Space's daemon restarted")
