@@ -59,9 +59,10 @@ for backend in local spacesd; do
   run "exhaustive-$backend" --scenario exhaustive --backend "$backend" --calls 4 --seed-base ci-ex
 done
 # The change journal in the Space (a microvm's, spacesd/guest_journal.pl) on the real
-# daemon, the host scan off: daemon kills, restarts and removals of the Space under it.
+# daemon, the host scan off: daemon kills, restarts and removals of the Space, and its
+# helper killed (journal_kill), under it.
 export DS_HOST_SCAN=0
-run "journal-in-space-spacesd" --mode transactional --backend spacesd --runs 12 --calls 6 --seed-base ci-gj --profile space
+run "journal-in-space-spacesd" --mode transactional --backend spacesd --runs 12 --calls 6 --seed-base ci-gj --profile space-journal
 unset DS_HOST_SCAN
 # Power losses of the host (powerfs: unsynced writes of the log, the ledger, the store and
 # the workspace dropped or torn), the log at SQLite FULL: every run consistent.

@@ -141,7 +141,10 @@ class Injector:
         self._in_flight.add(fut)
         fut.add_done_callback(self._in_flight.discard)
         op = await asyncio.shield(fut)
-        self._record(attempt.index, attempt.epoch, kind, op.type, at, value)
+        seen = value
+        if kind == "journal_kill" and isinstance(op.value, dict):  # how many it found
+            seen = {**value, "killed": op.value.get("killed")}
+        self._record(attempt.index, attempt.epoch, kind, op.type, at, seen)
         return op
 
     async def finish(self) -> None:

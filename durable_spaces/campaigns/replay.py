@@ -15,12 +15,14 @@ reports for each failed run it replays ("reproduced k/N").
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from durable_spaces.campaigns.record import RunRecord
-from durable_spaces.campaigns.spec import RunSpec
+from durable_spaces.campaigns.spec import BEHAVIOUR_ENV, RunSpec, check_env
+from durable_spaces.chaos import mutants
 from durable_spaces.chaos.schedule import Schedule
 from durable_spaces.errors import ConfigError
 
@@ -47,6 +49,23 @@ def exact_spec(record: RunRecord, state_dir: str, run_id: str | None = None) -> 
         schedule=Schedule.exact(record.seed, drawn, realized),
         scenario=record.scenario or "",  # "": the one the record's mode names
     )
+
+
+def recorded_env(record: RunRecord) -> dict[str, str] | None:
+    """The ``behaviour_env`` ``record``'s run had (None: the record is older than that,
+    and says nothing); ``ConfigError`` for one that is not what a run writes."""
+    if "env" not in record.extra:
+        return None
+    return check_env(record.extra["env"], f"run record {record.run_id}")
+
+
+def take_env(env: Mapping[str, str]) -> None:
+    """Make this process's ``BEHAVIOUR_ENV`` exactly ``env`` (what a replay's drivers
+    inherit; the mutants this process asks about follow)."""
+    for k in BEHAVIOUR_ENV:
+        os.environ.pop(k, None)
+    os.environ.update(env)
+    mutants.load(env.get("DS_MUTANTS"))
 
 
 def _position(at: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -41,12 +41,14 @@ from durable_spaces.campaigns.power import HOST_DIR, PowerHost
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.scenarios import exhaustive
 from durable_spaces.campaigns.scenarios.base import KILL_POINTS, Script
-from durable_spaces.campaigns.spec import CampaignSpec, RunSpec
+from durable_spaces.campaigns.spec import CampaignSpec, RunSpec, behaviour_env
 from durable_spaces.chaos.nemesis import (
     Composed,
     DiskStaller,
     DriverKiller,
     DriverPauser,
+    JournalHost,
+    JournalKiller,
     Nemesis,
     PowerLoss,
     SpaceNemesis,
@@ -189,6 +191,8 @@ def _nemesis(coordinator: Coordinator, placement: Placement) -> Composed:
             placement.backend, placement.name
         ),
     }
+    if isinstance(placement.backend, JournalHost):
+        routes["journal_kill"] = JournalKiller(placement.backend, placement.name)
     if placement.host is not None:  # before the injector's hooks: a launch waits for the host
         placement.host.attach(coordinator, placement.backend, placement.name)
         routes["power_loss"] = PowerLoss(placement.host)
@@ -386,6 +390,7 @@ async def run_one(run: RunSpec) -> RunRecord:
         scenario=run.scenario,
     )
     record.extra["profile"] = run.profile  # what repro --exact replays it with (replay.py)
+    record.extra["env"] = behaviour_env()  # and the variables that chose its code paths
     whole = getattr(scenario, "run_whole", None)
     if whole is not None:  # a scenario with a lab of its own (redrive: a whole cluster)
         filled: RunRecord = await whole(run, record)

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from durable_spaces import switches
 from durable_spaces.backends import CLAIMS, known_backends
 from durable_spaces.campaigns.scenarios import DEFAULT, known_scenarios, registration
 from durable_spaces.chaos.schedule import PROFILES, Schedule
@@ -46,6 +47,37 @@ def _choice(var: str, value: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ConfigError(f"{var}={value!r} is not one of: {', '.join(choices)}")
     return value
+
+
+#: The variables that change which code a run takes (the switches, the mutants, the
+#: log's durability): a run's repro command and record carry those set, since a seed
+#: replayed without them takes another path (CI's journal-in-space campaign runs with
+#: ``DS_HOST_SCAN=0``; its repro lines once named no such thing).
+BEHAVIOUR_ENV = (*switches.NAMES, "DS_MUTANTS", "DS_LOG_SYNCHRONOUS", "DS_LOG_FORMAT")
+_ENV_VALUE = re.compile(r"[A-Za-z0-9_.,:=+-]{0,200}", re.ASCII)
+
+
+def behaviour_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``BEHAVIOUR_ENV`` variables set in ``env`` (the process's by default)."""
+    e = os.environ if env is None else env
+    return {k: e[k] for k in BEHAVIOUR_ENV if k in e}
+
+
+def check_env(env: object, where: str) -> dict[str, str]:
+    """``env`` read back from a run record, as ``behaviour_env`` wrote it: only those
+    names, short plain values, each switch 0 or 1 (``ConfigError`` otherwise: it is about
+    to become this process's environment)."""
+    if not isinstance(env, Mapping):
+        raise ConfigError(f"{where}: the environment is not a mapping of names to values")
+    out: dict[str, str] = {}
+    for k, v in env.items():
+        if k not in BEHAVIOUR_ENV:
+            raise ConfigError(f"{where}: {k!r} is not one of {', '.join(BEHAVIOUR_ENV)}")
+        if not isinstance(v, str) or not _ENV_VALUE.fullmatch(v):
+            raise ConfigError(f"{where}: {k}={v!r} is not a plain value")
+        out[k] = v
+    switches.check_all(out)
+    return out
 
 
 #: Caps on what one campaign may ask for: beyond them a typo, not a plan (a run of 10k
@@ -143,6 +175,12 @@ class CampaignSpec:
                 "--backend/CRASH_BACKEND=local or spacesd only: their Spaces' state is on "
                 f"the host's powerfs mount (campaigns/power.py), not {self.backend}'s"
             )
+        if PROFILES[self.profile].p_journal_kill and self.backend != "spacesd":
+            raise ConfigError(
+                f"--profile/CRASH_PROFILE {self.profile} (the change journal's helper "
+                "killed) runs on --backend/CRASH_BACKEND=spacesd only (with DS_HOST_SCAN=0 "
+                f"its Spaces run the helper a microvm's does), not {self.backend}"
+            )
         needs = registration(scenario)
         if needs.backend is not None and self.backend != needs.backend:
             raise ConfigError(
@@ -235,11 +273,14 @@ class RunSpec:
     def with_(self, **changes: Any) -> RunSpec:
         return replace(self, **changes)
 
-    def repro(self, schedule_file: str | None = None) -> str:
+    def repro(self, schedule_file: str | None = None, env: Mapping[str, str] | None = None) -> str:
         """The one-line command that runs this alone: ``--scenario`` (unless ``random``)
-        and the adapter's ``--mode`` named explicitly."""
+        and the adapter's ``--mode`` named explicitly, after ``env`` and the
+        ``behaviour_env`` of this process's environment (None) that it ran with."""
         mode = self.mode if self.mode in DURABLE_MODES else self.durable_mode
-        parts = ["durable-spaces", "repro"]
+        with_env = behaviour_env() if env is None else dict(env)
+        parts = ["env", *(f"{k}={v}" for k, v in with_env.items())] if with_env else []
+        parts += ["durable-spaces", "repro"]
         if self.scenario != DEFAULT:
             parts += ["--scenario", self.scenario]
         parts += [

@@ -27,6 +27,8 @@ from durable_spaces.chaos.failpoints import ANY
 #: (``chaos/powerfs``), the host booted again (``campaigns/power.py``). ``disk_stall`` is
 #: the host's disk not completing durability calls for a while (``chaos/powerfs/disk.py``):
 #: the driver stuck inside one, maybe taken over meanwhile (``nemesis.DiskStaller``).
+#: ``journal_kill`` is the change journal's helper in the Space killed (what a command
+#: of the Space's user that means harm, or the OOM killer, can do: ``nemesis.JournalKiller``).
 FAULT_KINDS = (
     "daemon_kill",
     "space_restart",
@@ -34,6 +36,7 @@ FAULT_KINDS = (
     "space_pause",
     "power_loss",
     "disk_stall",
+    "journal_kill",
 )
 #: Faults that last a while (their records carry ``duration_s``).
 TIMED_KINDS = ("space_pause", "disk_stall")

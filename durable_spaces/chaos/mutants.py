@@ -17,6 +17,11 @@ Unset (always, in production), ``active`` is one frozenset lookup.
   drops the events that say a file's contents changed, as a watcher that lost them
   would: an append to an existing file never reaches the image, and the workspace and
   the log's image part (the checker's ``image_equals_workspace``).
+- ``journal_loss_trusted``: the change journal in the Space
+  (``backends/spacesd/guest_journal.py``) answers a scan from what it last knew when its
+  helper is gone (killed, exited), as if nothing changed since: what a command did while
+  no helper watched never reaches the image (``image_equals_workspace``; the lab's
+  ``journal_kill`` fault is what makes it show).
 - ``no_fence_poll``: the driver does not poll the log's fence while it waits for the
   run (it stops only when a write of its own is refused). Not a defect: a test runs with
   it to prove the Space's fence alone stops a stale driver, since a poll every 0.2 s
@@ -27,12 +32,30 @@ from __future__ import annotations
 
 import os
 
-MUTANTS = ("rerun_exited", "unfenced_mutations", "unfenced_log", "journal_miss", "no_fence_poll")
+MUTANTS = (
+    "rerun_exited",
+    "unfenced_mutations",
+    "unfenced_log",
+    "journal_miss",
+    "journal_loss_trusted",
+    "no_fence_poll",
+)
 
-_active = frozenset(filter(None, os.environ.get("DS_MUTANTS", "").split(",")))
-_unknown = _active - set(MUTANTS)
-if _unknown:
-    raise ValueError(f"DS_MUTANTS names unknown mutants {sorted(_unknown)}; known: {MUTANTS}")
+_active: frozenset[str] = frozenset()
+
+
+def load(value: str | None) -> None:
+    """Switch on the mutants ``value`` names (``DS_MUTANTS``'s form): at import from the
+    environment, and again when ``repro --exact`` takes on a run record's."""
+    global _active
+    names = frozenset(filter(None, (value or "").split(",")))
+    unknown = names - set(MUTANTS)
+    if unknown:
+        raise ValueError(f"DS_MUTANTS names unknown mutants {sorted(unknown)}; known: {MUTANTS}")
+    _active = names
+
+
+load(os.environ.get("DS_MUTANTS"))
 
 
 def active(name: str) -> bool:

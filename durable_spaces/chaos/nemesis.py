@@ -10,7 +10,7 @@ Kinds: ``kill`` (SIGKILL the current driver), ``pause`` (SIGSTOP it, maybe let a
 driver take over, SIGCONT it later), ``daemon_kill``, ``space_restart``, ``space_remove``
 and ``space_pause`` (through a ``SpaceBackend``), ``power_loss`` (through a ``Host``),
 ``disk_stall`` (through a ``StallableDisk``: the driver stuck inside a durability call,
-maybe taken over meanwhile, as a pause is).
+maybe taken over meanwhile, as a pause is), ``journal_kill`` (through a ``JournalHost``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from durable_spaces.space import SpaceBackend
@@ -246,6 +246,36 @@ class SpaceNemesis:
         except Exception as e:
             return _done(op, "info", error=f"{type(e).__name__}: {e}")
         return _done(op, "ok", value=op.value if op.kind == "space_pause" else self.name)
+
+
+@runtime_checkable
+class JournalHost(Protocol):
+    """A backend whose Spaces run a change journal's helper (``guest_journal.pl``)."""
+
+    async def kill_journal(self, name: str) -> int:
+        """SIGKILL the helpers of Space ``name``; how many there were."""
+        ...
+
+
+class JournalKiller:
+    """``journal_kill``: the change journal's helper in the Space killed, as a command of
+    the Space's user that means harm (or the OOM killer) can: the driver's next scan must
+    find it gone and scan its own way, never answer from what it kept. ``ok`` with how
+    many helpers were killed (0: none ran, e.g. the Space scanned on the host);
+    ``info`` on an error."""
+
+    kinds = frozenset({"journal_kill"})
+
+    def __init__(self, backend: JournalHost, name: str) -> None:
+        self.backend = backend
+        self.name = name
+
+    async def invoke(self, op: Op) -> Op:
+        try:
+            killed = await self.backend.kill_journal(self.name)
+        except Exception as e:
+            return _done(op, "info", error=f"{type(e).__name__}: {e}")
+        return _done(op, "ok", value={"killed": killed})
 
 
 class Host(Protocol):

@@ -54,6 +54,8 @@ class Profile:
     #: Every durability call of the host's disk delayed by a latency drawn per run
     #: (milliseconds; None: no latency).
     fsync_latency_ms: tuple[float, float] | None = None
+    #: The change journal's helper in the Space killed (a backend with ``kill_journal``).
+    p_journal_kill: float = 0.0
     #: After a stall with a takeover, a power loss soon after the next driver's launch:
     #: the cut comes while the stall still holds the old driver's call.
     p_cut_in_stall: float = 0.0
@@ -72,6 +74,7 @@ class Profile:
             "space_pause": self.p_space_pause,
             "power_loss": self.p_power_loss,
             "disk_stall": self.p_disk_stall,
+            "journal_kill": self.p_journal_kill,
         }[kind]
 
 
@@ -86,6 +89,8 @@ _POWER = Profile(
     faulty_attempts=3,
     log_synchronous="FULL",
 )
+
+_SPACE = Profile(p_daemon_kill=0.3, p_space_restart=0.3, p_space_remove=0.2, p_space_pause=0.15)
 
 #: Named profiles (``CampaignSpec.profile``).
 PROFILES: dict[str, Profile] = {
@@ -106,8 +111,11 @@ PROFILES: dict[str, Profile] = {
         p_space_remove=0.0,
     ),
     # Space faults more often (daemon kills, machine restarts, lost Spaces, frozen machines)
-    "space": Profile(
-        p_daemon_kill=0.3, p_space_restart=0.3, p_space_remove=0.2, p_space_pause=0.15
+    "space": _SPACE,
+    # As "space", and the change journal's helper in the Space killed under the driver
+    # (spacesd with DS_HOST_SCAN=0: the journal a microvm's Space runs)
+    "space-journal": replace(
+        _SPACE, p_daemon_kill=0.2, p_space_restart=0.2, p_space_remove=0.1, p_journal_kill=0.6
     ),
     # Paused drivers: at failpoints and at random times, most taken over while they sleep
     # and continued after the newer driver started (the stale writer), plus frozen Spaces.

@@ -36,6 +36,7 @@ from durable_spaces.chaos.faults import (
     PointFault,
     SpaceFault,
 )
+from durable_spaces.chaos.points import ADAPTER_SPAWN
 from durable_spaces.chaos.profiles import PROFILES, Profile, profile_named
 
 #: Points hit only from a timer (whether they are hit depends on timing): never a
@@ -54,6 +55,11 @@ EVERY_CALL = (
     points.HARNESS_TOOL_RETURNED,
     points.HARNESS_TOOL_RESULT,
 )
+
+
+#: Fault kinds added after seeds were first drawn: where a profile leaves them off they
+#: draw nothing, so an old seed still draws the schedule it drew.
+LATER_KINDS = ("space_pause", "power_loss", "disk_stall", "journal_kill")
 
 
 @dataclass(frozen=True)
@@ -190,7 +196,7 @@ class Schedule:
             cut_soon = False
             for kind in FAULT_KINDS:
                 p_kind = prof.p_fault(kind)
-                if kind in ("space_pause", "power_loss", "disk_stall") and not p_kind:
+                if kind in LATER_KINDS and not p_kind:
                     continue  # kinds added later draw nothing where they are off
                 if kind == "disk_stall":
                     if rng.random() < p_kind:
@@ -217,6 +223,11 @@ class Schedule:
                     elif timed:
                         at = round(rng.uniform(*prof.fault_delay_s), 3)
                         faults.append(SpaceFault(kind, at_s=at, duration_s=dur))
+                    elif kind == "journal_kill" and rng.random() < 0.5:
+                        # while a command runs: its changes made before or after the
+                        # helper died, the call's end scan the first to find it gone
+                        n = rng.randint(1, max(1, calls))
+                        at_points.append(PointFault(ADAPTER_SPAWN, n, kind))
                     else:
                         at_points.append(PointFault(*position(), kind, dur))
             plans.append(

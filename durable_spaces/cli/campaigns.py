@@ -252,7 +252,13 @@ def repro(
 
 def _repro_exact(path: Path, tries: int, state_dir: Path | None) -> int:
     from durable_spaces.campaigns.record import RunRecord
-    from durable_spaces.campaigns.replay import differences, exact_spec, reproduction
+    from durable_spaces.campaigns.replay import (
+        differences,
+        exact_spec,
+        recorded_env,
+        reproduction,
+        take_env,
+    )
     from durable_spaces.errors import RecordError
 
     if not 1 <= tries <= 100:
@@ -269,8 +275,13 @@ def _repro_exact(path: Path, tries: int, state_dir: Path | None) -> int:
             exact_spec(original, str(state_dir / f"try-{k}"), run_id=f"exact-{k}")
             for k in range(1, tries + 1)
         ]
+        env = recorded_env(original)
     except (RecordError, ConfigError, ValueError, KeyError, TypeError) as e:
         raise fail(f"--exact {path}: {e}") from None
+    if env is not None:  # the switches and mutants the run had, whatever this shell has
+        take_env(env)
+        shown = " ".join(f"{k}={v}" for k, v in env.items()) or "(none set)"
+        typer.echo(f"environment of the record: {shown}", err=True)
     session = _session()
     replays = []
     from durable_spaces.campaigns.zygote import serving

@@ -105,3 +105,29 @@ def test_what_the_tool_wrote_is_not_read_back_and_a_command_s_files_come_in_one_
     changed = {f"c{i}.txt" for i in range(10)}
     batches = [s for s in others if changed & set(s[1])]
     assert batches == [("read_files", sorted(changed))], seen
+
+
+@pytest.mark.spacesd
+def test_a_call_whose_command_kills_the_journal_still_records_its_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command of the Space's user that kills the change journal's helper in the Space
+    (``spacesd/guest_journal.pl``, what a microvm's Space runs; here spacesd with the host
+    scan off) after it changed files: the call's image still holds what it changed (the
+    scan after a lost helper is the daemon's own), not what the journal knew before. The
+    mutant ``journal_loss_trusted`` records the call as changing nothing."""
+    if (why := unavailable_reason("spacesd")) is not None:
+        pytest.skip(f"backend spacesd cannot run here: {why}")
+    from durable_spaces.backends.spacesd.daemon import unshare_reason
+
+    if (why := unshare_reason()) is not None:  # a pkill must reach this Space's only
+        pytest.skip(f"no PID namespace for the Space: {why}")
+    monkeypatch.setenv("DS_HOST_SCAN", "0")
+    calls: list[tuple[str, Any]] = [
+        ("bash", {"command": "printf before > a.txt"}),
+        (
+            "bash",
+            {"command": "printf after >> a.txt; printf new > b.txt; pkill -KILL -x perl; true"},
+        ),
+    ]
+    asyncio.run(_run(tmp_path, "spacesd", calls))

@@ -111,6 +111,9 @@ STEPS = [
     "mkdir -p deep/1/2 && printf x > deep/1/2/f && mv deep/1 top",
     "printf 'a\\\\b' > 'back\\\\slash'",
     "head -c 70000 /dev/urandom > big",
+    "printf nl > \"$(printf 'new\\nline')\" && printf raw > \"$(printf 'bad\\377name')\"",
+    "mv \"$(printf 'new\\nline')\" \"$(printf 'bad\\377name')\"",
+    "mkfifo fifo && ln -s missing dangling",
     "true",
 ]
 
@@ -308,6 +311,31 @@ def signal_helpers(space: SpacesdSpace, sig: signal.Signals) -> None:
             if not helpers(space):
                 return
             time.sleep(0.01)
+
+
+async def test_the_labs_journal_kill_ends_this_spaces_helper_only(
+    space: SpacesdSpace, backend: SpacesdBackend
+) -> None:
+    """``kill_journal`` (the lab's ``journal_kill``): the Space's helper dies, another
+    Space's does not; the next scan finds it gone and is right (the daemon's), and the
+    one after is a new helper's walk. Nothing to kill is 0."""
+    other: SpacesdSpace = await backend.create("gj-other")  # type: ignore[assignment]
+    await other.advance_epoch(EPOCH)
+    await other.scan()
+    await space.scan()
+    assert len(helpers(space)) == 1 and len(helpers(other)) == 1
+    assert await backend.kill_journal(space.name) == 1
+    for _ in range(200):
+        if not helpers(space):
+            break
+        await asyncio.sleep(0.01)
+    assert helpers(space) == [] and len(helpers(other)) == 1
+    assert await backend.kill_journal(space.name) == 0
+    await sh(space, "printf while-dead >> a")
+    assert await space.scan() == await oracle(space)
+    assert space.scan_stats["guest_journal"] == 0, space._guest.why_full  # not the journal's
+    assert await space.scan() == await oracle(space)
+    assert space.scan_stats["guest_full"] == 2
 
 
 def sentinel_dir(pid: int) -> Path:

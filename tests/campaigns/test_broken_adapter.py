@@ -52,11 +52,14 @@ def test_rerun_of_an_exited_command_is_caught_and_reproduced(tmp_path: Path) -> 
     for run, ln in reproduced.items():
         assert ln.split()[2] == "1/1" or "the interleavings differ" in ln, (run, ln)
     command = shlex.split(at_exit[0].split(": ", 1)[1])
-    assert command[:2] == ["durable-spaces", "repro"]
+    # the printed command names the mutant it ran with: pasted alone, it fails again
+    assert command[:4] == ["env", "DS_MUTANTS=rerun_exited", "durable-spaces", "repro"]
+    command = command[2:]
 
     again = _cli([*command[1:], "--state-dir", str(tmp_path / "repro-broken")], tmp_path, True)
     assert again.returncode == 1, again.stdout[-2000:]
     assert "outcome=failed" in again.stdout.splitlines()[-1]
 
+    # the same seed and schedule on the correct build (the mutant's variable left out)
     fixed = _cli([*command[1:], "--state-dir", str(tmp_path / "repro-fixed")], tmp_path, False)
     assert fixed.returncode == 0, fixed.stdout[-2000:]

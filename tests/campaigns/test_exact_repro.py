@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,7 @@ from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.replay import differences, exact_spec, reproduction, signature
 from durable_spaces.campaigns.run import POINTS, run_one
 from durable_spaces.campaigns.runner import Determinism, run_determinism
-from durable_spaces.campaigns.spec import CampaignSpec, RunSpec
+from durable_spaces.campaigns.spec import BEHAVIOUR_ENV, CampaignSpec, RunSpec
 from durable_spaces.campaigns.summary import Summary
 from durable_spaces.chaos.schedule import AttemptPlan, PointFault, Schedule, SpaceFault
 
@@ -113,6 +116,60 @@ def test_the_rerun_exited_mutant_reproduces_exactly_every_time(
     assert rep.reproduced == 3, rep
     assert all(not differences(original, r) for r in replays)
     monkeypatch.delenv("DS_MUTANTS")
+
+
+def _repro_exact(record: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in BEHAVIOUR_ENV}
+    return subprocess.run(
+        [sys.executable, "-m", "durable_spaces.cli", "repro", "--exact", str(record),
+         "--state-dir", str(cwd / f"replay-{record.stem}")],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def test_a_record_replays_with_the_switches_and_mutants_it_ran_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The variables that choose a run's code paths are in its record and its repro
+    line: an exact replay takes them on from the record, from a shell that has none (a
+    mutant's failure fails again there; the same record without them passes), and a
+    record whose environment is not one a run writes is refused, naming it."""
+    monkeypatch.setenv("DS_MUTANTS", "rerun_exited")
+    monkeypatch.setenv("DS_HOST_SCAN", "0")
+    sched = Schedule("mv", (AttemptPlan(at_points=(PointFault("adapter.exit", 1, "kill"),)),))
+    original = asyncio.run(run_one(_spec(tmp_path, "mv", sched, calls=3)))
+    monkeypatch.delenv("DS_MUTANTS")
+    monkeypatch.delenv("DS_HOST_SCAN")
+    assert original.outcome == "failed", original.checks
+    assert original.extra["env"] == {"DS_HOST_SCAN": "0", "DS_MUTANTS": "rerun_exited"}
+    assert original.repro.startswith(
+        "env DS_HOST_SCAN=0 DS_MUTANTS=rerun_exited durable-spaces repro "
+    )
+    records = tmp_path / "records"
+    records.mkdir()
+
+    def variant(name: str, env: object) -> Path:
+        d = original.to_json()
+        d["extra"]["env"] = env
+        path = records / f"{name}.json"
+        path.write_text(json.dumps(d))
+        return path
+
+    again = _repro_exact(variant("as-run", original.extra["env"]), tmp_path)
+    assert again.returncode == 1, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "environment of the record: DS_HOST_SCAN=0 DS_MUTANTS=rerun_exited" in again.stderr
+    assert "outcome=failed" in again.stdout
+    fixed = _repro_exact(variant("without", {}), tmp_path)
+    assert fixed.returncode == 0, fixed.stdout[-2000:] + fixed.stderr[-2000:]
+    for name, env, says in [
+        ("path", {"PATH": "/tmp/evil"}, "'PATH' is not one of"),
+        ("switch", {"DS_HOST_SCAN": "off"}, "DS_HOST_SCAN='off'"),
+        ("shell", {"DS_MUTANTS": "x;rm -rf /"}, "is not a plain value"),
+        ("list", ["DS_HOST_SCAN=0"], "not a mapping"),
+    ]:
+        bad = _repro_exact(variant(name, env), tmp_path)
+        assert bad.returncode == 2, (name, bad.stdout[-500:], bad.stderr[-500:])
+        assert says in bad.stderr, (name, bad.stderr[-500:])
 
 
 def test_logical_schedules_go_the_same_way_twice(tmp_path: Path) -> None:

@@ -52,6 +52,13 @@ def test_a_journal_that_misses_events_is_caught_and_the_real_one_passes(
     assert summary.startswith(f"SUMMARY mode=transactional backend={backend} ")
     assert " failed=0 " not in summary
     assert "(image_equals_workspace)" in broken.stdout, broken.stdout[-2000:]
+    # a failed run's repro line names the switch and the mutant its path took
+    repro = [
+        ln for ln in broken.stdout.splitlines() if ln.startswith("REPRO ") and "(exact)" not in ln
+    ]
+    assert repro and all(
+        ": env DS_HOST_SCAN=0 DS_MUTANTS=journal_miss durable-spaces repro " in ln for ln in repro
+    ), repro
     fixed = _campaign(tmp_path / "fixed", mutant=False, backend=backend)
     assert fixed.returncode == 0, fixed.stdout[-2000:]
     assert " failed=0 " in fixed.stdout.splitlines()[-1]

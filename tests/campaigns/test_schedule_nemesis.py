@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from durable_spaces.campaigns.spec import CampaignSpec
 from durable_spaces.chaos.nemesis import DriverKiller, Nemesis, Op, SpaceNemesis, compose
 from durable_spaces.chaos.schedule import (
     FAULT_KINDS,
@@ -38,14 +40,48 @@ def test_same_seed_same_schedule_and_json_round_trip() -> None:
 def test_draws_cover_every_fault_kind_and_trigger() -> None:
     scheds = [Schedule.draw(f"s-{i}", POINTS, 8, "space") for i in range(200)]
     kinds = {f.kind for s in scheds for a in s.attempts for f in a.faults}
-    # the host's (power losses, disk stalls): only the profiles on powerfs
-    assert kinds == set(FAULT_KINDS) - {"power_loss", "disk_stall"}
+    # the host's (power losses, disk stalls): only the profiles on powerfs; the journal's
+    # helper killed: only space-journal's
+    assert kinds == set(FAULT_KINDS) - {"power_loss", "disk_stall", "journal_kill"}
     assert any(f.trigger == "after_kill" for s in scheds for a in s.attempts for f in a.faults)
     fps = [a.failpoint for s in scheds for a in s.attempts if a.failpoint]
     assert {fp.name for fp in fps} == set(POINTS)
     assert all(1 <= fp.n <= 8 for fp in fps)
     assert all(len(s.attempts) <= PROFILES["space"].faulty_attempts for s in scheds)
     assert all(s.plan(99).empty for s in scheds)  # past the plan: clean attempts
+
+
+def test_space_journal_kills_the_helper_half_the_time_while_a_command_runs() -> None:
+    """``journal_kill`` is drawn by ``space-journal`` alone, at logical points, about
+    half at ``adapter.spawn`` (a command running when its helper dies); the kinds added
+    later draw nothing elsewhere, so ``space`` draws what it drew without them."""
+    scheds = [Schedule.draw(f"j-{i}", POINTS, 8, "space-journal") for i in range(200)]
+    kills = [p for s in scheds for a in s.attempts for p in a.at_points if p.kind == "journal_kill"]
+    kills += [f for s in scheds for a in s.attempts for f in a.faults if f.kind == "journal_kill"]
+    assert len(kills) > 100
+    at_spawn = [k for k in kills if getattr(k, "point", None) == "adapter.spawn"]
+    assert 0.2 < len(at_spawn) / len(kills) < 0.6, (len(at_spawn), len(kills))
+
+
+#: The draws of every profile that existed before ``space-journal`` (30 seeds each), as
+#: they were drawn before it: a seed pasted into a bug report must still draw its
+#: schedule. A change of this digest is a change of every such seed's meaning.
+OLD_DRAWS = "ac4043f1bf93db963c850b8bde51303fb5f0327571a1c648b08a788ea12e4494"
+
+
+def test_a_seed_still_draws_what_it_drew() -> None:
+    h = hashlib.sha256()
+    for prof in sorted(p for p in PROFILES if p != "space-journal"):
+        for i in range(30):
+            h.update(Schedule.draw(f"old-{i}", POINTS, 8, prof).dumps().encode())
+    assert h.hexdigest() == OLD_DRAWS
+
+
+@pytest.mark.parametrize("backend", ["local", "docker", "microvm"])
+def test_space_journal_needs_a_backend_that_can_kill_the_helper(backend: str) -> None:
+    with pytest.raises(ConfigError, match="spacesd only"):
+        CampaignSpec(mode="transactional", backend=backend, profile="space-journal")
+    assert CampaignSpec(mode="transactional", backend="spacesd", profile="space-journal")
 
 
 def test_calm_profile_and_unknown_profile() -> None:

@@ -382,7 +382,10 @@ class GuestJournal:
                 unhashed = self._apply(frames)
                 await self._hash_rest(unhashed)
             except Exception as e:  # the daemon's own errors: the caller's scan says them
+                last = dict(self.entries)
                 await self._failed(e)
+                if mutants.active("journal_loss_trusted") and last:
+                    return last
                 return None
             self._answered = self._walked = True
             self._failed_first = 0
