@@ -11,9 +11,9 @@ Independence matters: the log is read with ``sqlite3``/``json`` (``checks.rawlog
 the workspace with the checker's own walk or a tar streamed out of the Space
 (``checks.workspace``), and the expected workspace is computed by an interpreter written
 here (``checks.workload``), not from the adapter's ``cua.space`` bookkeeping (which is
-what is under test). Only ``image_equals_workspace`` reads the adapter's image and
-``checkpoint_equals_workspace`` its last checkpoint, because that is exactly their
-claim, and each decodes what it reads itself.
+what is under test). Only ``image_equals_workspace`` and ``image_follows_calls`` read the
+adapter's image and ``checkpoint_equals_workspace`` its last checkpoint, because that is
+exactly their claim, and each decodes what it reads itself.
 """
 
 from __future__ import annotations
@@ -107,6 +107,7 @@ CHECKS: dict[str, Check] = {
     "no_error_results": no_error_results,
     "no_stale_writes": epochs.no_stale_writes,
     "image_equals_workspace": image.image_equals_workspace,
+    "image_follows_calls": image.image_follows_calls,
     "checkpoint_equals_workspace": checkpoint.checkpoint_equals_workspace,
     "finished": finished,
     "same_as_uninterrupted": replay.same_as_uninterrupted,

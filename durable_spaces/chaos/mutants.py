@@ -19,9 +19,10 @@ Unset (always, in production), ``active`` is one frozenset lookup.
   the log's image part (the checker's ``image_equals_workspace``).
 - ``journal_loss_trusted``: the change journal in the Space
   (``backends/spacesd/guest_journal.py``) answers a scan from what it last knew when its
-  helper is gone (killed, exited), as if nothing changed since: what a command did while
-  no helper watched never reaches the image (``image_equals_workspace``; the lab's
-  ``journal_kill`` fault is what makes it show).
+  helper is gone (killed, exited), as if nothing changed since: a call whose command ran
+  while its helper died is credited with nothing (``image_follows_calls``; the next
+  call's start folds the change in, so the end agrees; the lab's ``journal_kill`` fault
+  is what makes it show).
 - ``no_fence_poll``: the driver does not poll the log's fence while it waits for the
   run (it stops only when a write of its own is refused). Not a defect: a test runs with
   it to prove the Space's fence alone stops a stale driver, since a poll every 0.2 s

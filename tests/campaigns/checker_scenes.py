@@ -71,10 +71,20 @@ class Transcript:
         return self.storage.append(ops)
 
     def call(
-        self, cid: str, name: str, args: Mapping[str, Any], status: str | None = "ok", **kw: Any
+        self,
+        cid: str,
+        name: str,
+        args: Mapping[str, Any],
+        status: str | None = "ok",
+        docs: Mapping[str, Any] | None = None,
+        **kw: Any,
     ) -> int:
+        """The call, ``docs`` (its outcome: the image the adapter commits before the
+        result), then its result."""
         tc = {"id": cid, "name": name, "args": dict(args)}
         seq = self.commit([self._entry("assistant", {"content": "", "tool_calls": [tc]})], **kw)
+        for doc_name, value in (docs or {}).items():
+            self.doc(doc_name, value)
         if status is not None:
             data = {"call_id": cid, "name": name, "status": status, "content": status}
             seq = self.seqs[cid] = self.commit([self._entry("tool_result", data)], **kw)
@@ -102,17 +112,18 @@ def write_tree(root: Path, files: Mapping[str, str]) -> None:
         os.chmod(root / p, 0o644)
 
 
-def image_docs(files: Mapping[str, str]) -> dict[str, Any]:
-    """The transactional image of ``files`` as the log's documents (format of
-    durable_spaces/adapter/image.py: a pointer, a full table, one blob per content)."""
+def image_docs(files: Mapping[str, str], v: int = 1) -> dict[str, Any]:
+    """The transactional image of ``files`` as the log's documents, version ``v`` (format
+    of durable_spaces/adapter/image_log.py: a pointer, a full table, one blob per
+    content)."""
     table, docs = {}, {}
     for p, text in sorted(files.items()):
         data = text.encode()
         sha = hashlib.sha256(data).hexdigest()
         table[p] = {"kind": "file", "mode": 0o644, "size": len(data), "sha256": sha}
         docs[f"cua.blob/{sha}"] = base64.b64encode(data).decode()
-    docs["cua.space.image/full/1"] = table
-    docs["cua.space.image"] = {"v": 1, "full": 1}
+    docs[f"cua.space.image/full/{v}"] = table
+    docs["cua.space.image"] = {"v": v, "full": v}
     docs["cua.space"] = {"mode": "transactional", "instance": "inst-1", "calls": {}}
     return docs
 
@@ -145,18 +156,32 @@ class Scene:
         return list(v["anomalies"])
 
 
-def scene(tmp: Path, *, transactional: bool = False, finish: bool = True) -> Scene:
-    """The consistent run: W, B1, E, B3, done; the workspace as it implies."""
+#: The consistent run's calls, with the files as each leaves them.
+CALLS: list[tuple[str, str, dict[str, str], dict[str, str]]] = [
+    (W, "write", {"path": "f0.txt", "content": F0_WRITTEN}, {"f0.txt": F0_WRITTEN}),
+    (B1, "bash", append("s1-bbbbbbbb"), {"f0.txt": F0_WRITTEN, "journal.txt": "s1-bbbbbbbb\n"}),
+    (E, "edit", {"path": "f0.txt", "old_text": "s0-aaaaaaaa-1\n",
+                 "new_text": "s0-aaaaaaaa-1\ns2-cccccccc-e\n"},
+     {"f0.txt": F0, "journal.txt": "s1-bbbbbbbb\n"}),
+    (B3, "bash", append("s3-dddddddd"), {"f0.txt": F0, "journal.txt": JOURNAL}),
+]  # fmt: skip
+
+
+def scene(
+    tmp: Path,
+    *,
+    transactional: bool = False,
+    finish: bool = True,
+    images: Mapping[str, Mapping[str, str]] | None = None,
+) -> Scene:
+    """The consistent run: W, B1, E, B3, done; the workspace as it implies. Transactional:
+    each call's image (its files as it left them, or ``images[call]``) committed before
+    its result, as the adapter's outcome is."""
     t = Transcript(tmp / "log.sqlite")
-    t.call(W, "write", {"path": "f0.txt", "content": F0_WRITTEN})
-    t.call(B1, "bash", append("s1-bbbbbbbb"))
-    t.call(E, "edit", {"path": "f0.txt", "old_text": "s0-aaaaaaaa-1\n",
-                       "new_text": "s0-aaaaaaaa-1\ns2-cccccccc-e\n"})  # fmt: skip
-    t.call(B3, "bash", append("s3-dddddddd"))
+    for v, (cid, name, args, after) in enumerate(CALLS, 1):
+        docs = image_docs((images or {}).get(cid, after), v) if transactional else None
+        t.call(cid, name, args, docs=docs)
     files = {"f0.txt": F0, "journal.txt": JOURNAL}
-    if transactional:
-        for name, value in image_docs(files).items():
-            t.doc(name, value)
     if finish:
         t.done()
     root = tmp / "work"

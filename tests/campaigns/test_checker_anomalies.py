@@ -232,6 +232,26 @@ def test_log_image_mismatch_mode_content_and_symlink(tmp_path: Path) -> None:
     )
 
 
+def test_a_call_missing_from_its_own_image_is_named_though_the_end_agrees(
+    tmp_path: Path,
+) -> None:
+    """B1's end scan missed its own append (a journal that answered from what it knew):
+    its result's image holds the file as before it; B3's start folded the line in, so the
+    image at the end equals the workspace. Only ``image_follows_calls`` sees it."""
+    before_b1 = {"f0.txt": F0_WRITTEN}  # no journal.txt yet
+    s = scene(tmp_path, transactional=True, images={B1: before_b1})
+    v = s.verdicts()
+    assert v["image_equals_workspace"]["valid"] is True, dump(v["image_equals_workspace"])
+    a = _only(s.anomalies("image_follows_calls"), "call_not_in_image")
+    assert a["path"] == "journal.txt" and a["witness"][0] == B1
+    assert "holds no file" in a["detail"]
+    stale = {"f0.txt": F0, "journal.txt": "s1-bbbbbbbb\n"}  # B3's append missing
+    s2 = scene(tmp_path / "b3", transactional=True, images={B3: stale})
+    b = [a for a in s2.anomalies("image_follows_calls") if a["name"] == "call_not_in_image"]
+    assert [(x["path"], x["witness"][0]) for x in b] == [("journal.txt", B3)]
+    assert "sha256" in b[0]["detail"]
+
+
 def test_unexpected_call(tmp_path: Path) -> None:
     s = scripted(tmp_path, "ck-2", 4)
     tampered = "call-s9-99999999"

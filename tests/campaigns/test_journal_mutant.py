@@ -51,7 +51,8 @@ def test_a_journal_that_misses_events_is_caught_and_the_real_one_passes(
     assert broken.returncode == 1, broken.stdout[-2000:]
     assert summary.startswith(f"SUMMARY mode=transactional backend={backend} ")
     assert " failed=0 " not in summary
-    assert "(image_equals_workspace)" in broken.stdout, broken.stdout[-2000:]
+    # the end's check (and the per-call one: the append is missing from its call's image)
+    assert "(image_equals_workspace,image_follows_calls)" in broken.stdout, broken.stdout[-2000:]
     # a failed run's repro line names the switch and the mutant its path took
     repro = [
         ln for ln in broken.stdout.splitlines() if ln.startswith("REPRO ") and "(exact)" not in ln
@@ -76,3 +77,37 @@ def test_journaled_checkpoints_that_miss_events_are_caught_and_the_real_ones_pas
     fixed = _campaign(tmp_path / "fixed", mutant=False, mode="checkpoint")
     assert fixed.returncode == 0, fixed.stdout[-2000:]
     assert " failed=0 " in fixed.stdout.splitlines()[-1]
+
+
+@pytest.mark.spacesd
+def test_a_journal_that_trusts_a_lost_helper_is_caught_when_the_lab_kills_it(
+    tmp_path: Path,
+) -> None:
+    """``journal_loss_trusted`` (the journal answers from what it knew when its helper is
+    gone): seed ``jkm-0`` of ``--profile space-journal`` kills the helper while a command
+    runs, the call is credited with nothing, and ``image_follows_calls`` names it (the
+    end agrees: the next call folds the change in). The real build passes the seed."""
+    from durable_spaces.backends.spacesd.backend import unavailable_reason
+
+    if (why := unavailable_reason()) is not None:
+        pytest.skip(f"cua-spacesd unavailable: {why}")
+
+    def repro(mutant: bool) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("DS_MUTANTS", "DS_SPACE_JOURNAL")}
+        env["DS_HOST_SCAN"] = "0"
+        if mutant:
+            env["DS_MUTANTS"] = "journal_loss_trusted"
+        args = ["repro", "--mode", "transactional", "--backend", "spacesd", "--seed", "jkm-0",
+                "--calls", "8", "--profile", "space-journal",
+                "--state-dir", str(tmp_path / ("broken" if mutant else "fixed"))]  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "durable_spaces.cli", *args],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+
+    broken = repro(True)
+    last = broken.stdout.splitlines()[-1]
+    assert broken.returncode == 1, broken.stdout[-2000:]
+    assert last == "RESULT seed=jkm-0 outcome=failed failing=image_follows_calls", last
+    fixed = repro(False)
+    assert fixed.returncode == 0, fixed.stdout[-2000:]

@@ -101,3 +101,58 @@ def image_equals_workspace(inputs: Inputs) -> Verdict:
         if entry.get("kind") == "file" and not _blob_ok(docs, sha):
             bad(path, f"blob {sha[:12]} is missing from the log or damaged")
     return judge(out, f"{len(table)} paths, contents, modes and targets as the image")
+
+
+def image_follows_calls(inputs: Inputs) -> Verdict:
+    """Transactional runs: at each committed ``ok`` call's result, the image (as the log
+    held it then) has the file the call changed as the call left it (the interpreter's
+    content right after it, ``checks.workload``), anomaly ``call_not_in_image``.
+
+    ``image_equals_workspace`` looks at the end only. A call whose end scan missed its own
+    change (a journal that answered from what it knew: the mutant
+    ``journal_loss_trusted``) is credited with nothing, and the next call's start finds
+    the change and folds it in: the end agrees, but a Space lost in between would have
+    been rebuilt without the change while the log said the call had made it."""
+    history = inputs.history
+    mode = (history.docs.get("cua.space") or {}).get("mode")
+    if mode != "transactional":
+        return passed(f"not transactional (mode {mode})")
+    implied = inputs.implied
+    left: dict[str, tuple[str, str]] = {}  # call -> (path, content right after it)
+    for path, versions in implied.versions.items():
+        for v in versions:
+            left[v.call] = (path, v.content)
+    docs: dict[str, Any] = {}
+    out: list[Anomaly] = []
+    checked = 0
+    for c in history.commits:
+        results: list[str] = []
+        for op in c.ops:
+            if op.get("conversation_id") != history.conversation:
+                continue
+            if op.get("op") == "doc" and isinstance(op.get("name"), str):
+                docs[op["name"]] = op.get("value")
+            elif op.get("op") == "entry" and op.get("kind") == "tool_result":
+                raw = op.get("data")
+                data: dict[str, Any] = raw if isinstance(raw, dict) else {}
+                if data.get("status") == "ok" and str(data.get("call_id")) in left:
+                    results.append(str(data.get("call_id")))
+        for call in results:
+            if history.result_seq.get(call) != c.seq:
+                continue  # not the call's first result (the one the interpreter applied)
+            path, content = left[call]
+            try:
+                row = decode_image(docs).get(path)
+            except (KeyError, TypeError, ValueError) as err:
+                out.append(anomaly("log_image_mismatch", str(err), witness=[call, c.seq]))
+                continue
+            checked += 1
+            want = hashlib.sha256(content.encode()).hexdigest()
+            if row is None or row.get("kind") != "file" or row.get("sha256") != want:
+                held = "no file" if row is None else f"sha256 {str(row.get('sha256'))[:12]}"
+                out.append(anomaly(
+                    "call_not_in_image",
+                    f"at {call}'s result the image holds {held}; the call left {want[:12]}",
+                    path=path, witness=[call, c.seq],
+                ))  # fmt: skip
+    return judge(out, f"{checked} committed calls each in the image at its result")
