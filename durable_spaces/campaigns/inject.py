@@ -142,8 +142,9 @@ class Injector:
         fut.add_done_callback(self._in_flight.discard)
         op = await asyncio.shield(fut)
         seen = value
-        if kind == "journal_kill" and isinstance(op.value, dict):  # how many it found
-            seen = {**value, "killed": op.value.get("killed")}
+        if kind == "journal_kill":  # how many it found, or why it could not look
+            found = op.value.get("killed") if isinstance(op.value, dict) else None
+            seen = {**value, "killed": found, **({"error": op.error} if op.error else {})}
         self._record(attempt.index, attempt.epoch, kind, op.type, at, seen)
         return op
 

@@ -47,7 +47,6 @@ from durable_spaces.chaos.nemesis import (
     DiskStaller,
     DriverKiller,
     DriverPauser,
-    JournalHost,
     JournalKiller,
     Nemesis,
     PowerLoss,
@@ -191,8 +190,7 @@ def _nemesis(coordinator: Coordinator, placement: Placement) -> Composed:
             placement.backend, placement.name
         ),
     }
-    if isinstance(placement.backend, JournalHost):
-        routes["journal_kill"] = JournalKiller(placement.backend, placement.name)
+    routes["journal_kill"] = JournalKiller(placement.backend, placement.name)
     if placement.host is not None:  # before the injector's hooks: a launch waits for the host
         placement.host.attach(coordinator, placement.backend, placement.name)
         routes["power_loss"] = PowerLoss(placement.host)

@@ -40,6 +40,9 @@ MODES = ("transactional", "auto", "checkpoint", *MODE_ALIASES)
 #: The registered backends a campaign can attack: those whose Spaces take faults (a
 #: ``remote`` Space is its cluster host's, and so are its faults).
 BACKENDS = tuple(name for name in known_backends() if Faults in CLAIMS.get(name, ()))
+#: The backends whose Spaces can run the change journal in the Space
+#: (``spacesd/guest_journal.py``): what ``journal_kill`` kills.
+JOURNAL_BACKENDS = ("spacesd", "docker", "microvm")
 SCENARIOS = tuple(known_scenarios())
 
 
@@ -175,11 +178,12 @@ class CampaignSpec:
                 "--backend/CRASH_BACKEND=local or spacesd only: their Spaces' state is on "
                 f"the host's powerfs mount (campaigns/power.py), not {self.backend}'s"
             )
-        if PROFILES[self.profile].p_journal_kill and self.backend != "spacesd":
+        if PROFILES[self.profile].p_journal_kill and self.backend not in JOURNAL_BACKENDS:
             raise ConfigError(
-                f"--profile/CRASH_PROFILE {self.profile} (the change journal's helper "
-                "killed) runs on --backend/CRASH_BACKEND=spacesd only (with DS_HOST_SCAN=0 "
-                f"its Spaces run the helper a microvm's does), not {self.backend}"
+                f"--profile/CRASH_PROFILE {self.profile} (the change journal's helper in the "
+                f"Space killed) runs on --backend/CRASH_BACKEND={'/'.join(JOURNAL_BACKENDS)} "
+                f"(a microvm's Space runs the helper, spacesd's and docker's with "
+                f"DS_HOST_SCAN=0), not {self.backend}: its Spaces run none"
             )
         needs = registration(scenario)
         if needs.backend is not None and self.backend != needs.backend:

@@ -27,6 +27,7 @@ from durable_spaces.backends.spacesd import guest_journal as gj
 from durable_spaces.backends.spacesd.backend import SpacesdBackend, unavailable_reason
 from durable_spaces.backends.spacesd.space import SpacesdSpace
 from durable_spaces.chaos import mutants
+from durable_spaces.chaos.nemesis import kill_journal
 from durable_spaces.errors import SpaceGoneError
 from durable_spaces.space import PathTable
 
@@ -316,21 +317,21 @@ def signal_helpers(space: SpacesdSpace, sig: signal.Signals) -> None:
 async def test_the_labs_journal_kill_ends_this_spaces_helper_only(
     space: SpacesdSpace, backend: SpacesdBackend
 ) -> None:
-    """``kill_journal`` (the lab's ``journal_kill``): the Space's helper dies, another
-    Space's does not; the next scan finds it gone and is right (the daemon's), and the
-    one after is a new helper's walk. Nothing to kill is 0."""
+    """``kill_journal`` (the lab's ``journal_kill``, a command in the Space): the Space's
+    helper dies, another Space's does not; the next scan finds it gone and is right (the
+    daemon's), and the one after is a new helper's walk. Nothing to kill is 0."""
     other: SpacesdSpace = await backend.create("gj-other")  # type: ignore[assignment]
     await other.advance_epoch(EPOCH)
     await other.scan()
     await space.scan()
     assert len(helpers(space)) == 1 and len(helpers(other)) == 1
-    assert await backend.kill_journal(space.name) == 1
+    assert await kill_journal(space) == 1
     for _ in range(200):
         if not helpers(space):
             break
         await asyncio.sleep(0.01)
     assert helpers(space) == [] and len(helpers(other)) == 1
-    assert await backend.kill_journal(space.name) == 0
+    assert await kill_journal(space) == 0
     await sh(space, "printf while-dead >> a")
     assert await space.scan() == await oracle(space)
     assert space.scan_stats["guest_journal"] == 0, space._guest.why_full  # not the journal's

@@ -42,8 +42,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
 from durable_spaces.backends.local.journal import ChangeJournal
 from durable_spaces.backends.local.journal import enabled as journal_enabled
 from durable_spaces.backends.spacesd.daemon import (
@@ -406,26 +404,6 @@ class SpacesdBackend:
         d = self._daemon(name)
         async with self._locked(d):
             await asyncio.to_thread(d.signal_all, signal.SIGCONT)
-
-    async def kill_journal(self, name: str) -> int:
-        """SIGKILL the Space's change-journal helpers (``guest_journal.pl``, run with the
-        workspace as its first argument): a chaos fault (``nemesis.JournalKiller``), what
-        a command of the Space's user that means harm can do. How many were killed."""
-        d = self._daemon(name)
-        root = str(d.work)
-
-        def kill() -> int:
-            n = 0
-            for pid in d.members():
-                with contextlib.suppress(psutil.Error, ProcessLookupError):
-                    p = psutil.Process(pid)
-                    cmd = p.cmdline()
-                    if cmd[:2] == ["perl", "-e"] and cmd[3:4] == [root]:
-                        p.send_signal(signal.SIGKILL)
-                        n += p.status() != psutil.STATUS_ZOMBIE
-            return n
-
-        return await asyncio.to_thread(kill)
 
     async def delete(self, name: str) -> None:
         d = self._daemon(name)
