@@ -141,10 +141,8 @@ class Injector:
         self._in_flight.add(fut)
         fut.add_done_callback(self._in_flight.discard)
         op = await asyncio.shield(fut)
-        seen = value
-        if kind == "journal_kill":  # how many it found, or why it could not look
-            found = op.value.get("killed") if isinstance(op.value, dict) else None
-            seen = {**value, "killed": found, **({"error": op.error} if op.error else {})}
+        # what the fault found where it landed, or why it could not land
+        seen = {**value, **(op.found or {}), **({"error": op.error} if op.error else {})}
         self._record(attempt.index, attempt.epoch, kind, op.type, at, seen)
         return op
 

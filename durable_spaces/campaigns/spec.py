@@ -277,12 +277,12 @@ class RunSpec:
     def with_(self, **changes: Any) -> RunSpec:
         return replace(self, **changes)
 
-    def repro(self, schedule_file: str | None = None, env: Mapping[str, str] | None = None) -> str:
+    def repro(self, schedule_file: str | None = None) -> str:
         """The one-line command that runs this alone: ``--scenario`` (unless ``random``)
-        and the adapter's ``--mode`` named explicitly, after ``env`` and the
-        ``behaviour_env`` of this process's environment (None) that it ran with."""
+        and the adapter's ``--mode`` named explicitly, after the ``behaviour_env`` of this
+        process's environment (the run's, in the campaign's processes)."""
         mode = self.mode if self.mode in DURABLE_MODES else self.durable_mode
-        with_env = behaviour_env() if env is None else dict(env)
+        with_env = behaviour_env()
         parts = ["env", *(f"{k}={v}" for k, v in with_env.items())] if with_env else []
         parts += ["durable-spaces", "repro"]
         if self.scenario != DEFAULT:

@@ -39,6 +39,9 @@ class Op:
     time_ms: float = field(default_factory=lambda: time.time() * 1000)
     end_ms: float | None = None
     error: str | None = None
+    #: What the fault found where it landed, small enough for the run's record (the
+    #: injector keeps it with the fault's place: ``journal_kill``'s helpers killed).
+    found: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -48,16 +51,24 @@ class Op:
             "time_ms": self.time_ms,
             "end_ms": self.end_ms,
             "error": self.error,
+            "found": None if self.found is None else dict(self.found),
         }
 
 
-def _done(op: Op, type_: str, value: Any = None, error: str | None = None) -> Op:
+def _done(
+    op: Op,
+    type_: str,
+    value: Any = None,
+    error: str | None = None,
+    found: Mapping[str, Any] | None = None,
+) -> Op:
     return replace(
         op,
         type=type_,
         value=op.value if value is None else value,
         end_ms=time.time() * 1000,
         error=error,
+        found=found,
     )
 
 
@@ -296,7 +307,7 @@ class JournalKiller:
             killed = await kill_journal(space)
         except Exception as e:
             return _done(op, "info", error=f"{type(e).__name__}: {e}")
-        return _done(op, "ok", value={"killed": killed})
+        return _done(op, "ok", found={"killed": killed})
 
 
 class Host(Protocol):

@@ -54,7 +54,8 @@ class Profile:
     #: Every durability call of the host's disk delayed by a latency drawn per run
     #: (milliseconds; None: no latency).
     fsync_latency_ms: tuple[float, float] | None = None
-    #: The change journal's helper in the Space killed (a backend with ``kill_journal``).
+    #: The change journal's helper in the Space killed (``nemesis.JournalKiller``; a
+    #: backend whose Spaces run it: ``spec.JOURNAL_BACKENDS``).
     p_journal_kill: float = 0.0
     #: After a stall with a takeover, a power loss soon after the next driver's launch:
     #: the cut comes while the stall still holds the old driver's call.
@@ -113,7 +114,7 @@ PROFILES: dict[str, Profile] = {
     # Space faults more often (daemon kills, machine restarts, lost Spaces, frozen machines)
     "space": _SPACE,
     # As "space", and the change journal's helper in the Space killed under the driver
-    # (spacesd with DS_HOST_SCAN=0: the journal a microvm's Space runs)
+    # (a microvm's Space runs it; spacesd's and docker's with DS_HOST_SCAN=0)
     "space-journal": replace(
         _SPACE, p_daemon_kill=0.2, p_space_restart=0.2, p_space_remove=0.1, p_journal_kill=0.6
     ),
