@@ -30,6 +30,7 @@ system-deps:
 	sh images/powerfs/ci-setup.sh
 	sh images/postgres/ci-setup.sh
 	sh images/netns/ci-setup.sh
+	sh images/chromium/ci-setup.sh
 
 # The README's test command: the whole suite, in parallel.
 test: setup system-deps

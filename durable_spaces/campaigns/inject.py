@@ -72,7 +72,7 @@ def last_hit(trace: Path) -> tuple[str, int, int | None] | None:
         return None
     for line in reversed(tail.split("\n")[:-1]):  # the part after the last \n is torn
         parts = line.split()
-        if len(parts) == 3 and parts[1].isdigit():
+        if len(parts) in (3, 5) and parts[1].isdigit():
             return parts[0], int(parts[1]), int(parts[2]) if parts[2].isdigit() else None
     return None
 

@@ -42,6 +42,8 @@ class Check(TypedDict):
     valid: bool | None
     detail: str
     anomalies: NotRequired[list[dict[str, Any]]]
+    #: How many things (calls, paths) the check compared; absent in older records.
+    verified: NotRequired[int]
 
 
 def merge_valid(values: Iterable[bool | None]) -> bool | None:
@@ -235,6 +237,11 @@ def _checks(name: str, v: Any) -> dict[str, Check]:
             if not isinstance(found, list) or not all(isinstance(x, dict) for x in found):
                 raise RecordError(f"field {name}[{k!r}].anomalies must be a list of objects")
             check["anomalies"] = [dict(x) for x in found]
+        if "verified" in c:  # how many things the check compared (newer records)
+            n = c["verified"]
+            if type(n) is not int or not 0 <= n <= 10**9:
+                raise RecordError(f"field {name}[{k!r}].verified must be an integer >= 0")
+            check["verified"] = n
         out[k] = check
     return out
 

@@ -44,6 +44,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from durable_spaces.campaigns import zygote
+from durable_spaces.campaigns.coverage import coverage_of
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.replay import Reproduction, differences, exact_spec, reproduction
 from durable_spaces.campaigns.scenarios import registration
@@ -344,6 +345,9 @@ def _run_and_report(
     records = asyncio.run(all_runs())
     w = stdout if stdout is not None else sys.stdout
     extra = scenario_fields(records, registration(spec.scenario).summary_fields)
+    stories = [r.extra["trace"] for r in records if isinstance(r.extra.get("trace"), list)]
+    if stories:  # the points a trace can show (a redrive run's cluster writes none)
+        extra["coverage"] = coverage_of(stories).fraction()
     result = CampaignResult(
         spec, out, records,
         Summary.of(records, mode=spec.mode, backend=spec.backend, seed_base=spec.seed_base,

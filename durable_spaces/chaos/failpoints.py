@@ -20,15 +20,21 @@ A name may be armed several times (``a:1:stop,a:3``). The name ``*`` counts ever
 still running 50 ms after it started), whose happening depends on how fast a command
 ran, so ``*:7:stop`` is "after the 7th logical hit" and two runs of one schedule count
 the same. ``DS_FAILPOINT_TRACE=FILE`` appends every hit as
-``point n g`` (``g``: the logical index, ``-`` for a timer point) so a campaign can
-enumerate the points a run passes through and record where a fault landed.
+``point n g call t`` (``g``: the logical index, ``-`` for a timer point; ``call``: the
+wrapped call in progress as ``tool:call_id``, ``-`` outside one; ``t``: CLOCK_MONOTONIC in
+microseconds, one clock for every process of the host) so a campaign can enumerate the
+points a run passes through, record where a fault landed, and draw each attempt's calls
+on a timeline. Readers take the first three fields and ignore what follows.
 """
 
 from __future__ import annotations
 
+import contextvars
 import os
+import re
 import signal
 import threading
+import time
 
 ACTIONS = ("kill", "pause", "stop")
 ANY = "*"
@@ -38,6 +44,22 @@ _armed: dict[str, dict[int, str]] = {}
 _counts: dict[str, int] = {}
 _logical = 0
 _trace_path: str | None = None
+#: The wrapped call in progress in this task (``tool:call_id``), for the trace only.
+_call: contextvars.ContextVar[str] = contextvars.ContextVar("ds_failpoint_call", default="-")
+_WORD = re.compile(r"[^A-Za-z0-9_.:@-]")
+
+
+def in_call(tool: str, call_id: str) -> contextvars.Token[str] | None:
+    """Name the tool call this task runs, in trace lines, until ``leave_call``: only
+    when a trace is written (else nothing is set)."""
+    if _trace_path is None:
+        return None
+    return _call.set(_WORD.sub("_", f"{tool}:{call_id}")[:200])
+
+
+def leave_call(token: contextvars.Token[str] | None) -> None:
+    if token is not None:
+        _call.reset(token)
 
 
 def parse(spec: str) -> dict[str, dict[int, str]]:
@@ -100,7 +122,10 @@ def hit(point: str, *, timer: bool = False) -> None:
             # Flushed, not fsynced: the lab reads it on this host (the page cache outlives
             # the process), and a trace is lab data, kept off any power-loss mount.
             with open(_trace_path, "a") as f:
-                f.write(f"{point} {n} {'-' if g is None else g}\n")
+                f.write(
+                    f"{point} {n} {'-' if g is None else g} {_call.get()} "
+                    f"{time.monotonic_ns() // 1000}\n"
+                )
         action = _armed.get(point, {}).get(n)
         if action is None and g is not None:
             action = _armed.get(ANY, {}).get(g)

@@ -305,7 +305,7 @@ def read_trace(source: str | Path | Iterable[str]) -> list[tuple[str, int]]:
     seen: dict[tuple[str, int], None] = {}
     for line in lines:
         parts = line.split()
-        if len(parts) not in (2, 3) or not parts[1].isdigit():
+        if len(parts) not in (2, 3, 5) or not parts[1].isdigit():
             continue  # a torn last line of a killed writer
         seen.setdefault((parts[0], int(parts[1])), None)
     return list(seen)

@@ -18,9 +18,25 @@ _CONVERSATION = re.compile(r"c[1-9][0-9]{0,17}", re.ASCII)
 
 
 @app.command("report")
-def report_cmd(directory: Annotated[Path, typer.Argument(help="a campaign directory")]) -> None:
+def report_cmd(
+    directory: Annotated[
+        Path | None, typer.Argument(help="a campaign directory (omit with --compare)")
+    ] = None,
+    compare: Annotated[
+        tuple[Path, Path] | None,
+        typer.Option("--compare", help="two campaign directories: a table of what changed"),
+    ] = None,
+) -> None:
     """Write report.md and report.html (tables and plots) into a campaign directory.
-    A run record that cannot be read is skipped with a warning line naming it."""
+    A run record that cannot be read is skipped with a warning line naming it.
+    ``--compare A B`` prints what changed from A to B instead."""
+    if compare is not None:
+        if directory is not None:
+            raise fail("give either a campaign directory or --compare A B, not both")
+        _compare(*compare)
+        return
+    if directory is None:
+        raise fail("give a campaign directory (one with runs/), or --compare A B")
     if not directory.is_dir():
         what = "does not exist" if not directory.exists() else "is not a directory"
         raise fail(f"{directory} {what}; give a campaign directory (one with runs/)")
@@ -36,6 +52,18 @@ def report_cmd(directory: Annotated[Path, typer.Argument(help="a campaign direct
         typer.echo(f"durable-spaces: warning: skipped {n} of {n + rep.runs} run records", err=True)
     typer.echo(str(rep.markdown))
     typer.echo(str(rep.html))
+
+
+def _compare(a: Path, b: Path) -> None:
+    from durable_spaces.reports.compare import compare
+    from durable_spaces.reports.render import markdown_table
+
+    try:
+        table = compare(a, b)
+    except DurableSpacesError as e:
+        raise fail(str(e)) from None
+    typer.echo(f"A = {a}\nB = {b}\n")
+    typer.echo(markdown_table(table))
 
 
 @app.command("check")

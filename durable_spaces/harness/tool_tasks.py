@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from durable_spaces.chaos.failpoints import hit
+from durable_spaces.chaos.failpoints import hit, in_call, leave_call
 from durable_spaces.errors import HaltError, PermanentFailure, StaleEpochError
 from durable_spaces.harness.state import AgentConfig, Tx
 from durable_spaces.harness.tools import Tool, ToolContext, ToolResult
@@ -41,7 +41,16 @@ def tools_for(h: Harness, agent: AgentConfig) -> list[Tool]:
 
 async def run_tool(h: Harness, task: dict[str, Any]) -> None:
     """Run one tool task: committed ``running`` before ``execute()``, its result entry
-    and ``done`` in one commit; a crash-interrupted unsafe tool ends ``interrupted``."""
+    and ``done`` in one commit; a crash-interrupted unsafe tool ends ``interrupted``.
+    Failpoints hit meanwhile are the call's in a failpoint trace."""
+    token = in_call(str(task.get("name")), str(task.get("call_id")))
+    try:
+        await _run_tool(h, task)
+    finally:
+        leave_call(token)
+
+
+async def _run_tool(h: Harness, task: dict[str, Any]) -> None:
     cid, tid = task["conversation_id"], task["id"]
     tool = h.registry.get(task["name"])
     resumed = task["state"] == "running"  # only a crash leaves a task running

@@ -17,7 +17,7 @@ from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.reports.output import write_file
 
 
-def _save(fig: Figure, path: str | Path) -> Path:
+def save_figure(fig: Figure, path: str | Path) -> Path:
     """Render in memory, then write whole (``write_file``: never through a symlink)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
@@ -39,16 +39,17 @@ def latency_plot(records: Sequence[RunRecord], path: str | Path) -> Path:
     hist.set(title="Resume latency", xlabel="ms (kill -> next first step)", ylabel="resumes")
     ecdf.set(title="Resume latency ECDF", xlabel="ms", ylabel="fraction <= x")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def recoveries_plot(records: Sequence[RunRecord], path: str | Path) -> Path:
     """Per fault kind, the recoveries of the runs that had it, stacked by recovery kind."""
     by_fault: dict[str, Counter[str]] = defaultdict(Counter)
     for r in records:
-        for fault in r.faults or {"none": 1}:
+        for fault in r.faults or {"no fault": 1}:
             by_fault[fault].update(r.recoveries)
-    faults = sorted(by_fault)
+    # a category with no recovery is left out (an empty column says nothing)
+    faults = sorted(f for f, c in by_fault.items() if sum(c.values()))
     kinds = sorted({k for c in by_fault.values() for k in c})
     fig, ax = plt.subplots(figsize=(8, 4))
     bottom = [0] * len(faults)
@@ -62,4 +63,4 @@ def recoveries_plot(records: Sequence[RunRecord], path: str | Path) -> Path:
         ax.text(0.5, 0.5, "no recoveries", ha="center", va="center", transform=ax.transAxes)
     ax.set(title="Recoveries in runs with each fault kind", xlabel="fault", ylabel="recoveries")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -24,6 +24,14 @@ from typing import Any
 import pandas as pd
 
 from durable_spaces.campaigns.record import scan_records
+from durable_spaces.reports import failed_runs
+from durable_spaces.reports.coverage import (
+    campaign_coverage,
+    checks_table,
+    coverage_table,
+    kills_heatmap,
+    never_hit_table,
+)
 from durable_spaces.reports.output import write_file
 from durable_spaces.reports.plots import latency_plot, recoveries_plot
 from durable_spaces.reports.tables import all_tables
@@ -88,6 +96,11 @@ def _determinism(path: Path) -> str | None:
     )
 
 
+def _html_table(df: pd.DataFrame) -> str:
+    """A table in a box of its own that scrolls, so a wide one never widens the page."""
+    return f"<div class='t'>{df.to_html(index=False, na_rep='')}</div>"
+
+
 def markdown_table(df: pd.DataFrame) -> str:
     if df.empty:
         return "_(none)_"
@@ -121,6 +134,22 @@ def render_report(campaign_dir: str | Path) -> Report:
         latency_plot(records, d / "resume_latency.png"),
         recoveries_plot(records, d / "recoveries.png"),
     ]
+    tested: dict[str, pd.DataFrame] = {"Checks: runs and what each verified": checks_table(records)}
+    cov = campaign_coverage(records)
+    cov_line = ""
+    if cov is not None:
+        cov_line = (
+            f"{cov.fraction()} registered failpoints passed; "
+            f"{sum(cov.kills.values())} kills landed at {len({p for p, _ in cov.kills})} points"
+        )
+        tested = {
+            "Coverage: failpoints passed and killed at, per call kind": coverage_table(cov),
+            "Registered failpoints never passed": never_hit_table(cov),
+            **tested,
+        }
+        heat = kills_heatmap(cov, d / "kills_heatmap.png")
+        if heat is not None:
+            images.insert(0, heat)
     meta, bad_meta = _meta(d / "campaign.json")
     if bad_meta is not None:
         skipped.append((d / "campaign.json", bad_meta))
@@ -128,9 +157,16 @@ def render_report(campaign_dir: str | Path) -> Report:
     title = f"Campaign report: {_flat(d.name)}"
     failed = [r for r in records if r.outcome != "ok"]
 
+    drawn = failed_runs.draw(d, failed)
+    for r in failed:
+        failed_runs.write_page(d, r, drawn.get(r.run_id))
+
     md = [f"# {title}", ""]
     if summary:
         md += ["```", summary, "```", ""]
+    md += ["## What was tested", "", _cell(cov_line or "no failpoint traces in these records"), ""]
+    for name, df in tested.items():
+        md += [f"### {name}", "", markdown_table(df), ""]
     for name, df in tables.items():
         md += [f"## {name}", "", markdown_table(df), ""]
     md += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in images] + [""]
@@ -138,6 +174,13 @@ def render_report(campaign_dir: str | Path) -> Report:
     md += [f"- {code_span(r.run_id)} ({_cell(', '.join(r.failing_checks()) or r.outcome)}): "
            f"{code_span(r.repro)}{_reproduced(r)}" for r in failed] or ["_(none)_"]  # fmt: skip
     for r in failed:
+        exact = code_span(failed_runs.exact_line(d, r))
+        md += [f"### {code_span(r.run_id)}", "", f"- exact: {exact}",
+               f"- record: [runs/{r.run_id}.json](runs/{r.run_id}.json), page: "
+               f"[failed/{r.run_id}.html](failed/{r.run_id}.html)"]  # fmt: skip
+        if r.run_id in drawn:
+            md += [f"- timeline: ![timeline](failed/{r.run_id}.png)"]
+        md += failed_runs.anomalies_markdown(r, _cell)
         for diff in (_repro_info(r) or {}).get("differences", []) or []:
             md += [f"  - a replay that passed differed: {_cell('; '.join(map(str, diff)))}"]
     det = _determinism(d / "determinism.json")
@@ -149,23 +192,35 @@ def render_report(campaign_dir: str | Path) -> Report:
     md_path = write_file(d / "report.md", ("\n".join(md) + "\n").encode())
 
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
-             "</title><style>body{font-family:sans-serif;max-width:70em;margin:auto}"
-             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}"
-             "</style></head><body>", f"<h1>{html.escape(title)}</h1>"]  # fmt: skip
+             f"</title><style>{failed_runs.STYLE}</style></head><body>",
+             f"<h1>{html.escape(title)}</h1>"]  # fmt: skip
     if summary:
         parts.append(f"<pre>{html.escape(summary)}</pre>")
+    tested_line = cov_line or "no failpoint traces in these records"
+    parts += ["<h2>What was tested</h2>", f"<p>{html.escape(tested_line)}</p>"]
+    for name, df in tested.items():
+        body = "<p><em>(none)</em></p>" if df.empty else _html_table(df)
+        parts += [f"<h3>{html.escape(name)}</h3>", body]
     for name, df in tables.items():
-        body = "<p><em>(none)</em></p>" if df.empty else df.to_html(index=False, na_rep="")
+        body = "<p><em>(none)</em></p>" if df.empty else _html_table(df)
         parts += [f"<h2>{html.escape(name)}</h2>", body]
     parts.append("<h2>Plots</h2>")
     for p in images:
         data = base64.b64encode(p.read_bytes()).decode()
         parts.append(f"<p><img alt='{p.stem}' src='data:image/png;base64,{data}'></p>")
-    parts.append("<h2>Failed runs</h2><ul>")
-    parts += [f"<li><code>{html.escape(r.run_id)}</code>: <code>{html.escape(r.repro)}</code>"
-              f"{html.escape(_reproduced(r))}</li>"
-              for r in failed] or ["<li><em>(none)</em></li>"]  # fmt: skip
-    parts.append("</ul>")
+    parts.append("<h2>Failed runs</h2>")
+    if not failed:
+        parts.append("<p><em>(none)</em></p>")
+    for r in failed:
+        rid = html.escape(r.run_id)
+        parts += [f"<h3 id='{rid}'><code>{rid}</code>{html.escape(_reproduced(r))}</h3>",
+                  f"<pre>{html.escape(r.repro)}\n"
+                  f"{html.escape(failed_runs.exact_line(d, r))}</pre>",
+                  f"<p><a href='failed/{rid}.html'>its page</a> &middot; "
+                  f"<a href='runs/{rid}.json'>its record</a></p>"]  # fmt: skip
+        if r.run_id in drawn:
+            parts.append(f"<p>{failed_runs.img_tag(drawn[r.run_id], 'timeline')}</p>")
+        parts.append(failed_runs.anomalies_html(r))
     if det is not None:
         parts += ["<h2>Determinism</h2>", f"<p>{html.escape(det)}</p>"]
     if skipped:

@@ -109,3 +109,12 @@ async def hangs(run: RunSpec) -> RunRecord:
     )
     await c.run()
     raise AssertionError("unreachable")
+
+
+async def traced(run: RunSpec) -> RunRecord:
+    """A run whose one attempt passed two failpoints (its trace story, as run.py keeps it)."""
+    story = {"attempt": 0, "epoch": 1, "exit_code": 0, "calls": [], "ended_at": None,
+             "hits": {"adapter.call": 1, "adapter.spawn": 1}}  # fmt: skip
+    return RunRecord(
+        run.run_id, run.seed, run.mode, run.backend, run.calls, extra={"trace": [story]}
+    ).settle()

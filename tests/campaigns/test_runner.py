@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from campaign_toys import always_ok, fails_on_seed_1, hangs, raises, toy_session
+from campaign_toys import always_ok, fails_on_seed_1, hangs, raises, toy_session, traced
 
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.runner import run_campaign, run_one_ref
@@ -33,6 +33,17 @@ def test_all_ok_writes_records_and_summary(tmp_path: Path) -> None:
     assert RunRecord.load(recs[1]).seed == "t1-1"
     meta = json.loads((tmp_path / "campaign.json").read_text())
     assert meta["spec"]["mode"] == "auto" and meta["summary"] == lines[-1]
+
+
+def test_the_summary_says_how_many_registered_failpoints_the_runs_passed(tmp_path: Path) -> None:
+    from durable_spaces.campaigns.coverage import registered_points
+
+    out = io.StringIO()
+    spec = CampaignSpec(mode="auto", backend="local", seed_base="t2", runs=2, calls=2, jobs=1)
+    run_campaign(spec, traced, out_dir=tmp_path, stdout=out, progress=False)
+    line = out.getvalue().splitlines()[-1]
+    assert line.endswith(f" coverage=2/{len(registered_points())}"), line
+    assert Summary.parse(line).extra["coverage"] == f"2/{len(registered_points())}"
 
 
 def test_failed_run_exits_nonzero_and_prints_repro(tmp_path: Path) -> None:

@@ -172,7 +172,7 @@ def test_strings_from_a_record_cannot_break_the_markdown(tmp_path: Path) -> None
     d, _ = _campaign(tmp_path, json.dumps(_good(outcome="failed", repro=evil)).encode())
     md = render_report(d).markdown.read_text()
     assert "\n## Injected heading" not in md
-    (line,) = [ln for ln in md.splitlines() if "run-0001" in ln]
+    (line,) = [ln for ln in md.splitlines() if ln.startswith("- `run-0001`")]
     assert line.startswith("- `run-0001`") and "```" in line  # a fence longer than any run
 
 

@@ -216,4 +216,4 @@ def checkpoint_equals_workspace(inputs: Inputs) -> Verdict:
                     bad(path, f"content sha256 {sha[:12]}; the checkpoint says {str(row[4])[:12]}")
                 elif n.size != row[3]:
                     bad(path, f"{n.size} bytes; the checkpoint says {row[3]}")
-    return judge(out, f"{len(rows)} paths as checkpoint {last.id[:24]}...")
+    return judge(out, f"{len(rows)} paths as checkpoint {last.id[:24]}...", verified=len(rows))

@@ -185,7 +185,9 @@ def workspace_equals_log(inputs: Inputs) -> Verdict:
         return unknown("; ".join(implied.problems[:5]))
     found = diagnose(implied, inputs.workspace.nodes, inputs.status)
     notes = "".join(f"; {n}" for n in inputs.workspace.notes + inputs.notes)
-    return judge(found, f"{len(implied.files)} files as the log implies{notes}")
+    return judge(
+        found, f"{len(implied.files)} files as the log implies{notes}", verified=len(implied.files)
+    )
 
 
 def exactly_once(inputs: Inputs) -> Verdict:
@@ -196,4 +198,8 @@ def exactly_once(inputs: Inputs) -> Verdict:
     found = diagnose(implied, inputs.workspace.nodes, inputs.status)
     kinds = Counter(str(inputs.history.calls[c].get("name")) for c in implied.committed)
     ok = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "no calls"
-    return judge([a for a in found if a["name"] in EFFECT_ANOMALIES], f"{ok}: each once")
+    return judge(
+        [a for a in found if a["name"] in EFFECT_ANOMALIES],
+        f"{ok}: each once",
+        verified=len(implied.committed),
+    )

@@ -100,7 +100,9 @@ def image_equals_workspace(inputs: Inputs) -> Verdict:
         sha = str(entry.get("sha256"))
         if entry.get("kind") == "file" and not _blob_ok(docs, sha):
             bad(path, f"blob {sha[:12]} is missing from the log or damaged")
-    return judge(out, f"{len(table)} paths, contents, modes and targets as the image")
+    return judge(
+        out, f"{len(table)} paths, contents, modes and targets as the image", verified=len(table)
+    )
 
 
 def image_follows_calls(inputs: Inputs) -> Verdict:
@@ -155,4 +157,6 @@ def image_follows_calls(inputs: Inputs) -> Verdict:
                     f"at {call}'s result the image holds {held}; the call left {want[:12]}",
                     path=path, witness=[call, c.seq],
                 ))  # fmt: skip
-    return judge(out, f"{checked} committed calls each in the image at its result")
+    return judge(
+        out, f"{checked} committed calls each in the image at its result", verified=checked
+    )

@@ -64,4 +64,6 @@ def same_as_uninterrupted(inputs: Inputs) -> Verdict:
             if tc != want:
                 detail = f"step {step} committed {_show(tc)}; the model asks for {_show(want)}"
                 out.append(anomaly("unexpected_call", detail, witness=[cid, e.seq]))
-    return judge(out, f"{asked} calls as the model asks ({interrupted} interrupted)")
+    return judge(
+        out, f"{asked} calls as the model asks ({interrupted} interrupted)", verified=asked
+    )

@@ -31,10 +31,13 @@ def anomaly(
     return Anomaly(name=name, path=path, witness=list(dict.fromkeys(witness)), detail=detail)
 
 
-def judge(anomalies: Sequence[Anomaly], ok_detail: str) -> Verdict:
-    """False with the anomalies when there are any, else True with ``ok_detail``."""
+def judge(
+    anomalies: Sequence[Anomaly], ok_detail: str, *, verified: int | None = None
+) -> Verdict:
+    """False with the anomalies when there are any, else True with ``ok_detail``.
+    ``verified``: how many things (calls, paths) the check compared, for reports."""
     if not anomalies:
-        return {"valid": True, "detail": ok_detail, "anomalies": []}
+        return passed(ok_detail, verified=verified)
     names = sorted({a["name"] for a in anomalies})
     first = anomalies[0]
     where = f" {first['path']}:" if first["path"] else ""
@@ -42,7 +45,10 @@ def judge(anomalies: Sequence[Anomaly], ok_detail: str) -> Verdict:
     kept = list(anomalies[:MAX_ANOMALIES])
     if len(anomalies) > MAX_ANOMALIES:
         detail += f" ({len(anomalies) - MAX_ANOMALIES} more not listed)"
-    return {"valid": False, "detail": detail, "anomalies": kept}
+    out: Verdict = {"valid": False, "detail": detail, "anomalies": kept}
+    if verified is not None:
+        out["verified"] = verified
+    return out
 
 
 def unknown(detail: str) -> Verdict:
@@ -50,5 +56,8 @@ def unknown(detail: str) -> Verdict:
     return {"valid": None, "detail": detail, "anomalies": []}
 
 
-def passed(detail: str) -> Verdict:
-    return {"valid": True, "detail": detail, "anomalies": []}
+def passed(detail: str, *, verified: int | None = None) -> Verdict:
+    out: Verdict = {"valid": True, "detail": detail, "anomalies": []}
+    if verified is not None:
+        out["verified"] = verified
+    return out
