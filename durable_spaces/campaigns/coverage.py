@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ __all__ = [
     "MAX_CALLS",
     "Coverage",
     "TraceHit",
+    "attempt_stories",
     "attempt_story",
     "coverage_of",
     "read_hits",
@@ -90,6 +91,27 @@ def attempt_story(
         "calls": list(calls.values()),
         "ended_at": None if last is None else {"point": last.point, "n": last.n, "call": last.call},
     }
+
+
+def attempt_stories(
+    attempts: int,
+    epochs: Sequence[int],
+    exit_codes: Sequence[int],
+    trace_of: Callable[[int], Path | None],
+) -> list[dict[str, Any]]:
+    """Every attempt's story, from the trace file ``trace_of(index)`` names."""
+    out = []
+    for i in range(attempts):
+        trace = trace_of(i)
+        out.append(
+            attempt_story(
+                read_hits(trace) if trace is not None else [],
+                index=i,
+                epoch=epochs[i] if i < len(epochs) else None,
+                exit_code=exit_codes[i] if i < len(exit_codes) else None,
+            )
+        )
+    return out
 
 
 def registered_points() -> list[str]:

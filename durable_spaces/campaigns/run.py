@@ -35,7 +35,7 @@ from durable_spaces.campaigns.checks.kept import keep
 from durable_spaces.campaigns.checks.power import power_losses
 from durable_spaces.campaigns.checks.verdict import Verdict
 from durable_spaces.campaigns.coordinator import Coordinator, CoordinatorResult
-from durable_spaces.campaigns.coverage import attempt_story, read_hits
+from durable_spaces.campaigns.coverage import attempt_stories
 from durable_spaces.campaigns.evidence import Evidence, RunCheck, judge
 from durable_spaces.campaigns.inject import Injector
 from durable_spaces.campaigns.power import HOST_DIR, PowerHost
@@ -347,20 +347,10 @@ def _fill(record: RunRecord, result: CoordinatorResult, injector: Injector) -> N
         nemesis=[op.to_json() for op in injector.nemesis.history],
         interleaving=injector.realized,
         recovery_sequence=sequence,
-        trace=_stories(result, injector),
+        trace=attempt_stories(
+            result.attempts, result.epochs, result.exit_codes, injector.trace_of
+        ),
     )
-
-
-def _stories(result: CoordinatorResult, injector: Injector) -> list[dict[str, Any]]:
-    """Each attempt's story from its failpoint trace (``campaigns/coverage.py``)."""
-    out = []
-    for i in range(result.attempts):
-        trace = injector.trace_of(i)
-        hits = read_hits(trace) if trace is not None else []
-        epoch = result.epochs[i] if i < len(result.epochs) else None
-        code = result.exit_codes[i] if i < len(result.exit_codes) else None
-        out.append(attempt_story(hits, index=i, epoch=epoch, exit_code=code))
-    return out
 
 
 def _power_check(host: PowerHost) -> RunCheck:
