@@ -23,9 +23,10 @@ check names and requirements without importing any drive machinery.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from durable_spaces.campaigns.earned import Tolerance
 from durable_spaces.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -47,12 +48,19 @@ class Registration:
     why_modes: str = ""
     #: Counters its runs keep in ``RunRecord.extra``, summed onto its SUMMARY line.
     summary_fields: tuple[str, ...] = ()
+    #: How much of what its schedules plan must land for a campaign of it to pass
+    #: (``campaigns/earned.py``; exit 4 otherwise).
+    tolerance: Tolerance = field(default_factory=Tolerance)
 
 
 SCENARIOS: dict[str, Registration] = {
     "random": Registration("durable_spaces.campaigns.scenarios.drawn:SCENARIO"),
     "stale": Registration("durable_spaces.campaigns.scenarios.stale:SCENARIO"),
-    "exhaustive": Registration("durable_spaces.campaigns.scenarios.exhaustive:SCENARIO"),
+    "exhaustive": Registration(
+        "durable_spaces.campaigns.scenarios.exhaustive:SCENARIO",
+        # each run's single kill is at a hit the calm run's trace saw: it must land
+        tolerance=Tolerance(kill_every_run=True),
+    ),
     "server": Registration(
         "durable_spaces.campaigns.scenarios.server:SCENARIO",
         default_mode="checkpoint",  # processes survive only whole-machine checkpoints
@@ -60,6 +68,8 @@ SCENARIOS: dict[str, Registration] = {
         why_backend="only whole-machine checkpoints bring a process back after a restore",
         modes=("checkpoint",),
         why_modes="its drivers are killed right after a machine checkpoint",
+        # that kill is the scenario: a run without it tested no restore of a process
+        tolerance=Tolerance(kill_every_run=True),
     ),
     "redrive": Registration(
         "durable_spaces.campaigns.scenarios.redrive:SCENARIO",
