@@ -465,7 +465,9 @@ def run_determinism(
 ) -> Determinism:
     """Run seeds ``<seed_base>-0 .. K-1`` twice each and compare the two realized
     interleavings (``campaigns/replay.py``'s signature); writes ``determinism.json`` and
-    the records of both runs under ``runs/`` (``<run>.a``, ``<run>.b``)."""
+    the records of both runs under ``runs/`` (``<run>.a``, ``<run>.b``). Prints the
+    DETERMINISM line, a PARTED line per pair that parted, an UNTESTED line if the runs
+    tested less than they planned, and the SUMMARY line of all the runs last."""
     if not 1 <= seeds <= 10_000:
         raise ConfigError(f"--determinism must be between 1 and 10000 seeds, not {seeds}")
     out = _check_args(out_dir, jobs, run_timeout_s, 40)
@@ -506,10 +508,13 @@ def run_determinism(
             result.same += 1
     (out / "determinism.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
     w = stdout if stdout is not None else sys.stdout
-    if result.untested is not None:
-        print(f"UNTESTED {result.untested}", file=w, flush=True)
     print(result.line(), file=w, flush=True)
     for run, diff in result.differences.items():  # where each pair parted, and its records
         print(f"PARTED {run}: {'; '.join(diff)} ({out / 'runs' / run}.a.json, .b.json)",
               file=w, flush=True)  # fmt: skip
+    if result.untested is not None:
+        print(f"UNTESTED {result.untested}", file=w, flush=True)
+    # Last, as a campaign's: every run of both passes (what .ci/lib.sh reads).
+    summary = Summary.of(recs, mode=spec.mode, backend=spec.backend, seed_base=spec.seed_base)
+    print(summary.line(), file=w, flush=True)
     return result

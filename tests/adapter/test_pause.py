@@ -24,8 +24,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from needs import need
 
-from durable_spaces.backends import open_backend, unavailable_reason
+from durable_spaces.backends import open_backend
 from tests.adapter.drive import AGENT, check, cleanup, driver_env, setup
 
 BACKENDS = [
@@ -114,8 +115,7 @@ def pause_then_takeover(
 
 
 def _skip(backend: str) -> None:
-    if (why := unavailable_reason(backend)) is not None:
-        pytest.skip(f"backend {backend} cannot run here: {why}")
+    need(backend)
 
 
 CASES = [

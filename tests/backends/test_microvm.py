@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from needs import need
 
 from durable_spaces.backends.microvm.backend import MicrovmBackend
 from durable_spaces.space import ExecState
@@ -30,11 +31,7 @@ COUNTER = (
 async def backend(
     state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[MicrovmBackend]:
-    from durable_spaces.backends.microvm import backend as microvm
-
-    reason = microvm.unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"microvm backend cannot run here: {reason}")
+    need("microvm")
     monkeypatch.setenv("CUA_HOME", str(tmp_path / "cua-home"))
     b = MicrovmBackend(state_dir)
     try:

@@ -25,7 +25,6 @@ from durable_spaces.backends.spacesd import backend as spacesd_backend
 from durable_spaces.backends.spacesd import runtime as spacesd_runtime
 from durable_spaces.backends.spacesd.backend import (
     SpacesdBackend,
-    unavailable_reason,
     unshare_reason,
 )
 from durable_spaces.backends.spacesd.runtime import check_exec_ledger
@@ -38,10 +37,7 @@ from durable_spaces.errors import (
 )
 from durable_spaces.space import ExecState, Space, SpaceBackend
 
-pytestmark = [pytest.mark.spacesd]
-
-if unavailable_reason() is not None:
-    pytest.skip(f"cua-spacesd unavailable: {unavailable_reason()}", allow_module_level=True)
+pytestmark = [pytest.mark.spacesd]  # skipped without cua-spacesd (tests/needs.py)
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import pytest
 
 from durable_spaces.backends.local import journal as host_journal
 from durable_spaces.backends.spacesd import guest_journal as gj
-from durable_spaces.backends.spacesd.backend import SpacesdBackend, unavailable_reason
+from durable_spaces.backends.spacesd.backend import SpacesdBackend
 from durable_spaces.backends.spacesd.space import SpacesdSpace
 from durable_spaces.chaos import mutants
 from durable_spaces.chaos.nemesis import kill_journal
@@ -35,9 +35,6 @@ pytestmark = [
     pytest.mark.spacesd,
     pytest.mark.skipif(not host_journal.enabled(), reason="DS_SPACE_JOURNAL=0 turns it off"),
 ]
-
-if unavailable_reason() is not None:
-    pytest.skip(f"cua-spacesd unavailable: {unavailable_reason()}", allow_module_level=True)
 
 EPOCH = 1
 

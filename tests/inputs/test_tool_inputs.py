@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from needs import need
 from wrapped_harness import wrapped_harness
 
-from durable_spaces.backends import unavailable_reason
 from durable_spaces.testing import run_call_list
 
 BACKENDS = [
@@ -53,8 +53,7 @@ async def _run(tmp: Path, backend: str, mode: str, calls: Sequence[tuple[str, An
 
 
 def _skip(backend: str) -> None:
-    if (why := unavailable_reason(backend)) is not None:
-        pytest.skip(f"backend {backend} cannot run here: {why}")
+    need(backend)
 
 
 def run(tmp: Path, backend: str, mode: str, calls: Sequence[tuple[str, Any]]) -> Ran:
