@@ -338,7 +338,8 @@ async def test_concurrent_operations_in_one_process_do_not_deadlock(
     found, _ = await asyncio.wait_for(asyncio.gather(b.find(name), b.kill_daemon(name)), 120)
     assert found is not None
     again, _ = await asyncio.wait_for(asyncio.gather(b.find(name), b.checkpoint(name)), 120)
-    assert await again.exec(["true"], key=None, epoch=1) is not None
+    res = await again.exec(["sh", "-c", "echo alive"], key=None, epoch=1)
+    assert (res.exit_code, res.output.strip()) == (0, b"alive"), res  # the machine answers
 
 
 async def test_driver_killed_before_recording_its_machine_leaves_no_second_machine(
