@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from durable_spaces.campaigns.record import RunRecord
+from durable_spaces.campaigns.scenarios import Tolerance
 from durable_spaces.chaos.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -49,19 +50,6 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # a run's check of the system under test failed
 EXIT_LAB_ERROR = 3  # no run failed, but the lab itself broke a run (not judged)
 EXIT_UNTESTED = 4  # every run judged ok, but the campaign tested less than it planned
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """How much of what a campaign's schedules planned must land (see the module doc)."""
-
-    min_kill_fraction: float = 0.05
-    failpoint_kills: bool = True
-    kill_every_run: bool = False
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.min_kill_fraction <= 1.0:
-            raise ValueError(f"min_kill_fraction must be in [0, 1], not {self.min_kill_fraction}")
 
 
 @dataclass(frozen=True)

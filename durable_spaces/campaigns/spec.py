@@ -26,8 +26,7 @@ from typing import Any
 
 from durable_spaces import switches
 from durable_spaces.backends import CLAIMS, known_backends
-from durable_spaces.campaigns.earned import Tolerance
-from durable_spaces.campaigns.scenarios import DEFAULT, known_scenarios, registration
+from durable_spaces.campaigns.scenarios import DEFAULT, Tolerance, known_scenarios, registration
 from durable_spaces.chaos.schedule import PROFILES, Schedule
 from durable_spaces.errors import ConfigError
 from durable_spaces.space import Faults
