@@ -365,9 +365,7 @@ def test_open_files_fail_fast_at_a_cut_and_locks_are_local(mnt: Mnt) -> None:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         with pytest.raises(BlockingIOError):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        t0 = time.monotonic()
-        mnt.fs.cut()
-        assert time.monotonic() - t0 < 30
+        mnt.fs.cut()  # returns though a process holds a lock on the mount (the event)
         assert int(holder.stdout.readline()) in (errno.ENOTCONN, errno.ECONNABORTED)
         assert holder.wait(10) == 0
         with pytest.raises(OSError) as e:
