@@ -36,12 +36,12 @@ if TYPE_CHECKING:
 class Tolerance:
     """How much of what a campaign's schedules planned must land for it to pass (the rule
     is ``campaigns/earned.py``'s, whose module doc says why these three): the kills that
-    landed at least ``min_kill_fraction`` of the planned ones (and one); one failpoint
-    kill at least when any was planned (``failpoint_kills``); a kill in every run that
-    plans one (``kill_every_run``)."""
+    landed at least ``min_kill_fraction`` of the planned ones (and one); one fault at
+    a failpoint at least when any was planned there (``at_failpoints``); a kill
+    in every run that plans one (``kill_every_run``)."""
 
     min_kill_fraction: float = 0.05
-    failpoint_kills: bool = True
+    at_failpoints: bool = True
     kill_every_run: bool = False
 
     def __post_init__(self) -> None:
