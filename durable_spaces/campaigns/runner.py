@@ -16,9 +16,12 @@ Layout of ``out_dir``::
 Stdout gets, in order: one ``REPRO <run_id>: <command>`` line per failed run (the
 seed's command and the exact replay of its record), a ``REPRODUCED <run_id> k/N`` line
 per failed run replayed exactly ``retries`` times (``campaigns/replay.py``), a
-``SHRUNK <run_id>: <command>`` line per shrunk one, then the SUMMARY line last. The
-progress bar goes to stderr. ``CampaignResult.exit_code`` is 1 if any run failed, 3 if
-the only trouble was the lab's own (``lab_error`` runs: the adapter was not judged).
+``SHRUNK <run_id>: <command>`` line per shrunk one, an ``UNTESTED <reason>`` line when
+the campaign tested less than it planned, then the SUMMARY line last. The progress bar
+goes to stderr. ``CampaignResult.exit_code`` is 1 if any run failed, 3 if the only
+trouble was the lab's own (``lab_error`` runs: the adapter was not judged), 4 if every
+run was ok but the campaign ran none or its kills fell short of its scenario's tolerance
+(``campaigns/earned.py``; docs/lab-exit-codes.md).
 """
 
 from __future__ import annotations
@@ -43,8 +46,9 @@ import psutil
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from durable_spaces.campaigns import zygote
+
 from durable_spaces.campaigns.coverage import coverage_of
+from durable_spaces.campaigns import earned, zygote
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.replay import Reproduction, differences, exact_spec, reproduction
 from durable_spaces.campaigns.scenarios import registration
@@ -106,6 +110,8 @@ class CampaignResult:
     shrunk: dict[str, ShrinkResult] = field(default_factory=dict)
     shrunk_repros: dict[str, str] = field(default_factory=dict)
     reproductions: dict[str, Reproduction] = field(default_factory=dict)
+    #: Why the campaign tested less than it planned (``campaigns/earned.py``), or None.
+    untested: str | None = None
 
     @property
     def failed(self) -> list[RunRecord]:
@@ -114,9 +120,8 @@ class CampaignResult:
 
     @property
     def exit_code(self) -> int:
-        if any(r.outcome == "failed" for r in self.records):
-            return 1
-        return 3 if self.failed else 0
+        """1 a run failed, 3 the lab broke one, 4 untested, 0 (``earned.exit_code``)."""
+        return earned.exit_code(self.records, self.untested)
 
     @property
     def summary_line(self) -> str:
@@ -318,10 +323,13 @@ def run_campaign(
             async with runs.warm(jobs if executor is None else 0, len(specs)):
                 return list(await asyncio.gather(*(one(rs) for rs in specs)))
 
+    # An exhaustive campaign whose trace listed no hit has no schedule, so no run.
+    no_runs = "ran no run" + (": the trace found no failpoint hit" if schedules is not None else "")
     with runs.zygote():
         return _run_and_report(
             spec, runs, specs, all_runs, out, stdout, retries, state_root, shrink_failures,
             shrink_budget, by_id={rs.run_id: rs for rs in specs}, meta=meta, started=started,
+            no_runs=no_runs,
         )  # fmt: skip
 
 
@@ -340,6 +348,7 @@ def _run_and_report(
     by_id: dict[str, RunSpec],
     meta: dict[str, Any],
     started: float,
+    no_runs: str = "ran no run",
 ) -> CampaignResult:
     """The runs, then the replays and shrinks of the failed ones, then the SUMMARY."""
     records = asyncio.run(all_runs())
@@ -352,6 +361,7 @@ def _run_and_report(
         spec, out, records,
         Summary.of(records, mode=spec.mode, backend=spec.backend, seed_base=spec.seed_base,
                    extra=extra),
+        untested=earned.campaign_shortfall(records, spec) if records else no_runs,
     )  # fmt: skip
     for rec in result.failed:
         result.repros[rec.run_id] = rec.repro
@@ -400,8 +410,11 @@ def _run_and_report(
         summary=result.summary_line,
         repros=result.repros,
         shrunk=result.shrunk_repros,
+        untested=result.untested,
     )
     (out / "campaign.json").write_text(json.dumps(meta, indent=2) + "\n")
+    if result.untested is not None:
+        print(f"UNTESTED {result.untested}", file=w, flush=True)
     print(result.summary_line, file=w, flush=True)
     return result
 
@@ -414,6 +427,10 @@ class Determinism:
     same: int
     profile: str
     differences: dict[str, list[str]] = field(default_factory=dict)
+    #: Why the runs tested less than they planned (``campaigns/earned.py``), or None.
+    untested: str | None = None
+    #: What the runs alone exit with (``earned.exit_code``: 1, 3, 4 or 0).
+    runs_code: int = 0
 
     @property
     def fraction(self) -> float:
@@ -432,7 +449,13 @@ class Determinism:
             "fraction": self.fraction,
             "profile": self.profile,
             "differences": self.differences,
+            "untested": self.untested,
         }
+
+    @property
+    def exit_code(self) -> int:
+        """1 if a pair parted (or a run failed), 3 the lab broke one, 4 untested, else 0."""
+        return earned.EXIT_FAILED if self.same != self.seeds else self.runs_code
 
 
 def run_determinism(
@@ -447,7 +470,9 @@ def run_determinism(
 ) -> Determinism:
     """Run seeds ``<seed_base>-0 .. K-1`` twice each and compare the two realized
     interleavings (``campaigns/replay.py``'s signature); writes ``determinism.json`` and
-    the records of both runs under ``runs/`` (``<run>.a``, ``<run>.b``)."""
+    the records of both runs under ``runs/`` (``<run>.a``, ``<run>.b``). Prints the
+    DETERMINISM line, a PARTED line per pair that parted, an UNTESTED line if the runs
+    tested less than they planned, and the SUMMARY line of all the runs last."""
     if not 1 <= seeds <= 10_000:
         raise ConfigError(f"--determinism must be between 1 and 10000 seeds, not {seeds}")
     out = _check_args(out_dir, jobs, run_timeout_s, 40)
@@ -476,7 +501,9 @@ def run_determinism(
 
     with runs.zygote():
         recs = asyncio.run(all_runs())
-    result = Determinism(seeds, 0, spec.profile)
+    untested = earned.campaign_shortfall(recs, spec)
+    result = Determinism(seeds, 0, spec.profile, untested=untested,
+                         runs_code=earned.exit_code(recs, untested))  # fmt: skip
     for i in range(seeds):
         a, b = recs[2 * i], recs[2 * i + 1]
         diff = differences(a, b)
@@ -490,4 +517,9 @@ def run_determinism(
     for run, diff in result.differences.items():  # where each pair parted, and its records
         print(f"PARTED {run}: {'; '.join(diff)} ({out / 'runs' / run}.a.json, .b.json)",
               file=w, flush=True)  # fmt: skip
+    if result.untested is not None:
+        print(f"UNTESTED {result.untested}", file=w, flush=True)
+    # Last, as a campaign's: every run of both passes (what .ci/lib.sh reads).
+    summary = Summary.of(recs, mode=spec.mode, backend=spec.backend, seed_base=spec.seed_base)
+    print(summary.line(), file=w, flush=True)
     return result

@@ -26,7 +26,7 @@ from typing import Any
 
 from durable_spaces import switches
 from durable_spaces.backends import CLAIMS, known_backends
-from durable_spaces.campaigns.scenarios import DEFAULT, known_scenarios, registration
+from durable_spaces.campaigns.scenarios import DEFAULT, Tolerance, known_scenarios, registration
 from durable_spaces.chaos.schedule import PROFILES, Schedule
 from durable_spaces.errors import ConfigError
 from durable_spaces.space import Faults
@@ -228,6 +228,12 @@ class CampaignSpec:
                 kw[key] = conv(raw.strip())
         kw.update({k: v for k, v in overrides.items() if v is not None})
         return CampaignSpec(**kw)
+
+    @property
+    def tolerance(self) -> Tolerance:
+        """How much of what its schedules plan must land (``campaigns/earned.py``): its
+        scenario's."""
+        return registration(self.scenario).tolerance
 
     def run(self, index: int, state_root: str, schedule: Schedule | None = None) -> RunSpec:
         """The ``index``-th run (seed ``<seed_base>-<index>``)."""

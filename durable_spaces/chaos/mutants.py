@@ -23,6 +23,12 @@ Unset (always, in production), ``active`` is one frozenset lookup.
   while its helper died is credited with nothing (``image_follows_calls``; the next
   call's start folds the change in, so the end agrees; the lab's ``journal_kill`` fault
   is what makes it show).
+- ``failpoints_off``: every failpoint is a no-op (``chaos/failpoints.py``'s ``hit``
+  neither acts nor traces), as a build whose failpoints were compiled out, or a lab whose
+  arming no longer reaches its drivers, would be: the schedule's failpoint kills, and the
+  faults placed at points, never land, and an exhaustive campaign's trace finds no hit.
+  Nothing the checker sees is wrong; the campaign's exit rule (``campaigns/earned.py``:
+  the kills that landed against the planned ones) is what must catch it.
 - ``no_fence_poll``: the driver does not poll the log's fence while it waits for the
   run (it stops only when a write of its own is refused). Not a defect: a test runs with
   it to prove the Space's fence alone stops a stale driver, since a poll every 0.2 s
@@ -40,6 +46,7 @@ MUTANTS = (
     "journal_miss",
     "journal_loss_trusted",
     "no_fence_poll",
+    "failpoints_off",
 )
 
 _active: frozenset[str] = frozenset()

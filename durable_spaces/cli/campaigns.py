@@ -103,8 +103,8 @@ def campaign(
         typer.Option("--db", help="run on the cluster's queue (workers anywhere): its libpq URL"),
     ] = None,
 ) -> None:
-    """Run a crash campaign; SUMMARY is the last line; exit 1 if any run failed (3 if
-    only the lab itself broke)."""
+    """Run a crash campaign; SUMMARY is the last line; exit 1 if any run failed, 3 if
+    only the lab itself broke, 4 if it tested less than it planned (docs/lab-exit-codes.md)."""
     from durable_spaces.campaigns.runner import run_campaign, run_determinism
     from durable_spaces.campaigns.spec import CampaignSpec
 
@@ -149,7 +149,7 @@ def campaign(
             )  # fmt: skip
         except ConfigError as e:
             raise fail(str(e)) from None
-        raise typer.Exit(0 if d.same == d.seeds else 1)
+        raise typer.Exit(d.exit_code)
     schedules = None
     if spec.scenario == "exhaustive":
         make = getattr(session, "exhaustive_schedules", None)

@@ -24,7 +24,7 @@ import pytest
 
 from durable_spaces.backends.local import journal as host_journal
 from durable_spaces.backends.spacesd import guest_journal as gj
-from durable_spaces.backends.spacesd.backend import SpacesdBackend, unavailable_reason
+from durable_spaces.backends.spacesd.backend import SpacesdBackend
 from durable_spaces.backends.spacesd.space import SpacesdSpace
 from durable_spaces.chaos import mutants
 from durable_spaces.chaos.nemesis import kill_journal
@@ -35,9 +35,6 @@ pytestmark = [
     pytest.mark.spacesd,
     pytest.mark.skipif(not host_journal.enabled(), reason="DS_SPACE_JOURNAL=0 turns it off"),
 ]
-
-if unavailable_reason() is not None:
-    pytest.skip(f"cua-spacesd unavailable: {unavailable_reason()}", allow_module_level=True)
 
 EPOCH = 1
 
@@ -430,14 +427,19 @@ async def test_a_daemon_gone_under_the_helper_costs_no_wait(
     await space.scan()
     lab = SpacesdBackend(backend.state_dir)  # another process's view: no shared objects
     await getattr(lab, fault)(space.name)
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
     if fault == "delete":
         with pytest.raises(SpaceGoneError):
             await space.scan()
     else:
         assert await space.scan() == await oracle(space)
-    assert loop.time() - t0 < 6, "waited out the SDK's retries"
+    # What ended the wait on the helper: the backend's look at its daemon (removed) or the
+    # new daemon's own answer (restarted, killed), never the SDK's retries of the dead
+    # one's connection (they end in a transport error; with DAEMON_LOOK_S past them, a
+    # removal's scan ends so).
+    why = space._guest.why_full
+    assert "transport error" not in why, why
+    if fault == "delete":
+        assert "the daemon the journal's helper ran under is gone" in why, why
     await lab.close()
 
 
@@ -451,10 +453,8 @@ async def test_a_stopped_helper_costs_a_silence_not_a_hang(
     await space.scan()
     await sh(space, "printf x >> a")
     signal_helpers(space, signal.SIGSTOP)
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
+    # the event: the scan gave up on the silent helper (not a duration, which load stretches)
     assert await space.scan() == await oracle(space)
-    assert loop.time() - t0 < 10
     assert "said nothing" in space._guest.why_full
     monkeypatch.setattr(gj, "SILENCE_TIMEOUT", 20.0)  # a loaded machine starts perl slowly
     await sh(space, "printf y >> a")

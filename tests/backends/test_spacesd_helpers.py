@@ -15,13 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from durable_spaces.backends.spacesd.backend import SpacesdBackend, unavailable_reason
+from durable_spaces.backends.spacesd.backend import SpacesdBackend
 from durable_spaces.backends.spacesd.scan import HASH_ARGV
 
-pytestmark = [pytest.mark.spacesd]
-
-if unavailable_reason() is not None:
-    pytest.skip(f"cua-spacesd unavailable: {unavailable_reason()}", allow_module_level=True)
+pytestmark = [pytest.mark.spacesd]  # skipped without cua-spacesd (tests/needs.py)
 
 #: A driver that advances the Space to epoch 1 and dies (SIGKILL) in its scan, after the
 #: hash helper started and before it was fed its stdin.
