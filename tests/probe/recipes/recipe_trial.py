@@ -292,3 +292,14 @@ def check_killed_mid_step(recipe_name: str, tmp_path: Path, fault: str = "proces
             f"step2_started={started} requests={len(t.requests())} tool_results_shown={shown}"
         )
         return t
+
+
+def assert_once_or_reported(t: Trial) -> None:
+    """The control's promise: every effect at most once, and a step without its effect
+    was reported to the model as interrupted (or failed)."""
+    log = t.log()
+    assert log.count("s1") == 1 and log.count("s3") == 1, log
+    assert log.count("s2") <= 1, log
+    if "s2" not in log:
+        shown = [m["content"] for m in t.requests()[-1]["messages"] if m["role"] == "tool"]
+        assert "interrupted" in shown[1] or "error" in shown[1], shown
