@@ -89,13 +89,19 @@ def _values(recipe: Recipe, tmp_path: Path, model_url: str) -> dict[str, str]:
 
 
 def scripted(tool: str, argument: str, commands: list[str]) -> Any:
-    """The reply to a request: the next step's tool call, or the final answer."""
+    """The reply to a request: the next step's shell call, or the final answer."""
+    return scripted_calls([(tool, {argument: c}) for c in commands])
+
+
+def scripted_calls(calls: list[tuple[str, dict[str, str]]]) -> Any:
+    """The reply to a request: the next of ``calls``, or the final answer."""
 
     def reply(body: dict[str, Any]) -> dict[str, Any]:
         done = sum(1 for m in body.get("messages", []) if m.get("role") == "tool")
-        if done >= len(commands):
+        if done >= len(calls):
             return text_reply(FINAL)
-        return tool_call_reply(tool, {argument: commands[done]}, call_id=f"call_s{done + 1}")
+        name, args = calls[done]
+        return tool_call_reply(name, args, call_id=f"call_s{done + 1}")
 
     return reply
 
@@ -223,11 +229,11 @@ def _cmdline(pid: int) -> str:
 
 
 @contextlib.contextmanager
-def trial(recipe: Recipe, tmp_path: Path, commands: list[str]) -> Any:
+def trial(recipe: Recipe, tmp_path: Path, commands: list[str], replies: Any = None) -> Any:
     (tmp_path / "work").mkdir()
     (tmp_path / "state").mkdir()
     t = Trial(recipe, tmp_path, commands)
-    t.server = FakeOpenAIServer(scripted(*recipe.tool, commands)).start()
+    t.server = FakeOpenAIServer(replies or scripted(*recipe.tool, commands)).start()
     try:
         yield t
     finally:
@@ -303,3 +309,19 @@ def assert_once_or_reported(t: Trial) -> None:
     if "s2" not in log:
         shown = [m["content"] for m in t.requests()[-1]["messages"] if m["role"] == "tool"]
         assert "interrupted" in shown[1] or "error" in shown[1], shown
+
+
+def check_file_tools(recipe_name: str, tmp_path: Path) -> Trial:
+    """The recipe's declared write and edit tools, called with the argument names it
+    declares: a whole write of ``notes.txt``, then a one-line edit of it."""
+    recipe = load(recipe_name)
+    skip_unless_available(recipe, tmp_path)
+    w, e = recipe.data["write_tool"], recipe.data["edit_tool"]
+    calls = [
+        (w["name"], {w["path"]: "notes.txt", w["content"]: "W one\nslot x\n"}),
+        (e["name"], {e["path"]: "notes.txt", e["old"]: "slot x", e["new"]: "E two"}),
+    ]
+    with trial(recipe, tmp_path, [], scripted_calls(calls)) as t:
+        assert t.run("launch") == 0, t.outputs[-1][-3000:]
+        assert (t.workdir / "notes.txt").read_text() == "W one\nE two\n", t.outputs[-1][-3000:]
+        return t

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recipe_trial import check_killed_mid_step, check_uninterrupted
+from recipe_trial import check_file_tools, check_killed_mid_step, check_uninterrupted
 
 
 def test_pi_runs_the_task(tmp_path: Path) -> None:
@@ -22,3 +22,7 @@ def test_pi_resumes_after_a_kill_mid_step(tmp_path: Path) -> None:
     assert sorted(t.log()) == ["s1", "s2", "s3"] and t.step2_starts == 1
     shown = [m["content"] for m in t.requests()[-1]["messages"] if m["role"] == "tool"]
     assert shown[1] == "No result provided"
+
+
+def test_pi_file_tools_as_declared(tmp_path: Path) -> None:
+    check_file_tools("pi", tmp_path)
