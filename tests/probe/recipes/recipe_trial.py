@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -114,6 +115,7 @@ class Trial:
     exits: list[int | None] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
+    cpu_seconds: list[float] = field(default_factory=list)  # of the attempt's process tree
     server: FakeOpenAIServer | None = None
     cgroups: list[host_cgroup.Cgroup] = field(default_factory=list)
     step2_starts: int = 0  # how many times the slow step's command started
@@ -172,8 +174,11 @@ class Trial:
         return proc, cgroup
 
     def finish(self, proc: subprocess.Popen[bytes], began: float) -> int | None:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         code = proc.wait()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         self.seconds.append(time.monotonic() - began)
+        self.cpu_seconds.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
         self.exits.append(code)
         self.outputs.append(
             (self.tmp_path / f"attempt-{len(self.exits) - 1}.out").read_text(errors="replace")
@@ -264,7 +269,10 @@ def check_uninterrupted(recipe_name: str, tmp_path: Path) -> Trial:
         assert code == 0, t.outputs[-1][-3000:]
         assert t.log() == ["s1", "s2", "s3"], t.outputs[-1][-3000:]
         assert len(t.requests()) == 4
-        print(f"{recipe_name}: uninterrupted run {t.seconds[0]:.2f} s")
+        print(
+            f"{recipe_name}: uninterrupted run {t.seconds[0]:.2f} s wall, "
+            f"{t.cpu_seconds[0]:.2f} s CPU"
+        )
         return t
 
 
