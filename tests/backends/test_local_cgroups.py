@@ -170,8 +170,12 @@ async def test_a_backend_sweeps_the_cgroups_of_spaces_gone(state_dir: Path) -> N
     await kept.spawn(["sleep", "1000"], key="k@1", epoch=1)
     victims = [psutil.Process(p) for p in space.cgroups.pids()]
     shutil.rmtree(state_dir.resolve() / "loc")
+    assert space.cgroups.dir is not None
+    gone_state_dir = space.cgroups.dir.parent.parent / f"local-{os.getpid():016x}"
+    gone_state_dir.mkdir()  # the empty parent of a state dir removed with its Spaces
     LocalBackend(state_dir)
-    assert space.cgroups.dir is not None and not space.cgroups.dir.exists()
+    assert not gone_state_dir.exists()
+    assert not space.cgroups.dir.exists()
     assert victims and not any(p.is_running() and p.status() != "zombie" for p in victims)
     assert kept.cgroups.pids(), "a Space that exists keeps its commands"
     await b.delete("kept")

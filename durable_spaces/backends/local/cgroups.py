@@ -218,12 +218,17 @@ class SpaceCgroups:
         if self.dir is None:
             return
         path = self.dir / f"e{int(epoch)}"
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise SpaceUnavailableError(
-                f"cannot make the cgroup {path} of {self._what}: {e.strerror or e}"
-            ) from None
+        for _ in range(3):  # a parent removed as it was made (``sweep``): again
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+                return
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                raise SpaceUnavailableError(
+                    f"cannot make the cgroup {path} of {self._what}: {e.strerror or e}"
+                ) from None
+        raise SpaceUnavailableError(f"the cgroup {path} of {self._what} keeps vanishing")
 
     def enter(self, epoch: int, pid: int) -> None:
         """Move ``pid`` (a supervisor that waits for its command) into the cgroup of
@@ -267,9 +272,16 @@ class SpaceCgroups:
 
 
 def sweep(state_dir: Path, parent: Path | None) -> None:
-    """Kill and remove the cgroups of Spaces of ``state_dir`` that no longer exist."""
+    """Kill and remove the cgroups of Spaces of ``state_dir`` that no longer exist, and
+    remove the empty parents of other state dirs (a test's, removed with its Spaces
+    deleted): an ``rmdir`` of a cgroup fails while anything is in it or below it."""
     if parent is None:
         return
+    with contextlib.suppress(OSError):
+        for other in os.listdir(parent.parent):
+            if other.startswith("local-") and other != parent.name:
+                with contextlib.suppress(OSError):
+                    os.rmdir(parent.parent / other)
     try:
         found = [n for n in os.listdir(parent) if _PART.fullmatch(n)]
     except OSError:
