@@ -172,7 +172,7 @@ async def test_a_backend_sweeps_the_cgroups_of_spaces_gone(state_dir: Path) -> N
     shutil.rmtree(state_dir.resolve() / "loc")
     assert space.cgroups.dir is not None
     gone_state_dir = space.cgroups.dir.parent.parent / f"local-{os.getpid():016x}"
-    gone_state_dir.mkdir()  # the empty parent of a state dir removed with its Spaces
+    (gone_state_dir / "a0" / "e1").mkdir(parents=True)  # a state dir removed, Spaces kept
     LocalBackend(state_dir)
     assert not gone_state_dir.exists()
     assert not space.cgroups.dir.exists()
@@ -217,14 +217,23 @@ _READ_BACK = (
 
 @needs_cgroup
 @pytest.mark.parametrize(
-    "bad", ["/tmp/x/local-0000000000000000", "/sys/fs/cgroup/../../tmp", "not absolute"]
+    "bad",
+    [
+        "/tmp/{leaf}",  # outside the cgroup hierarchy
+        "{mount}/../../tmp/{leaf}",  # out of it through '..'
+        "{mount}/local-0000000000000000",  # another state dir's
+        "{leaf}",  # not absolute
+        "{mount}/a\nb/{leaf}",  # not a plain name
+    ],
 )
 async def test_a_recorded_parent_that_is_not_ours_is_not_used(state_dir: Path, bad: str) -> None:
     """``.cgroup-parent`` is read back by every process: a path outside the cgroup
-    hierarchy or another state dir's is replaced by the process's own."""
+    hierarchy, through '..', or another state dir's is replaced by the process's own."""
     LocalBackend(state_dir)
     record = state_dir.resolve() / ".cgroup-parent"
     good = record.read_text()
-    record.write_text(bad + "\n")
+    leaf = Path(good.strip()).name
+    mount = Path(good.strip()).parent.parent
+    record.write_text(bad.format(leaf=leaf, mount=mount) + "\n")
     subprocess.run([sys.executable, "-c", _READ_BACK, str(state_dir)], check=True)
     assert record.read_text() == good

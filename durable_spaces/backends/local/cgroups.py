@@ -271,17 +271,32 @@ class SpaceCgroups:
         return out
 
 
+def _remove_idle(path: Path) -> None:
+    """Remove the cgroup ``path`` and those below it when no process is in any of them;
+    an ``rmdir`` fails while one is, so a command that just entered one keeps it (and a
+    spawn whose cgroup went makes it again: ``SpaceCgroups.enter``)."""
+    try:
+        if b"populated 0" not in (path / "cgroup.events").read_bytes():
+            return
+        subs = [p for p in path.iterdir() if p.is_dir()]
+    except OSError:
+        return
+    for sub in subs:
+        _remove_idle(sub)
+    with contextlib.suppress(OSError):
+        path.rmdir()
+
+
 def sweep(state_dir: Path, parent: Path | None) -> None:
     """Kill and remove the cgroups of Spaces of ``state_dir`` that no longer exist, and
-    remove the empty parents of other state dirs (a test's, removed with its Spaces
-    deleted): an ``rmdir`` of a cgroup fails while anything is in it or below it."""
+    remove the idle cgroups of other state dirs (a test's, removed with its Spaces):
+    whose they are cannot be told from here, but nothing runs in them."""
     if parent is None:
         return
     with contextlib.suppress(OSError):
         for other in os.listdir(parent.parent):
             if other.startswith("local-") and other != parent.name:
-                with contextlib.suppress(OSError):
-                    os.rmdir(parent.parent / other)
+                _remove_idle(parent.parent / other)
     try:
         found = [n for n in os.listdir(parent) if _PART.fullmatch(n)]
     except OSError:
