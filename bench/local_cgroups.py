@@ -33,7 +33,11 @@ def main(rounds: int) -> None:
         print(f"skipped: no cgroups here: {why}")
         return
     cgs = SpaceCgroups(parent, None, f"bench{os.getpid()}")
-    make, first, later, kill, plain = [], [], [], [], []
+    make: list[float] = []
+    first: list[float] = []
+    later: list[float] = []
+    kill: list[float] = []
+    plain: list[float] = []
     try:
         for i in range(rounds):
             procs = [subprocess.Popen(["sleep", "100"]) for _ in range(3)]
