@@ -151,9 +151,9 @@ def _rmtree(path: Path) -> None:
             return
         except OSError as e:  # EBUSY: a task still leaving (it was killed)
             if e.errno != errno.EBUSY:
-                raise
+                raise SpaceUnavailableError(f"cannot remove the cgroup {path}: {e}") from None
             time.sleep(0.001)
-    path.rmdir()
+    raise SpaceUnavailableError(f"the cgroup {path} stays busy after its kill")
 
 
 def _kill(paths: list[Path], what: str) -> None:
@@ -183,7 +183,11 @@ def _wait_empty(path: Path, deadline: float, what: str) -> None:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise SpaceUnavailableError(f"processes of {what} survived cgroup.kill")
-            poller.poll(min(left, 0.05) * 1000)
+            if not poller.poll(min(left, 0.05) * 1000):
+                # Nothing changed for a while: a supervisor moved in after the kill (a
+                # restart that went ahead without the lock overtook a spawn) dies too.
+                with contextlib.suppress(FileNotFoundError):
+                    (path / "cgroup.kill").write_text("1\n")
     finally:
         os.close(fd)
 
@@ -304,9 +308,14 @@ def sweep(state_dir: Path, parent: Path | None) -> None:
     if not found:
         return
     live = set()
-    for d in state_dir.iterdir():
+    try:
+        entries = list(state_dir.iterdir())
+    except OSError:
+        return  # no telling which Spaces exist: nothing is removed
+    for d in entries:
         with contextlib.suppress(OSError, UnicodeDecodeError):
             live.add((d / "instance").read_text().strip())
     for name in found:
         if name not in live and (parent / name).is_dir():
-            SpaceCgroups(parent, None, name).remove()
+            with contextlib.suppress(SpaceUnavailableError):  # the next start tries again
+                SpaceCgroups(parent, None, name).remove()
