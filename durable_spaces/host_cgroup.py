@@ -60,9 +60,10 @@ def cgroup_root() -> Path | None:
     return mount / rel.lstrip("/") / PARENT
 
 
-def unavailable() -> str | None:
-    """None when cgroups can be made and killed here; else the reason, in one line."""
-    root = cgroup_root()
+def unavailable(root: Path | None = None) -> str | None:
+    """None when cgroups can be made and killed under ``root`` (``cgroup_root()`` when
+    not given); else the reason, in one line."""
+    root = cgroup_root() if root is None else root
     if root is None:
         return "no cgroup v2 hierarchy is mounted (/proc/self/mountinfo has no cgroup2)"
     try:

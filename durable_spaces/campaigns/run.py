@@ -353,6 +353,19 @@ def _fill(record: RunRecord, result: CoordinatorResult, injector: Injector) -> N
     )
 
 
+async def _space_missing(placement: Placement) -> dict[str, str] | None:
+    """What the run's Space said it cannot do on this host, with why
+    (``Capabilities.missing``: a local Space without cgroups fences its epochs by its
+    process groups and environment mark alone); None when it could not be asked."""
+    try:
+        space = await placement.backend.find(placement.name)
+        if space is None:
+            return None
+        return dict((await space.capabilities()).missing)
+    except SpaceUnavailableError:
+        return None
+
+
 def _power_check(host: PowerHost) -> RunCheck:
     def check(ev: Evidence) -> Verdict:
         return power_losses(host.cuts, host.log_synchronous, host.log_format)
@@ -404,6 +417,7 @@ async def run_one(run: RunSpec) -> RunRecord:
         _fill(record, result, injector)
         events = list(result.events)  # the launch history the checker reads
         placement = ctx.placement
+        record.extra["space_missing"] = await _space_missing(placement)
         if result.status == "done" and await placement.backend.find(placement.name) is None:
             # A removal that landed as the last driver finished: what the next session
             # would do is drive once more, rebuilding the Space before it reports done.
