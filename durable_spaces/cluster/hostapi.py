@@ -21,15 +21,17 @@ Three requests, all safe to repeat and all checked against the store by the host
 Every request is signed with the cluster's host secret (``hostauth.py``); anything else
 is refused with 401 before it is looked at. The server serves from a bounded pool of
 ``workers`` threads; a connection waits its turn in a queue of at most ``queued`` (more
-are closed at once), each read on a socket waits at most ``request_timeout`` and a body
-must arrive whole within it (a client that stops sending loses its connection, not a
-thread), one request per connection. Errors are JSON ``{"error": ...}``, one line, with
-400 (bad request: a malformed header, body or number), 401 (not signed by the cluster),
-404 (no such Space or resource), 409 (conflict), 503 (anything else: try again).
+are closed at once), each read on a socket waits at most ``request_timeout`` and the
+request (headers and body) must arrive whole within it (a client that stops sending, or
+trickles, loses its connection, not a thread), one request per connection. Errors are
+JSON ``{"error": ...}``, one line, with 400 (bad request: a malformed header, body or
+number), 401 (not signed by the cluster), 404 (no such Space or resource), 409
+(conflict), 503 (anything else: try again).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -120,6 +122,7 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.connection.settimeout(self.server.request_timeout)  # every read waits this
+        self.server.reading(self.connection)  # and the whole request, headers too
 
     def log_message(self, format: str, *args: Any) -> None:
         return  # requests are not logged (the host's log is its events)
@@ -161,6 +164,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self, method: str, route: Callable[[bytes], dict[str, Any]]) -> None:
         try:
             body = self._body()
+            self.server.read(self.connection)  # serving may take long (a sandbox's start)
             verify(
                 self.headers.get("Authorization"),
                 self.server.service.accepted_secrets(),
@@ -234,7 +238,32 @@ class _Server(socketserver.TCPServer):
         self._pending = 0
         self._count = threading.Lock()
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="ds-host-api")
+        #: Connections still sending their request, and when they must have sent it.
+        self._reading: dict[socket.socket, float] = {}
+        self._stop = threading.Event()
         super().__init__(endpoint, _Handler)
+        threading.Thread(target=self._cut_slow, name="ds-host-api-reaper", daemon=True).start()
+
+    def reading(self, conn: socket.socket) -> None:
+        with self._count:
+            self._reading[conn] = time.monotonic() + self.request_timeout
+
+    def read(self, conn: socket.socket) -> None:
+        with self._count:
+            self._reading.pop(conn, None)
+
+    def _cut_slow(self) -> None:
+        """A client trickling its request a byte at a time passes every read's timeout:
+        its connection is shut once the request as a whole is late (the read then ends)."""
+        while not self._stop.wait(self.request_timeout / 4):
+            now = time.monotonic()
+            with self._count:
+                late = [c for c, deadline in self._reading.items() if deadline < now]
+                for c in late:
+                    del self._reading[c]
+            for c in late:
+                with contextlib.suppress(OSError):
+                    c.shutdown(socket.SHUT_RDWR)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._count:
@@ -252,6 +281,7 @@ class _Server(socketserver.TCPServer):
         except Exception:
             self.handle_error(request, client_address)
         finally:
+            self.read(request)
             self.shutdown_request(request)
             with self._count:
                 self._pending -= 1
@@ -260,6 +290,7 @@ class _Server(socketserver.TCPServer):
         return  # a client that broke its connection: nothing to tell anyone
 
     def server_close(self) -> None:
+        self._stop.set()
         super().server_close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 

@@ -6,6 +6,7 @@ by a bounded pool with socket timeouts (threads counted with psutil, no time bou
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -214,7 +215,8 @@ def test_slow_clients_time_out_and_do_not_make_a_thread_each() -> None:
             c.sendall(b"POST /v1/place HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
             socks.append(c)
             peak = max(peak, me.num_threads())
-        assert peak <= before + 8 + 1, (before, peak)  # the pool and its accept loop
+        # the pool, its accept loop and the reaper of late requests
+        assert peak <= before + 8 + 2, (before, peak)
 
         def all_cut() -> bool:
             for c in socks:
@@ -229,9 +231,43 @@ def test_slow_clients_time_out_and_do_not_make_a_thread_each() -> None:
             return True
 
         wait_for("every slow client to be cut", all_cut, 120)
-        assert me.num_threads() <= before + 8 + 1
+        assert me.num_threads() <= before + 8 + 2
         for c in socks:
             c.close()
+        assert HostClient(address, secret).status("sp", 1)["state"] == "unknown"
+    finally:
+        api.close()
+
+
+def test_a_client_trickling_its_headers_is_cut() -> None:
+    secret = HostSecret(1, Secret("s" * 43))
+    address = f"127.0.0.1:{_free_port()}"
+    api = HostApiServer(address, _Slow(secret), workers=2, queued=4, request_timeout=1.0)
+    api.start()
+    try:
+        host, port = address.rsplit(":", 1)
+        c = socket.create_connection((host, int(port)))
+        head = b"GET /v1/spaces/sp?generation=1 HTTP/1.1\r\nX-Slow: " + b"a" * 10_000
+        cut = threading.Event()
+
+        def trickle() -> None:  # a byte well within every read's timeout, forever
+            for b in head:
+                try:
+                    c.sendall(bytes([b]))
+                except OSError:
+                    cut.set()
+                    return
+                if cut.wait(0.2):
+                    return
+
+        t = threading.Thread(target=trickle, daemon=True)
+        t.start()
+        c.settimeout(None)
+        with contextlib.suppress(ConnectionResetError):  # the server shut it: no answer
+            assert c.recv(1) == b""
+        cut.set()
+        t.join()
+        c.close()
         assert HostClient(address, secret).status("sp", 1)["state"] == "unknown"
     finally:
         api.close()
