@@ -135,7 +135,8 @@ class Cluster:
         if not any(h.id == host_id and h.state == "up" for h in self.store.hosts()):
             return False
         try:
-            HostClient(self.hosts[host_id].address).status("probe", 1)
+            secret = self.store.host_secrets()[0]
+            HostClient(self.hosts[host_id].address, secret).status("probe", 1)
         except HostApiError:
             return False
         return True

@@ -18,6 +18,7 @@ from needs import need
 from durable_spaces.cluster.address import LocalAddress, parse_address
 from durable_spaces.cluster.host import HostAgent, local_name
 from durable_spaces.cluster.hostapi import HostClient
+from durable_spaces.cluster.hostauth import HostSecret, sign
 from durable_spaces.cluster.lab import wait_for
 from durable_spaces.cluster.store import ClusterStore
 from durable_spaces.errors import (
@@ -41,16 +42,29 @@ def agent(pg_url: str, tmp_path: Path) -> Iterator[HostAgent]:
     )
     t = threading.Thread(target=asyncio.run, args=(a.run(),), daemon=True)
     t.start()
-    wait_for("the agent's API", lambda: _answers(a.address))
+    _URLS[a.address] = pg_url
+    wait_for("the agent's API", lambda: _answers(a.address, _secret(pg_url)))
     yield a
     assert a._loop is not None
     a._loop.call_soon_threadsafe(a.stopping.set)
     t.join(20)
 
 
-def _answers(address: str) -> bool:
+def _secret(url: str) -> HostSecret:
+    with ClusterStore(url) as s:
+        return s.host_secrets()[0]
+
+
+_URLS: dict[str, str] = {}  # an agent's address: its store's URL
+
+
+def _client(agent: HostAgent) -> HostClient:
+    return HostClient(agent.address, _secret(_URLS[agent.address]))
+
+
+def _answers(address: str, secret: HostSecret) -> bool:
     try:
-        HostClient(address).status("x", 1)
+        HostClient(address, secret).status("x", 1)
     except HostApiError:
         return False
     return True
@@ -59,7 +73,7 @@ def _answers(address: str) -> bool:
 def _placed_sandbox(agent: HostAgent, s: ClusterStore) -> Path:
     """Durable Space ``sp`` placed on the agent: its sandbox directory."""
     s.create_space("sp")
-    addr = parse_address(HostClient(agent.address).place("sp", 1)["address"])
+    addr = parse_address(_client(agent).place("sp", 1)["address"])
     assert isinstance(addr, LocalAddress)
     sandbox = Path(addr.state_dir) / addr.name
     assert sandbox.is_dir()
@@ -70,7 +84,7 @@ def test_places_only_a_generation_waiting_and_reports_a_removed_sandbox(
     agent: HostAgent, stores: Any
 ) -> None:
     s: ClusterStore = stores()
-    client = HostClient(agent.address)
+    client = _client(agent)
     with pytest.raises(UnknownRecordError):  # no such space in the store
         client.place("nope", 1)
     s.create_space("sp")
@@ -127,13 +141,15 @@ def test_bad_requests_are_typed_errors(agent: HostAgent) -> None:
     import urllib.request
 
     req = urllib.request.Request(f"http://{agent.address}/v1/place", data=b"[1]", method="POST")
+    secret = _secret(_URLS[agent.address])
+    req.add_header("Authorization", sign(secret, "POST", "/v1/place", b"[1]"))
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(req, timeout=5)
     assert info.value.code == 400
     with pytest.raises(ConfigError, match="space"):
-        HostClient(agent.address).place("../x", 1)
+        _client(agent).place("../x", 1)
     with pytest.raises(HostApiError, match="did not answer"):
-        HostClient(f"127.0.0.1:{_free_port()}", timeout=0.5).status("sp", 1)
+        HostClient(f"127.0.0.1:{_free_port()}", secret, timeout=0.5).status("sp", 1)
 
 
 def test_a_spacesd_listen_host_must_be_an_ipv4_address(tmp_path: Path) -> None:

@@ -362,6 +362,15 @@ class DockerBackend:
         c = await asyncio.to_thread(sync)
         await self._await_daemon(c)
 
+    async def rotate_token(self, name: str, max_epoch: int | None = None) -> str:
+        """A new access token: written to the token file, then the container restarted,
+        since a bind mount keeps the file it was started with (its processes die, as an
+        epoch advance would have killed them). ``max_epoch`` is not applied: the floor
+        lives inside the container (docs/cluster-security.md)."""
+        token = await asyncio.to_thread(self._write_token, name)
+        await self.restart(name)
+        return token
+
     async def pause(self, name: str) -> None:
         """Freeze the container (``docker pause``: the cgroup freezer, daemon included)."""
 

@@ -13,9 +13,11 @@ at that moment (the daemon gives each command a session of its own, so ``killpg`
 would miss them). Weaker: a process that already left the tree (a double fork, a
 daemonized server) survives, and so do commands when only the daemon crashes.
 
-The token is a random string kept in a 0600 file and handed to the daemon through the
-``CUA_ENV_TOKEN`` environment variable (the daemon strips it from its commands' env):
-never in argv (``ps``), never in logs or error messages.
+The token is a random string kept in a 0600 file that the daemon watches
+(``--await-token-file``): never in argv (``ps``), the environment, logs or error
+messages. ``rotate_token`` writes a new one; the daemon installs it and refuses the old one
+from then on (its open sessions are revoked too), without a restart. Its epoch floor is
+the file ``exec-epoch`` in its data dir, which ``set_floor`` rewrites while it is down.
 
 The state file (``state.json``) holds the port, the pids and their start times (so a pid
 reused by an unrelated process is never taken for the daemon), the isolation used and the
@@ -46,6 +48,10 @@ from durable_spaces.errors import SpaceError, SpaceUnavailableError
 from durable_spaces.proc_start import started
 
 log = logging.getLogger(__name__)
+
+#: How often the daemon reads its token file: a rotation takes effect within this.
+TOKEN_POLL_MS = 20
+_TOKEN_VARS = ("CUA_ENV_TOKEN", "CUA_SPACESD_TOKEN", "CUA_ENV_TOKEN_FILE")
 
 PIDNS = "pidns"
 PGROUP = "pgroup"
@@ -253,6 +259,43 @@ class LocalDaemon:
     def token(self) -> str:
         return (self.home / "token").read_text().strip()
 
+    def _write_token(self) -> str:
+        token = secrets.token_urlsafe(32)
+        tmp = self.home / f".token.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.home / "token")
+        fsync_dir(self.home)
+        return token
+
+    def rotate_token(self) -> str:
+        """A new token in the file the daemon watches (caller holds the lock); the
+        daemon takes it within ``TOKEN_POLL_MS`` and refuses the old one from then on."""
+        return self._write_token()
+
+    def floor(self) -> int:
+        """The epoch floor the daemon keeps on disk (0 when it never advanced)."""
+        try:
+            text = (self.data / "exec-epoch").read_text().strip()
+        except FileNotFoundError:
+            return 0
+        if not text.isdigit() or len(text) > 19:
+            raise SpaceError(f"{self.data / 'exec-epoch'} holds {text[:40]!r}, not an epoch")
+        return int(text)
+
+    def set_floor(self, epoch: int) -> None:
+        """Rewrite the floor while the daemon is down (caller holds the lock)."""
+        tmp = self.data / f".exec-epoch.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(str(epoch))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.data / "exec-epoch")
+        fsync_dir(self.data)
+
     def acquire(self) -> int:
         """Take the Space's lock file (blocking): create/start/kill/delete are serialized
         across processes. Returns the fd; closing it releases the lock."""
@@ -278,11 +321,7 @@ class LocalDaemon:
         self.home.mkdir(parents=True, exist_ok=True)
         self.work.mkdir(exist_ok=True)
         self.data.mkdir(exist_ok=True)
-        fd = os.open(self.home / "token", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_urlsafe(32))
-            f.flush()
-            os.fsync(f.fileno())
+        self._write_token()
         st = DaemonState(
             port=free_port(self.listen_host), instance_id=secrets.token_hex(8), created=time.time()
         )
@@ -331,10 +370,14 @@ class LocalDaemon:
             "--quic-port",
             "0",
         ]
+        serve += ["--await-token-file", "--token-file", str(self.home / "token")]
+        serve += ["--token-poll-ms", str(TOKEN_POLL_MS)]
         argv = serve
         if mode == PIDNS:
             argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", *serve]
-        env = dict(os.environ, CUA_ENV_TOKEN=self.token())
+        # The file is the only token the daemon takes in this mode (it refuses to start
+        # beside one in its environment).
+        env = {k: v for k, v in os.environ.items() if k not in _TOKEN_VARS}
         with open(self.log_path, "ab") as logf:
             p = subprocess.Popen(
                 argv,
