@@ -19,8 +19,12 @@
 # watched before it is listed and a file before it is stat-ed and read; files are watched
 # one by one (a write through a hard link outside the workspace is an event of the
 # inode); a directory that appears, goes or moves is walked again; an overflow, a watch
-# limit, the workspace root replaced or a mount at or under it make the journal
-# untrusted (the host then walks anew or scans its own way).
+# limit, the workspace root replaced or any mount at or under it make the journal
+# untrusted (the host then walks anew or scans its own way). The mount table is read at
+# every answer and must name nothing at or under the root, as the host journal's rule
+# (durable_spaces/host_mounts.py): a mount that was there when this helper started hides
+# what its watches see as much as one made later (an overlay's upper directory outside
+# the workspace changes the files under its mount point with no event here).
 use strict;
 use warnings;
 
@@ -56,7 +60,7 @@ my $CONTENT = $MODIFY | $CLOSE_WRITE;
 my $broken = '';
 my (%dirs, %dir_wd, %files, %file_wd);    # wd -> rel, rel -> wd; wd -> {rel}, rel -> wd
 my (%ptrees, %ppaths);                     # what the events named since the last answer
-my ($ino_fh, $root_fh, @root_id, $mounts0, $sentinel, $sentinel_dir, $sentinel_wd);
+my ($ino_fh, $root_fh, @root_id, $sentinel, $sentinel_dir, $sentinel_wd);
 my $sentinel_fh;    # locked while this helper lives (sweep_sentinels)
 my ($NR_INIT, $NR_ADD, $NR_RM, $O_DIR, $O_NOFOLLOW);    # set by start() for this machine
 my ($out, $budget) = ('', 0);
@@ -98,8 +102,8 @@ sub start {
     sysopen($root_fh, $ROOT, $O_RDONLY | $O_DIR)
         or return fail("cannot open the workspace: $!");
     @root_id = (stat $root_fh)[0, 1];
-    $mounts0 = mounts_under();
-    return fail('cannot read the mount table') unless defined $mounts0;
+    check_mounts();
+    return if $broken;
     my $fd = syscall($NR_INIT, 04000 | 02000000);    # IN_NONBLOCK | IN_CLOEXEC
     return fail("inotify_init1: $!") if $fd < 0;
     open($ino_fh, '<&=', $fd) or return fail("inotify fd: $!");
@@ -380,17 +384,17 @@ sub sync {
     }
 }
 
-# The mount points at or under the workspace, as one string: a mount appearing there
-# hides what the watches see (one above it replaces the root, which check_root sees).
-sub mounts_under {
-    open(my $mi, '<', '/proc/self/mountinfo') or return undef;
-    my @found;
+# No mount point at or under the workspace, whenever it was made: one there hides what
+# the watches see (one above it replaces the root, which check_root sees).
+sub check_mounts {
+    open(my $mi, '<', '/proc/self/mountinfo') or return fail('cannot read the mount table');
     while (my $line = <$mi>) {
         my $mp = (split / /, $line)[4];
+        next unless defined $mp;
         $mp =~ s/\\([0-7]{3})/chr(oct($1))/ge;
-        push @found, $mp if $mp eq $ROOT || index($mp, "$ROOT/") == 0;
+        return fail("a filesystem is mounted at $mp, inside the workspace")
+            if $mp eq $ROOT || index($mp, "$ROOT/") == 0;
     }
-    return join("\0", sort @found);
 }
 
 sub check_root {
@@ -398,9 +402,7 @@ sub check_root {
     return fail('the workspace directory is gone') unless @now;
     return fail('the workspace directory was replaced')
         if $now[0] != $root_id[0] || $now[1] != $root_id[1];
-    my $mounts = mounts_under();
-    return fail('cannot read the mount table') unless defined $mounts;
-    fail('a mount appeared or went at or under the workspace') if $mounts ne $mounts0;
+    check_mounts();
 }
 
 sub under_tree {

@@ -75,6 +75,11 @@ class Untrusted(Exception):
     """The journal cannot vouch for its answer (why in the message)."""
 
 
+class Refused(Untrusted):
+    """The helper answered and said why it cannot vouch (a mount inside the workspace):
+    it works, so it does not count towards ``GIVE_UP``."""
+
+
 def _well_formed(rel: str) -> bool:
     """A workspace-relative path as a walk names it: ``.``, or non-empty components
     that are neither ``.`` nor ``..`` (no leading, trailing or doubled slash)."""
@@ -252,7 +257,7 @@ class GuestJournal:
             if got != nonce:
                 raise Untrusted("the journal answered another request")
             if why:
-                raise Untrusted(why)
+                raise Refused(why)
             return frames
 
     async def _ask(self, kind: str = "") -> list[tuple[str, bytes]]:
@@ -395,10 +400,10 @@ class GuestJournal:
 
     async def _failed(self, e: Exception) -> None:
         """Drop the helper after ``e``. One that started and never gave a good answer
-        (it exited, or spoke no answer) counts towards GIVE_UP; a daemon down or gone
-        does not."""
-        down = isinstance(e, SpaceUnavailableError)
-        self._failed_first += self._ex is not None and not self._answered and not down
+        (it exited, or spoke no answer) counts towards GIVE_UP; a daemon down or gone,
+        or a helper that answered why it cannot vouch, does not."""
+        spoke = isinstance(e, (SpaceUnavailableError, Refused))
+        self._failed_first += self._ex is not None and not self._answered and not spoke
         why = str(e) if isinstance(e, Untrusted) else f"the journal failed: {e!r}"
         await self._drop_helper(why)
         if self._failed_first >= GIVE_UP:
