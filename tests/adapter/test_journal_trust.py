@@ -92,3 +92,108 @@ def test_an_overlay_mounted_inside_the_workspace_is_never_trusted(
             assert space.scan_stats["guest_journal"] == 0  # no helper ever vouched
 
     asyncio.run(go())
+
+
+#: A background process of the Space's user that stops the journal's helper of the
+#: workspace ``$ARGV[0]``, opens its stdin and stdout and answers every request itself:
+#: its nonce and "trusted", nothing changed (issue 34, item 3). What it could or could
+#: not do goes to its own output.
+FORGER = r"""
+use strict;
+my $root = shift;
+$| = 1;
+my $pid;
+for (1 .. 600) {
+    opendir(my $d, '/proc') or die "no /proc\n";
+    for my $p (grep { /^\d+$/ && $_ != $$ } readdir $d) {
+        open(my $c, '<', "/proc/$p/cmdline") or next;
+        local $/;
+        my @a = split /\0/, (<$c> // '');
+        if (@a >= 4 && $a[1] eq '-e' && $a[3] eq $root) { $pid = $p; last; }
+    }
+    last if $pid;
+    select(undef, undef, undef, 0.1);
+}
+die "no helper found\n" unless $pid;
+kill('STOP', $pid) or print "cannot stop the helper: $!\n";
+# Tracing it would let this process write anything in its place (x86_64's numbers:
+# ptrace, PTRACE_ATTACH 16, PTRACE_DETACH 17).
+if (syscall(101, 16, $pid + 0, 0, 0) == 0) {
+    print "traced the helper\n";
+    waitpid($pid, 0);
+    syscall(101, 17, $pid + 0, 0, 0);
+} else {
+    print "cannot trace the helper: $!\n";
+}
+# Its descriptor by its /proc path, else a copy of it (pidfd_getfd: x86_64's numbers).
+sub grab {
+    my ($n, $how) = @_;
+    return $_[2] if open($_[2], $how, "/proc/$pid/fd/$n");
+    print "cannot open its fd $n: $!\n";
+    my $pidfd = syscall(434, $pid + 0, 0);
+    die "cannot pidfd_open it: $!\n" if $pidfd < 0;
+    my $fd = syscall(438, $pidfd, $n + 0, 0);
+    die "cannot pidfd_getfd its fd $n: $!\n" if $fd < 0;
+    open($_[2], "$how&=", $fd) or die "fd $fd: $!\n";
+    return $_[2];
+}
+my $in = grab(0, '<', my $i);
+my $out = grab(1, '>', my $o);
+select((select($out), $| = 1)[0]);
+print "forging for $pid\n";
+while (my $line = <$in>) {
+    chomp $line;
+    $line =~ s/^\?//;
+    my $body = pack('N/a* N/a*', $line, '');
+    print $out 'E' . pack('N', length $body) . $body;
+    print "answered $line\n";
+}
+"""
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        pytest.param("docker", marks=pytest.mark.docker),
+        pytest.param("microvm", marks=pytest.mark.microvm),
+    ],
+)
+def test_a_command_cannot_answer_for_the_journals_helper(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """A call leaves a process that stops the helper and answers in its place (its nonce,
+    "trusted", nothing changed): the helper runs where the Space's user cannot signal it
+    or open its descriptors, so the forger gets nowhere, and the image holds the files
+    the later calls made, the adapter's own ``write`` among them."""
+    _needs(backend)
+    monkeypatch.setenv("DS_HOST_SCAN", "0")
+    script = FORGER.replace("'", "'\\''")
+    calls: list[tuple[str, Any]] = [
+        ("bash", {"command": "printf one > a.txt"}),
+        (
+            "bash",
+            {
+                "command": f"cd / && nohup perl -e '{script}' \"$OLDPWD\" > /tmp/forger.log "
+                "2>&1 < /dev/null & sleep 1; printf two > b.txt"
+            },
+        ),
+        ("bash", {"command": "printf three > c.txt"}),
+        ("write", {"path": "d.txt", "content": "written by the adapter\n"}),
+        ("bash", {"command": "printf four > e.txt"}),
+        ("bash", {"command": "cat /tmp/forger.log"}),
+    ]
+
+    async def go() -> None:
+        async with wrapped_harness(tmp_path, backend, "transactional", calls) as (h, durable):
+            conv, results = await run_call_list(h)
+            assert [r["status"] for r in results] == ["ok"] * len(calls), results
+            log = results[-1]["content"]
+            assert "cannot stop the helper" in log and "cannot trace the helper" in log, log
+            assert "forging" not in log, log
+            space = await durable.space(conv.id)
+            seen = await daemon_view(space)
+            assert {"a.txt", "b.txt", "c.txt", "d.txt", "e.txt"} <= set(seen)
+            assert _files(image_log.table(h, conv.id)) == _files(seen)
+            assert space.scan_stats["guest_journal"] > 0  # the helper still answered
+
+    asyncio.run(go())

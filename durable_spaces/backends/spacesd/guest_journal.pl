@@ -3,8 +3,17 @@
 # Debian root filesystem, and a journal must not need an image of its own.
 #
 # argv: the workspace, KEEP_MAX, KEEP_TOTAL, the most watches to hold (more: untrusted),
-# the seconds it waits for a request before it exits, and "miss" for the mutant
-# journal_miss. It exits at the end of its stdin (its Space object closed), when idle
+# the seconds it waits for a request before it exits, the Space's user ("": none), and
+# "miss" for the mutant journal_miss.
+#
+# Who it runs as: the daemon starts it as the daemon's own user (root in a container or
+# a VM), and it takes the Space's user's effective uid and gid here, keeping its real and
+# saved uid: it reads no more of the workspace than that user may, while that user can
+# neither signal it (kill needs the target's real or saved uid), nor trace it or open its
+# /proc entries (ptrace access needs all three, and the change of ids made it
+# undumpable). So a command cannot stop it and answer in its place (docs/journal-trust.md).
+# Where the daemon runs as the Space's user itself, it stays as it is (and is no more
+# protected than any other process of that user). It exits at the end of its stdin (its Space object closed), when idle
 # that long (an object never closed: a killed driver's, whose successor's advance kills
 # it anyway, or a reader's at epoch 0, which no advance kills), or when it cannot write.
 # Each line on stdin is a request (a nonce; "?" and a nonce asks for the machine's boot id,
@@ -43,7 +52,7 @@ sub S_ISREG { return ($_[0] & 0170000) == 0100000; }
 sub S_ISDIR { return ($_[0] & 0170000) == 0040000; }
 sub S_ISLNK { return ($_[0] & 0170000) == 0120000; }
 
-my ($ROOT, $KEEP_MAX, $KEEP_TOTAL, $MAX_WATCHES, $IDLE, $MISS) = @ARGV;
+my ($ROOT, $KEEP_MAX, $KEEP_TOTAL, $MAX_WATCHES, $IDLE, $USER, $MISS) = @ARGV;
 $MISS = defined $MISS && $MISS eq 'miss';
 
 my ($MODIFY, $ATTRIB, $CLOSE_WRITE) = (0x2, 0x4, 0x8);
@@ -161,6 +170,19 @@ sub sweep_others {
             && $a[3] eq $ROOT;
     }
     closedir $pd;
+}
+
+# The Space's user's effective ids, real and saved ones kept (the header says why).
+sub become_user {
+    return if !defined $USER || $USER eq '';
+    my ($uid, $gid) = (getpwnam($USER))[2, 3];
+    return fail("no user $USER in the Space") unless defined $uid;
+    return if $> == $uid && $< == $uid;    # started as that user: nothing to take
+    return fail("the helper runs as uid $> and cannot take the ids of $USER") if $> != 0;
+    $) = "$gid $gid";    # the effective gid, and that group alone as supplementary
+    return fail("cannot take the group of $USER: $!") if (split / /, $))[0] != $gid;
+    $> = $uid;
+    return fail("cannot take the uid of $USER: $!") if $> != $uid;
 }
 
 sub watches { return scalar(keys %dirs) + scalar(keys %files); }
@@ -431,7 +453,8 @@ sub request {
 }
 
 sweep_others();
-start();
+become_user();
+start() unless $broken;
 my $first = 1;
 while (defined(my $nonce = request())) {
     if ($nonce =~ s/^\?//) {    # the machine's boot id, read now: no sync, no walk

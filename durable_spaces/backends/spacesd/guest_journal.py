@@ -134,8 +134,12 @@ class GuestJournal:
         keep_max: int,
         keep_total: int,
         stats: dict[str, int] | None = None,
+        user: str = "",
     ) -> None:
         self._root = root
+        #: The Space's user, whose effective ids the helper takes ("": none, it runs as
+        #: it was started).
+        self._user = user
         self._start = start
         self._hash = hash_files
         self._boot_id = boot_id
@@ -171,7 +175,7 @@ class GuestJournal:
     async def _launch(self) -> None:
         keep_max, keep_total = self._keep
         argv = ["perl", "-e", SCRIPT, self._root, str(keep_max), str(keep_total)]
-        argv += [str(MAX_WATCHES), str(IDLE_SECONDS)]
+        argv += [str(MAX_WATCHES), str(IDLE_SECONDS), self._user]
         if mutants.active("journal_miss"):
             argv.append("miss")
         self._boot = self._boot_id()
