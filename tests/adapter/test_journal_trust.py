@@ -197,3 +197,74 @@ def test_a_command_cannot_answer_for_the_journals_helper(
             assert space.scan_stats["guest_journal"] > 0  # the helper still answered
 
     asyncio.run(go())
+
+
+#: A process left by a call: it maps ``m.bin`` shared (closing its descriptor), says
+#: ``ready``, and once ``go`` appears stores into the mapping (no event, no close) and
+#: says ``stored``; then it stays.
+STORER = (
+    "import mmap, os, time\n"
+    "f = open('m.bin', 'r+b'); m = mmap.mmap(f.fileno(), 4); f.close()\n"
+    "open('ready', 'w').close()\n"
+    "while not os.path.exists('go'): time.sleep(0.02)\n"
+    "m[0:4] = b'BBBB'\n"
+    "open('stored', 'w').close()\n"
+    "time.sleep(3600)\n"
+)
+
+
+def _host_files(root: str) -> dict[str, bytes]:
+    out: dict[str, bytes] = {}
+    for p in Path(root).rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            out[str(p.relative_to(root))] = p.read_bytes()
+    return out
+
+
+@pytest.mark.parametrize(
+    ("backend", "host_scan"),
+    [
+        pytest.param("local", "1", id="local"),
+        pytest.param("spacesd", "1", marks=pytest.mark.spacesd, id="spacesd-host-scan"),
+        pytest.param("spacesd", "0", marks=pytest.mark.spacesd, id="spacesd-in-space"),
+    ],
+)
+def test_stores_through_a_mapping_a_leftover_holds_reach_the_image(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str, host_scan: str
+) -> None:
+    """Explicit transactional mode: a bash call leaves a process holding a shared
+    mapping of ``m.bin``, which stores into it while a later call runs (no inotify
+    event, no close). The call that left it says so in its result; every later scan
+    reads the held file again, so the image follows the Space."""
+    _needs(backend)
+    monkeypatch.setenv("DS_HOST_SCAN", host_scan)
+    storer = STORER.replace("'", "'\\''")
+    calls: list[tuple[str, Any]] = [
+        (
+            "bash",
+            {
+                "command": f"printf aaaa > m.bin; nohup python3 -c '{storer}' > /dev/null 2>&1 "
+                "< /dev/null & while [ ! -e ready ]; do sleep 0.02; done; echo started"
+            },
+        ),
+        ("bash", {"command": "cat m.bin"}),
+        ("bash", {"command": "touch go; while [ ! -e stored ]; do sleep 0.02; done"}),
+        ("bash", {"command": "cat m.bin"}),
+    ]
+
+    async def go() -> None:
+        async with wrapped_harness(tmp_path, backend, "transactional", calls) as (h, durable):
+            conv, results = await run_call_list(h)
+            assert [r["status"] for r in results] == ["ok"] * len(calls), results
+            assert "left processes running in the workspace" in results[0]["content"]
+            assert not any("left processes" in r["content"] for r in results[1:]), results
+            assert results[3]["content"].startswith("BBBB"), results
+            space = await durable.space(conv.id)
+            files = _host_files(space.root)
+            assert files["m.bin"] == b"BBBB"
+            table = image_log.table(h, conv.id)
+            assert set(table) == set(files)
+            for path, entry in table.items():
+                assert image_log.blob(h, conv.id, entry.sha256 or "") == files[path], path
+
+    asyncio.run(go())
