@@ -80,16 +80,37 @@ def test_an_overlay_mounted_inside_the_workspace_is_never_trusted(
         ("bash", {"command": "true"}),
         ("bash", {"command": "cat ov/f ov/g"}),
     ]
+    after: list[tuple[str, Any]] = [
+        ("bash", {"command": "umount ov && printf after > z.txt"}),
+        ("bash", {"command": "printf more >> z.txt"}),
+    ]
 
     async def go() -> None:
-        async with wrapped_harness(tmp_path, "spacesd", "transactional", calls) as (h, durable):
+        async with wrapped_harness(tmp_path, "spacesd", "transactional", calls + after) as (
+            h,
+            durable,
+        ):
             conv, results = await run_call_list(h)
-            assert [r["status"] for r in results] == ["ok"] * len(calls), results
+            assert [r["status"] for r in results] == ["ok"] * len(calls + after), results
             space = await durable.space(conv.id)
+            # The image as of the call that read the overlay holds what it read there.
+            entry = [e for e in conv.entries() if e.kind == "tool_result"][len(calls) - 1]
+            then = durable.image_table(h, conv.id, as_of=entry.id)
+            blobs = [
+                durable.blob(h, conv.id, e.sha256 or "") if (e := then.get(p)) else b"?"
+                for p in ("ov/f", "ov/g")
+            ]
+            shown = results[len(calls) - 1]["content"].rsplit("\n[exit code 0]", 1)[0]
+            assert shown.endswith("g") and b"".join(b or b"?" for b in blobs).decode() == shown
             seen = await daemon_view(space)
-            assert "ov/g" in seen  # the Space shows the upper directory's new file
             assert _files(image_log.table(h, conv.id)) == _files(seen)
-            assert space.scan_stats["guest_journal"] == 0  # no helper ever vouched
+            stats = space.scan_stats
+            if host_scan == "0":
+                # One walk before the mount, none trusted while it was there, a new
+                # walk once it went, then the journal again (the call after it).
+                assert (stats["guest_full"], stats["guest_journal"]) == (2, 2), stats
+            else:  # the host journal refused while the mount was there, then took over
+                assert stats["guest_journal"] == 0, stats
 
     asyncio.run(go())
 

@@ -18,7 +18,8 @@
 # it anyway, or a reader's at epoch 0, which no advance kills), or when it cannot write.
 # Each line on stdin is a request (a nonce; "?" and a nonce asks for the machine's boot id,
 # a B frame); each answer is frames (type, length, body; K: only "still working") ending
-# with an E frame that carries the nonce and "" (trusted) or why it is not.
+# with an E frame that carries the nonce and "" (trusted) or why it is not ("~" first:
+# not for now, and the helper stays; the next trusted answer is a walk).
 # The first answer is a walk of the whole workspace; every later one names only what the
 # inotify events since the last answer say changed, looked at again.
 #
@@ -33,7 +34,9 @@
 # every answer and must name nothing at or under the root, as the host journal's rule
 # (durable_spaces/host_mounts.py): a mount that was there when this helper started hides
 # what its watches see as much as one made later (an overlay's upper directory outside
-# the workspace changes the files under its mount point with no event here).
+# the workspace changes the files under its mount point with no event here). While one
+# is there each scan is refused for now ("~" before the reason); the first scan after it
+# is a new walk.
 use strict;
 use warnings;
 
@@ -111,8 +114,6 @@ sub start {
     sysopen($root_fh, $ROOT, $O_RDONLY | $O_DIR)
         or return fail("cannot open the workspace: $!");
     @root_id = (stat $root_fh)[0, 1];
-    check_mounts();
-    return if $broken;
     my $fd = syscall($NR_INIT, 04000 | 02000000);    # IN_NONBLOCK | IN_CLOEXEC
     return fail("inotify_init1: $!") if $fd < 0;
     open($ino_fh, '<&=', $fd) or return fail("inotify fd: $!");
@@ -406,17 +407,24 @@ sub sync {
     }
 }
 
-# No mount point at or under the workspace, whenever it was made: one there hides what
-# the watches see (one above it replaces the root, which check_root sees).
-sub check_mounts {
-    open(my $mi, '<', '/proc/self/mountinfo') or return fail('cannot read the mount table');
+# A mount point at or under the workspace, whenever it was made (undef: none): one there
+# hides what the watches see (one above it replaces the root, which check_root sees).
+sub mount_inside {
+    open(my $mi, '<', '/proc/self/mountinfo') or return 'cannot read the mount table';
     while (my $line = <$mi>) {
         my $mp = (split / /, $line)[4];
         next unless defined $mp;
         $mp =~ s/\\([0-7]{3})/chr(oct($1))/ge;
-        return fail("a filesystem is mounted at $mp, inside the workspace")
+        return "a filesystem is mounted at $mp, inside the workspace"
             if $mp eq $ROOT || index($mp, "$ROOT/") == 0;
     }
+    return undef;
+}
+
+# Every watch dropped: what the next walk finds is watched again from scratch.
+sub unwatch_all {
+    rm_watch($_) for keys %dirs, keys %files;
+    (%dirs, %dir_wd, %files, %file_wd, %ptrees, %ppaths) = ();
 }
 
 sub check_root {
@@ -424,7 +432,6 @@ sub check_root {
     return fail('the workspace directory is gone') unless @now;
     return fail('the workspace directory was replaced')
         if $now[0] != $root_id[0] || $now[1] != $root_id[1];
-    check_mounts();
 }
 
 sub under_tree {
@@ -473,6 +480,18 @@ while (defined(my $nonce = request())) {
     $budget = 0;
     if (!$broken) {
         check_root();
+        my $hidden = $broken ? undef : mount_inside();
+        if (defined $hidden) {
+            # Not trusted while it is there, nor after it goes: what changed under it
+            # raised no event here. This helper stays (a new one would refuse as well,
+            # and the boot id needs no trust in the workspace) and, once no mount is
+            # left, answers with a new walk. "~": a refusal for now, not for good.
+            unwatch_all();
+            $first = 1;
+            frame('E', pack('N/a* N/a*', $nonce, "~$hidden"));
+            flush_out();
+            next;
+        }
         if ($first) {
             frame('T', pack('N/a*', '.'));
             walk('.');

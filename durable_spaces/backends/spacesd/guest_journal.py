@@ -75,9 +75,9 @@ class Untrusted(Exception):
     """The journal cannot vouch for its answer (why in the message)."""
 
 
-class Refused(Untrusted):
-    """The helper answered and said why it cannot vouch (a mount inside the workspace):
-    it works, so it does not count towards ``GIVE_UP``."""
+class Hidden(Untrusted):
+    """The helper cannot vouch for now (a mount at or under the workspace) and stays:
+    the scan is the daemon's own, and the helper's next trusted answer is a new walk."""
 
 
 def _well_formed(rel: str) -> bool:
@@ -260,8 +260,10 @@ class GuestJournal:
             got, why = _text(r.blob()), _text(r.blob())
             if got != nonce:
                 raise Untrusted("the journal answered another request")
+            if why.startswith("~"):
+                raise Hidden(why[1:])
             if why:
-                raise Refused(why)
+                raise Untrusted(why)
             return frames
 
     async def _ask(self, kind: str = "") -> list[tuple[str, bytes]]:
@@ -390,6 +392,12 @@ class GuestJournal:
                 frames = await self._ask()
                 unhashed = self._apply(frames)
                 await self._hash_rest(unhashed)
+            except Hidden as e:  # the helper stays; nothing it knew is trusted
+                self._drop(".")
+                self.kept = {}
+                self.why_full = str(e)
+                self._answered, self._walked = True, False
+                return None
             except Exception as e:  # the daemon's own errors: the caller's scan says them
                 last = dict(self.entries) if mutants.active("journal_loss_trusted") else {}
                 await self._failed(e)
@@ -404,10 +412,10 @@ class GuestJournal:
 
     async def _failed(self, e: Exception) -> None:
         """Drop the helper after ``e``. One that started and never gave a good answer
-        (it exited, or spoke no answer) counts towards GIVE_UP; a daemon down or gone,
-        or a helper that answered why it cannot vouch, does not."""
-        spoke = isinstance(e, (SpaceUnavailableError, Refused))
-        self._failed_first += self._ex is not None and not self._answered and not spoke
+        (it exited, or spoke no answer) counts towards GIVE_UP; a daemon down or gone
+        does not."""
+        down = isinstance(e, SpaceUnavailableError)
+        self._failed_first += self._ex is not None and not self._answered and not down
         why = str(e) if isinstance(e, Untrusted) else f"the journal failed: {e!r}"
         await self._drop_helper(why)
         if self._failed_first >= GIVE_UP:
