@@ -113,10 +113,11 @@ class TransactionalKeeper:
         auto = self.p.config.mode == "auto"
         before = self._left.get(space.name, Leftovers())
         left = await self._look(space, always=tool == "bash")
-        new = [p for p in left.pids if p not in before.pids] if tool == "bash" else []
-        note = Leftovers(tuple(new)).note(auto) if new else None
-        if why is None and auto and new:
-            why = f"a wrapped bash call left processes running in the workspace: {new}"
+        new = tuple(p for p in left.pids if p not in before.pids) if tool == "bash" else ()
+        if why is None and auto and tool == "bash" and left.pids:  # any, as it always was
+            why = f"a wrapped bash call left processes running in the workspace: {list(left.pids)}"
+            new = left.pids
+        note = Leftovers(new).note(auto) if new else None
         if why is not None and auto:
             return None, why, note
         if why is not None:

@@ -289,3 +289,21 @@ def test_stores_through_a_mapping_a_leftover_holds_reach_the_image(
                 assert image_log.blob(h, conv.id, entry.sha256 or "") == files[path], path
 
     asyncio.run(go())
+
+
+def test_auto_mode_says_why_it_leaves_for_checkpoints(tmp_path: Path) -> None:
+    """Auto mode: a bash call that leaves a process in the workspace switches the
+    conversation to checkpoints, and its result says so (the model reads it there)."""
+    calls: list[tuple[str, Any]] = [
+        ("bash", {"command": "nohup sleep 3600 > /dev/null 2>&1 < /dev/null & echo bg"}),
+        ("bash", {"command": "echo next"}),
+    ]
+
+    async def go() -> None:
+        async with wrapped_harness(tmp_path, "local", "auto", calls) as (h, _durable):
+            _conv, results = await run_call_list(h)
+            assert [r["status"] for r in results] == ["ok", "ok"], results
+            assert "the Space is kept by checkpoints from now on" in results[0]["content"]
+            assert "note" not in results[1]["content"], results
+
+    asyncio.run(go())
