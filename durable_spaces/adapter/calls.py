@@ -153,9 +153,12 @@ class CallPipeline:
         update: ImageUpdate | None = None
         switch: str | None = None
         if state.mode == "transactional":
-            update, switch = await self.d.tx.outcome_update(
+            update, switch, note = await self.d.tx.outcome_update(
                 self.h, self.conv, state, space, self.tool, self.effect.written
             )
+            if note is not None and rec.outcome is not None:  # the model reads it there
+                content = str(rec.outcome.get("content", ""))
+                rec.outcome = {**rec.outcome, "content": f"{content}\n{note}".lstrip("\n")}
         if switch is not None:
             state.mode, state.mode_reason = "checkpoint", switch
         started = None
@@ -197,7 +200,7 @@ class CallPipeline:
         if checkpoint is not None and release is not None:
             name = space.name
             self.ctx.after_result(lambda: release(name))  # its Space copy (``copy_behind``)
-        return _result(outcome)
+        return _result(rec.outcome)  # with any note the outcome's commit added
 
     # --- the effect -------------------------------------------------------------------------
 

@@ -13,7 +13,6 @@ conversation's history would then mix two kinds of truth.
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -56,22 +55,6 @@ async def tooling_present(space: Space, epoch: int) -> Verdict:
     if res.exit_code == 0:
         return Verdict(True)
     return Verdict(False, f"tooling missing in the Space (needs {', '.join(TOOLING)})")
-
-
-async def processes_in_workspace(space: Space, epoch: int) -> list[int]:
-    """Pids whose cwd is inside the workspace (read from /proc in the Space)."""
-    root = space.root.rstrip("/")
-    script = (
-        'for d in /proc/[0-9]*; do c=$(readlink "$d/cwd" 2>/dev/null) || continue; '
-        f'case "$c" in {shlex.quote(root)}|{shlex.quote(root)}/*) echo "${{d#/proc/}}";; esac; '
-        "done; true"
-    )
-    res = await space.exec(["bash", "-c", script], key=None, epoch=epoch, cwd="/")
-    pids = []
-    for line in res.output.decode(errors="replace").split():
-        if line.isdigit():
-            pids.append(int(line))
-    return pids
 
 
 class ModeDecider:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import signal
 import time
@@ -276,10 +277,18 @@ print "killed $n\n";
 
 async def kill_journal(space: Space) -> int:
     """SIGKILL ``space``'s change-journal helpers by a command in the Space at its current
-    epoch: what a command of the Space's user that means harm can do. How many."""
-    res = await space.exec(
-        ["perl", "-e", KILL_JOURNAL, space.root], key=None, epoch=await space.current_epoch()
-    )
+    epoch. How many. Where the Space can run a command as its daemon's user
+    (``spawn(as_daemon=True)``: a cua-spacesd Space), it runs as that: the helper runs
+    so too, out of the Space's user's reach (``docs/journal-trust.md``), and what still
+    kills it (the OOM killer, a crash) is no command of that user. Elsewhere it is a
+    command of the Space's user, which is also the helper's."""
+    epoch = await space.current_epoch()
+    argv = ["perl", "-e", KILL_JOURNAL, space.root]
+    if "as_daemon" in inspect.signature(space.spawn).parameters:
+        ex = await space.spawn(argv, key=None, epoch=epoch, as_daemon=True)  # type: ignore[call-arg]
+        res = await ex.wait()
+    else:
+        res = await space.exec(argv, key=None, epoch=epoch)
     words = res.output.decode(errors="replace").split()
     if res.exit_code != 0 or len(words) != 2 or words[0] != "killed" or not words[1].isdigit():
         raise RuntimeError(f"the helper's kill exited {res.exit_code}: {res.output[-200:]!r}")
@@ -288,10 +297,11 @@ async def kill_journal(space: Space) -> int:
 
 class JournalKiller:
     """``journal_kill``: the change journal's helper in the Space (``guest_journal.pl``)
-    killed by a command of the Space's user (``kill_journal``), as one that means harm, or
-    the OOM killer, can: the driver's next scan must find it gone and scan its own way,
-    never answer from what it kept. ``ok`` with how many helpers were killed (0: none ran,
-    e.g. the Space scanned on the host); ``info`` on an error."""
+    killed by a command in the Space (``kill_journal``), as the OOM killer can (or a
+    command of the Space's user, where the helper runs as that user): the driver's next
+    scan must find it gone and scan its own way, never answer from what it kept. ``ok``
+    with how many helpers were killed (0: none ran, e.g. the Space scanned on the host);
+    ``info`` on an error."""
 
     kinds = frozenset({"journal_kill"})
 

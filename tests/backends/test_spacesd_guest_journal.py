@@ -479,3 +479,32 @@ async def test_a_long_walk_speaks_while_it_works(
     table = await space.scan()
     assert space.scan_stats["guest_full"] == 1, space._guest.why_full
     assert table == await oracle(space)
+
+
+async def test_a_mount_inside_the_workspace_is_refused_by_the_same_helper_until_it_goes(
+    space: SpacesdSpace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mount at or under the workspace, made before or after the helper started: every
+    scan is the daemon's own while it is there, the helper stays (no new one a scan, and
+    it still reads the boot id), and the first scan after it goes is a new walk."""
+    from durable_spaces.backends.spacesd.daemon import unshare_reason
+
+    if (why := unshare_reason()) is not None:  # the mount must stay in the Space
+        pytest.skip(f"no namespaces for the Space (its mounts would be this host's): {why}")
+    await sh(space, "mkdir -p mnt && mount -t tmpfs tmpfs mnt && printf t > mnt/t")
+    assert await space.scan() == await oracle(space)  # a new helper: the mount was there
+    [helper] = helpers(space)
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        assert await space.machine_boot_id() == f.read().strip()
+    for step in ("printf u > mnt/u", "printf a2 >> a"):
+        await sh(space, step)
+        assert await space.scan() == await oracle(space)
+        assert "inside the workspace" in space._guest.why_full
+    assert helpers(space) == [helper]
+    assert space.scan_stats["guest_full"] == 0 and space.scan_stats["guest_journal"] == 0
+    await sh(space, "umount mnt && printf after > mnt/x")
+    assert await space.scan() == await oracle(space)
+    assert space.scan_stats["guest_full"] == 1  # a new walk, by the same helper
+    await sh(space, "printf y >> mnt/x")
+    assert await space.scan() == await oracle(space)
+    assert space.scan_stats["guest_journal"] == 1 and helpers(space) == [helper]
