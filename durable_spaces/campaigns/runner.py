@@ -46,9 +46,8 @@ import psutil
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-
-from durable_spaces.campaigns.coverage import coverage_of
 from durable_spaces.campaigns import earned, zygote
+from durable_spaces.campaigns.coverage import coverage_of
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.replay import Reproduction, differences, exact_spec, reproduction
 from durable_spaces.campaigns.scenarios import registration
