@@ -238,3 +238,29 @@ async def test_a_recorded_parent_that_is_not_ours_is_not_used(state_dir: Path, b
     record.write_text(bad.format(leaf=leaf, mount=mount) + "\n")
     subprocess.run([sys.executable, "-c", _READ_BACK, str(state_dir)], check=True)
     assert record.read_text() == good
+
+
+def _stopping(pid: int) -> bool:
+    """Stopped, or a SIGSTOP sent and not yet taken (so no wait is needed to tell)."""
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    pending = int(status["SigPnd"], 16) | int(status["ShdPnd"], 16)
+    return status["State"].strip().startswith("T") or bool(pending & (1 << (19 - 1)))
+
+
+@needs_cgroup
+async def test_pause_stops_what_left_the_group_and_the_mark(backend: LocalBackend) -> None:
+    """The lab's pause freezes the whole machine: an escaped process too."""
+    space = await backend.create("loc")
+    await space.advance_epoch(1)
+    pidfd = await _escaped(space, ESCAPES["setsid"], 1)
+    pid = int((Path(space.root) / "pid.txt").read_text())
+    try:
+        assert not _stopping(pid)
+        await backend.pause("loc")
+        assert _stopping(pid)
+        await backend.resume("loc")
+        assert not _stopping(pid)
+    finally:
+        os.close(pidfd)
