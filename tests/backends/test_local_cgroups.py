@@ -19,8 +19,8 @@ import pytest
 
 from durable_spaces import host_cgroup
 from durable_spaces.backends.local.backend import LocalBackend, LocalSpace
-from durable_spaces.errors import StaleEpochError
-from durable_spaces.space import CONTAINED_EPOCHS, EXEC_LEDGER
+from durable_spaces.errors import SpaceUnavailableError, StaleEpochError
+from durable_spaces.space import CONTAINED_EPOCHS, EXEC_LEDGER, ExecState
 
 WHY = host_cgroup.unavailable()
 needs_cgroup = pytest.mark.skipif(WHY is not None, reason=f"no writable cgroup v2: {WHY}")
@@ -264,3 +264,19 @@ async def test_pause_stops_what_left_the_group_and_the_mark(backend: LocalBacken
         assert not _stopping(pid)
     finally:
         os.close(pidfd)
+
+
+@needs_cgroup
+async def test_a_cgroup_above_ours_that_went_is_not_made_again(tmp_path: Path) -> None:
+    """The Spaces' cgroups under a lab run's cgroup that was removed meanwhile: a spawn
+    fails with why (nothing recorded), and the run's cgroup is not made again."""
+    outer = host_cgroup.Cgroup.create(f"test-{os.getpid()}-outer")
+    b = LocalBackend(tmp_path / "spaces", cgroup_root=outer.path / "durable-spaces")
+    space = await b.create("loc")
+    assert (await space.exec(["true"], key="k@1", epoch=1)).exit_code == 0
+    outer.remove()
+    with pytest.raises(SpaceUnavailableError, match="a level above it is gone"):
+        await space.exec(["true"], key="k2@1", epoch=1)
+    assert not outer.path.exists()
+    assert (await space.exec_record("k2@1")).state is ExecState.UNKNOWN  # nothing recorded
+    await b.delete("loc")
