@@ -149,10 +149,23 @@ class Cgroup:
             freeze.write_text("0\n")
 
     def remove(self) -> None:
-        """Kill what is left and remove the directory (a no-op when it is gone)."""
+        """Kill what is left and remove the directory and the cgroups below it (a local
+        Space started from inside this one nests its epochs' cgroups here:
+        ``backends/local/cgroups.py``); a no-op when it is gone."""
         self.kill()
-        try:
-            self.path.rmdir()
-        except OSError as e:
-            if e.errno not in (errno.ENOENT,):
-                raise
+        _rmdir_tree(self.path)
+
+
+def _rmdir_tree(path: Path) -> None:
+    """Remove an emptied cgroup, deepest first."""
+    try:
+        subs = [p for p in path.iterdir() if p.is_dir()]
+    except FileNotFoundError:
+        return
+    for sub in subs:
+        _rmdir_tree(sub)
+    try:
+        path.rmdir()
+    except OSError as e:
+        if e.errno not in (errno.ENOENT,):
+            raise

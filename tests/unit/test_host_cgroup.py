@@ -42,3 +42,16 @@ def test_a_kill_reaches_a_process_that_left_its_session(tmp_path):
 def test_a_name_that_is_a_path_is_refused():
     with pytest.raises(ConfigError, match="cgroup name"):
         host_cgroup.Cgroup.create("../escape")
+
+
+@needs_cgroup
+def test_remove_takes_the_cgroups_below(tmp_path):
+    """A local Space driven from inside the cgroup nests its epochs' cgroups below it."""
+    cg = host_cgroup.Cgroup.create(f"test-{os.getpid()}-{time.monotonic_ns()}")
+    below = cg.path / "durable-spaces" / "local-0" / "e1"
+    below.mkdir(parents=True)
+    sleeper = subprocess.Popen(["sleep", "1000"])
+    (below / "cgroup.procs").write_text(str(sleeper.pid))
+    cg.remove()
+    assert sleeper.wait() == -9
+    assert not cg.path.exists()

@@ -207,6 +207,15 @@ class SpaceCgroups:
     def contained(self) -> bool:
         return self.dir is not None
 
+    def _make(self, path: Path) -> None:
+        """Make ``path`` and the levels of ours above it (the package's root under the
+        caller's cgroup, the state dir's parent, the Space's), never a level above those:
+        a recorded parent under a cgroup that went (a lab run's) is not made again."""
+        assert self.dir is not None
+        for level in (self.dir.parent.parent, self.dir.parent, self.dir, path):
+            with contextlib.suppress(FileExistsError):
+                level.mkdir()
+
     def _epochs(self) -> list[tuple[int, Path]]:
         if self.dir is None:
             return []
@@ -224,7 +233,7 @@ class SpaceCgroups:
         path = self.dir / f"e{int(epoch)}"
         for _ in range(3):  # a parent removed as it was made (``sweep``): again
             try:
-                path.mkdir(parents=True, exist_ok=True)
+                self._make(path)
                 return
             except FileNotFoundError:
                 continue
@@ -232,7 +241,10 @@ class SpaceCgroups:
                 raise SpaceUnavailableError(
                     f"cannot make the cgroup {path} of {self._what}: {e.strerror or e}"
                 ) from None
-        raise SpaceUnavailableError(f"the cgroup {path} of {self._what} keeps vanishing")
+        raise SpaceUnavailableError(
+            f"the cgroup {path} of {self._what} cannot be made: a level above it is gone"
+            " or keeps vanishing"
+        )
 
     def enter(self, epoch: int, pid: int) -> None:
         """Move ``pid`` (a supervisor that waits for its command) into the cgroup of
@@ -242,7 +254,7 @@ class SpaceCgroups:
         path = self.dir / f"e{int(epoch)}"
         for _ in range(3):  # removed meanwhile (a sweep of empty ones, a restart): again
             try:
-                path.mkdir(parents=True, exist_ok=True)
+                self._make(path)
                 (path / "cgroup.procs").write_text(f"{int(pid)}\n")
                 return
             except FileNotFoundError:
@@ -253,7 +265,10 @@ class SpaceCgroups:
                 raise SpaceUnavailableError(
                     f"cannot put a command of {self._what} into {path}: {e.strerror or e}"
                 ) from None
-        raise SpaceUnavailableError(f"the cgroup {path} of {self._what} keeps vanishing")
+        raise SpaceUnavailableError(
+            f"the cgroup {path} of {self._what} cannot be made: a level above it is gone"
+            " or keeps vanishing"
+        )
 
     def kill_below(self, epoch: int | None) -> None:
         """Kill the cgroups of every epoch below ``epoch`` (every one: None) whole, wait

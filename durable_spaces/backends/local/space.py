@@ -7,10 +7,12 @@ under ``lock`` in the same section that makes the change, and ``advance_epoch`` 
 ``lock`` from its kill to the new floor, so a stale writer's change lands wholly before a
 takeover or not at all.
 
-Spawn order, under the flock: check the epoch floor and the ledger; append + fsync the
+Spawn order, under the flock: check the epoch floor and the ledger; make the epoch's
+cgroup (``cgroups.py``, where the host has them); append + fsync the
 ledger line; get a supervisor (forked by the Space's fork server, ``forkserver.py``, or
 else started directly; either blocks until it reads the command); record its pid and
-create time in ``meta.json``; hand it the command. A driver killed before the
+create time in ``meta.json``; move it into the epoch's cgroup; hand it the command (so
+nothing of it runs outside the cgroup). A driver killed before the
 last step leaves a key that reads ``lost`` and whose command never starts; after it, the
 command runs to its end on its own. A key seen again is never run again (``lost`` keys
 come back replayed with ``exit_code=None``). A wait whose command was killed by
