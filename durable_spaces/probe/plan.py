@@ -25,12 +25,15 @@ def run_seed(seed_base: str, i: int) -> str:
     return f"{seed_base}-{i}"
 
 
-def applicable(points: Sequence[Point], fault: str) -> list[Point]:
-    """The reached points where ``fault`` can be put."""
+def applicable(points: Sequence[Point], fault: str, at: Sequence[str] = ()) -> list[Point]:
+    """The reached points where ``fault`` can be put (only the kinds ``at`` names, when
+    it names any)."""
     if fault in KILL_FAULTS:
-        return sorted(points)
-    where = "stream" if fault == "model-cut" else "request"
-    return sorted(p for p in points if p.where == where)
+        fits = list(points)
+    else:
+        where = "stream" if fault == "model-cut" else "request"
+        fits = [p for p in points if p.where == where]
+    return sorted(p for p in fits if not at or p.where in at)
 
 
 def draw(points: Sequence[Point], scenario: str, runs: int, seed_base: str) -> list[Point]:

@@ -25,7 +25,7 @@ from durable_spaces.errors import ConfigError
 from durable_spaces.host_cgroup import unavailable
 from durable_spaces.probe import plan
 from durable_spaces.probe.faults import machine_unavailable
-from durable_spaces.probe.gates import Point
+from durable_spaces.probe.gates import COMMAND_WHERE, MODEL_WHERE, Point
 from durable_spaces.probe.grade import GRADES, worse
 from durable_spaces.probe.recipe import Recipe, resolve, values
 from durable_spaces.probe.record import RunRecord, grade_all, short_of_plan, summary_line
@@ -48,6 +48,7 @@ class ProbeSpec:
     jobs: int = 2
     expect: str | None = None
     keep: bool = False
+    at: tuple[str, ...] = ()  # only these kinds of kill point (all when empty)
 
     def check(self) -> None:
         if self.scenario not in plan.SCENARIOS:
@@ -64,6 +65,9 @@ class ProbeSpec:
             raise ConfigError(f"--expect {self.expect}: one of {', '.join(GRADES)}")
         if not self.seed_base or not all(c.isalnum() or c in "_.:" for c in self.seed_base):
             raise ConfigError("--seed-base: letters, digits, '_', '.', ':' only")
+        bad = [w for w in self.at if w not in MODEL_WHERE + COMMAND_WHERE]
+        if bad:
+            raise ConfigError(f"--at {bad[0]}: one of {', '.join(MODEL_WHERE + COMMAND_WHERE)}")
         if self.fault == "machine" and (why := machine_unavailable()) is not None:
             raise ConfigError(why)
 
@@ -130,7 +134,7 @@ def run_probe(ps: ProbeSpec, stdout: IO[str] | None = None,
         raise ConfigError(f"the probe's uninterrupted run broke in the lab: {first.reason}")
     if first.outcome == "stuck":
         print(f"STUCK r0 (uninterrupted): {first.reason}", file=w, flush=True)
-    points = plan.applicable([Point.parse(p) for p in first.reached], ps.fault)
+    points = plan.applicable([Point.parse(p) for p in first.reached], ps.fault, ps.at)
     planned = plan.draw(points, ps.scenario, ps.runs, ps.seed_base)
     records = [first]
 
@@ -169,3 +173,28 @@ def run_probe(ps: ProbeSpec, stdout: IO[str] | None = None,
     (ps.out / "probe.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(summary, file=w, flush=True)
     return ProbeResult(records, summary, grade, code, reason or "", meta)
+
+
+def replay(path: Path, state_dir: Path, stdout: IO[str] | None = None) -> int:
+    """Run a recorded probe run again (same recipe, seed, point, fault, steps) under
+    ``state_dir``; print how it went beside the record; 0 unless the replay failed."""
+    from durable_spaces.probe.recipe import load
+
+    w = stdout if stdout is not None else sys.stdout
+    original = RunRecord.load(path)
+    recipe = load(original.recipe)
+    cg = unavailable() is None
+    if original.fault == "machine" and (why := machine_unavailable()) is not None:
+        raise ConfigError(why)
+    spec = RunSpec(recipe=recipe, run_id=original.run_id, seed=original.seed,
+                   scenario=original.scenario, fault=original.fault, steps=original.steps,
+                   point=original.point, work=state_dir / "work" / original.run_id,
+                   runs_dir=state_dir / "runs", use_cgroup=cg)  # fmt: skip
+    rec = run_one(spec)
+    rec.save(state_dir / "runs")
+    same = [r.cls for r in rec.results] == [r.cls for r in original.results]
+    same = same and rec.outcome == original.outcome
+    print(f"RESULT probe run={rec.run_id} harness={recipe.name} point={rec.point} "
+          f"fault={rec.fault} landed={rec.landed} outcome={rec.outcome} ({rec.why()}) "
+          f"as_recorded={'yes' if same else 'no'}", file=w, flush=True)  # fmt: skip
+    return 1 if rec.failed else 0

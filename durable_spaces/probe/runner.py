@@ -98,15 +98,16 @@ class _Run:
             self.q.put(("exit", (a, a.wait())))
 
         threading.Thread(target=wait, daemon=True).start()
-        deadline = time.monotonic() + s.recipe.timeout_s
+        deadline: float | None = time.monotonic() + s.recipe.timeout_s
         info: dict[str, Any] = {"command": label}
         while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                what, val = self.q.get(timeout=max(0.0, deadline - time.monotonic()))
+                what, val = self.q.get(timeout=left)
             except queue.Empty:
                 info["timed_out"] = True
                 procs.kill("process", a)
-                deadline = float("inf")
+                deadline = None
                 continue
             if what == "point":
                 info["fault"] = str(val)
