@@ -12,6 +12,7 @@ Each recipe under this directory runs it with one ``--defect`` (or none):
 - ``noresult``: never sends a tool's result, so the model is never told (a made-up request).
 - ``loop``: never calls the model at all and exits 0.
 - ``flood``: prints a lot, then behaves as ``none``.
+- ``responses``: asks the Responses API, which the scripted model does not answer.
 """
 
 from __future__ import annotations
@@ -130,6 +131,9 @@ def main() -> int:
     if a.tool_name != "bash":
         offered[0]["function"]["name"] = a.tool_name
     client = OpenAI(base_url=a.model_url, api_key="dummy", max_retries=0)
+    if a.defect == "responses":
+        client.responses.create(model="fake", input=a.prompt or "go")
+        return 0
     while True:
         for call in pending:
             cid = call["id"]
