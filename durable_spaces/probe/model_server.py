@@ -120,7 +120,7 @@ class ModelServer:
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True,
-                                        kwargs={"poll_interval": 0.05})  # fmt: skip
+                                        kwargs={"poll_interval": 0.01})  # fmt: skip
         self._thread.start()
 
     @property
