@@ -9,6 +9,7 @@ import subprocess
 import sys
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {
     "type": "object", "properties": {"command": {"type": "string"}}}}}]  # fmt: skip
@@ -17,7 +18,9 @@ TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {
 def main() -> int:
     url, state, prompt = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     hist = state / "history.json"
-    msgs = json.loads(hist.read_text()) if hist.exists() else [{"role": "user", "content": prompt}]
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+    if hist.exists():
+        msgs = json.loads(hist.read_text())
     while True:
         last = msgs[-1]
         for call in last.get("tool_calls") or [] if last["role"] == "assistant" else []:
