@@ -221,14 +221,14 @@ def repro(
     from durable_spaces.campaigns.spec import CampaignSpec, RunSpec, check_seed
     from durable_spaces.chaos.schedule import Schedule
 
-    if record is not None and _record_kind(record) == "probe":
-        from durable_spaces.cli.probe import repro_probe
-
-        raise typer.Exit(repro_probe(record, state_dir))
     if record is not None:
         if exact is not None:
             raise fail("give the run record once (as an argument or as --exact)")
         exact = record
+    if exact is not None and _record_kind(exact) == "probe":
+        from durable_spaces.cli.probe import repro_probe
+
+        raise typer.Exit(repro_probe(exact, state_dir))
     if exact is not None:
         if seed is not None or schedule is not None:
             raise fail("--exact replays a run record: give it alone, without --seed/--schedule")
