@@ -9,6 +9,7 @@ probes already run. Exit codes: 0 the lab worked, 1 ``--expect`` and the grade i
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -68,14 +69,19 @@ def probe(
         raise fail(str(e)) from None
     if out is None:
         out = Path("probe-out") / f"{recipe.name}-{fault}-{time.strftime('%Y%m%d-%H%M%S')}"
-    out = usable_dir("--out", out)
-    if (out / "runs").exists() and any((out / "runs").iterdir()):
-        raise fail(f"{out} already holds a probe's runs: give another --out")
     spec = ProbeSpec(
         recipe=recipe, out=out, scenario=scenario, fault=fault, runs=runs, steps=steps,
         seed_base=seed_base, jobs=jobs, expect=expect, keep=keep,
         at=tuple(x.strip() for x in at.split(",") if x.strip()) if at else (),
     )  # fmt: skip
+    try:
+        spec.check()  # before the directory is made: bad input leaves nothing behind
+    except ConfigError as e:
+        raise fail(str(e)) from None
+    out = usable_dir("--out", out)
+    if (out / "runs").exists() and any((out / "runs").iterdir()):
+        raise fail(f"{out} already holds a probe's runs: give another --out")
+    spec = replace(spec, out=out)
     try:
         result = run_probe(spec)
     except ConfigError as e:

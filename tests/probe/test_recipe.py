@@ -76,6 +76,7 @@ def test_the_cli_says_it_in_one_line(tmp_path: Path) -> None:
     r = CliRunner().invoke(cli.app, ["probe", "--harness", str(FAKES / "correct"),
                                      "--fault", "power", "--out", str(tmp_path / "o")])  # fmt: skip
     assert r.exit_code == 2 and "--fault power: one of" in r.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def test_the_task_takes_file_tools_where_declared(tmp_path: Path) -> None:
