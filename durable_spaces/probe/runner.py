@@ -189,7 +189,8 @@ def _stuck_reason(attempts: list[dict[str, Any]], requests: int) -> str:
     how = "timed out" if last.get("timed_out") else f"exited {last['rc']}"
     where = "" if requests else " before calling the model"
     line = f": {last['last_line']}" if last.get("last_line") else ""
-    return f"{len(attempts)} attempts; the last {how}{where}{line}"
+    n = len(attempts)
+    return f"{n} attempt{'s' if n > 1 else ''}; the last {how}{where}{line}"
 
 
 def reached_points(steps: list[task.Step], requests: list[dict[str, Any]],

@@ -66,23 +66,24 @@ def write_recipe(d: Path, defect: str, extra: Sequence[str] = (), **fields: str)
     return d / "recipe.toml"
 
 
-def run_processes(token_marker: str = "PROBE_RUN_TOKEN=") -> list[int]:
-    """Processes of this user that a probe run started and that still run."""
+def run_processes(under: Path) -> list[int]:
+    """Processes a probe run started (they carry PROBE_RUN_TOKEN) that still run in a
+    directory under ``under`` (a run's workdir: so a test sees only its own runs')."""
     out = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
                 env = Path(f"/proc/{pid}/environ").read_bytes()
+                cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
             except OSError:
                 continue
-            if token_marker.encode() in env and int(pid) != os.getpid():
+            if b"PROBE_RUN_TOKEN=" in env and cwd.is_relative_to(under):
                 out.append(int(pid))
     return out
 
 
 @pytest.fixture
-def no_leftovers() -> object:
-    before = set(run_processes())
+def no_leftovers(tmp_path: Path) -> object:
     yield None
-    left = set(run_processes()) - before
+    left = run_processes(tmp_path)
     assert not left, f"processes a probe started still run: {sorted(left)}"
