@@ -28,7 +28,7 @@ __all__ = ["LOG", "NOTES", "Step", "nonce_of", "plan", "prompt_of"]
 LOG = "log.txt"
 NOTES = "notes.txt"
 #: The kinds in the order a task of K steps takes them (then appends).
-ORDER = ("append", "write", "append", "edit", "background", "long")
+ORDER = ("append", "write", "long", "edit", "background")
 #: How long the long step sleeps before its effect, and the background process lives.
 LONG_S = 0.5
 BACKGROUND_S = 30

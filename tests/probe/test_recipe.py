@@ -82,12 +82,12 @@ def test_the_cli_says_it_in_one_line(tmp_path: Path) -> None:
 def test_the_task_takes_file_tools_where_declared(tmp_path: Path) -> None:
     bare = load(str(write_recipe(tmp_path / "a", "none")))
     kinds = [s.kind for s in plan(7, bare, "0" * 8)]
-    assert kinds == ["append"] * 4 + ["background", "long", "append"]
+    assert kinds == ["append", "append", "long", "append", "background", "append", "append"]
     files = write_recipe(tmp_path / "b", "none")
     files.write_text(
         files.read_text() + '[write_tool]\nname = "write"\n'
         '[edit_tool]\nname = "edit"\nold = "old_text"\nnew = "new_text"\n'
     )
     r = load(str(files))
-    assert [s.kind for s in plan(5, r, "0" * 8)] == ["append", "write", "append", "edit",
+    assert [s.kind for s in plan(5, r, "0" * 8)] == ["append", "write", "long", "edit",
                                                       "background"]  # fmt: skip
