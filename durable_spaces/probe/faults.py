@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -24,7 +25,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from durable_spaces.host_cgroup import Cgroup, unavailable
+from durable_spaces.host_cgroup import Cgroup, cgroup_root, unavailable
 
 __all__ = ["KILL_FAULTS", "MODEL_FAULTS", "Attempt", "RunProcs", "machine_unavailable"]
 
@@ -123,12 +124,35 @@ def _marked(token: str) -> list[int]:
     return out
 
 
+def _kill_and_wait(cgroup: Cgroup, limit_ms: int = 10_000) -> None:
+    """SIGKILL the cgroup's processes and wait until it is empty, woken by the kernel's
+    notice on ``cgroup.events`` (Cgroup.kill polls it every few milliseconds)."""
+    events = cgroup.path / "cgroup.events"
+    try:
+        (cgroup.path / "cgroup.kill").write_text("1\n")
+        fd = os.open(events, os.O_RDONLY)
+    except OSError:
+        return  # no cgroup.kill (before Linux 5.14), or gone: Cgroup.remove does it
+    try:
+        p = select.poll()
+        p.register(fd, select.POLLPRI)
+        deadline = time.monotonic() + limit_ms / 1000
+        while cgroup.populated() and time.monotonic() < deadline:
+            p.poll(50)
+    finally:
+        os.close(fd)
+
+
 class RunProcs:
     """Everything one run starts: its attempts, in one cgroup where the host has them."""
 
     def __init__(self, name: str, token: str, use_cgroup: bool) -> None:
         self.token = token
-        self.cgroup = Cgroup.create(name) if use_cgroup else None
+        self.cgroup: Cgroup | None = None
+        root = cgroup_root() if use_cgroup else None
+        if root is not None:  # the probe asked unavailable() once, before its runs
+            (root / name).mkdir()
+            self.cgroup = Cgroup(root / name)
         self.attempts: list[Attempt] = []
 
     def start(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str]) -> Attempt:
@@ -166,6 +190,7 @@ class RunProcs:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(a.pgid, signal.SIGKILL)
         if self.cgroup is not None:
+            _kill_and_wait(self.cgroup)
             self.cgroup.remove()
         else:
             for pid in _marked(self.token):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import socketserver
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -97,6 +98,16 @@ def tool_names(body: Any) -> list[str]:
     return out
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def server_bind(self) -> None:
+        # HTTPServer's own asks the resolver for the host's name (getfqdn): milliseconds
+        # a run would pay for a name nobody reads.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = "127.0.0.1", self.server_address[1]
+
+
 class ModelServer:
     def __init__(self, steps: Sequence[Step], recipe: Recipe, gates: Path) -> None:
         self.steps = list(steps)
@@ -117,8 +128,7 @@ class ModelServer:
         class Handler(_Handler):
             model = server
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
+        self._httpd = _Server(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True,
                                         kwargs={"poll_interval": 0.01})  # fmt: skip
         self._thread.start()
@@ -135,9 +145,15 @@ class ModelServer:
         self._release.set()
 
     def close(self) -> None:
+        """Stop serving. The serving loop notices within its poll interval; the run does
+        not wait for it (its requests are all recorded by now)."""
         self._release.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
+
+        def stop() -> None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+
+        threading.Thread(target=stop, daemon=True).start()
 
     def problem(self, text: str) -> None:
         with self._lock:
