@@ -9,7 +9,9 @@ or nothing (no request ever carried one).
 
 The classes, first match wins:
 
-- ``orphan``: an effect made after the kill by a process of a killed attempt;
+- ``orphan``: an effect made after the kill by a process of a killed attempt, and not
+  adopted: a harness that reattaches to its command after a restart shows the model that
+  command's output (printed after its effect), and the step is then ``once``;
 - ``duplicate``: the effect twice or more;
 - ``reported``: the model was told of an error or an interruption;
 - ``once``: the effect once and the model shown its output;
@@ -98,7 +100,7 @@ def first_result(step: Step, requests: Iterable[dict[str, Any]]) -> str | None:
 
 
 def classify(effects: int, late: int, shown: str, finished: bool) -> str:
-    if late:
+    if late and not (effects == 1 and shown == "output"):
         return "orphan"
     if effects >= 2:
         return "duplicate"

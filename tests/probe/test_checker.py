@@ -37,6 +37,8 @@ def _requests(shown: str | None) -> list[dict[str, Any]]:
         ([], "No result provided", "reported"),
         ([f"E p{N}s1"], "interrupted: may or may not have run", "reported"),
         ([f"E p{N}s1 late"], "interrupted", "orphan"),
+        ([f"E p{N}s1 late"], f"O p{N}s1\n", "once"),  # reattached: the model saw its output
+        ([f"E p{N}s1 late", f"E p{N}s1"], f"O p{N}s1\n", "orphan"),
         ([f"E p{N}s10", f"E p{N}s1x"], "ok", "phantom"),  # another step's line is not this one's
     ],
 )  # fmt: skip
