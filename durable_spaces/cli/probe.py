@@ -42,7 +42,8 @@ def probe(
     compare: Annotated[bool, typer.Option(
         "--compare", help="instead: tabulate the probes in the directories given")] = False,
     dirs: Annotated[list[Path] | None, typer.Argument(
-        help="with --compare: probe directories", show_default=False)] = None,
+        help="with --compare: probe directories, or harness names (their newest probe in "
+             "./probe-out)", show_default=False)] = None,
 ) -> None:  # fmt: skip
     """Crash-test an agent harness: kill it at every point a black box allows, resume it,
     grade what its workspace and its model saw; SUMMARY is the last line."""
@@ -52,7 +53,7 @@ def probe(
         if harness is not None or not dirs:
             raise fail("--compare takes probe directories (and no --harness)")
         try:
-            typer.echo(reports.compare(dirs), nl=False)
+            typer.echo(reports.compare([reports.find(d) for d in dirs]), nl=False)
         except (RecordError, ConfigError) as e:
             raise fail(str(e)) from None
         raise typer.Exit(0)

@@ -9,6 +9,7 @@ promise is shown beside its grade.
 
 from __future__ import annotations
 
+import glob
 import html
 import json
 from collections import Counter
@@ -22,7 +23,7 @@ from durable_spaces.probe.gates import COMMAND_WHERE, MODEL_WHERE
 from durable_spaces.probe.grade import grade_of
 from durable_spaces.probe.record import MAX_RECORD_BYTES, RunRecord, counts
 
-__all__ = ["compare", "render", "tables"]
+__all__ = ["compare", "find", "render", "tables"]
 
 COLUMNS = (*CLASSES, "stuck")
 
@@ -125,6 +126,21 @@ def render(out: Path) -> tuple[Path, Path]:
     html_path = out / "report.html"
     html_path.write_text(page)
     return md_path, html_path
+
+
+def find(name_or_dir: Path, root: Path = Path("probe-out")) -> Path:
+    """A probe directory: ``name_or_dir`` itself, or the newest probe of the harness it
+    names under ``root`` (where ``probe`` puts them without ``--out``)."""
+    if name_or_dir.is_dir():
+        return name_or_dir
+    name = str(name_or_dir)
+    found = sorted(
+        (d for d in root.glob(f"{glob.escape(name)}-*") if (d / "probe.json").is_file()),
+        key=lambda d: (d / "probe.json").stat().st_mtime,
+    )
+    if "/" in name or not found:
+        raise RecordError(f"{name} is neither a probe directory nor a harness probed in {root}")
+    return found[-1]
 
 
 def compare(dirs: Sequence[Path]) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from durable_spaces import cli
+from durable_spaces.probe.report import find
 from tests.probe.helpers import fake, probe, write_recipe
 
 
@@ -36,6 +37,12 @@ def test_file_tools_report_compare_and_repro(tmp_path: Path) -> None:
     assert rows[2].startswith("| fake-files | machine | random | 3 |")
     r = CliRunner().invoke(cli.app, ["probe", "--compare", str(tmp_path)])
     assert r.exit_code == 2 and "is not a probe directory" in r.stderr
+    r = CliRunner().invoke(cli.app, ["probe", "--compare", "fake-nothing"])
+    assert r.exit_code == 2 and "neither a probe directory nor a harness probed" in r.stderr
+    named = tmp_path / "po" / "fake-files-20261205"
+    named.mkdir(parents=True)
+    (named / "probe.json").write_text((tmp_path / "o" / "probe.json").read_text())
+    assert find(Path("fake-files"), tmp_path / "po") == named
 
 
 def test_a_failed_run_replays_from_its_repro_line(tmp_path: Path) -> None:
