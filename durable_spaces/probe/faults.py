@@ -131,8 +131,9 @@ def _kill_and_wait(cgroup: Cgroup, limit_ms: int = 10_000) -> None:
     try:
         (cgroup.path / "cgroup.kill").write_text("1\n")
         fd = os.open(events, os.O_RDONLY)
-    except OSError:
-        return  # no cgroup.kill (before Linux 5.14), or gone: Cgroup.remove does it
+    except OSError:  # no cgroup.kill (before Linux 5.14): freeze and kill, polling
+        cgroup.kill()
+        return
     try:
         p = select.poll()
         p.register(fd, select.POLLPRI)
@@ -163,7 +164,7 @@ class RunProcs:
     def kill(self, fault: str, attempt: Attempt) -> None:
         """The fault: the attempt's process group, or everything the run started."""
         if fault == "machine" and self.cgroup is not None:
-            self.cgroup.kill()
+            _kill_and_wait(self.cgroup)
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(attempt.pgid, signal.SIGKILL)
