@@ -27,7 +27,9 @@ from pathlib import Path
 
 from durable_spaces.host_cgroup import Cgroup, cgroup_root, unavailable
 
-__all__ = ["KILL_FAULTS", "MODEL_FAULTS", "Attempt", "RunProcs", "machine_unavailable"]
+__all__ = [
+    "KILL_FAULTS", "MODEL_FAULTS", "Attempt", "RunProcs", "machine_unavailable", "sweep",
+]  # fmt: skip
 
 KILL_FAULTS = ("process", "machine")
 MODEL_FAULTS = ("model-5xx", "model-cut", "model-slow")
@@ -142,6 +144,21 @@ def _kill_and_wait(cgroup: Cgroup, limit_ms: int = 10_000) -> None:
             p.poll(50)
     finally:
         os.close(fd)
+
+
+def sweep(prefix: str) -> int:
+    """Kill and remove every run cgroup whose name starts with ``prefix``; how many."""
+    root = cgroup_root()
+    if root is None or not root.is_dir():
+        return 0
+    n = 0
+    for d in root.glob(f"{prefix}*"):
+        with contextlib.suppress(OSError):
+            cg = Cgroup(d)
+            _kill_and_wait(cg)
+            cg.remove()
+            n += 1
+    return n
 
 
 class RunProcs:

@@ -14,22 +14,23 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
 from durable_spaces.errors import ConfigError
 from durable_spaces.host_cgroup import unavailable
 from durable_spaces.probe import plan
-from durable_spaces.probe.faults import machine_unavailable
+from durable_spaces.probe.faults import machine_unavailable, sweep
 from durable_spaces.probe.gates import COMMAND_WHERE, MODEL_WHERE, Point
 from durable_spaces.probe.grade import GRADES, worse
 from durable_spaces.probe.recipe import Recipe, resolve, values
 from durable_spaces.probe.record import RunRecord, grade_all, short_of_plan, summary_line
-from durable_spaces.probe.runner import RunSpec, run_one
+from durable_spaces.probe.runner import RunSpec, cgroup_prefix, run_one
 
 __all__ = ["ProbeResult", "ProbeSpec", "check_available", "repro_line", "run_probe"]
 
@@ -138,15 +139,24 @@ def run_probe(ps: ProbeSpec, stdout: IO[str] | None = None,
     planned = plan.draw(points, ps.scenario, ps.runs, ps.seed_base)
     records = [first]
 
+    stop = threading.Event()
+
     def one(i: int, p: Point) -> RunRecord:
-        rec = run_one(_spec(ps, f"r{i}", plan.run_seed(ps.seed_base, i), p, cg))
+        rec = run_one(replace(_spec(ps, f"r{i}", plan.run_seed(ps.seed_base, i), p, cg), stop=stop))
         rec.save(runs_dir)
         if progress is not None:
             progress(rec)
         return rec
 
-    with ThreadPoolExecutor(max_workers=ps.jobs) as pool:
+    pool = ThreadPoolExecutor(max_workers=ps.jobs)
+    try:
         records += list(pool.map(one, range(1, len(planned) + 1), planned))
+    except BaseException:  # ^C: no further attempt, and nothing of the runs left running
+        stop.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        sweep(cgroup_prefix())
+        raise
+    pool.shutdown()
     for rec in records:
         if rec.failed:
             line = repro_line(runs_dir / f"{rec.run_id}.json")

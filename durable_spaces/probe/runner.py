@@ -53,6 +53,12 @@ class RunSpec:
     work: Path  # this run's directory (made afresh)
     runs_dir: Path  # where its record and requests go
     use_cgroup: bool = True
+    stop: threading.Event | None = None  # set: no further attempt (the probe is stopping)
+
+
+def cgroup_prefix() -> str:
+    """This process's runs' cgroups are named with it (so a stopping probe finds them)."""
+    return f"probe-{os.getpid()}-"
 
 
 def _poll_exit(procs: RunProcs, pid: int, limit_s: float) -> None:
@@ -133,7 +139,7 @@ class _Run:
             scenario=s.scenario, fault=s.fault, steps=s.steps, point=s.point,
         )  # fmt: skip
         server = ModelServer(steps, r, gates)
-        procs = RunProcs(f"probe-{os.getpid()}-{s.run_id}-{task.nonce_of(s.seed)}",
+        procs = RunProcs(f"{cgroup_prefix()}{s.run_id}-{task.nonce_of(s.seed)}",
                          task.nonce_of(s.seed) + s.run_id, s.use_cgroup)  # fmt: skip
         attempts: list[Attempt] = []
         try:
@@ -150,6 +156,8 @@ class _Run:
             resume = [recipes.resolve(x, vals) for x in r.resume]
             ok = False
             for i in range(r.attempts):
+                if s.stop is not None and s.stop.is_set():
+                    break
                 label, argv = ("launch", launch) if i == 0 else ("resume", resume)
                 info, a = self.attempt(procs, server, label, argv, workdir, env)
                 attempts.append(a)
