@@ -183,8 +183,23 @@ def campaign(
     raise typer.Exit(result.exit_code)
 
 
+def _record_kind(path: Path) -> str | None:
+    """The ``kind`` a run record names (a probe's says ``probe``; a campaign's none)."""
+    try:
+        if path.stat().st_size > MAX_SCHEDULE_BYTES:
+            return None
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data.get("kind") if isinstance(data, dict) else None
+
+
 @app.command()
 def repro(
+    record: Annotated[
+        Path | None,
+        typer.Argument(help="a run record to replay: a probe run's, or a campaign's as --exact"),
+    ] = None,
     seed: Annotated[str | None, typer.Option(help="the failed run's seed")] = None,
     exact: Annotated[
         Path | None,
@@ -206,6 +221,14 @@ def repro(
     from durable_spaces.campaigns.spec import CampaignSpec, RunSpec, check_seed
     from durable_spaces.chaos.schedule import Schedule
 
+    if record is not None:
+        if exact is not None:
+            raise fail("give the run record once (as an argument or as --exact)")
+        exact = record
+    if exact is not None and _record_kind(exact) == "probe":
+        from durable_spaces.cli.probe import repro_probe
+
+        raise typer.Exit(repro_probe(exact, state_dir))
     if exact is not None:
         if seed is not None or schedule is not None:
             raise fail("--exact replays a run record: give it alone, without --seed/--schedule")
