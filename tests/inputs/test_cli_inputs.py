@@ -231,6 +231,20 @@ def test_report_of_something_that_is_not_a_campaign_is_refused(
     assert str(d) in line
 
 
+@pytest.mark.parametrize("files", [0, 1, 3])
+def test_report_where_no_record_can_be_read_fails_and_writes_nothing(
+    files: int, cwd: Path, tmp_path: Path
+) -> None:
+    """It wrote an empty report and exited 0, as if the campaign had run nothing."""
+    runs = tmp_path / "c" / "runs"
+    runs.mkdir(parents=True)
+    for i in range(files):
+        (runs / f"run-{i:04d}.json").write_bytes(b"\x00 not a record")
+    line = _refused(["report", str(tmp_path / "c")], tmp_path, code=1)
+    assert "no run record could be read" in line and "no report written" in line
+    assert f"of {files} file(s)" in line
+
+
 def test_report_skips_garbage_records_with_one_warning_each(cwd: Path, tmp_path: Path) -> None:
     d = tmp_path / "c"
     runs = d / "runs"
