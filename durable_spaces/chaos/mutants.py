@@ -23,6 +23,12 @@ Unset (always, in production), ``active`` is one frozenset lookup.
   while its helper died is credited with nothing (``image_follows_calls``; the next
   call's start folds the change in, so the end agrees; the lab's ``journal_kill`` fault
   is what makes it show).
+- ``checkpoint_misses_call``: every other workspace checkpoint a driver takes of a host
+  workspace holds the files changed since the one before as that one held them (a new
+  file left out), as a listing that trusted a stale look would; the next one holds the
+  change again (``adapter/manifest_build.py``). The last checkpoint of a run can agree
+  with the workspace while a call's own did not (``checkpoint_follows_calls``); a restore
+  in between would have brought back a workspace without the call's change.
 - ``no_fence_poll``: the driver does not poll the log's fence while it waits for the
   run (it stops only when a write of its own is refused). Not a defect: a test runs with
   it to prove the Space's fence alone stops a stale driver, since a poll every 0.2 s
@@ -41,6 +47,7 @@ MUTANTS = (
     "unfenced_log",
     "journal_miss",
     "journal_loss_trusted",
+    "checkpoint_misses_call",
     "no_fence_poll",
 )
 

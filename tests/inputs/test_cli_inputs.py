@@ -460,16 +460,16 @@ EXACT = {
     "kind-unknown": ({"interleaving.kind": "meteor"}, "meteor"),
     "point-with-a-comma": ({"interleaving.at": {"point": "a,b", "n": 1}}, "point's name"),
     "duration-nan": ({"interleaving.kind": "space_pause",
-                      "interleaving.value": {"duration_s": float("nan")}}, "nan"),  # fmt: skip
+                      "interleaving.value": {"duration_s": float("nan")}}, "nan"),
     "duration-negative": ({"interleaving.kind": "space_pause",
-                           "interleaving.value": {"duration_s": -3}}, "-3"),  # fmt: skip
+                           "interleaving.value": {"duration_s": -3}}, "-3"),
     "interleaving-entry-a-list": ({"extra.interleaving": [[1]]}, "not an object"),
     "schedule-too-many-attempts": ({"schedule": {"seed": "s-1", "attempts": [{}] * 2000}},
-                                   "2000 attempts"),  # fmt: skip
+                                   "2000 attempts"),
     "schedule-kill-never": ({"schedule": {"seed": "s-1", "attempts": [
-        {"kill_after_s": [1e300]}]}}, "kill_after_s"),  # fmt: skip
+        {"kill_after_s": [1e300]}]}}, "kill_after_s"),
     "schedule-failpoint-hit-zero": ({"schedule": {"seed": "s-1", "attempts": [
-        {"failpoint": {"name": "adapter.spawn", "n": 0}}]}}, "failpoint n"),  # fmt: skip
+        {"failpoint": {"name": "adapter.spawn", "n": 0}}]}}, "failpoint n"),
     "schedule-not-one": ({"schedule": {"attempts": []}}, "seed"),
 }
 
