@@ -54,8 +54,9 @@ def exact_spec(record: RunRecord, state_dir: str, run_id: str | None = None) -> 
     except ConfigError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ConfigError(f"{where}: its schedule or interleaving is not one: {e!r}") from None
-    profile = record.extra.get("profile", "default")
+        why = f"{type(e).__name__}: {e}"
+        raise ConfigError(f"{where}: its schedule or interleaving is not one: {why}") from None
+    profile = record.extra.get("profile") or "default"  # "" or null in older records
     return RunSpec(
         run_id=run_id or record.run_id,
         seed=record.seed,
@@ -63,7 +64,7 @@ def exact_spec(record: RunRecord, state_dir: str, run_id: str | None = None) -> 
         backend=record.backend,
         calls=record.calls,
         durable_mode=record.durable_mode or "transactional",
-        profile="default" if profile is None else profile,
+        profile=profile,
         state_dir=state_dir,
         schedule=schedule,
         scenario=record.scenario or "",  # "": the one the record's mode names
