@@ -242,3 +242,6 @@ def test_every_call_s_manifest_is_read_from_the_store_or_the_copy_and_kept(
     (copies / f"{sorted(want)[0]}.manifest").unlink()
     gone = asyncio.run(read_all(space, "local", inputs.history, store))
     assert set(gone.unread) == {sorted(want)[0]}
+    inputs.manifests = asyncio.run(read_all(space, "local", inputs.history, None))
+    v = check_all(inputs)["checkpoint_follows_calls"]  # no store: the copy's lack is unknown
+    assert v["valid"] is True and "the Space's copy lacks (no store given)" in v["detail"], v

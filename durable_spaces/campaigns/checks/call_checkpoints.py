@@ -19,7 +19,10 @@ hard link as its first path's) with the sha256 of that content.
 
 Not checked, with the reason counted: a mode other than ``checkpoint`` for the call, a
 machine checkpoint (no manifest), a ``server`` run (its process writes between calls),
-a call whose checkpoint was never recorded (an interrupted one keeps the one before it).
+a call whose checkpoint was never recorded (an interrupted one keeps the one before it),
+a checkpoint the Space's copy lacks when no store was given (a Space placed again holds
+none of the earlier ones). With a store (every campaign run has one), a recorded
+checkpoint in neither place is an anomaly: the store keeps every one.
 """
 
 from __future__ import annotations
@@ -59,6 +62,10 @@ class Manifests:
 
     data: Mapping[str, bytes]
     unread: Mapping[str, str]
+    #: Whether a checkpoint store was read: it keeps every checkpoint, so one recorded
+    #: and in neither it nor the Space's copy is lost; without one, the copies of a Space
+    #: placed again (or a Space checked elsewhere) may lack the earlier ones: not known.
+    store: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return {"unread": dict(self.unread), "read": sorted(self.data)}
@@ -128,7 +135,7 @@ async def read_all(
                 continue
             why = f"{why}; {why_copy}"
         unread[cid] = why
-    return Manifests(data, unread)
+    return Manifests(data, unread, store is not None)
 
 
 def checkpoint_follows_calls(inputs: Inputs) -> Verdict:
@@ -151,7 +158,7 @@ def checkpoint_follows_calls(inputs: Inputs) -> Verdict:
         if r.get("status") == "ok" and call in left and call not in ok_at:
             ok_at[call] = history.result_seq.get(call, 0)
     out: list[Anomaly] = []
-    checked = machine = 0
+    checked = machine = unknown = 0
     pending = dict(ok_at)
     decoded: dict[str, dict[str, list[Any]] | str] = {}
     state: Mapping[str, Any] = {}
@@ -175,6 +182,9 @@ def checkpoint_follows_calls(inputs: Inputs) -> Verdict:
             if rows is None:
                 machine += 1
                 continue
+            if cid in manifests.unread and not manifests.store:
+                unknown += 1  # no store to look in, and the copy lacks it: not known
+                continue
             if isinstance(rows, str):
                 out.append(anomaly("call_not_in_checkpoint", f"{cid[:40]}: {rows}",
                                    witness=[call, seq]))  # fmt: skip
@@ -196,6 +206,8 @@ def checkpoint_follows_calls(inputs: Inputs) -> Verdict:
     detail = f"{checked} committed calls each in its checkpoint"
     if machine:
         detail += f"; {machine} machine checkpoints not read"
+    if unknown:
+        detail += f"; {unknown} whose checkpoint the Space's copy lacks (no store given)"
     if pending:
         detail += f"; {len(pending)} without a recorded checkpoint"
     return judge(out, detail)

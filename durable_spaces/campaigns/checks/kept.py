@@ -79,6 +79,7 @@ def keep(run_dir: str | Path, inputs: Inputs) -> Path:
         (d / "checkpoint.manifest").write_bytes(inputs.checkpoint.data)
     if inputs.manifests is not None:  # every call's (checkpoint_follows_calls)
         meta["manifests"] = dict(inputs.manifests.unread)
+        meta["manifests_store"] = inputs.manifests.store
         (d / MANIFESTS).mkdir()
         for cid, data in inputs.manifests.data.items():
             (d / MANIFESTS / f"{cid}.manifest").write_bytes(data)
@@ -126,7 +127,7 @@ def load(path: str | Path) -> Inputs:
             notes=[str(n) for n in meta.get("notes") or []],
             server=ServerProbe.from_json(meta["server"]) if meta.get("server") else None,
             checkpoint=last,
-            manifests=_manifests(d, meta.get("manifests")),
+            manifests=_manifests(d, meta.get("manifests"), meta.get("manifests_store", True)),
         )
     except DurableSpacesError:
         raise
@@ -134,7 +135,7 @@ def load(path: str | Path) -> Inputs:
         raise ConfigError(f"{d}: the kept run is unreadable: {type(e).__name__}: {e}") from e
 
 
-def _manifests(d: Path, unread: Any) -> Manifests | None:
+def _manifests(d: Path, unread: Any, store: Any) -> Manifests | None:
     """The manifests kept beside the inputs (None: kept by a build that read none)."""
     if unread is None:
         return None
@@ -143,4 +144,4 @@ def _manifests(d: Path, unread: Any) -> Manifests | None:
         cid = f.name.removesuffix(".manifest")
         if MANIFEST_ID.fullmatch(cid) and not f.is_symlink():
             data[cid] = f.read_bytes()
-    return Manifests(data, {str(k): str(v) for k, v in dict(unread).items()})
+    return Manifests(data, {str(k): str(v) for k, v in dict(unread).items()}, bool(store))
