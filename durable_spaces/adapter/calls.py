@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from durable_spaces import switches
 from durable_spaces.adapter import checkpointing
 from durable_spaces.adapter import state as state_doc
-from durable_spaces.adapter.effects import Effect, name_issue
+from durable_spaces.adapter.effects import Effect, name_issue, written_size
 from durable_spaces.adapter.image_log import ImageUpdate
 from durable_spaces.adapter.recovery import Decision, RecoveryKind, decide
 from durable_spaces.adapter.state import CallRecord, SpaceState
@@ -97,7 +97,15 @@ class CallPipeline:
         )
         if mode == "transactional":
             table = await self.d.tx.start_table(space)
-            if (why := self.p.config.limits.violation(table)) is not None:
+            why = self.p.config.limits.violation(table)
+            if why is None and self.p.config.mode == "transactional":
+                # A write's size is known before its effect: refused here, as a name the
+                # image cannot hold is, not written and then the image marked stale (auto
+                # mode takes it and switches to checkpoints instead).
+                will = written_size(self.args, space, table)
+                if will is not None:
+                    why = self.p.config.limits.violation_after_write(table, *will)
+            if why is not None:
                 return ToolResult.error(
                     f"refused before the call: {why}; transactional mode cannot keep this "
                     "workspace: use mode='checkpoint' (or raise the limits)"
