@@ -212,7 +212,7 @@ class DurableSpaces:
             space, crashed = await self._after_machine_crash(harness, conv, state, space)
         elif BootWatch.reports(space) and not self.parts.boot.watched(space.name):
             await self.parts.boot.bind(space)  # the first commit carries the host's boot
-        if state.has_history and not self.parts.witness.asked(name):
+        if not missing and not self.parts.witness.asked(name):
             space = await self._log_behind(harness, conv, space, brought_back=crashed)
         return space
 

@@ -7,19 +7,22 @@ its boot id (``machine.py``) says nothing: the next driver saw the Space's effec
 calls the log forgot as changes made outside the calls, and ran those calls again.
 
 The witness. The ``cua.space`` document counts the start marks it ever committed (its
-*position*, ``SpaceState.marks``; every start mark takes the next one), and names the log
-(``log_id``: a random word made with its first start mark, so two logs on one Space
-never share a key). Before a call's effect may touch the Space, the Space's exec ledger
-holds the key of its position, ``<conversation>:<log_id>.<position>``: a bash call's
-command runs under that key (it is its exec key, recorded durably before the process
-starts: nothing more to do), a write or edit first records it with a ``true`` run under
-it (fenced by the epoch, as every mutation). A driver binding to a Space with history
-asks the ledger once for the position after the log's last: known means the Space saw a
-start mark the log no longer has, so effects the log does not have may be in it. Then,
-as after a power loss, the workspace goes back to what the log implies (transactional:
-the image; checkpoint: the newest checkpoint the log names), the calls in flight are
-unknown, and the positions the ledger already knows are skipped (a key is never used
-twice, whatever either side lost). A ``log_behind`` recovery event says so.
+*position*, ``SpaceState.marks``; every start mark takes the next one). Before a call's
+effect may touch the Space, the Space's exec ledger holds the key of its position,
+``<conversation>#<position>``: a bash call's command runs under that key (it is its exec
+key, recorded durably before the process starts: nothing more to do), a write or edit
+first records it with a ``true`` run under it (fenced by the epoch, as every mutation).
+A driver binding to a Space it found (not one it just created) asks the ledger once for
+the position after the log's last: known means the Space saw a start mark of this
+conversation that the log no longer has, so effects the log does not have may be in
+it. Then, as after a power loss, the workspace goes back to what the log implies
+(transactional: the image; checkpoint: the newest checkpoint the log names; a log that
+lost every call implies an empty workspace), the calls in flight are unknown, and the
+positions the ledger already knows are skipped (a key is never used twice, whatever
+either side lost). A ``log_behind`` recovery event says so. The key names the
+conversation and nothing the log could lose with its tail (a SQLite log in WAL mode at
+``NORMAL`` that was never checkpointed loses every commit at once): a log that starts
+again from nothing for a conversation whose Space's ledger knows it is behind, not new.
 
 Why one probe suffices: positions are used in order, and a driver records each one's key
 before it commits the next start mark (or dies). A driver killed between a start mark
@@ -37,6 +40,9 @@ Why this and not the alternatives (issue 34 names them):
   only: a lost write or edit leaves no key; an edit run twice fails.
 - *An epoch the log never issued* (the Space's floor above the log's) sees a lost driver
   start, never calls lost within one driver's epoch: the issue's case.
+- *A random name per log in the key* (so that two logs of one conversation never share
+  a key) is lost with the log's first commit: the log that lost everything would look
+  new, and adopt the Space's effects of every call it forgot.
 - *A position file the adapter writes per call* costs a mutation per call (a command on
   ``spacesd``), and a file in the workspace would be in every scan and checkpoint.
 - *A position written ahead, off the call path* (reserved after one call for the next)
@@ -50,16 +56,13 @@ per Space per driver, off the call path), and a write or edit costs one ledger r
 before its effect. Sound in both modes: nothing touches the workspace for a call before
 its position is in the ledger, whichever way the Space is kept.
 
-Not seen: a log that lost every start mark (no history: its first call starts a new
-log, adopting the workspace as it is), and a ledger that lost its tail with the log
-(a power loss of the Space's host: the boot id's case, ``machine.py``).
+Not seen: a ledger that lost its tail with the log (a power loss of the Space's host:
+the boot id's case, ``machine.py``).
 """
 
 from __future__ import annotations
 
-import secrets
-
-from durable_spaces.adapter.state import LOG_ID, CallRecord, SpaceState
+from durable_spaces.adapter.state import CallRecord, SpaceState
 from durable_spaces.chaos import mutants
 from durable_spaces.space import ExecState, Space
 
@@ -67,25 +70,17 @@ from durable_spaces.space import ExecState, Space
 _KEPT = ".kept"
 
 
-def valid_log_id(value: object) -> bool:
-    """A log id read back from the log becomes part of a key: 16 lowercase hex."""
-    return isinstance(value, str) and LOG_ID.fullmatch(value) is not None
-
-
-def position_key(conv: str, log_id: str, position: int) -> str:
+def position_key(conv: str, position: int) -> str:
     """The ledger key of a start mark's position (a bash call's exec key)."""
-    return f"{conv}:{log_id}.{position}"
+    return f"{conv}#{position}"
 
 
 def next_position(conv: str, state: SpaceState, rec: CallRecord) -> str:
     """Give ``rec``'s new start mark the log's next position (committed with it), and
     return its key."""
-    if not valid_log_id(state.log_id):
-        state.log_id = secrets.token_hex(8)
-    assert state.log_id is not None
     state.marks += 1
     rec.mark = state.marks
-    return position_key(conv, state.log_id, state.marks)
+    return position_key(conv, state.marks)
 
 
 async def record(space: Space, key: str, epoch: int) -> None:
@@ -115,19 +110,16 @@ class LogWitness:
         """The highest position the ledger knows beyond the log's (None: the log is not
         behind the Space). Asked once per Space by each driver."""
         self._asked.add(space.name)
-        if not valid_log_id(state.log_id) or not state.marks or mutants.active("log_behind_blind"):
+        if mutants.active("log_behind_blind"):
             return None
-        assert state.log_id is not None
         top, position = None, state.marks + 1
-        while await self._known(space, position_key(conv, state.log_id, position)):
+        while await self._known(space, position_key(conv, position)):
             top, position = position, position + 1
         return top
 
     async def fill(self, conv: str, state: SpaceState, space: Space, epoch: int) -> None:
         """Make sure the ledger knows the log's last position (see the module doc)."""
-        if not valid_log_id(state.log_id) or not state.marks:
-            return
-        assert state.log_id is not None
-        key = position_key(conv, state.log_id, state.marks)
-        if not await self._known(space, key):
-            await record(space, key + _KEPT, epoch)
+        if state.marks:
+            key = position_key(conv, state.marks)
+            if not await self._known(space, key):
+                await record(space, key + _KEPT, epoch)

@@ -9,7 +9,6 @@ does not read it.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +21,6 @@ if TYPE_CHECKING:
     from durable_spaces.harness.scheduler import Harness, Tx
 
 DOC = "cua.space"
-#: A log's name (``SpaceState.log_id``): 16 lowercase hex digits.
-LOG_ID = re.compile(r"[0-9a-f]{16}")
 IMAGE_DOC = "cua.space.image"
 BLOB_DOC_PREFIX = "cua.blob/"
 KEEP_CALLS = 4
@@ -74,10 +71,9 @@ class SpaceState:
     boot: str | None = None  # the machine's boot id at the last commit (whole-machine Spaces)
     calls: dict[str, CallRecord] = field(default_factory=dict)
     calls_total: int = 0  # wrapped calls ever started (orders are 1..calls_total)
-    #: Start marks ever committed (the log's position) and the log's name: what the
-    #: Space's exec ledger is asked for (``log_witness.py``).
+    #: Start marks ever committed (the log's position): what the Space's exec ledger is
+    #: asked for (``log_witness.py``).
     marks: int = 0
-    log_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         # Only the newest calls are kept: recovery needs the one in flight, and the
@@ -95,7 +91,6 @@ class SpaceState:
             "calls": {c.call_id: c.to_json() for c in recent},
             "calls_total": self.calls_total,
             "marks": self.marks,
-            "log_id": self.log_id,
         }
 
     @staticmethod
@@ -113,21 +108,16 @@ class SpaceState:
         state.last_checkpoint = optional(
             state.last_checkpoint, f"the log's {DOC} document (last checkpoint)"
         )
-        # Both become part of exec keys: a number and a word of 16 hex digits, or the
-        # log is damaged (``log_witness.py``).
-        if (
-            type(state.marks) is not int
-            or state.marks < 0
-            or (state.log_id is not None and not LOG_ID.fullmatch(str(state.log_id)))
-        ):
+        # Positions become part of exec keys: a whole number, or the log is damaged
+        # (``log_witness.py``).
+        if type(state.marks) is not int or state.marks < 0:
             raise PermanentFailure(
-                f"the log's {DOC} document is damaged: position {state.marks!r}, "
-                f"log id {str(state.log_id)[:40]!r}"
+                f"the log's {DOC} document is damaged: position {str(state.marks)[:40]!r}"
             )
         for rec in calls.values():
             if rec.mark is not None and (type(rec.mark) is not int or rec.mark < 0):
                 raise PermanentFailure(
-                    f"the log's {DOC} document is damaged: call position {rec.mark!r}"
+                    f"the log's {DOC} document is damaged: call position {str(rec.mark)[:40]!r}"
                 )
         return state
 
