@@ -12,7 +12,15 @@ write the log: a driver on the log's host dies with it; one elsewhere would see 
 commits fail), the mount loses power (its volatile state dropped; with a drawn tear the
 last unsynced write of each file lands in part) and comes back. The Space, its daemon,
 its processes and the boot id are untouched. The report is ``power.py``'s: the log's
-commits before and after the cut, and what the Space's ledger holds.
+commits before and after the cut, and what the Space's ledger holds; ``kept`` names what
+the cut left: ``all`` (nothing was lost), ``prefix`` (an older prefix of the log: the
+case the host's boot id cannot see, issue 34) or ``none`` (every commit lost).
+
+A SQLite log at ``NORMAL`` syncs its WAL only when it checkpoints it (at close, or after
+a thousand pages): a short run's cut would always lose every commit. A kernel writes
+dirty pages back after a while on its own; the host does so for the log's files before
+a driver's launch, drawn per launch (``p_writeback``), so a later cut keeps that older
+prefix and drops only what came after it.
 """
 
 from __future__ import annotations
@@ -24,9 +32,13 @@ import random
 import signal
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from durable_spaces.campaigns.power import PowerHost, _compare, killed_in_commit, look
+from durable_spaces.harness.log_files import fsync_dir
+
+if TYPE_CHECKING:
+    from durable_spaces.campaigns.coordinator import Launch
 
 #: How long a killed driver gets to be reaped before the cut comes anyway.
 _REAP_S = 30.0
@@ -42,6 +54,7 @@ class LogHost(PowerHost):
         seed: str,
         spaces: Path,
         *,
+        p_writeback: float,
         p_tear: float,
         log_synchronous: str | None,
         log_format: str = "sqlite",
@@ -50,6 +63,28 @@ class LogHost(PowerHost):
             root, seed, p_tear=p_tear, log_synchronous=log_synchronous, log_format=log_format
         )
         self.spaces = spaces
+        self.p_writeback = p_writeback
+        self.launches = 0
+        self.writebacks = 0
+
+    async def before_launch(self, launch: Launch) -> None:
+        await super().before_launch(launch)
+        n, self.launches = self.launches, self.launches + 1
+        if n and random.Random(f"{self.seed}:writeback:{n}").random() < self.p_writeback:
+            self._writeback()
+
+    def _writeback(self) -> None:
+        """Make what the log's files hold now durable (no driver runs: the launch waits)."""
+        session = self.mountpoint / "session"
+        for name in (self._log_name(), f"{self._log_name()}-wal"):
+            with contextlib.suppress(FileNotFoundError):
+                fd = os.open(session / name, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        fsync_dir(session)
+        self.writebacks += 1
 
     async def power_loss(self, value: Mapping[str, Any]) -> dict[str, Any]:
         raise RuntimeError("the log's mount loses its tail (log_loss), not the host's power")
@@ -85,6 +120,8 @@ class LogHost(PowerHost):
             self.up.set()
         cut = {
             "kind": "log_loss",
+            "kept": _kept(before.get("commits"), after.get("commits")),
+            "writebacks": self.writebacks,
             "killed": pid,
             "killed_stale": others,
             "tear": tear,
@@ -105,6 +142,15 @@ class LogHost(PowerHost):
         else:
             ledger, epoch = space / "ledger.jsonl", space / "epoch"
         return look(self.mountpoint / "session" / self._log_name(), ledger, epoch)
+
+
+def _kept(before: int | None, after: int | None) -> str | None:
+    """What a cut left of the log: ``all``, an older ``prefix``, or ``none``."""
+    if before is None:
+        return None
+    if (after or 0) >= before:
+        return "all"
+    return "prefix" if after else "none"
 
 
 __all__ = ["LogHost"]

@@ -97,6 +97,7 @@ def _host(run: RunSpec) -> PowerHost | None:
             Path(run.state_dir),
             run.seed,
             _paths(run).spaces,
+            p_writeback=prof.p_log_writeback,
             p_tear=prof.p_tear,
             log_synchronous=prof.log_synchronous,
             log_format=prof.log_format,

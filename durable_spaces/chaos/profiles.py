@@ -63,6 +63,9 @@ class Profile:
     #: The log's storage alone loses its unsynced tail (``chaos/faults.py``); a profile
     #: with it keeps the log on a powerfs mount of its own (``campaigns/log_loss.py``).
     p_log_loss: float = 0.0
+    #: Before a driver's launch the log's dirty pages are written back (as a kernel does
+    #: after a while): a later cut keeps that older prefix of the log and drops the rest.
+    p_log_writeback: float = 0.0
 
     @property
     def power(self) -> bool:
@@ -171,6 +174,7 @@ PROFILES: dict[str, Profile] = {
         p_space_restart=0.0,
         p_space_remove=0.0,
         p_log_loss=0.7,
+        p_log_writeback=0.5,
         p_after_kill=0.7,
         faulty_attempts=3,
         log_synchronous="NORMAL",
