@@ -23,10 +23,11 @@ Unset (always, in production), ``active`` is one frozenset lookup.
   while its helper died is credited with nothing (``image_follows_calls``; the next
   call's start folds the change in, so the end agrees; the lab's ``journal_kill`` fault
   is what makes it show).
-- ``log_behind_blind``: the log's witness (``adapter/log_witness.py``) never sees the
-  Space ahead: a log that lost its tail on the same boot leaves the Space's effects of
-  the forgotten calls in place, and they run again (``duplicate_effect``; the lab's
-  ``log_loss`` fault is what makes it show).
+- ``log_behind_blind``: the adapter as it was before the log's witness
+  (``adapter/log_witness.py``): it never asks the ledger, and exec keys carry the epoch
+  (a forgotten call issued again by a newer driver gets a new key): a log that lost its
+  tail on the same boot leaves the Space's effects of the forgotten calls in place, and
+  they run again (``duplicate_effect``; the lab's ``log_loss`` fault makes it show).
 - ``no_fence_poll``: the driver does not poll the log's fence while it waits for the
   run (it stops only when a write of its own is refused). Not a defect: a test runs with
   it to prove the Space's fence alone stops a stale driver, since a poll every 0.2 s
