@@ -26,6 +26,7 @@ from durable_spaces.adapter.calls import CallPipeline
 from durable_spaces.adapter.checkpointing import CheckpointKeeper
 from durable_spaces.adapter.config import AdapterConfig, Mode, session_epoch
 from durable_spaces.adapter.image import ImageLimits
+from durable_spaces.adapter.log_witness import RESTORED_WALK
 from durable_spaces.adapter.machine import BootWatch
 from durable_spaces.adapter.modes import ModeDecider
 from durable_spaces.adapter.parts import Parts
@@ -232,7 +233,8 @@ class DurableSpaces:
             else:
                 self.parts.emit("log_behind", conv, None, mode=state.mode, log=logged, space=top)
                 space = await self._bring_back(harness, conv, state, space)  # commits
-        await self.parts.witness.fill(conv, state, space, self.epoch_for(space.name))
+        walk = RESTORED_WALK if brought_back or top is not None else 1
+        await self.parts.witness.fill(conv, state, space, self.epoch_for(space.name), walk)
         return space
 
     async def _rebuild(self, harness: Harness, conv: str, state: SpaceState, space: Space) -> Space:

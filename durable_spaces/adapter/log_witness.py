@@ -31,7 +31,9 @@ position is known to the ledger (a filler key, ``<key>.kept``, never an exec key
 call's own key must still read back as never started). So if any effect of a position
 beyond what the log kept reached the Space, the position right after the log's last is
 known. A Space placed again starts an empty ledger, and the same rule holds from the
-position its first driver found in the log.
+position its first driver found in the log. A whole machine restored from a checkpoint
+(``MachineCheckpoints``) has its ledger as of the checkpoint: the positions the log has
+since are filled in right after (a few: the calls since that checkpoint).
 
 Why this and not the alternatives (issue 34 names them):
 
@@ -68,6 +70,9 @@ from durable_spaces.space import ExecState, Space
 
 #: The filler's suffix: a position the log has whose effect never started.
 _KEPT = ".kept"
+#: How many of the log's last positions a restored Space's ledger is filled with at most:
+#: the calls since the checkpoint it was restored to.
+RESTORED_WALK = 16
 
 
 def position_key(conv: str, position: int) -> str:
@@ -117,9 +122,16 @@ class LogWitness:
             top, position = position, position + 1
         return top
 
-    async def fill(self, conv: str, state: SpaceState, space: Space, epoch: int) -> None:
-        """Make sure the ledger knows the log's last position (see the module doc)."""
-        if state.marks:
-            key = position_key(conv, state.marks)
-            if not await self._known(space, key):
-                await record(space, key + _KEPT, epoch)
+    async def fill(
+        self, conv: str, state: SpaceState, space: Space, epoch: int, walk: int = 1
+    ) -> None:
+        """Make sure the ledger knows the log's last position (see the module doc); with
+        ``walk``, the ones before it too, down to a known one (at most ``walk``): a whole
+        machine restored from a checkpoint has its ledger as of that checkpoint."""
+        position = state.marks
+        while position > 0 and walk > 0:
+            key = position_key(conv, position)
+            if await self._known(space, key):
+                return
+            await record(space, key + _KEPT, epoch)
+            position, walk = position - 1, walk - 1

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from durable_spaces.adapter import log_witness
 from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
+from durable_spaces.adapter.log_witness import LogWitness
 from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
 from durable_spaces.adapter.state import DOC, SpaceState
 from durable_spaces.backends import open_backend, unavailable_reason
@@ -26,7 +28,7 @@ from durable_spaces.harness.log import SqliteStorage
 from durable_spaces.harness.models import ScriptedModel
 from durable_spaces.harness.scheduler import AgentConfig, Harness
 from durable_spaces.harness.tools import CodingTools, Registry
-from durable_spaces.space import SpaceBackend
+from durable_spaces.space import ExecState, SpaceBackend
 from durable_spaces.space_boot import BOOT_ENV
 
 SEED = "power-3"  # steps 0-2 and 3-5 each hold a bash call (tests/adapter/test_power_loss.py)
@@ -154,3 +156,26 @@ def test_positions_read_back_are_validated() -> None:
     rec = {"call_id": "c", "tool": "bash", "order": 1, "mark": "1"}
     with pytest.raises(PermanentFailure, match="call position"):
         SpaceState.from_json({**good, "calls": {"c": rec}})
+
+
+async def test_a_restored_ledger_is_filled_up_to_the_log_so_one_probe_suffices(
+    tmp_path: Path,
+) -> None:
+    """A whole machine restored from a checkpoint has its ledger as of the checkpoint
+    (here: positions 1-2 of a log at 5). Filled up to the log, a later loss of the log's
+    tail back to any of those positions is still seen by the one probe after it."""
+    backend = open_backend("local", tmp_path / "spaces")
+    try:
+        space = await backend.create("s")
+        await space.advance_epoch(1)
+        for p in (1, 2):
+            await log_witness.record(space, log_witness.position_key("c", p), 1)
+        witness = LogWitness()
+        assert await witness.behind("c", SpaceState(marks=3), space) is None  # 4 unknown
+        await witness.fill("c", SpaceState(marks=5), space, 1, walk=log_witness.RESTORED_WALK)
+        for lost_to in (0, 1, 2, 3, 4):
+            assert await witness.behind("c", SpaceState(marks=lost_to), space) == 5
+        assert await witness.behind("c", SpaceState(marks=5), space) is None
+        assert (await space.exec_record("c#4")).state is ExecState.UNKNOWN  # a filler only
+    finally:
+        await backend.close()
