@@ -5,8 +5,9 @@
 Each ``OUT_DIR`` is a ``durable-spaces campaign --profile log-loss`` output. A cut of the
 log's mount (``campaigns/log_loss.py``) keeps ``all`` of the log, an older ``prefix`` of
 it, or ``none``. One Markdown row per campaign and kind of cut that landed: the runs with
-such a cut and how many of them were consistent, the cuts, commits lost per cut (mean and
-max), and how often the log's witness fired in those runs (``log_behind`` recoveries, of
+such a cut and how many of them were consistent, the cuts, those after which the Space's
+ledger or floor was past the log's (``checks/power.py``'s ``space_ahead``), commits lost
+per cut (mean and max), and how often the log's witness fired in those runs (``log_behind`` recoveries, of
 any cut of the run).
 """
 
@@ -50,6 +51,7 @@ def rows(out: Path) -> list[list[str]]:
                 str(meta["durable_mode"]),
                 f"{ok}/{len(runs)}",
                 str(len(cuts)),
+                str(sum(1 for c in cuts if c.get("space_ahead"))),
                 f"{sum(lost) / len(lost):.1f} (max {max(lost)})",
                 str(fired),
             ]
@@ -61,7 +63,7 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
-    head = ["log", "cut", "backend", "mode", "consistent runs", "cuts"]
+    head = ["log", "cut", "backend", "mode", "consistent runs", "cuts", "Space ahead"]
     head += ["commits lost per cut", "log_behind (those runs)"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
