@@ -7,8 +7,8 @@ log's mount (``campaigns/log_loss.py``) keeps ``all`` of the log, an older ``pre
 it, or ``none``. One Markdown row per campaign and kind of cut that landed: the runs with
 such a cut and how many of them were consistent, the cuts, those after which the Space's
 ledger or floor was past the log's (``checks/power.py``'s ``space_ahead``), commits lost
-per cut (mean and max), and how often the log's witness fired in those runs (``log_behind`` recoveries, of
-any cut of the run).
+per cut (mean and max), and how often the log's witness fired in those runs
+(``log_behind`` recoveries, of any cut of the run).
 """
 
 from __future__ import annotations
