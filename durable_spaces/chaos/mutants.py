@@ -35,6 +35,11 @@ Unset (always, in production), ``active`` is one frozenset lookup.
   change again (``adapter/manifest_build.py``). The last checkpoint of a run can agree
   with the workspace while a call's own did not (``checkpoint_follows_calls``); a restore
   in between would have brought back a workspace without the call's change.
+- ``log_behind_blind``: the adapter as it was before the log's witness
+  (``adapter/log_witness.py``): it never asks the ledger, and exec keys carry the epoch
+  (a forgotten call issued again by a newer driver gets a new key): a log that lost its
+  tail on the same boot leaves the Space's effects of the forgotten calls in place, and
+  they run again (``duplicate_effect``; the lab's ``log_loss`` fault makes it show).
 - ``no_fence_poll``: the driver does not poll the log's fence while it waits for the
   run (it stops only when a write of its own is refused). Not a defect: a test runs with
   it to prove the Space's fence alone stops a stale driver, since a poll every 0.2 s
@@ -54,6 +59,7 @@ MUTANTS = (
     "journal_miss",
     "journal_loss_trusted",
     "checkpoint_misses_call",
+    "log_behind_blind",
     "no_fence_poll",
     "failpoints_off",
 )
