@@ -13,11 +13,10 @@ import pytest
 
 from durable_spaces.campaigns.run import _paths
 from durable_spaces.campaigns.spec import RunSpec
-from durable_spaces.chaos.powerfs import unavailable
 from durable_spaces.chaos.profiles import PROFILES
 from durable_spaces.chaos.schedule import Schedule
 
-pytestmark = pytest.mark.skipif(unavailable() is not None, reason=f"powerfs: {unavailable()}")
+pytestmark = pytest.mark.fuse  # tests/needs.py: a skip outside CI, a failure on CI
 
 POINTS = ["call", "start_mark", "spawn", "exit", "outcome_commit"]
 
