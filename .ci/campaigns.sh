@@ -89,7 +89,7 @@ probe probe-fake-detached unsafe --harness "$fakes/detached" --steps 3
 probe probe-control at-most-once-reported-or-better --harness durable-spaces --steps 3
 probe probe-control-machine at-most-once-reported-or-better --harness durable-spaces --steps 3 --fault machine
 probe probe-langgraph at-least-once --harness langgraph --steps 3
-if ci_require probe-pi node; then
+if ci_require probe-pi pi; then
   probe probe-pi unsafe --harness pi --steps 3
 fi
 ci_recap

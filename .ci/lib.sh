@@ -154,6 +154,7 @@ ci_check_probe() {
     echo "lab_errors=${f[lab_errors]}: the lab broke runs"
     return 1
   fi
+  [ "$rc" -eq 0 ] || { echo "exited $rc"; return 1; }
   local got=${f[grade]:-} best=${want%-or-better}
   if [[ " $ci_grades " != *" $got "* ]]; then
     echo "grade ${got:-missing} is not a grade"
@@ -172,7 +173,6 @@ ci_check_probe() {
     echo "grade $got, expected $want (the lab must see what this harness does)"
     return 1
   fi
-  [ "$rc" -eq 0 ] || { echo "exited $rc"; return 1; }
   return 0
 }
 
