@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def _line(**over: str) -> str:
     f = {"harness": "h", "runs": "18", "steps": "54", "once": "48", "duplicate": "6",
          "lost": "0", "phantom": "0", "reported": "0", "orphan": "0", "stuck": "0",
-         "lab_errors": "0", "kills": "17", "grade": "at-least-once", "seed_base": "probe"}  # fmt: skip
+         "lab_errors": "0", "kills": "17", "grade": "at-least-once",
+         "seed_base": "probe"}  # fmt: skip
     f.update(over)
     return "SUMMARY probe " + " ".join(f"{k}={v}" for k, v in f.items() if v != "-")
 
