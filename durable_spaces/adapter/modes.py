@@ -24,7 +24,7 @@ from durable_spaces.space import Capabilities, PathTable, Space
 if TYPE_CHECKING:
     from durable_spaces.adapter.parts import Parts
     from durable_spaces.adapter.transactional import TransactionalKeeper
-    from durable_spaces.harness.scheduler import Harness
+    from durable_spaces.harness.handles import HarnessView
 
 CONTAINER_LIKE = frozenset({"local", "process", "container", "gvisor"})
 TOOLING = ("find", "stat", "xargs", "sha256sum", "tar")
@@ -66,7 +66,7 @@ class ModeDecider:
 
     async def decide(
         self,
-        harness: Harness,
+        harness: HarnessView,
         conv: str,
         state: SpaceState,
         space: Space,

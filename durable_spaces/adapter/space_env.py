@@ -11,11 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from durable_spaces.harness.env import CommandResult
+from durable_spaces.harness.env import CallIdentity, CommandResult
 
 if TYPE_CHECKING:
     from durable_spaces.adapter.durable import DurableSpaces
-    from durable_spaces.harness.tools import ToolContext
 
 
 class SpaceExecutionEnv:
@@ -28,7 +27,7 @@ class SpaceExecutionEnv:
         self,
         command: str,
         *,
-        ctx: ToolContext | None = None,
+        ctx: CallIdentity | None = None,
         on_output: Callable[[bytes], None] | None = None,
         timeout: float | None = None,
     ) -> CommandResult:

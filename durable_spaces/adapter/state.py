@@ -18,7 +18,8 @@ from durable_spaces.harness.state import json_copy
 
 if TYPE_CHECKING:
     from durable_spaces.adapter.image_log import ImageUpdate
-    from durable_spaces.harness.scheduler import Harness, Tx
+    from durable_spaces.harness.handles import HarnessView
+    from durable_spaces.harness.state import Tx
 
 DOC = "cua.space"
 IMAGE_DOC = "cua.space.image"
@@ -124,7 +125,7 @@ class SpaceState:
         return self.calls_total
 
 
-def load(harness: Harness, conv: str) -> SpaceState:
+def load(harness: HarnessView, conv: str) -> SpaceState:
     """The conversation's ``cua.space`` document as committed now."""
     # Not copied here: ``from_json`` builds its own copy.
     return SpaceState.from_json(harness.conversation(conv).document(DOC, copy=False))
@@ -135,7 +136,7 @@ def put(tx: Tx, conv: str, state: SpaceState) -> None:
 
 
 async def commit(
-    harness: Harness, conv: str, state: SpaceState, image: ImageUpdate | None = None
+    harness: HarnessView, conv: str, state: SpaceState, image: ImageUpdate | None = None
 ) -> None:
     """One commit of the document (and, with ``image``, of the image's new version and
     blobs in the same transaction)."""
