@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from durable_spaces.harness.handles import HarnessView
 
 CONTAINER_LIKE = frozenset({"local", "process", "container", "gvisor"})
-TOOLING = ("find", "stat", "xargs", "sha256sum", "tar")
 
 
 @dataclass(frozen=True)
@@ -47,14 +46,6 @@ def kind_allows(caps: Capabilities, whole_machine_snapshots: bool) -> Verdict:
 def limits_allow(table: PathTable, limits: ImageLimits) -> Verdict:
     why = limits.violation(table)
     return Verdict(why is None, why)
-
-
-async def tooling_present(space: Space, epoch: int) -> Verdict:
-    script = " && ".join(f"command -v {t} >/dev/null" for t in TOOLING)
-    res = await space.exec(["bash", "-c", script], key=None, epoch=epoch, cwd="/")
-    if res.exit_code == 0:
-        return Verdict(True)
-    return Verdict(False, f"tooling missing in the Space (needs {', '.join(TOOLING)})")
 
 
 class ModeDecider:

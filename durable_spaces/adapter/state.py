@@ -10,14 +10,13 @@ does not read it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from durable_spaces.adapter.checkpoint_id import optional
 from durable_spaces.errors import BadCheckpointIdError, PermanentFailure
 from durable_spaces.harness.state import json_copy
 
 if TYPE_CHECKING:
-    from durable_spaces.adapter.image_log import ImageUpdate
     from durable_spaces.harness.handles import HarnessView
     from durable_spaces.harness.state import Tx
 
@@ -131,12 +130,19 @@ def load(harness: HarnessView, conv: str) -> SpaceState:
     return SpaceState.from_json(harness.conversation(conv).document(DOC, copy=False))
 
 
+class ImageWrite(Protocol):
+    """A new version of the image to commit with the document (``image_log.ImageUpdate``):
+    a protocol, so this module does not import the image log that imports it."""
+
+    def write(self, tx: Tx, conv: str) -> None: ...
+
+
 def put(tx: Tx, conv: str, state: SpaceState) -> None:
     tx.put_document(conv, DOC, state.to_json(), rewindable=True)
 
 
 async def commit(
-    harness: HarnessView, conv: str, state: SpaceState, image: ImageUpdate | None = None
+    harness: HarnessView, conv: str, state: SpaceState, image: ImageWrite | None = None
 ) -> None:
     """One commit of the document (and, with ``image``, of the image's new version and
     blobs in the same transaction)."""
