@@ -34,7 +34,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -45,6 +44,7 @@ import psutil
 
 from durable_spaces.backends.local.disk import fsync_dir
 from durable_spaces.errors import SpaceError, SpaceUnavailableError
+from durable_spaces.host_ports import free_port
 from durable_spaces.proc_start import started
 
 log = logging.getLogger(__name__)
@@ -87,12 +87,6 @@ def unshare_reason() -> str | None:
                 _unshare_probe,
             )
     return _unshare_probe if isinstance(_unshare_probe, str) else None
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
