@@ -22,7 +22,6 @@ OVER: dict[str, str] = {
     "durable_spaces.backends.local.space": "the stand-in Space",
     "durable_spaces.backends.spacesd.daemon": "the Space daemon",
     "durable_spaces.backends.spacesd.space": "the spacesd client Space",
-    "durable_spaces.campaigns.runner": "the campaign runner",
 }
 
 
