@@ -20,7 +20,6 @@ MAX_LINES = 500
 #: only shrinks (a module that is no longer over fails the test until it leaves it).
 OVER: dict[str, str] = {
     "durable_spaces.backends.local.space": "the stand-in Space",
-    "durable_spaces.backends.spacesd.daemon": "the Space daemon",
     "durable_spaces.backends.spacesd.space": "the spacesd client Space",
 }
 
