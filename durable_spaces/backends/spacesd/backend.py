@@ -49,7 +49,6 @@ from durable_spaces.backends.spacesd.daemon import (
     TOKEN_POLL_MS,
     DaemonState,
     LocalDaemon,
-    free_port,
     unshare_reason,
 )
 from durable_spaces.backends.spacesd.host_scan import HostScan, HostScannedSpace
@@ -62,6 +61,7 @@ from durable_spaces.errors import (
     SpaceGoneError,
     SpaceUnavailableError,
 )
+from durable_spaces.host_ports import free_port
 from durable_spaces.space_boot import read_host_boot_id
 
 __all__ = ["SpacesdBackend", "daemon_binary", "unavailable_reason", "unshare_reason"]
