@@ -19,8 +19,10 @@ MAX_LINES = 500
 #: Modules still over ``MAX_LINES``, each to be split along an idea boundary; the list
 #: only shrinks (a module that is no longer over fails the test until it leaves it).
 OVER: dict[str, str] = {
-    "durable_spaces.backends.local.space": "the stand-in Space",
-    "durable_spaces.backends.spacesd.space": "the spacesd client Space",
+    # One class each, already served by helper modules (fs, disk, supervisor; execution,
+    # errormap, mutate, scan): what is left to split is the class's own file operations.
+    "durable_spaces.backends.local.space": "LocalSpace",
+    "durable_spaces.backends.spacesd.space": "SpacesdSpace",
 }
 
 
