@@ -490,5 +490,3 @@ def _remove_tree(name: str, dfd: int) -> None:
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=dfd)
-
-

@@ -56,6 +56,7 @@ def _wait_gone(pid: int, timeout_s: float) -> None:
             return
         time.sleep(0.01)
 
+
 SUPERUSER = "postgres"
 _DB_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _CANDIDATE_USERS = ("postgres", "nobody")

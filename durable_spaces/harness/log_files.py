@@ -38,7 +38,6 @@ DIR_MODE = 0o700
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
-
 def refusal(path: Path, err: OSError, what: str) -> LogError:
     """The ``LogError`` for an ``open`` of ``path`` that failed with ``err``."""
     if err.errno == errno.ELOOP:
