@@ -72,5 +72,25 @@ if ci_require microvm microvm; then
   run "checkpoint-microvm" --mode checkpoint --backend microvm --runs 4 --calls 5 --seed-base ci-mcp --profile space
   run "server-microvm" --scenario server --mode checkpoint --backend microvm --runs 2 --calls 5 --seed-base ci-msv
 fi
+# The probe: harnesses crash-tested from outside through the scripted model server, one
+# exhaustive probe each (every kill point of every step once). The fake harnesses have one
+# known defect each and must get exactly the grade it implies; LangGraph re-runs an
+# interrupted tool (at-least-once); the control (this project's harness and adapter) must
+# grade at-most-once-reported or better under both faults; Pi's bash outlives a kill.
+probe() {
+  [ -z "${CI_CAMPAIGNS_ONLY:-}" ] || [[ $only == *" $1 "* ]] || return 0
+  ci_probe "$@"
+}
+fakes=tests/probe/fakes
+probe probe-fake-correct at-most-once-reported-or-better --harness "$fakes/correct" --steps 3
+probe probe-fake-rerun at-least-once --harness "$fakes/rerun" --steps 3
+probe probe-fake-phantom unsafe --harness "$fakes/phantom" --steps 3
+probe probe-fake-detached unsafe --harness "$fakes/detached" --steps 3
+probe probe-control at-most-once-reported-or-better --harness durable-spaces --steps 3
+probe probe-control-machine at-most-once-reported-or-better --harness durable-spaces --steps 3 --fault machine
+probe probe-langgraph at-least-once --harness langgraph --steps 3
+if ci_require probe-pi node; then
+  probe probe-pi unsafe --harness pi --steps 3
+fi
 ci_recap
 exit $ci_status

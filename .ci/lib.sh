@@ -120,6 +120,80 @@ ci_run() {
   fi
 }
 
+ci_probe_cmd=${CI_PROBE_CMD:-durable-spaces probe}
+# The grades in order, best first (durable_spaces/probe/grade.py).
+ci_grades="exactly-once at-most-once-reported at-least-once unsafe"
+
+# ci_check_probe FILE RC GRADE: the probe's SUMMARY (its last line) says it ran, its
+# kills landed, the lab broke nothing, and the grade is GRADE (or, for "X-or-better", X
+# or better). Prints the reason and returns 1 when it does not hold.
+ci_check_probe() {
+  local file=$1 rc=$2 want=$3 line kv k
+  line=$(grep -v '^[[:space:]]*$' "$file" | tail -n 1)
+  if [[ $line != "SUMMARY probe "* ]]; then
+    echo "no probe SUMMARY line last (last line: ${line:0:200})"
+    return 1
+  fi
+  local -A f=()
+  local -a words
+  read -ra words <<<"${line#SUMMARY probe }"
+  for kv in "${words[@]}"; do
+    f[${kv%%=*}]=${kv#*=}
+  done
+  for k in runs steps kills lab_errors stuck; do
+    if ! [[ ${f[$k]:-} =~ ^[0-9]+$ ]]; then
+      echo "SUMMARY field $k is missing or not a count: ${line:0:300}"
+      return 1
+    fi
+  done
+  if ((f[runs] < 2 || f[kills] == 0)); then
+    echo "runs=${f[runs]} kills=${f[kills]}: the probe tested no crash"
+    return 1
+  fi
+  if ((f[lab_errors] > 0)); then
+    echo "lab_errors=${f[lab_errors]}: the lab broke runs"
+    return 1
+  fi
+  local got=${f[grade]:-} best=${want%-or-better}
+  if [[ " $ci_grades " != *" $got "* ]]; then
+    echo "grade ${got:-missing} is not a grade"
+    return 1
+  fi
+  if [ "$best" != "$want" ]; then  # X-or-better
+    local g
+    for g in $ci_grades; do
+      [ "$g" = "$got" ] && return 0
+      [ "$g" = "$best" ] && break
+    done
+    echo "grade $got is worse than $best"
+    return 1
+  fi
+  if [ "$got" != "$want" ]; then
+    echo "grade $got, expected $want (the lab must see what this harness does)"
+    return 1
+  fi
+  [ "$rc" -eq 0 ] || { echo "exited $rc"; return 1; }
+  return 0
+}
+
+# ci_probe NAME GRADE ARGS...: one exhaustive probe into $ci_out/NAME, graded GRADE
+# exactly (a harness with a known defect must get the grade it implies), or X-or-better.
+ci_probe() {
+  local name=$1 want=$2 rc errexit=0 why
+  shift 2
+  echo "== probe $name"
+  mkdir -p "$ci_out"
+  [[ $- == *e* ]] && errexit=1
+  set +e
+  # shellcheck disable=SC2086  # the command is words (a stand-in in tests)
+  $ci_probe_cmd --scenario exhaustive --out "$ci_out/$name" "$@" | tee "$ci_out/$name.stdout"
+  rc=${PIPESTATUS[0]}
+  ((errexit)) && set -e
+  if ! why=$(ci_check_probe "$ci_out/$name.stdout" "$rc" "$want"); then
+    ci_fail "$name" "$why"
+  fi
+}
+
 # A CI log keeps its tail: the campaigns that failed are named again at the end, each
 # with its failed runs (their failing checks, details and repro commands).
 ci_recap() {

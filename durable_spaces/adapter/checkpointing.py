@@ -18,6 +18,7 @@ import tarfile
 from typing import TYPE_CHECKING
 
 from durable_spaces.adapter import state as state_doc
+from durable_spaces.adapter.log_witness import RESTORED_WALK
 from durable_spaces.adapter.parts import Parts
 from durable_spaces.adapter.snapshots import CheckpointMissing, Snapshots
 from durable_spaces.adapter.state import DOC, CallRecord, SpaceState
@@ -177,6 +178,9 @@ class CheckpointKeeper:
         )
         if self.p.boot.watched(space.name):
             await self.p.boot.bind(space)
+        # a whole machine's ledger went back too: the log's positions since, filled in
+        epoch = self.p.epoch_for(space.name)
+        await self.p.witness.fill(conv, state, space, epoch, walk=RESTORED_WALK)
         self.p.emit("restored", conv, rec, checkpoint=cid)
         return space
 

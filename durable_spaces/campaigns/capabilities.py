@@ -18,9 +18,13 @@ there), imported only when asked.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import shutil
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,38 @@ _BACKEND = "durable_spaces.backends:unavailable_reason"
 _NETNS = "durable_spaces.cluster.netns:unavailable_reason"
 _POSTGRES = "durable_spaces.cluster.pgserver:unavailable_reason"
 _FUSE = "durable_spaces.chaos.powerfs:unavailable"
+_PROGRAM = "durable_spaces.campaigns.capabilities:program_missing"
+_MODULES = "durable_spaces.campaigns.capabilities:modules_missing"
+_PI = "durable_spaces.campaigns.capabilities:pi_missing"
+
+
+def program_missing(name: str, setup: str) -> str | None:
+    """None when ``name`` is on PATH; else what installs it."""
+    return None if shutil.which(name) else f"{name} is not on PATH ({setup} installs it)"
+
+
+def modules_missing(*modules: str) -> str | None:
+    """None when every module can be imported; else the first that cannot."""
+    for m in modules:
+        try:
+            found = importlib.util.find_spec(m) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            return f"no module {m} (pip install -e '.[probe]')"
+    return None
+
+
+def pi_missing() -> str | None:
+    """None when the pi recipe's own check passes (Node and Pi installed)."""
+    script = Path(__file__).resolve().parents[1] / "probe" / "recipes" / "pi" / "pi.sh"
+    done = subprocess.run(["sh", str(script), "check"], capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    if done.returncode == 0:
+        return None
+    why = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
+    return f"{why[0]} (images/probe/ci-setup.sh installs it)"
+
 
 #: Every capability, one line each: a new one (Chromium, Node) is one more line.
 CAPABILITIES: dict[str, Capability] = {
@@ -54,6 +90,31 @@ CAPABILITIES: dict[str, Capability] = {
         Capability("spacesd", "the cua-spacesd binary from the cua wheel", _BACKEND, ("spacesd",)),
         Capability("docker", "a running Docker engine and the space image", _BACKEND, ("docker",)),
         Capability("microvm", "QEMU and the microvm guest image", _BACKEND, ("microvm",)),
+        Capability(
+            "cgroup",
+            "a writable cgroup v2: epochs of local Spaces, the probe's machine kill",
+            "durable_spaces.host_cgroup:unavailable",
+        ),
+        Capability(
+            "chromium",
+            "Debian's chromium, headless: the report test",
+            _PROGRAM,
+            ("chromium", "images/chromium/ci-setup.sh"),
+        ),
+        Capability(
+            "probe-harnesses",
+            "LangGraph, pydantic-ai + DBOS, the OpenAI Agents SDK",
+            _MODULES,
+            (
+                "langgraph",
+                "langgraph.checkpoint.sqlite",
+                "langchain_openai",
+                "pydantic_ai",
+                "dbos",
+                "agents",
+            ),
+        ),
+        Capability("pi", "Node and the Pi coding agent (npm, a project-local prefix)", _PI),
     )
 }
 

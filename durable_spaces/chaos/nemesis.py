@@ -9,6 +9,7 @@ times in the composed nemesis's ``history``, which is what a run record counts.
 Kinds: ``kill`` (SIGKILL the current driver), ``pause`` (SIGSTOP it, maybe let a newer
 driver take over, SIGCONT it later), ``daemon_kill``, ``space_restart``, ``space_remove``
 and ``space_pause`` (through a ``SpaceBackend``), ``power_loss`` (through a ``Host``),
+``log_loss`` (through a ``LogStorage``),
 ``disk_stall`` (through a ``StallableDisk``: the driver stuck inside a durability call,
 maybe taken over meanwhile, as a pause is), ``journal_kill`` (a command in the Space).
 """
@@ -339,6 +340,31 @@ class PowerLoss:
     async def invoke(self, op: Op) -> Op:
         try:
             report = await self.host.power_loss(dict(op.value or {}))
+        except Exception as e:
+            return _done(op, "info", error=f"{type(e).__name__}: {e}")
+        return _done(op, "ok", value={**dict(op.value or {}), **report})
+
+
+class LogStorage(Protocol):
+    """The log's storage, on a mount of its own that can lose power
+    (``campaigns/log_loss.py``): its drivers killed, its unsynced writes dropped; nothing
+    else touched. Returns what the cut dropped."""
+
+    async def log_loss(self, value: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+class LogLoss:
+    """``log_loss`` of a ``LogStorage``. ``ok`` with the cut's report; ``info`` on an
+    error (the drivers may have died, the cut not come)."""
+
+    kinds = frozenset({"log_loss"})
+
+    def __init__(self, storage: LogStorage) -> None:
+        self.storage = storage
+
+    async def invoke(self, op: Op) -> Op:
+        try:
+            report = await self.storage.log_loss(dict(op.value or {}))
         except Exception as e:
             return _done(op, "info", error=f"{type(e).__name__}: {e}")
         return _done(op, "ok", value={**dict(op.value or {}), **report})

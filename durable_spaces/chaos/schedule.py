@@ -59,7 +59,7 @@ EVERY_CALL = (
 
 #: Fault kinds added after seeds were first drawn: where a profile leaves them off they
 #: draw nothing, so an old seed still draws the schedule it drew.
-LATER_KINDS = ("space_pause", "power_loss", "disk_stall", "journal_kill")
+LATER_KINDS = ("space_pause", "power_loss", "disk_stall", "journal_kill", "log_loss")
 
 
 @dataclass(frozen=True)

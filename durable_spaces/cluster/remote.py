@@ -1,7 +1,8 @@
 """Backend ``remote``: a driver's view of durable Spaces that host agents provide.
 
 ``find(name)`` asks the store where the Space runs, with the session's lease token
-(``ClusterStore.connect``: only the current holder gets the Space's token), and returns a
+(``ClusterStore.connect``: only the current holder gets the Space's token, one its host
+minted for this lease; every older driver's token is refused by the daemon), and returns a
 ``SpacesdSpace`` pointed at the host's daemon (or, for a ``local`` host on this same
 machine, the directory). Its configuration comes from the driver's environment, which the
 cluster coordinator (``durable_spaces/cluster/drive.py``) sets for every drive:

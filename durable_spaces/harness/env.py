@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import stat
@@ -123,10 +124,15 @@ class LocalDirEnv:
 
     async def read_file(self, path: str) -> bytes:
         # Non-blocking and checked: opening a FIFO for reading would wait for a writer.
+        if not path:
+            raise IsADirectoryError(errno.EISDIR, "the path is empty: name a file")
         fd = os.open(self._path(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which names the fd
+            dir_ = stat.S_ISDIR(os.fstat(fd).st_mode)
+            os.close(fd)
+            what = "a directory, not a file" if dir_ else "not a regular file"
+            raise IsADirectoryError(errno.EISDIR, f"{path!r} is {what}")
         with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise IsADirectoryError(f"not a regular file: {path!r}")
             return f.read()
 
     async def write_file(self, path: str, data: bytes) -> None:

@@ -398,6 +398,7 @@ class SpacesdBackend:
                 await self._boot(d, st)
                 return token
             space = self._space(d, st)
+            deadline = time.monotonic() + self.start_timeout
             while True:  # until the daemon answers the new token: the old one is refused
                 try:
                     await space._rpc("GetExecRecord", {"requestId": "durable-spaces:rotate"})
@@ -405,6 +406,13 @@ class SpacesdBackend:
                 except SpaceUnavailableError:
                     if not d.running(st):
                         raise
+                    if time.monotonic() > deadline:
+                        # A daemon that does not watch its file (started by older code):
+                        # a restart reads the new token, and watches from then on.
+                        self._spaces.pop(name, None)
+                        await asyncio.to_thread(d.kill, st)
+                        await self._boot(d, st)
+                        return token
                     space._client = None
                     await asyncio.sleep(TOKEN_POLL_MS / 1000)
 

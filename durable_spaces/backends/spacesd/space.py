@@ -413,12 +413,15 @@ class SpacesdSpace:
     # --- files -------------------------------------------------------------------------
 
     async def read_file(self, path: str) -> bytes:
+        if not path:
+            raise IsADirectoryError(errno.EISDIR, "the path is empty: name a file in the workspace")
         rel, st = await self._resolve_stat(path, follow_last=True)
         if rel != "." and st is None:
             raise FileNotFoundError(errno.ENOENT, f"no such file: {path!r}")
-        if st is None or st.kind != "file":
-            # A FIFO would block the daemon's read forever; a directory is not a file.
-            raise IsADirectoryError(errno.EISDIR, f"not a regular file: {path!r}")
+        if st is None or st.kind == "directory":
+            raise IsADirectoryError(errno.EISDIR, f"{path!r} is a directory, not a file")
+        if st.kind != "file":  # a FIFO would block the daemon's read forever
+            raise IsADirectoryError(errno.EISDIR, f"{path!r} is not a regular file (a {st.kind})")
         return bytes(await self._call("download", self._abs(rel)))
 
     async def read_files(self, paths: Sequence[str]) -> dict[str, bytes]:

@@ -42,11 +42,12 @@ def next_epoch(state: Path) -> int:
     """One more than the last attempt's, recorded before this attempt does anything."""
     path = state / "epoch"
     try:
-        last = int(path.read_text().strip() or "0")
+        text = path.read_text().strip() or "0"
     except FileNotFoundError:
-        last = 0
-    except ValueError:
-        raise SystemExit(f"ds_agent: {path} does not hold an epoch") from None
+        text = "0"
+    if not text.isascii() or not text.isdigit() or int(text) >= 2**63 - 1:
+        raise SystemExit(f"ds_agent: {path} does not hold an epoch: {text[:40]!r}")
+    last = int(text)
     write_atomic(path, str(last + 1).encode())
     return last + 1
 

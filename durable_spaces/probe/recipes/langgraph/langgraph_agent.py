@@ -6,10 +6,10 @@ LangGraph ships no shell tool, so the agent has one of its own, ``bash`` (argume
 stderr, and its exit status when not 0. The thread's checkpoints live in
 ``<state>/checkpoints.sqlite`` under one fixed thread id. The same program launches and
 resumes: with a checkpoint of the thread, it continues it as LangGraph documents
-(``invoke(None, config)``: the pending node runs again from its start); with none (a kill
-before the first checkpoint), it starts the task. ``--durability`` is the graph's
-checkpoint durability: ``sync`` (``langgraph``) or ``async`` (``langgraph-async``,
-LangGraph's default).
+(``invoke(None, config)``: the pending node runs again from its start; nothing runs on a
+thread that ended); with none (a kill before the first checkpoint), it starts the task.
+``--durability`` is the graph's checkpoint durability: ``sync`` (``langgraph``) or
+``async`` (``langgraph-async``, LangGraph's default).
 """
 
 from __future__ import annotations
@@ -58,13 +58,12 @@ def main() -> int:
     )
     conn = sqlite3.connect(args.state / "checkpoints.sqlite", check_same_thread=False)
     agent: Any = create_react_agent(model, [bash], checkpointer=SqliteSaver(conn))
-    state = agent.get_state(THREAD)
-    if state.values.get("messages"):
-        if not state.next:  # the thread already ended: the task is done
-            print(state.values["messages"][-1].content)
-            return 0
+    if agent.get_state(THREAD).values.get("messages"):
+        # Continue the thread, even when it looks ended: with async durability the last
+        # node's writes may be kept without the checkpoint after them (its ``next`` then
+        # reads empty). On a thread that did end, this runs nothing and returns its state.
         result = agent.invoke(None, THREAD, durability=args.durability)
-    else:
+    else:  # no checkpoint yet (killed before the first): start the task
         start = {"messages": [("user", args.prompt)]}
         result = agent.invoke(start, THREAD, durability=args.durability)
     print(result["messages"][-1].content)
