@@ -43,12 +43,12 @@ from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.scenarios import exhaustive
 from durable_spaces.campaigns.scenarios.base import KILL_POINTS, Script, get
 from durable_spaces.campaigns.spec import CampaignSpec, RunSpec, behaviour_env
+from durable_spaces.chaos.journal_kill import JournalKiller
 from durable_spaces.chaos.nemesis import (
     Composed,
     DiskStaller,
     DriverKiller,
     DriverPauser,
-    JournalKiller,
     LogLoss,
     Nemesis,
     PowerLoss,
