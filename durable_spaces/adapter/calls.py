@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from durable_spaces import switches
 from durable_spaces.adapter import checkpointing, log_witness
@@ -37,7 +37,11 @@ from durable_spaces.harness.tools import ToolContext, ToolResult
 from durable_spaces.space import ExecRecord, ExecResult, ExecState, PathTable, Space
 
 if TYPE_CHECKING:
-    from durable_spaces.adapter.durable import DurableSpaces
+    from durable_spaces.adapter.checkpointing import CheckpointKeeper
+    from durable_spaces.adapter.modes import ModeDecider
+    from durable_spaces.adapter.parts import Parts
+    from durable_spaces.adapter.transactional import TransactionalKeeper
+    from durable_spaces.harness.handles import HarnessView
 
 INTERRUPTED = (
     "interrupted: the driver crashed while this command ran and its outcome is unknown; "
@@ -46,11 +50,23 @@ INTERRUPTED = (
 )
 
 
+class _Durable(Protocol):
+    """What a call uses of its adapter (``durable.DurableSpaces``): a protocol, so this
+    module does not import the adapter that imports it."""
+
+    parts: Parts
+    tx: TransactionalKeeper
+    cp: CheckpointKeeper
+    modes: ModeDecider
+
+    async def space_for(self, harness: HarnessView, conv: str, state: SpaceState) -> Space: ...
+
+
 class CallPipeline:
     """Runs one wrapped call (``tool`` is bash, write or edit) for a ``DurableSpaces``;
     ``args`` are already checked (``tool_args.parse``)."""
 
-    def __init__(self, durable: DurableSpaces, tool: str, args: ToolArgs, ctx: ToolContext):
+    def __init__(self, durable: _Durable, tool: str, args: ToolArgs, ctx: ToolContext):
         self.d = durable
         self.p = durable.parts
         self.tool = tool

@@ -48,7 +48,7 @@ from durable_spaces.harness.tools import Extension, Tool, ToolContext, ToolResul
 from durable_spaces.space import PathTable, Space, SpaceBackend
 
 if TYPE_CHECKING:
-    from durable_spaces.harness.scheduler import Harness
+    from durable_spaces.harness.handles import HarnessView
 
 WRAPPED = ("bash", "write", "edit")
 
@@ -173,17 +173,17 @@ class DurableSpaces:
 
     # --- the log ----------------------------------------------------------------------------
 
-    def load_state(self, harness: Harness, conv: str) -> SpaceState:
+    def load_state(self, harness: HarnessView, conv: str) -> SpaceState:
         return state_doc.load(harness, conv)
 
-    def image_table(self, harness: Harness, conv: str, as_of: str | None = None) -> PathTable:
+    def image_table(self, harness: HarnessView, conv: str, as_of: str | None = None) -> PathTable:
         return image_log.table(harness, conv, as_of)
 
-    def blob(self, harness: Harness, conv: str, sha: str) -> bytes | None:
+    def blob(self, harness: HarnessView, conv: str, sha: str) -> bytes | None:
         return image_log.blob(harness, conv, sha)
 
     async def take_checkpoint(
-        self, harness: Harness, conv: str, rec: CallRecord, space: Space
+        self, harness: HarnessView, conv: str, rec: CallRecord, space: Space
     ) -> None:
         await self.cp.take(harness, conv, rec, space)
 
@@ -193,7 +193,7 @@ class DurableSpaces:
         """Raise the epoch of the named Space now (the driver does this at start)."""
         await self.parts.spaces.raise_epoch(name)
 
-    async def space_for(self, harness: Harness, conv: str, state: SpaceState) -> Space:
+    async def space_for(self, harness: HarnessView, conv: str, state: SpaceState) -> Space:
         """The conversation's Space, consistent with the log: created on first use,
         advanced to the epoch, rebuilt when it was lost (or is a fork's first use),
         brought back when its machine crashed and booted again."""
@@ -218,7 +218,7 @@ class DurableSpaces:
         return space
 
     async def _log_behind(
-        self, harness: Harness, conv: str, space: Space, brought_back: bool
+        self, harness: HarnessView, conv: str, space: Space, brought_back: bool
     ) -> Space:
         """Once per Space and driver: when the Space's ledger knows a position the log
         lost, bring back what the log implies as after a crash of the machine (unless
@@ -237,7 +237,9 @@ class DurableSpaces:
         await self.parts.witness.fill(conv, state, space, self.epoch_for(space.name), walk)
         return space
 
-    async def _rebuild(self, harness: Harness, conv: str, state: SpaceState, space: Space) -> Space:
+    async def _rebuild(
+        self, harness: HarnessView, conv: str, state: SpaceState, space: Space
+    ) -> Space:
         """A Space placed again (or a fork's new Space): bring back what the log implies."""
         self.parts.boot.forget(space.name)  # a new machine: its boot id is learned anew
         if state.mode == "transactional":
@@ -249,7 +251,7 @@ class DurableSpaces:
         return space
 
     async def _after_machine_crash(
-        self, harness: Harness, conv: str, state: SpaceState, space: Space
+        self, harness: HarnessView, conv: str, state: SpaceState, space: Space
     ) -> tuple[Space, bool]:
         """When the machine's boot id is not the one the log last saw, bring back what the
         log implies (the newest checkpoint, or the image) and treat the calls in flight
@@ -259,7 +261,7 @@ class DurableSpaces:
         return await self._bring_back(harness, conv, state, space), True
 
     async def _bring_back(
-        self, harness: Harness, conv: str, state: SpaceState, space: Space
+        self, harness: HarnessView, conv: str, state: SpaceState, space: Space
     ) -> Space:
         """The Space may hold effects the log does not: back to the newest checkpoint, or
         the image, with the calls in flight unknown (committed)."""
@@ -288,7 +290,7 @@ class DurableSpaces:
             with contextlib.suppress(Exception):
                 await space.close()
 
-    async def ensure_space(self, harness: Harness, conversation_id: str) -> None:
+    async def ensure_space(self, harness: HarnessView, conversation_id: str) -> None:
         """After a run settles: a Space lost after the last call is rebuilt before the
         session is reported done."""
         name = self.name_for(conversation_id)

@@ -24,10 +24,9 @@ from durable_spaces.space import Capabilities, PathTable, Space
 if TYPE_CHECKING:
     from durable_spaces.adapter.parts import Parts
     from durable_spaces.adapter.transactional import TransactionalKeeper
-    from durable_spaces.harness.scheduler import Harness
+    from durable_spaces.harness.handles import HarnessView
 
 CONTAINER_LIKE = frozenset({"local", "process", "container", "gvisor"})
-TOOLING = ("find", "stat", "xargs", "sha256sum", "tar")
 
 
 @dataclass(frozen=True)
@@ -49,14 +48,6 @@ def limits_allow(table: PathTable, limits: ImageLimits) -> Verdict:
     return Verdict(why is None, why)
 
 
-async def tooling_present(space: Space, epoch: int) -> Verdict:
-    script = " && ".join(f"command -v {t} >/dev/null" for t in TOOLING)
-    res = await space.exec(["bash", "-c", script], key=None, epoch=epoch, cwd="/")
-    if res.exit_code == 0:
-        return Verdict(True)
-    return Verdict(False, f"tooling missing in the Space (needs {', '.join(TOOLING)})")
-
-
 class ModeDecider:
     """The mode of each call: asked for, or (auto) decided at every call boundary."""
 
@@ -66,7 +57,7 @@ class ModeDecider:
 
     async def decide(
         self,
-        harness: Harness,
+        harness: HarnessView,
         conv: str,
         state: SpaceState,
         space: Space,

@@ -19,7 +19,7 @@ from durable_spaces.adapter.state import CallRecord, SpaceState
 
 if TYPE_CHECKING:
     from durable_spaces.adapter.image_log import ImageUpdate
-    from durable_spaces.harness.scheduler import Harness
+    from durable_spaces.harness.handles import HarnessView
 
 
 @dataclass
@@ -39,7 +39,7 @@ class Parts:
         return self.spaces.epoch_for(name)
 
     async def commit(
-        self, harness: Harness, conv: str, state: SpaceState, image: ImageUpdate | None = None
+        self, harness: HarnessView, conv: str, state: SpaceState, image: ImageUpdate | None = None
     ) -> None:
         """Commit the document (stamped with the machine's boot id this driver is bound
         to), with the image's new version when given."""

@@ -10,15 +10,15 @@ does not read it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from durable_spaces.adapter.checkpoint_id import optional
 from durable_spaces.errors import BadCheckpointIdError, PermanentFailure
 from durable_spaces.harness.state import json_copy
 
 if TYPE_CHECKING:
-    from durable_spaces.adapter.image_log import ImageUpdate
-    from durable_spaces.harness.scheduler import Harness, Tx
+    from durable_spaces.harness.handles import HarnessView
+    from durable_spaces.harness.state import Tx
 
 DOC = "cua.space"
 IMAGE_DOC = "cua.space.image"
@@ -140,10 +140,17 @@ class SpaceState:
         return self.calls_total
 
 
-def load(harness: Harness, conv: str) -> SpaceState:
+def load(harness: HarnessView, conv: str) -> SpaceState:
     """The conversation's ``cua.space`` document as committed now."""
     # Not copied here: ``from_json`` builds its own copy.
     return SpaceState.from_json(harness.conversation(conv).document(DOC, copy=False))
+
+
+class ImageWrite(Protocol):
+    """A new version of the image to commit with the document (``image_log.ImageUpdate``):
+    a protocol, so this module does not import the image log that imports it."""
+
+    def write(self, tx: Tx, conv: str) -> None: ...
 
 
 def put(tx: Tx, conv: str, state: SpaceState) -> None:
@@ -151,7 +158,7 @@ def put(tx: Tx, conv: str, state: SpaceState) -> None:
 
 
 async def commit(
-    harness: Harness, conv: str, state: SpaceState, image: ImageUpdate | None = None
+    harness: HarnessView, conv: str, state: SpaceState, image: ImageWrite | None = None
 ) -> None:
     """One commit of the document (and, with ``image``, of the image's new version and
     blobs in the same transaction)."""

@@ -29,7 +29,7 @@ from durable_spaces.chaos.failpoints import hit
 from durable_spaces.space import PathTable, Space
 
 if TYPE_CHECKING:
-    from durable_spaces.harness.scheduler import Harness
+    from durable_spaces.harness.handles import HarnessView
 
 
 class TransactionalKeeper:
@@ -82,7 +82,7 @@ class TransactionalKeeper:
         return table if table is not None else await self._start_scan(space)
 
     async def start_update(
-        self, harness: Harness, conv: str, space: Space, table: PathTable
+        self, harness: HarnessView, conv: str, space: Space, table: PathTable
     ) -> ImageUpdate | None:
         """What the start mark's commit adds: the changes made outside the calls."""
         await self.p.boot.require_same(space)  # the scan saw this machine's disk
@@ -91,7 +91,7 @@ class TransactionalKeeper:
 
     async def outcome_update(
         self,
-        harness: Harness,
+        harness: HarnessView,
         conv: str,
         state: SpaceState,
         space: Space,
@@ -131,7 +131,7 @@ class TransactionalKeeper:
 
     # --- bringing the workspace back ------------------------------------------------------
 
-    async def revert(self, harness: Harness, conv: str, space: Space) -> None:
+    async def revert(self, harness: HarnessView, conv: str, space: Space) -> None:
         """Make the workspace equal to the image again (the caller emits ``reverted``)."""
         await apply(
             space,
@@ -141,7 +141,7 @@ class TransactionalKeeper:
             epoch=self.p.epoch_for(space.name),
         )
 
-    async def rebuild(self, harness: Harness, conv: str, space: Space) -> Space:
+    async def rebuild(self, harness: HarnessView, conv: str, space: Space) -> Space:
         """A Space placed again from scratch (or a fork's new one): rebuilt from the log."""
         await self.revert(harness, conv, space)
         hit("recovery.reimaged")

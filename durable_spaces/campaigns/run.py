@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from durable_spaces.backends import open_backend
-from durable_spaces.campaigns import scenarios
 from durable_spaces.campaigns.agent import AgentConfigFile
 from durable_spaces.campaigns.checker import LaunchRecord, Workload, collect
 from durable_spaces.campaigns.checks.kept import keep
@@ -42,14 +41,14 @@ from durable_spaces.campaigns.log_loss import LogHost
 from durable_spaces.campaigns.power import HOST_DIR, PowerHost
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.scenarios import exhaustive
-from durable_spaces.campaigns.scenarios.base import KILL_POINTS, Script
+from durable_spaces.campaigns.scenarios.base import KILL_POINTS, Script, get
 from durable_spaces.campaigns.spec import CampaignSpec, RunSpec, behaviour_env
+from durable_spaces.chaos.journal_kill import JournalKiller
 from durable_spaces.chaos.nemesis import (
     Composed,
     DiskStaller,
     DriverKiller,
     DriverPauser,
-    JournalKiller,
     LogLoss,
     Nemesis,
     PowerLoss,
@@ -411,7 +410,7 @@ async def _prepare(run: RunSpec, script: Script, schedule: Schedule) -> RunConte
 async def run_one(run: RunSpec) -> RunRecord:
     """Run, check and clean up one campaign run."""
     t0 = time.monotonic()
-    scenario = scenarios.get(run.scenario)
+    scenario = get(run.scenario)
     schedule = run.schedule if run.schedule is not None else scenario.schedule(run)
     record = RunRecord(
         run_id=run.run_id,

@@ -11,14 +11,14 @@ driver take over, SIGCONT it later), ``daemon_kill``, ``space_restart``, ``space
 and ``space_pause`` (through a ``SpaceBackend``), ``power_loss`` (through a ``Host``),
 ``log_loss`` (through a ``LogStorage``),
 ``disk_stall`` (through a ``StallableDisk``: the driver stuck inside a durability call,
-maybe taken over meanwhile, as a pause is), ``journal_kill`` (a command in the Space).
+maybe taken over meanwhile, as a pause is), ``journal_kill`` (a command in the Space,
+``journal_kill.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import os
 import signal
 import time
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from durable_spaces.space import Space, SpaceBackend
+    from durable_spaces.space import SpaceBackend
 
 
 @dataclass(frozen=True)
@@ -259,66 +259,6 @@ class SpaceNemesis:
         except Exception as e:
             return _done(op, "info", error=f"{type(e).__name__}: {e}")
         return _done(op, "ok", value=op.value if op.kind == "space_pause" else self.name)
-
-
-#: Kills the change journal's helpers of the workspace ``$ARGV[0]`` (a process whose
-#: argv is ``perl -e SCRIPT <workspace> ...``, as ``spacesd/guest_journal.py`` starts it,
-#: this one aside) and prints how many. perl: the helper's own language, so whatever Space
-#: runs a helper can run this; its argv holds newlines, which a shell's read would split.
-KILL_JOURNAL = r"""my $root = shift; my $n = 0;
-opendir(my $d, '/proc') or die "no /proc: $!";
-for my $p (grep { /^\d+$/ && $_ != $$ } readdir $d) {
-    open(my $f, '<:raw', "/proc/$p/cmdline") or next;
-    my @a = split /\0/, do { local $/; <$f> } // '', -1;
-    $n += kill('KILL', $p) if @a >= 4 && $a[0] eq 'perl' && $a[1] eq '-e' && $a[3] eq $root;
-}
-print "killed $n\n";
-"""
-
-
-async def kill_journal(space: Space) -> int:
-    """SIGKILL ``space``'s change-journal helpers by a command in the Space at its current
-    epoch. How many. Where the Space can run a command as its daemon's user
-    (``spawn(as_daemon=True)``: a cua-spacesd Space), it runs as that: the helper runs
-    so too, out of the Space's user's reach (``docs/journal-trust.md``), and what still
-    kills it (the OOM killer, a crash) is no command of that user. Elsewhere it is a
-    command of the Space's user, which is also the helper's."""
-    epoch = await space.current_epoch()
-    argv = ["perl", "-e", KILL_JOURNAL, space.root]
-    if "as_daemon" in inspect.signature(space.spawn).parameters:
-        ex = await space.spawn(argv, key=None, epoch=epoch, as_daemon=True)  # type: ignore[call-arg]
-        res = await ex.wait()
-    else:
-        res = await space.exec(argv, key=None, epoch=epoch)
-    words = res.output.decode(errors="replace").split()
-    if res.exit_code != 0 or len(words) != 2 or words[0] != "killed" or not words[1].isdigit():
-        raise RuntimeError(f"the helper's kill exited {res.exit_code}: {res.output[-200:]!r}")
-    return int(words[1])
-
-
-class JournalKiller:
-    """``journal_kill``: the change journal's helper in the Space (``guest_journal.pl``)
-    killed by a command in the Space (``kill_journal``), as the OOM killer can (or a
-    command of the Space's user, where the helper runs as that user): the driver's next
-    scan must find it gone and scan its own way, never answer from what it kept. ``ok``
-    with how many helpers were killed (0: none ran, e.g. the Space scanned on the host);
-    ``info`` on an error."""
-
-    kinds = frozenset({"journal_kill"})
-
-    def __init__(self, backend: SpaceBackend, name: str) -> None:
-        self.backend = backend
-        self.name = name
-
-    async def invoke(self, op: Op) -> Op:
-        try:
-            space = await self.backend.find(self.name)
-            if space is None:
-                return _done(op, "info", error=f"no Space {self.name!r}")
-            killed = await kill_journal(space)
-        except Exception as e:
-            return _done(op, "info", error=f"{type(e).__name__}: {e}")
-        return _done(op, "ok", found={"killed": killed})
 
 
 class Host(Protocol):

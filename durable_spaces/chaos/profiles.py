@@ -54,7 +54,7 @@ class Profile:
     #: Every durability call of the host's disk delayed by a latency drawn per run
     #: (milliseconds; None: no latency).
     fsync_latency_ms: tuple[float, float] | None = None
-    #: The change journal's helper in the Space killed (``nemesis.JournalKiller``; a
+    #: The change journal's helper in the Space killed (``journal_kill.JournalKiller``; a
     #: backend whose Spaces run it: ``spec.JOURNAL_BACKENDS``).
     p_journal_kill: float = 0.0
     #: After a stall with a takeover, a power loss soon after the next driver's launch:

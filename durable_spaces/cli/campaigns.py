@@ -113,7 +113,8 @@ def campaign(
 ) -> None:
     """Run a crash campaign; SUMMARY is the last line; exit 1 if any run failed, 3 if
     only the lab itself broke, 4 if it tested less than it planned (docs/lab-exit-codes.md)."""
-    from durable_spaces.campaigns.runner import run_campaign, run_determinism
+    from durable_spaces.campaigns.determinism import run_determinism
+    from durable_spaces.campaigns.runner import run_campaign
     from durable_spaces.campaigns.spec import CampaignSpec
 
     try:

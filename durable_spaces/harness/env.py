@@ -15,13 +15,19 @@ import signal
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from durable_spaces.errors import PathEscapeError
 from durable_spaces.space import confine
 
-if TYPE_CHECKING:
-    from durable_spaces.harness.tools import ToolContext
+
+class CallIdentity(Protocol):
+    """Which tool call runs a command (``tools.ToolContext`` is one): what an env may key a
+    command by. A protocol, so the env below the tools does not import them."""
+
+    conversation_id: str
+    call_id: str
+    attempt: int
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,7 @@ class ExecutionEnv(Protocol):
         self,
         command: str,
         *,
-        ctx: ToolContext | None = None,
+        ctx: CallIdentity | None = None,
         on_output: Callable[[bytes], None] | None = None,
         timeout: float | None = None,
     ) -> CommandResult:
@@ -82,7 +88,7 @@ class LocalDirEnv:
         self,
         command: str,
         *,
-        ctx: ToolContext | None = None,
+        ctx: CallIdentity | None = None,
         on_output: Callable[[bytes], None] | None = None,
         timeout: float | None = None,
     ) -> CommandResult:

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from durable_spaces.harness.env import ExecutionEnv
-    from durable_spaces.harness.scheduler import Harness, Tx
+    from durable_spaces.harness.handles import HarnessView
+    from durable_spaces.harness.state import Tx
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class ToolContext:
     def __init__(
         self,
         *,
-        harness: Harness,
+        harness: HarnessView,
         conversation_id: str,
         call_id: str,
         tool_name: str,

@@ -31,6 +31,8 @@ ALLOWED = (
     "durable_spaces.host_cgroup",  # a cgroup v2 this process made, killed whole (imports errors)
     "durable_spaces.switches",  # the DS_* on/off switches, read one way (imports errors)
     "durable_spaces.proc_start",  # a process's start since boot (its identity), no deps
+    "durable_spaces.host_files",  # a mode's file type, a directory's fsync, no deps
+    "durable_spaces.host_ports",  # a free TCP port, no deps
     "durable_spaces.chaos.failpoints",
     "durable_spaces.chaos.mutants",
 )

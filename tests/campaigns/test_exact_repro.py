@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from durable_spaces.campaigns.determinism import Determinism, run_determinism
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.replay import differences, exact_spec, reproduction, signature
 from durable_spaces.campaigns.run import POINTS, run_one
-from durable_spaces.campaigns.runner import Determinism, run_determinism
 from durable_spaces.campaigns.spec import BEHAVIOUR_ENV, CampaignSpec, RunSpec
 from durable_spaces.campaigns.summary import Summary
 from durable_spaces.chaos.schedule import AttemptPlan, PointFault, Schedule, SpaceFault
@@ -182,9 +182,9 @@ def test_logical_schedules_go_the_same_way_twice(tmp_path: Path) -> None:
 def test_a_seed_whose_runs_parted_is_named_with_where_and_its_records(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from durable_spaces.campaigns import runner
+    from durable_spaces.campaigns import determinism
 
-    monkeypatch.setattr(runner, "differences", lambda a, b: ["#2: recovery x | recovery y"])
+    monkeypatch.setattr(determinism, "differences", lambda a, b: ["#2: recovery x | recovery y"])
     d, out = _determinism(tmp_path / "det", "prt", 1, calls=2, profile="calm")
     assert d.same == 0
     lines = out.splitlines()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -27,18 +26,13 @@ from durable_spaces.errors import (
     HostApiError,
     UnknownRecordError,
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from durable_spaces.host_ports import free_port
 
 
 @pytest.fixture
 def agent(pg_url: str, tmp_path: Path) -> Iterator[HostAgent]:
     a = HostAgent(
-        pg_url, "h1", f"127.0.0.1:{_free_port()}", "local", tmp_path / "h1", sweep_secs=0.3
+        pg_url, "h1", f"127.0.0.1:{free_port()}", "local", tmp_path / "h1", sweep_secs=0.3
     )
     t = threading.Thread(target=asyncio.run, args=(a.run(),), daemon=True)
     t.start()
@@ -149,7 +143,7 @@ def test_bad_requests_are_typed_errors(agent: HostAgent) -> None:
     with pytest.raises(ConfigError, match="space"):
         _client(agent).place("../x", 1)
     with pytest.raises(HostApiError, match="did not answer"):
-        HostClient(f"127.0.0.1:{_free_port()}", secret, timeout=0.5).status("sp", 1)
+        HostClient(f"127.0.0.1:{free_port()}", secret, timeout=0.5).status("sp", 1)
 
 
 def test_a_spacesd_listen_host_must_be_an_ipv4_address(tmp_path: Path) -> None:

@@ -24,12 +24,7 @@ from durable_spaces.cluster.lab import wait_for
 from durable_spaces.cluster.records import Secret
 from durable_spaces.cluster.store import ClusterStore
 from durable_spaces.errors import HostApiError, HostAuthError
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from durable_spaces.host_ports import free_port
 
 
 @pytest.fixture
@@ -37,7 +32,7 @@ def agent(pg_url: str, tmp_path: Path) -> Iterator[HostAgent]:
     a = HostAgent(
         pg_url,
         "h1",
-        f"127.0.0.1:{_free_port()}",
+        f"127.0.0.1:{free_port()}",
         "local",
         tmp_path / "h1",
         heartbeat_secs=0.2,
@@ -199,7 +194,7 @@ class _Slow:
 
 def test_slow_clients_time_out_and_do_not_make_a_thread_each() -> None:
     secret = HostSecret(1, Secret("s" * 43))
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     me = psutil.Process()
     before = me.num_threads()
     # The timeout outlasts the connecting below on a loaded machine: the slow clients are
@@ -241,7 +236,7 @@ def test_slow_clients_time_out_and_do_not_make_a_thread_each() -> None:
 
 def test_a_client_trickling_its_headers_is_cut() -> None:
     secret = HostSecret(1, Secret("s" * 43))
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     api = HostApiServer(address, _Slow(secret), workers=2, queued=4, request_timeout=1.0)
     api.start()
     try:

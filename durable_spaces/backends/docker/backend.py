@@ -53,7 +53,6 @@ from typing import TYPE_CHECKING, Any
 
 from durable_spaces.backends.docker.host_view import WorkspaceView, merged_dir
 from durable_spaces.backends.docker.space import ContainerProbe, DockerSpace
-from durable_spaces.backends.spacesd.daemon import free_port
 from durable_spaces.backends.spacesd.machine import orphan_sweep_script, wait_http_health
 from durable_spaces.errors import (
     BackendUnavailableError,
@@ -61,6 +60,7 @@ from durable_spaces.errors import (
     SpaceGoneError,
     SpaceUnavailableError,
 )
+from durable_spaces.host_ports import free_port
 
 OWNER_LABEL = "durable-spaces.owner"
 OWNER = "durable-spaces"

@@ -49,11 +49,10 @@ from durable_spaces.backends.spacesd.daemon import (
     TOKEN_POLL_MS,
     DaemonState,
     LocalDaemon,
-    free_port,
-    sweep_untracked,
     unshare_reason,
 )
 from durable_spaces.backends.spacesd.host_scan import HostScan, HostScannedSpace
+from durable_spaces.backends.spacesd.procs import sweep_untracked
 from durable_spaces.backends.spacesd.runtime import start_runtime
 from durable_spaces.backends.spacesd.space import SpacesdSpace, SweepWhen
 from durable_spaces.errors import (
@@ -62,6 +61,7 @@ from durable_spaces.errors import (
     SpaceGoneError,
     SpaceUnavailableError,
 )
+from durable_spaces.host_ports import free_port
 from durable_spaces.space_boot import read_host_boot_id
 
 __all__ = ["SpacesdBackend", "daemon_binary", "unavailable_reason", "unshare_reason"]

@@ -34,7 +34,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -44,8 +43,9 @@ from pathlib import Path
 import psutil
 
 from durable_spaces.backends.local.disk import fsync_dir
+from durable_spaces.backends.spacesd import procs
 from durable_spaces.errors import SpaceError, SpaceUnavailableError
-from durable_spaces.proc_start import started
+from durable_spaces.host_ports import free_port
 
 log = logging.getLogger(__name__)
 
@@ -89,12 +89,6 @@ def unshare_reason() -> str | None:
     return _unshare_probe if isinstance(_unshare_probe, str) else None
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class DaemonState:
     """What ``state.json`` holds."""
@@ -108,101 +102,6 @@ class DaemonState:
     daemon_pid: int = 0  # host pid of the daemon (pid 1 of the namespace)
     daemon_start: float = 0.0
     booted: float = 0.0
-
-
-def _start_time(pid: int) -> float | None:
-    """Start time of a live (non-zombie) process, else None."""
-    try:
-        p = psutil.Process(pid)
-        if p.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return started(pid)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None
-
-
-def _alive(pid: int, start: float) -> bool:
-    t = _start_time(pid) if pid > 0 else None
-    return t is not None and abs(t - start) < 0.05
-
-
-def _pid_ns(pid: int) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/pid")
-    except OSError:
-        return None
-
-
-def _ns_members(ns: str) -> list[int]:
-    out = []
-    for pid in psutil.pids():
-        if _pid_ns(pid) == ns:
-            out.append(pid)
-    return out
-
-
-def _ns_pid(pid: int) -> int | None:
-    """The pid of a host process inside its own (innermost) PID namespace."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return int(line.split()[-1])
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def sweep_untracked(daemon_pid: int, tracked: set[int]) -> list[int]:
-    """SIGKILL every process in the daemon's PID namespace that no tracked command owns.
-
-    The daemon's ``AdvanceEpoch`` kills the commands it tracks, but a command's background
-    children outlive it (``sleep 100 &`` is reparented to pid 1, the daemon) and would
-    keep writing after a newer epoch restored the workspace. ``tracked`` holds the
-    in-namespace pids of the daemon's running commands (all of the new epoch, after an
-    advance); a process is owned when it or an ancestor below the daemon is one of them.
-    """
-    ns = _pid_ns(daemon_pid)
-    if ns is None:
-        return []
-    victims = []
-    for pid in _ns_members(ns):
-        if pid == daemon_pid:
-            continue
-        owned = False
-        try:
-            proc: psutil.Process | None = psutil.Process(pid)
-            while proc is not None and proc.pid != daemon_pid:
-                if _ns_pid(proc.pid) in tracked:
-                    owned = True
-                    break
-                proc = proc.parent()
-        except psutil.Error:
-            continue
-        if not owned:
-            victims.append(pid)
-    for pid in victims:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return victims
-
-
-def _tree(pid: int) -> list[int]:
-    try:
-        return [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _pgroup_members(pgid: int) -> list[int]:
-    out = []
-    for pid in psutil.pids():
-        try:
-            if os.getpgid(pid) == pgid:
-                out.append(pid)
-        except OSError:
-            continue
-    return out
 
 
 class LocalDaemon:
@@ -333,12 +232,12 @@ class LocalDaemon:
 
     def running(self, st: DaemonState | None = None) -> bool:
         st = st or self.read_state()
-        return st is not None and _alive(st.daemon_pid, st.daemon_start)
+        return st is not None and procs.alive(st.daemon_pid, st.daemon_start)
 
     def boot_id(self) -> str | None:
         """Identity of the running daemon (changes on every start); None when it is down."""
         st = self.read_state()
-        if st is None or not _alive(st.daemon_pid, st.daemon_start):
+        if st is None or not procs.alive(st.daemon_pid, st.daemon_start):
             return None
         return f"{st.daemon_pid}:{st.daemon_start}"
 
@@ -392,11 +291,11 @@ class LocalDaemon:
         self._popens.append(p)
         st.isolation = mode
         st.leader_pid = p.pid
-        st.leader_start = _start_time(p.pid) or 0.0
+        st.leader_start = procs.start_time(p.pid) or 0.0
         st.daemon_pid = p.pid
         if mode == PIDNS:
             st.daemon_pid = self._wait_child(p)
-        st.daemon_start = _start_time(st.daemon_pid) or 0.0
+        st.daemon_start = procs.start_time(st.daemon_pid) or 0.0
         st.booted = time.time()
         self._write_state(st)
         return st
@@ -432,7 +331,7 @@ class LocalDaemon:
 
     def exited(self, st: DaemonState) -> bool:
         """The daemon we started has already died (e.g. it could not bind its port)."""
-        return not _alive(st.daemon_pid, st.daemon_start)
+        return not procs.alive(st.daemon_pid, st.daemon_start)
 
     def log_tail(self, n: int = 600) -> str:
         try:
@@ -454,15 +353,15 @@ class LocalDaemon:
         if st is None:
             return
         members: list[int] = []
-        daemon_up = _alive(st.daemon_pid, st.daemon_start)
+        daemon_up = procs.alive(st.daemon_pid, st.daemon_start)
         if st.isolation == PIDNS:
-            ns = _pid_ns(st.daemon_pid) if daemon_up else None
-            if ns is not None and ns != _pid_ns(os.getpid()):
-                members = _ns_members(ns)
+            ns = procs.pid_ns(st.daemon_pid) if daemon_up else None
+            if ns is not None and ns != procs.pid_ns(os.getpid()):
+                members = procs.ns_members(ns)
             if daemon_up:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(st.daemon_pid, signal.SIGKILL)
-            if not daemon_only and _alive(st.leader_pid, st.leader_start):
+            if not daemon_only and procs.alive(st.leader_pid, st.leader_start):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(st.leader_pid, signal.SIGKILL)
         else:
@@ -474,9 +373,9 @@ class LocalDaemon:
             else:
                 # The daemon puts each command in a session of its own, so killpg alone
                 # misses them: kill the daemon's whole process tree as seen right now.
-                members = _tree(st.daemon_pid) if daemon_up else []
-                if _alive(st.leader_pid, st.leader_start):  # else the pgid may be reused
-                    members += _pgroup_members(st.leader_pid)
+                members = procs.tree(st.daemon_pid) if daemon_up else []
+                if procs.alive(st.leader_pid, st.leader_start):  # else the pgid may be reused
+                    members += procs.pgroup_members(st.leader_pid)
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(st.leader_pid, signal.SIGKILL)
                 for pid in members:
@@ -489,14 +388,16 @@ class LocalDaemon:
         """Every process of the Space's machine right now (its namespace, or the daemon's
         tree and process group in the fallback)."""
         st = st or self.read_state()
-        if st is None or not _alive(st.daemon_pid, st.daemon_start):
+        if st is None or not procs.alive(st.daemon_pid, st.daemon_start):
             return []
         if st.isolation == PIDNS:
-            ns = _pid_ns(st.daemon_pid)
-            return _ns_members(ns) if ns is not None and ns != _pid_ns(os.getpid()) else []
-        out = _tree(st.daemon_pid)
-        if _alive(st.leader_pid, st.leader_start):
-            out += _pgroup_members(st.leader_pid)
+            ns = procs.pid_ns(st.daemon_pid)
+            return (
+                procs.ns_members(ns) if ns is not None and ns != procs.pid_ns(os.getpid()) else []
+            )
+        out = procs.tree(st.daemon_pid)
+        if procs.alive(st.leader_pid, st.leader_start):
+            out += procs.pgroup_members(st.leader_pid)
         return sorted(set(out))
 
     def signal_all(self, sig: int, st: DaemonState | None = None) -> list[int]:
@@ -508,11 +409,13 @@ class LocalDaemon:
         return pids
 
     def _wait_dead(self, members: list[int]) -> None:
-        starts = {pid: _start_time(pid) for pid in members if pid > 0}
+        starts = {pid: procs.start_time(pid) for pid in members if pid > 0}
         deadline = time.monotonic() + 10
         while True:
             self._reap()
-            left = [pid for pid, t in starts.items() if t is not None and _start_time(pid) == t]
+            left = [
+                pid for pid, t in starts.items() if t is not None and procs.start_time(pid) == t
+            ]
             if not left:
                 return
             if time.monotonic() > deadline:

@@ -32,7 +32,7 @@ import os
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from durable_spaces.campaigns.checks.checkpoint import (
     COPY_DIR,
@@ -47,7 +47,7 @@ from durable_spaces.campaigns.checks.verdict import Anomaly, Verdict, anomaly, j
 from durable_spaces.campaigns.checks.workspace import HOST_KINDS
 
 if TYPE_CHECKING:
-    from durable_spaces.campaigns.checks.inputs import Inputs
+    from durable_spaces.campaigns.checks.workload import Implied
     from durable_spaces.space import Space
 
 #: At most this many manifests are read for one run (a run of 10k calls records as many;
@@ -138,7 +138,29 @@ async def read_all(
     return Manifests(data, unread, store is not None)
 
 
-def checkpoint_follows_calls(inputs: Inputs) -> Verdict:
+class _Workload(Protocol):
+    @property
+    def server(self) -> bool: ...
+
+
+class _Inputs(Protocol):
+    """What this check reads of a run (``inputs.Inputs``): a protocol, so this module does
+    not import the inputs that import it."""
+
+    @property
+    def history(self) -> History: ...
+
+    @property
+    def workload(self) -> _Workload | None: ...
+
+    @property
+    def manifests(self) -> Manifests | None: ...
+
+    @property
+    def implied(self) -> Implied: ...
+
+
+def checkpoint_follows_calls(inputs: _Inputs) -> Verdict:
     """Checkpoint runs: at each committed ``ok`` call's result, the checkpoint recorded
     for it holds every file the call changed as the interpreter says it left it
     (module doc), anomaly ``call_not_in_checkpoint``."""

@@ -4,7 +4,7 @@ A scenario is one module with an object that satisfies ``base.Scenario``: the ru
 script (``script``), its schedule when none is given (``schedule``), how it is driven
 (``drive``, with what ``campaigns/run.py`` lends it) and the checks it adds to the
 composition every run is judged by (``checks``). The registry below names them; a
-scenario module is imported only when a run asks for it, so ``campaigns/spec.py`` can
+scenario module is imported only when a run asks for it (``base.get``), so ``campaigns/spec.py`` can
 check names and requirements without importing any drive machinery.
 
 - ``random``: the drawn schedule (failpoints, random kills, pauses, Space faults) against
@@ -22,14 +22,9 @@ check names and requirements without importing any drive machinery.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from durable_spaces.errors import ConfigError
-
-if TYPE_CHECKING:
-    from durable_spaces.campaigns.scenarios.base import Scenario
 
 
 @dataclass(frozen=True)
@@ -116,19 +111,11 @@ def registration(name: str) -> Registration:
         ) from None
 
 
-def get(name: str) -> Scenario:
-    """The scenario registered as ``name`` (its module imported now)."""
-    module, _, attr = registration(name).target.partition(":")
-    scenario: Scenario = getattr(importlib.import_module(module), attr)
-    return scenario
-
-
 __all__ = [
     "DEFAULT",
     "SCENARIOS",
     "Registration",
     "Tolerance",
-    "get",
     "known_scenarios",
     "registration",
 ]
