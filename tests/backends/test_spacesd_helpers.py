@@ -47,9 +47,11 @@ asyncio.run(main())
 def _waiting_helpers(root: str, argv: list[str] = list(HASH_ARGV)) -> list[int]:  # noqa: B006
     out = []
     for p in psutil.process_iter(["cmdline", "cwd", "status"]):
+        cmdline = p.info["cmdline"] or []
+        # the hash helper runs in the workspace; the journal's runs from / and names it
         if (
-            p.info["cwd"] == root
-            and (p.info["cmdline"] or [])[: len(argv)] == argv
+            (p.info["cwd"] == root or root in cmdline[len(argv) :])
+            and cmdline[: len(argv)] == argv
             and p.info["status"] != psutil.STATUS_ZOMBIE
         ):
             out.append(p.pid)
