@@ -144,7 +144,7 @@ class CallPipeline:
         rec.instance = space.instance_id
         # The key names the log's next position (log_witness.py): what the Space's
         # ledger is asked when a driver binds, and never used twice, whatever the log lost.
-        self._position = log_witness.next_position(self.conv, state, rec)
+        self._position = self.p.witness.next_position(self.conv, state, rec)
         if mutants.active("log_behind_blind"):
             self._position += f"@{rec.epoch}"  # the defect: keys as before the witness
         rec.key = self._position if rec.tool == "bash" else None

@@ -9,7 +9,7 @@ calls the log forgot as changes made outside the calls, and ran those calls agai
 The witness. The ``cua.space`` document counts the start marks it ever committed (its
 *position*, ``SpaceState.marks``; every start mark takes the next one). Before a call's
 effect may touch the Space, the Space's exec ledger holds the key of its position,
-``<conversation>#<position>``: a bash call's command runs under that key (it is its exec
+``<session>:<conversation>#<position>``: a bash call's command runs under that key (it is its exec
 key, recorded durably before the process starts: nothing more to do), a write or edit
 first records it with a ``true`` run under it (fenced by the epoch, as every mutation).
 A driver binding to a Space it found (not one it just created) asks the ledger once for
@@ -75,17 +75,10 @@ _KEPT = ".kept"
 RESTORED_WALK = 16
 
 
-def position_key(conv: str, position: int) -> str:
-    """The ledger key of a start mark's position (a bash call's exec key)."""
-    return f"{conv}#{position}"
-
-
-def next_position(conv: str, state: SpaceState, rec: CallRecord) -> str:
-    """Give ``rec``'s new start mark the log's next position (committed with it), and
-    return its key."""
-    state.marks += 1
-    rec.mark = state.marks
-    return position_key(conv, state.marks)
+def position_key(owner: str, position: int) -> str:
+    """The ledger key of a start mark's position (a bash call's exec key); ``owner``
+    names the log's conversation (``LogWitness.owner``)."""
+    return f"{owner}#{position}"
 
 
 async def record(space: Space, key: str, epoch: int) -> None:
@@ -98,8 +91,24 @@ async def record(space: Space, key: str, epoch: int) -> None:
 class LogWitness:
     """Asks the ledger once per Space and driver whether it is ahead of the log."""
 
-    def __init__(self) -> None:
+    def __init__(self, namespace: str | None = None) -> None:
         self._asked: set[str] = set()
+        self.namespace = namespace
+
+    def owner(self, conv: str) -> str:
+        """Whose positions: the session's namespace (its name, outside the log, so a log
+        that lost everything keeps it) and the conversation. Two sessions whose
+        conversations share an id may take turns on one Space (the cluster's race); a
+        conversation id alone would make the second's fresh log look behind the first's
+        positions, and revert the Space to nothing."""
+        return conv if not self.namespace else f"{self.namespace}:{conv}"
+
+    def next_position(self, conv: str, state: SpaceState, rec: CallRecord) -> str:
+        """Give ``rec``'s new start mark the log's next position (committed with it), and
+        return its key."""
+        state.marks += 1
+        rec.mark = state.marks
+        return position_key(self.owner(conv), state.marks)
 
     def asked(self, name: str) -> bool:
         return name in self._asked
@@ -118,7 +127,7 @@ class LogWitness:
         if mutants.active("log_behind_blind"):
             return None
         top, position = None, state.marks + 1
-        while await self._known(space, position_key(conv, position)):
+        while await self._known(space, position_key(self.owner(conv), position)):
             top, position = position, position + 1
         return top
 
@@ -130,7 +139,7 @@ class LogWitness:
         machine restored from a checkpoint has its ledger as of that checkpoint."""
         position = state.marks
         while position > 0 and walk > 0:
-            key = position_key(conv, position)
+            key = position_key(self.owner(conv), position)
             if await self._known(space, key):
                 return
             await record(space, key + _KEPT, epoch)

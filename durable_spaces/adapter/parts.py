@@ -33,7 +33,7 @@ class Parts:
     @staticmethod
     def of(config: AdapterConfig) -> Parts:
         spaces = SpaceKeeper(config)
-        return Parts(config, spaces, BootWatch(spaces))
+        return Parts(config, spaces, BootWatch(spaces), LogWitness(config.namespace))
 
     def epoch_for(self, name: str) -> int:
         return self.spaces.epoch_for(name)

@@ -384,8 +384,10 @@ class RunSpec:
         if not isinstance(self.run_id, str) or not RUN_ID_RE.fullmatch(self.run_id):
             raise ConfigError(f"run id {self.run_id!r} is not a safe file name")
         check_seed("--seed", self.seed)
+        # ``mode`` is the campaign's name: a scenario's own name (redrive) is no --mode
+        mode = "" if self.scenario and self.mode == self.scenario else self.mode
         scenario, _, _ = check_run(
-            self.mode, self.scenario, self.durable_mode, self.backend, self.profile, self.calls
+            mode, self.scenario, self.durable_mode, self.backend, self.profile, self.calls
         )
         if not self.scenario:
             object.__setattr__(self, "scenario", scenario)

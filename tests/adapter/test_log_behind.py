@@ -21,7 +21,7 @@ from durable_spaces.adapter import log_witness
 from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
 from durable_spaces.adapter.log_witness import LogWitness
 from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
-from durable_spaces.adapter.state import DOC, SpaceState
+from durable_spaces.adapter.state import DOC, CallRecord, SpaceState
 from durable_spaces.backends import open_backend, unavailable_reason
 from durable_spaces.errors import PermanentFailure
 from durable_spaces.harness.log import SqliteStorage
@@ -177,5 +177,27 @@ async def test_a_restored_ledger_is_filled_up_to_the_log_so_one_probe_suffices(
             assert await witness.behind("c", SpaceState(marks=lost_to), space) == 5
         assert await witness.behind("c", SpaceState(marks=5), space) is None
         assert (await space.exec_record("c#4")).state is ExecState.UNKNOWN  # a filler only
+    finally:
+        await backend.close()
+
+
+async def test_a_second_session_on_the_same_space_is_not_behind_the_first(tmp_path: Path) -> None:
+    """Two sessions whose conversations share an id take turns on one Space (the cluster's
+    race: the second waits for the first's lease, then drives its own fresh log there).
+    The ledger's positions are the first session's, not the second's: a witness keyed by
+    the conversation id alone found the second's log "behind" and reverted the Space to
+    its empty log, losing every effect of the first (lost_effect in the redrive race)."""
+    backend = open_backend("local", tmp_path / "spaces")
+    try:
+        space = await backend.create("shared")
+        await space.advance_epoch(1)
+        first = LogWitness("session-a")
+        for p in (1, 2, 3):
+            await log_witness.record(space, first.owner("c1") + f"#{p}", 1)
+        assert await first.behind("c1", SpaceState(marks=0), space) == 3  # a's own log lost
+        second = LogWitness("session-b")
+        assert await second.behind("c1", SpaceState(marks=0), space) is None
+        key = second.next_position("c1", SpaceState(), CallRecord("x", "bash", 0))
+        assert key == "session-b:c1#1"
     finally:
         await backend.close()
