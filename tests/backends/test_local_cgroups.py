@@ -209,9 +209,10 @@ async def test_a_cgroup_root_that_cannot_be_made(tmp_path: Path) -> None:
     await b.delete("loc")
 
 
-_READ_BACK = (
-    "import sys; from durable_spaces.backends.local.backend import LocalBackend\n"
-    "LocalBackend(sys.argv[1])\n"
+_READ_BACK = (  # a Space's first use reads the record back (and writes its own)
+    "import sys; from pathlib import Path\n"
+    "from durable_spaces.backends.local.cgroups import parent_for\n"
+    "parent_for(Path(sys.argv[1]).resolve())\n"
 )
 
 
@@ -229,7 +230,8 @@ _READ_BACK = (
 async def test_a_recorded_parent_that_is_not_ours_is_not_used(state_dir: Path, bad: str) -> None:
     """``.cgroup-parent`` is read back by every process: a path outside the cgroup
     hierarchy, through '..', or another state dir's is replaced by the process's own."""
-    LocalBackend(state_dir)
+    backend = LocalBackend(state_dir)
+    await backend.create("recorded")  # a Space's first use records the parent
     record = state_dir.resolve() / ".cgroup-parent"
     good = record.read_text()
     leaf = Path(good.strip()).name

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from durable_spaces.backends.local.cgroups import parent_for, sweep
+from durable_spaces.backends.local.cgroups import recorded_parent, sweep
 from durable_spaces.backends.local.disk import fsync_dir, write_atomic
 from durable_spaces.backends.local.procs import kill_space, reap, space_procs
 from durable_spaces.backends.local.space import MACHINE_PATIENCE_S, LocalSpace
@@ -71,7 +71,7 @@ class LocalBackend:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._cgroup_root = None if cgroup_root is None else Path(cgroup_root)
         # The cgroups of Spaces gone with a crashed delete: killed and removed now.
-        sweep(self.state_dir, parent_for(self.state_dir, self._cgroup_root)[0])
+        sweep(self.state_dir, recorded_parent(self.state_dir, self._cgroup_root))
 
     def _dir(self, name: str) -> Path:
         if not _NAME_RE.fullmatch(name):

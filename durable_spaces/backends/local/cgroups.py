@@ -45,7 +45,7 @@ from pathlib import Path
 from durable_spaces import host_cgroup
 from durable_spaces.errors import SpaceUnavailableError
 
-__all__ = ["RECORD", "SpaceCgroups", "parent_for", "sweep"]
+__all__ = ["RECORD", "SpaceCgroups", "parent_for", "recorded_parent", "sweep"]
 
 #: The file of a state dir that names where its Spaces' cgroups are.
 RECORD = ".cgroup-parent"
@@ -123,6 +123,15 @@ def _resolve(state_dir: Path, root: Path | None) -> tuple[Path | None, str | Non
     if recorded != parent:
         _record(state_dir, parent)
     return parent, None
+
+
+def recorded_parent(state_dir: Path, root: Path | None = None) -> Path | None:
+    """Where an earlier process put this state dir's cgroups, as far as it said so,
+    without recording anything (a backend only opened, say by a command refused at its
+    first check, leaves its state dir as it found it)."""
+    if root is not None:
+        return parent_for(state_dir, root)[0]
+    return _recorded(state_dir)
 
 
 def parent_for(state_dir: Path, root: Path | None = None) -> tuple[Path | None, str | None]:
