@@ -39,7 +39,7 @@ def _spec(tmp: Path, seed: str, schedule: Schedule | None, calls: int = 4) -> Ru
 
 
 def test_a_fault_at_a_logical_point_lands_exactly_there(tmp_path: Path) -> None:
-    """A daemon kill at the 2nd start mark and a removal at the 40th logical hit (after
+    """A daemon kill at the 2nd start mark and a removal at the 50th logical hit (after
     the first calls made the Space): the driver stops at each, the fault lands while it
     waits, and the record says where."""
     sched = Schedule(
@@ -48,7 +48,7 @@ def test_a_fault_at_a_logical_point_lands_exactly_there(tmp_path: Path) -> None:
             AttemptPlan(
                 at_points=(
                     PointFault("adapter.start_mark", 2, "daemon_kill"),
-                    PointFault("*", 40, "space_remove"),
+                    PointFault("*", 50, "space_remove"),
                 )
             ),
         ),
@@ -59,7 +59,7 @@ def test_a_fault_at_a_logical_point_lands_exactly_there(tmp_path: Path) -> None:
     landed = [(r["kind"], r["at"].get("point"), r["at"].get("n"), r["type"])
               for r in rec.extra["interleaving"]]  # fmt: skip
     assert ("daemon_kill", "adapter.start_mark", 2, "ok") in landed
-    assert ("space_remove", "*", 40, "ok") in landed
+    assert ("space_remove", "*", 50, "ok") in landed
     assert rec.faults.get("space_remove") == 1 and rec.recoveries.get("reimaged")
 
 
