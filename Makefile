@@ -15,15 +15,16 @@ export CRASH_MODE CRASH_BACKEND CRASH_RUNS CRASH_CALLS CRASH_SEED_BASE
 .PHONY: setup system-deps test campaign ci bench lint space-image microvm-image \
         bench-log bench-spaces bench-adapter bench-docker bench-microvm bench-campaign
 
-# Python packages (PyPI only), the project itself in editable mode, its bytecode compiled
-# once: with PYTHONDONTWRITEBYTECODE set (as on these machines) every driver a campaign
+# Python packages (PyPI only: the test tools and the harnesses the probe's built-in recipes
+# run), the project itself in editable mode, its bytecode compiled once: with PYTHONDONTWRITEBYTECODE set (as on these machines) every driver a campaign
 # starts would compile every module again (~30 ms of CPU each; bench/resume.py).
 setup:
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[test,probe]'
 	$(PYTHON) -m compileall -q durable_spaces
 
 # Debian packages, a running dockerd, the docker Space image, the microvm guest, FUSE
-# for the power-loss filesystem, PostgreSQL for the cluster state, ip/iptables for its hosts.
+# for the power-loss filesystem, PostgreSQL for the cluster state, ip/iptables for its hosts,
+# Chromium for the report test, Node and the Pi coding agent (npm, a project-local prefix).
 system-deps:
 	bash images/space/ci-setup.sh
 	bash images/microvm/ci-setup.sh
@@ -31,6 +32,7 @@ system-deps:
 	sh images/postgres/ci-setup.sh
 	sh images/netns/ci-setup.sh
 	sh images/chromium/ci-setup.sh
+	sh images/probe/ci-setup.sh
 
 # The README's test command: the whole suite, in parallel.
 test: setup system-deps

@@ -5,7 +5,10 @@ a plain ``subprocess.run(["true"])`` (on local also without its fork server,
 ``DS_LOCAL_FORKSERVER=0``); ``scan`` of a workspace of 1000 files of 4 KiB,
 cold (a fresh Space handle, nothing cached) and after changing 10 files, against
 ``find DIR -type f -print0 | xargs -0 sha256sum`` on the same tree (on the host when the
-workspace is a host directory, else inside the Space through one exec, which is said).
+workspace is a host directory, else inside the Space through one exec, which is said);
+``advance_epoch`` with nothing of the old epoch started, after one command of it ended,
+and with one still running (``sleep``, killed by the advance); the first exec of an
+epoch (on local, the one that makes the epoch's cgroup).
 A backend that cannot run here prints a skip line with its reason.
 """
 
@@ -130,6 +133,33 @@ async def _local_direct(backend: SpaceBackend, space_name: str, plain_ms: float)
             os.environ["DS_LOCAL_FORKSERVER"] = before
 
 
+async def _advance(name: str, space: Space, plain_ms: float) -> None:
+    """The cost of ``advance_epoch``: idle, after a command of the old epoch ended, and
+    with one still running (the advance kills it)."""
+    idle, first, ended, running = [], [], [], []
+    for _ in range(ROUNDS):
+        e = await space.current_epoch()
+        t0 = time.perf_counter()
+        await space.advance_epoch(e + 1)
+        idle.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        await space.exec(["true"], key=None, epoch=e + 1)
+        first.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        await space.advance_epoch(e + 2)
+        ended.append(time.perf_counter() - t0)
+        ex = await space.spawn(["sleep", "100"], key=None, epoch=e + 2)
+        t0 = time.perf_counter()
+        await space.advance_epoch(e + 3)
+        running.append(time.perf_counter() - t0)
+        await ex.detach()
+    base = 'subprocess.run(["true"])'
+    _line(name, "exec true (first of its epoch)", _median_ms(first), base, plain_ms)
+    _line(name, "advance_epoch (idle)", _median_ms(idle), base, plain_ms)
+    _line(name, "advance_epoch (a command ended)", _median_ms(ended), base, plain_ms)
+    _line(name, "advance_epoch (one running)", _median_ms(running), base, plain_ms)
+
+
 async def bench_backend(name: str, plain_ms: float) -> None:
     reason = unavailable_reason(name)
     if reason is not None:
@@ -147,6 +177,7 @@ async def bench_backend(name: str, plain_ms: float) -> None:
         if name == "local":
             await _local_direct(backend, space.name, plain_ms)
         await _scan(name, backend, space)
+        await _advance(name, space, plain_ms)
     finally:
         for n in await backend.names():
             await backend.delete(n)

@@ -207,6 +207,11 @@ class HostApiError(ClusterError):
     request now: the caller tries again later or another host."""
 
 
+class HostAuthError(ClusterError):
+    """A host API request without the cluster's host secret's signature (or with a wrong
+    one): the host refuses it (401) before doing anything."""
+
+
 class NetnsError(DurableSpacesError):
     """A network namespace, bridge or veth of a test host could not be made or removed."""
 

@@ -60,9 +60,10 @@ def cgroup_root() -> Path | None:
     return mount / rel.lstrip("/") / PARENT
 
 
-def unavailable() -> str | None:
-    """None when cgroups can be made and killed here; else the reason, in one line."""
-    root = cgroup_root()
+def unavailable(root: Path | None = None) -> str | None:
+    """None when cgroups can be made and killed under ``root`` (``cgroup_root()`` when
+    not given); else the reason, in one line."""
+    root = cgroup_root() if root is None else root
     if root is None:
         return "no cgroup v2 hierarchy is mounted (/proc/self/mountinfo has no cgroup2)"
     try:
@@ -148,10 +149,23 @@ class Cgroup:
             freeze.write_text("0\n")
 
     def remove(self) -> None:
-        """Kill what is left and remove the directory (a no-op when it is gone)."""
+        """Kill what is left and remove the directory and the cgroups below it (a local
+        Space started from inside this one nests its epochs' cgroups here:
+        ``backends/local/cgroups.py``); a no-op when it is gone."""
         self.kill()
-        try:
-            self.path.rmdir()
-        except OSError as e:
-            if e.errno not in (errno.ENOENT,):
-                raise
+        _rmdir_tree(self.path)
+
+
+def _rmdir_tree(path: Path) -> None:
+    """Remove an emptied cgroup, deepest first."""
+    try:
+        subs = [p for p in path.iterdir() if p.is_dir()]
+    except FileNotFoundError:
+        return
+    for sub in subs:
+        _rmdir_tree(sub)
+    try:
+        path.rmdir()
+    except OSError as e:
+        if e.errno not in (errno.ENOENT,):
+            raise

@@ -34,6 +34,7 @@ from typing import Protocol, runtime_checkable
 
 from durable_spaces.errors import BadCheckpointIdError, PathEscapeError
 from durable_spaces.space_types import (
+    CONTAINED_EPOCHS,
     EXEC_LEDGER,
     MAX_SCAN_DEPTH,
     OUTPUT_TAIL_BYTES,
@@ -53,6 +54,7 @@ from durable_spaces.space_types import (
 )
 
 __all__ = [
+    "CONTAINED_EPOCHS",
     "EXEC_LEDGER",
     "MAX_SCAN_DEPTH",
     "OUTPUT_TAIL_BYTES",

@@ -16,6 +16,9 @@ OUTPUT_TAIL_BYTES = 64 * 1024
 
 #: Capability a Space must report before the adapter will use it.
 EXEC_LEDGER = "process.exec_ledger"
+#: A feature: an epoch advance kills every process started under an older epoch, however
+#: it left its group, session or environment (a local Space's cgroup per epoch).
+CONTAINED_EPOCHS = "process.contained_epochs"
 
 
 class ExecState(enum.Enum):
@@ -172,6 +175,8 @@ class Capabilities:
     exec_ledger: bool
     machine_checkpoints: bool = False
     features: frozenset[str] = field(default_factory=frozenset)
+    #: Features this kind of Space has where the host allows, missing here: name -> why.
+    missing: Mapping[str, str] = field(default_factory=dict, hash=False)
 
 
 OutputCallback = Callable[[bytes], None]

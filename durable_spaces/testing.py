@@ -9,7 +9,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -32,6 +32,7 @@ __all__ = [
     "fake_openai_server",
     "implied_workspace",
     "run_call_list",
+    "stream_chunks",
     "text_reply",
     "tool_call_reply",
 ]
@@ -94,26 +95,77 @@ def tool_call_reply(name: str, args: dict[str, Any], call_id: str = "call_1") ->
     return _completion({"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls")
 
 
+def stream_chunks(reply: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """A chat completion as the chunks of a streamed answer (``"stream": true``): the
+    role, the text, each tool call whole (its index, id, name and arguments), then the
+    finish reason and the usage, as OpenAI's SSE stream carries them."""
+    base = {k: reply[k] for k in ("id", "created", "model")}
+    base["object"] = "chat.completion.chunk"
+    choice = reply["choices"][0]
+    message = choice["message"]
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    yield chunk({"role": "assistant", "content": ""})
+    if message.get("content"):
+        yield chunk({"content": message["content"]})
+    for i, call in enumerate(message.get("tool_calls") or []):
+        yield chunk({"tool_calls": [{"index": i, **call}]})
+    yield chunk({}, choice["finish_reason"])
+    yield {**base, "choices": [], "usage": reply.get("usage")}
+
+
+Replies = Sequence[dict[str, Any]] | Callable[[dict[str, Any]], dict[str, Any]]
+
+
 class FakeOpenAIServer:
     """Serves ``POST /v1/chat/completions`` from a list of replies, in order (the last one
-    repeats), and records each request body in ``requests``."""
+    repeats), or from a function of the request body; records each request body in
+    ``requests``. A request with ``"stream": true`` gets its reply as an SSE stream
+    (``stream_chunks``); ``GET /v1/models`` lists one model, ``fake``."""
 
-    def __init__(self, replies: Sequence[dict[str, Any]]) -> None:
-        self.replies = list(replies)
+    def __init__(self, replies: Replies) -> None:
+        self.replies = replies if callable(replies) else list(replies)
         self.requests: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as SDK clients expect
+
+            def do_GET(self) -> None:
+                if not self.path.endswith("/models"):
+                    self.send_error(404)
+                    return
+                self._send_json({"object": "list", "data": [{"id": "fake", "object": "model"}]})
+
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"] or 0)))
                 if not self.path.endswith("/chat/completions"):
                     self.send_error(404)
                     return
-                server.requests.append(body)
-                reply = server.replies[min(len(server.requests), len(server.replies)) - 1]
+                with server._lock:
+                    server.requests.append(body)
+                    reply = server._reply(body)
+                if body.get("stream"):
+                    self._send_stream(reply)
+                else:
+                    self._send_json(reply)
+
+            def _send_json(self, reply: dict[str, Any]) -> None:
                 data = json.dumps(reply).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _send_stream(self, reply: dict[str, Any]) -> None:
+                events = [f"data: {json.dumps(c)}\n\n" for c in stream_chunks(reply)]
+                data = "".join([*events, "data: [DONE]\n\n"]).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -122,7 +174,13 @@ class FakeOpenAIServer:
                 pass
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    def _reply(self, body: dict[str, Any]) -> dict[str, Any]:
+        if callable(self.replies):
+            return self.replies(body)
+        return self.replies[min(len(self.requests), len(self.replies)) - 1]
 
     @property
     def base_url(self) -> str:
@@ -139,7 +197,7 @@ class FakeOpenAIServer:
 
 
 @contextmanager
-def fake_openai_server(replies: Sequence[dict[str, Any]]) -> Iterator[FakeOpenAIServer]:
+def fake_openai_server(replies: Replies) -> Iterator[FakeOpenAIServer]:
     """``with fake_openai_server([...]) as srv: OpenAIModel("m", base_url=srv.base_url, ...)``"""
     srv = FakeOpenAIServer(replies).start()
     try:

@@ -1,5 +1,6 @@
 """Fixtures shared by every test folder: a quiet environment, a private state dir, and a
-docker Space (skipped, saying why, where Docker or the Space image is missing)."""
+docker Space (skipped, saying why, where Docker or the Space image is missing); and the
+hooks by which a test's needs become skips, or on CI failures (``tests/needs.py``)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from needs import MissingCapability, need
+
+from durable_spaces.campaigns.capabilities import CAPABILITIES, required
 
 if TYPE_CHECKING:
     from durable_spaces.backends.docker.space import DockerSpace
@@ -17,6 +21,34 @@ if TYPE_CHECKING:
 # Before anything imports cua (at collection time too): no telemetry from any process.
 os.environ["DO_NOT_TRACK"] = "1"
 os.environ["CUA_TELEMETRY"] = "0"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for c in CAPABILITIES.values():  # each capability is a marker of its name
+        config.addinivalue_line("markers", f"{c.name}: needs {c.what} (tests/needs.py)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked with a capability's name needs it: skipped without it (before any
+    fixture is set up)."""
+    for name in dict.fromkeys(m.name for m in item.iter_markers()):
+        if name in CAPABILITIES:
+            need(name)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """On CI every capability is required: a test skipped for lacking one fails, with the
+    reason (a skip for any other reason stays a skip)."""
+    outcome = yield
+    rep = outcome.get_result()
+    if not rep.skipped or call.excinfo is None or not required(os.environ):
+        return
+    exc = call.excinfo.value
+    if isinstance(exc, MissingCapability) or hasattr(exc, "capability"):
+        rep.outcome = "failed"
+        rep.longrepr = f"CI (CI=true) requires every capability; {exc.msg}"
 
 
 @pytest.fixture
@@ -30,11 +62,9 @@ def state_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 async def docker_space(tmp_path: Path) -> AsyncIterator[DockerSpace]:
     """A new docker Space at epoch 1, its backend's state under ``tmp_path/state``."""
-    from durable_spaces.backends.docker.backend import DockerBackend, unavailable_reason
+    from durable_spaces.backends.docker.backend import DockerBackend
 
-    why = unavailable_reason()
-    if why is not None:
-        pytest.skip(why)
+    need("docker")
     b = DockerBackend(tmp_path / "state")
     try:
         sp = await b.create(f"t-{uuid.uuid4().hex[:10]}")

@@ -19,13 +19,15 @@ from durable_spaces.testing import CallListModel
 
 @asynccontextmanager
 async def wrapped_harness(
-    tmp: Path, backend: str, mode: str, calls: Sequence[tuple[str, Any]]
+    tmp: Path, backend: str, mode: str, calls: Sequence[tuple[str, Any]], **options: Any
 ) -> AsyncIterator[tuple[Harness, DurableSpaces]]:
-    """The harness (model ``m`` plays ``calls``) and the adapter, on ``tmp``; every Space
-    it made is deleted afterwards."""
+    """The harness (model ``m`` plays ``calls``) and the adapter (with ``durable_spaces``'s
+    further ``options``), on ``tmp``; every Space it made is deleted afterwards."""
     spaces = open_backend(backend, tmp / "spaces")
     snaps = WorkspaceSnapshots(spaces, store=DirectoryCheckpointStore(tmp / "store"))
-    durable = durable_spaces(spaces, snapshots=snaps, mode=mode, epoch=1, namespace=tmp.name)  # type: ignore[arg-type]
+    durable = durable_spaces(
+        spaces, snapshots=snaps, mode=mode, epoch=1, namespace=tmp.name, **options
+    )
     reg = Registry().install(CodingTools).install(durable.extension)
     storage = SqliteStorage(tmp / "log.sqlite")
     h = await Harness.open(

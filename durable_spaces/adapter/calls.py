@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from durable_spaces import switches
-from durable_spaces.adapter import checkpointing
+from durable_spaces.adapter import checkpointing, log_witness
 from durable_spaces.adapter import state as state_doc
-from durable_spaces.adapter.effects import Effect, name_issue
+from durable_spaces.adapter.effects import Effect, name_issue, written_size
 from durable_spaces.adapter.image_log import ImageUpdate
 from durable_spaces.adapter.recovery import Decision, RecoveryKind, decide
 from durable_spaces.adapter.state import CallRecord, SpaceState
@@ -37,7 +37,11 @@ from durable_spaces.harness.tools import ToolContext, ToolResult
 from durable_spaces.space import ExecRecord, ExecResult, ExecState, PathTable, Space
 
 if TYPE_CHECKING:
-    from durable_spaces.adapter.durable import DurableSpaces
+    from durable_spaces.adapter.checkpointing import CheckpointKeeper
+    from durable_spaces.adapter.modes import ModeDecider
+    from durable_spaces.adapter.parts import Parts
+    from durable_spaces.adapter.transactional import TransactionalKeeper
+    from durable_spaces.harness.handles import HarnessView
 
 INTERRUPTED = (
     "interrupted: the driver crashed while this command ran and its outcome is unknown; "
@@ -46,11 +50,23 @@ INTERRUPTED = (
 )
 
 
+class _Durable(Protocol):
+    """What a call uses of its adapter (``durable.DurableSpaces``): a protocol, so this
+    module does not import the adapter that imports it."""
+
+    parts: Parts
+    tx: TransactionalKeeper
+    cp: CheckpointKeeper
+    modes: ModeDecider
+
+    async def space_for(self, harness: HarnessView, conv: str, state: SpaceState) -> Space: ...
+
+
 class CallPipeline:
     """Runs one wrapped call (``tool`` is bash, write or edit) for a ``DurableSpaces``;
     ``args`` are already checked (``tool_args.parse``)."""
 
-    def __init__(self, durable: DurableSpaces, tool: str, args: ToolArgs, ctx: ToolContext):
+    def __init__(self, durable: _Durable, tool: str, args: ToolArgs, ctx: ToolContext):
         self.d = durable
         self.p = durable.parts
         self.tool = tool
@@ -59,6 +75,7 @@ class CallPipeline:
         self.h = ctx.harness
         self.conv = ctx.conversation_id
         self.effect = Effect(args, ctx, self.p.config.fence, self.p.config.cwd)
+        self._position = ""  # the ledger key of the current start mark's position
 
     # --- entry ----------------------------------------------------------------------------
 
@@ -97,7 +114,15 @@ class CallPipeline:
         )
         if mode == "transactional":
             table = await self.d.tx.start_table(space)
-            if (why := self.p.config.limits.violation(table)) is not None:
+            why = self.p.config.limits.violation(table)
+            if why is None and self.p.config.mode == "transactional":
+                # A write's size is known before its effect: refused here, as a name the
+                # image cannot hold is, not written and then the image marked stale (auto
+                # mode takes it and switches to checkpoints instead).
+                will = written_size(self.args, space, table)
+                if will is not None:
+                    why = self.p.config.limits.violation_after_write(table, *will)
+            if why is not None:
                 return ToolResult.error(
                     f"refused before the call: {why}; transactional mode cannot keep this "
                     "workspace: use mode='checkpoint' (or raise the limits)"
@@ -113,20 +138,22 @@ class CallPipeline:
 
     # --- the steps (each one commit) --------------------------------------------------------
 
-    def _mark(self, rec: CallRecord, space: Space) -> None:
+    def _mark(self, state: SpaceState, rec: CallRecord, space: Space) -> None:
         rec.n += 1
         rec.epoch = self.p.epoch_for(space.name)
         rec.instance = space.instance_id
-        # The host's boot in the key too (machine.py): a log that lost its tail in a power
-        # loss may give a call the same n and epoch again; its key must still be new.
-        key = f"{self.conv}:{rec.call_id}:{rec.n}@{rec.epoch}{self.p.boot.key_suffix(space.name)}"
-        rec.key = key if rec.tool == "bash" else None
+        # The key names the log's next position (log_witness.py): what the Space's
+        # ledger is asked when a driver binds, and never used twice, whatever the log lost.
+        self._position = self.p.witness.next_position(self.conv, state, rec)
+        if mutants.active("log_behind_blind"):
+            self._position += f"@{rec.epoch}"  # the defect: keys as before the witness
+        rec.key = self._position if rec.tool == "bash" else None
 
     async def _start_mark(
         self, state: SpaceState, rec: CallRecord, space: Space, table: PathTable | None
     ) -> None:
         """The start mark; in transactional mode with any change made outside the calls."""
-        self._mark(rec, space)
+        self._mark(state, rec, space)
         state.calls[rec.call_id] = rec
         state.instance = space.instance_id
         state.space = space.name
@@ -138,7 +165,7 @@ class CallPipeline:
     async def _restart_mark(self, rec: CallRecord, space: Space) -> None:
         """A new start mark for a call that runs again (a new key, never the old one)."""
         state = state_doc.load(self.h, self.conv)
-        self._mark(rec, space)
+        self._mark(state, rec, space)
         rec.outcome = None
         state.calls[rec.call_id] = rec
         await self.p.commit(self.h, self.conv, state)
@@ -153,9 +180,12 @@ class CallPipeline:
         update: ImageUpdate | None = None
         switch: str | None = None
         if state.mode == "transactional":
-            update, switch = await self.d.tx.outcome_update(
+            update, switch, note = await self.d.tx.outcome_update(
                 self.h, self.conv, state, space, self.tool, self.effect.written
             )
+            if note is not None and rec.outcome is not None:  # the model reads it there
+                content = str(rec.outcome.get("content", ""))
+                rec.outcome = {**rec.outcome, "content": f"{content}\n{note}".lstrip("\n")}
         if switch is not None:
             state.mode, state.mode_reason = "checkpoint", switch
         started = None
@@ -197,7 +227,7 @@ class CallPipeline:
         if checkpoint is not None and release is not None:
             name = space.name
             self.ctx.after_result(lambda: release(name))  # its Space copy (``copy_behind``)
-        return _result(outcome)
+        return _result(rec.outcome)  # with any note the outcome's commit added
 
     # --- the effect -------------------------------------------------------------------------
 
@@ -211,6 +241,10 @@ class CallPipeline:
             # Space changes again: the checkpoint a recovery of this call may restore
             # is then in both copies, as when it was written on the call's path.
             await settle(space.name)
+        if self.tool != "bash":
+            # The ledger knows this start mark's position before the file changes: a log
+            # that loses the mark is then seen behind the Space (``log_witness.py``).
+            await log_witness.record(space, self._position, epoch)
         if self.tool == "bash":
             assert rec.key is not None
             # Every way here follows a start mark (``_mark``): its key is new.

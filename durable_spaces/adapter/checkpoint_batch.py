@@ -26,7 +26,8 @@ import stat
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from durable_spaces.adapter import checkpoint_carry as carry
 from durable_spaces.adapter import manifest as mf
@@ -34,7 +35,7 @@ from durable_spaces.adapter.checkpoint_id import CheckpointId
 from durable_spaces.errors import CheckpointCopyError
 
 if TYPE_CHECKING:
-    from durable_spaces.adapter.checkpoint_store import DirectoryCheckpointStore
+    from durable_spaces.adapter.inode_pool import InodePool
 
 __all__ = ["CLONE_MIN", "Batch", "fsync_all", "read_all", "write_all"]
 
@@ -45,6 +46,30 @@ _FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
 #: Files at least this big are reflinked when the filesystem can (smaller ones copied).
 CLONE_MIN = 64 * 1024
 CHUNK = 1 << 20
+
+
+class _Store(Protocol):
+    """What a batch uses of its store (``checkpoint_store.DirectoryCheckpointStore``): a
+    protocol, so this module does not import the store that imports it."""
+
+    dir: Path
+    in_space: bool
+    owner: tuple[int, int] | None
+    pool: InodePool
+
+    def _open_dirs(self) -> tuple[int, int]: ...
+
+    def _lock(self, dfd: int, how: int) -> int: ...
+
+    def _generation(self, dfd: int) -> int: ...
+
+    def _tmp(self, dfd: int) -> tuple[int, str]: ...
+
+    def _install(self, sfd: int, tmp: str, dfd: int, name: str) -> None: ...
+
+    def _retire(
+        self, dfd: int, bfd: int, names: list[str], needed: set[str] | None = None
+    ) -> None: ...
 
 
 class Batch:
@@ -61,7 +86,7 @@ class Batch:
 
     def __init__(
         self,
-        store: DirectoryCheckpointStore,
+        store: _Store,
         shared_lock: bool,
         sync: bool,
         refill_now: bool = True,

@@ -58,6 +58,7 @@ from durable_spaces.adapter.checkpoint_id import CheckpointId
 from durable_spaces.adapter.inode_pool import POOL, InodePool
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import CheckpointCopyError
+from durable_spaces.host_files import kind_words as _kind
 
 logger = logging.getLogger(__name__)
 
@@ -489,11 +490,3 @@ def _remove_tree(name: str, dfd: int) -> None:
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=dfd)
-
-
-#: ``stat.filemode``'s first letter -> what a file of that type is, for messages.
-_KINDS = {"l": "a symlink", "d": "a directory", "p": "a FIFO", "s": "a socket"}
-
-
-def _kind(mode: int) -> str:
-    return _KINDS.get(stat.filemode(mode)[0], "a device node")

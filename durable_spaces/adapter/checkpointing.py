@@ -18,6 +18,7 @@ import tarfile
 from typing import TYPE_CHECKING
 
 from durable_spaces.adapter import state as state_doc
+from durable_spaces.adapter.log_witness import RESTORED_WALK
 from durable_spaces.adapter.parts import Parts
 from durable_spaces.adapter.snapshots import CheckpointMissing, Snapshots
 from durable_spaces.adapter.state import DOC, CallRecord, SpaceState
@@ -33,7 +34,7 @@ from durable_spaces.errors import (
 from durable_spaces.space import Space
 
 if TYPE_CHECKING:
-    from durable_spaces.harness.scheduler import Harness
+    from durable_spaces.harness.handles import HarnessView
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class CheckpointKeeper:
 
     async def take(
         self,
-        harness: Harness,
+        harness: HarnessView,
         conv: str,
         rec: CallRecord,
         space: Space,
@@ -113,7 +114,7 @@ class CheckpointKeeper:
         await self.prune(harness, space, taken=cid)
         return cid
 
-    async def prune(self, harness: Harness, space: Space, taken: str | None = None) -> None:
+    async def prune(self, harness: HarnessView, space: Space, taken: str | None = None) -> None:
         """After a checkpoint: drop the Space's checkpoints that no conversation of the
         log (this one or a fork) records any more (machine checkpoints; the Space's
         copies of workspace checkpoints when a store keeps them all), but ``taken``, the
@@ -162,7 +163,7 @@ class CheckpointKeeper:
         return space
 
     async def restore_before(
-        self, harness: Harness, conv: str, state: SpaceState, rec: CallRecord, space: Space
+        self, harness: HarnessView, conv: str, state: SpaceState, rec: CallRecord, space: Space
     ) -> Space:
         """Undo ``rec``: restore the checkpoint before it (epoch raised first)."""
         cid = rec.before or state.last_checkpoint
@@ -177,6 +178,9 @@ class CheckpointKeeper:
         )
         if self.p.boot.watched(space.name):
             await self.p.boot.bind(space)
+        # a whole machine's ledger went back too: the log's positions since, filled in
+        epoch = self.p.epoch_for(space.name)
+        await self.p.witness.fill(conv, state, space, epoch, walk=RESTORED_WALK)
         self.p.emit("restored", conv, rec, checkpoint=cid)
         return space
 

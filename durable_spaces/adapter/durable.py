@@ -26,6 +26,7 @@ from durable_spaces.adapter.calls import CallPipeline
 from durable_spaces.adapter.checkpointing import CheckpointKeeper
 from durable_spaces.adapter.config import AdapterConfig, Mode, session_epoch
 from durable_spaces.adapter.image import ImageLimits
+from durable_spaces.adapter.log_witness import RESTORED_WALK
 from durable_spaces.adapter.machine import BootWatch
 from durable_spaces.adapter.modes import ModeDecider
 from durable_spaces.adapter.parts import Parts
@@ -47,7 +48,7 @@ from durable_spaces.harness.tools import Extension, Tool, ToolContext, ToolResul
 from durable_spaces.space import PathTable, Space, SpaceBackend
 
 if TYPE_CHECKING:
-    from durable_spaces.harness.scheduler import Harness
+    from durable_spaces.harness.handles import HarnessView
 
 WRAPPED = ("bash", "write", "edit")
 
@@ -172,17 +173,17 @@ class DurableSpaces:
 
     # --- the log ----------------------------------------------------------------------------
 
-    def load_state(self, harness: Harness, conv: str) -> SpaceState:
+    def load_state(self, harness: HarnessView, conv: str) -> SpaceState:
         return state_doc.load(harness, conv)
 
-    def image_table(self, harness: Harness, conv: str, as_of: str | None = None) -> PathTable:
+    def image_table(self, harness: HarnessView, conv: str, as_of: str | None = None) -> PathTable:
         return image_log.table(harness, conv, as_of)
 
-    def blob(self, harness: Harness, conv: str, sha: str) -> bytes | None:
+    def blob(self, harness: HarnessView, conv: str, sha: str) -> bytes | None:
         return image_log.blob(harness, conv, sha)
 
     async def take_checkpoint(
-        self, harness: Harness, conv: str, rec: CallRecord, space: Space
+        self, harness: HarnessView, conv: str, rec: CallRecord, space: Space
     ) -> None:
         await self.cp.take(harness, conv, rec, space)
 
@@ -192,7 +193,7 @@ class DurableSpaces:
         """Raise the epoch of the named Space now (the driver does this at start)."""
         await self.parts.spaces.raise_epoch(name)
 
-    async def space_for(self, harness: Harness, conv: str, state: SpaceState) -> Space:
+    async def space_for(self, harness: HarnessView, conv: str, state: SpaceState) -> Space:
         """The conversation's Space, consistent with the log: created on first use,
         advanced to the epoch, rebuilt when it was lost (or is a fork's first use),
         brought back when its machine crashed and booted again."""
@@ -203,17 +204,42 @@ class DurableSpaces:
         if not keeper.fenced(name):
             await keeper.raise_epoch_of(space, new_log=not state.has_history)
         keeper.open[name] = space
+        crashed = False
         if lost and state.has_history:
             space = await self._rebuild(harness, conv, state, space)
         elif state.has_history and (
             BootWatch.reports(space) or (await keeper.capabilities(space)).machine_checkpoints
         ):
-            space = await self._after_machine_crash(harness, conv, state, space)
+            space, crashed = await self._after_machine_crash(harness, conv, state, space)
         elif BootWatch.reports(space) and not self.parts.boot.watched(space.name):
             await self.parts.boot.bind(space)  # the first commit carries the host's boot
+        if not missing and not self.parts.witness.asked(name):
+            space = await self._log_behind(harness, conv, space, brought_back=crashed)
         return space
 
-    async def _rebuild(self, harness: Harness, conv: str, state: SpaceState, space: Space) -> Space:
+    async def _log_behind(
+        self, harness: HarnessView, conv: str, space: Space, brought_back: bool
+    ) -> Space:
+        """Once per Space and driver: when the Space's ledger knows a position the log
+        lost, bring back what the log implies as after a crash of the machine (unless
+        that just happened) and skip the positions the ledger knows; then make sure it
+        knows the log's last (``log_witness.py``)."""
+        state = state_doc.load(harness, conv)  # as a rebuild or a crash left it
+        top = await self.parts.witness.behind(conv, state, space)
+        if top is not None:
+            logged, state.marks = state.marks, top  # the next start mark's key is new
+            if brought_back:
+                await self.parts.commit(harness, conv, state)
+            else:
+                self.parts.emit("log_behind", conv, None, mode=state.mode, log=logged, space=top)
+                space = await self._bring_back(harness, conv, state, space)  # commits
+        walk = RESTORED_WALK if brought_back or top is not None else 1
+        await self.parts.witness.fill(conv, state, space, self.epoch_for(space.name), walk)
+        return space
+
+    async def _rebuild(
+        self, harness: HarnessView, conv: str, state: SpaceState, space: Space
+    ) -> Space:
         """A Space placed again (or a fork's new Space): bring back what the log implies."""
         self.parts.boot.forget(space.name)  # a new machine: its boot id is learned anew
         if state.mode == "transactional":
@@ -225,13 +251,20 @@ class DurableSpaces:
         return space
 
     async def _after_machine_crash(
-        self, harness: Harness, conv: str, state: SpaceState, space: Space
-    ) -> Space:
+        self, harness: HarnessView, conv: str, state: SpaceState, space: Space
+    ) -> tuple[Space, bool]:
         """When the machine's boot id is not the one the log last saw, bring back what the
         log implies (the newest checkpoint, or the image) and treat the calls in flight
-        as unknown (see ``machine.py``)."""
+        as unknown (see ``machine.py``). Returns the Space and whether it did."""
         if not await self.parts.boot.crashed_since_log(space, state):
-            return space
+            return space, False
+        return await self._bring_back(harness, conv, state, space), True
+
+    async def _bring_back(
+        self, harness: HarnessView, conv: str, state: SpaceState, space: Space
+    ) -> Space:
+        """The Space may hold effects the log does not: back to the newest checkpoint, or
+        the image, with the calls in flight unknown (committed)."""
         if state.mode == "checkpoint" and state.last_checkpoint is not None:
             space = await self.cp.restore_newest(conv, state, space)
         else:
@@ -257,7 +290,7 @@ class DurableSpaces:
             with contextlib.suppress(Exception):
                 await space.close()
 
-    async def ensure_space(self, harness: Harness, conversation_id: str) -> None:
+    async def ensure_space(self, harness: HarnessView, conversation_id: str) -> None:
         """After a run settles: a Space lost after the last call is rebuilt before the
         session is reported done."""
         name = self.name_for(conversation_id)

@@ -20,7 +20,14 @@ from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import StaleEpochError
 from durable_spaces.harness.log import Fence
 from durable_spaces.harness.tools import ToolContext
-from durable_spaces.space import MAX_SCAN_DEPTH, ExecResult, Space, confine, name_problem
+from durable_spaces.space import (
+    MAX_SCAN_DEPTH,
+    ExecResult,
+    PathTable,
+    Space,
+    confine,
+    name_problem,
+)
 
 STREAM_FENCE_INTERVAL = 0.2
 RUNNING_MARK = 0.05
@@ -43,6 +50,21 @@ def name_issue(args: ToolArgs, space: Space) -> str | None:
             return f"{args.path!r}: {why}"
     if rel.count("/") >= MAX_SCAN_DEPTH:
         return f"{args.path!r}: deeper than {MAX_SCAN_DEPTH} levels"
+    return None
+
+
+def written_size(args: ToolArgs, space: Space, table: PathTable) -> tuple[str, int] | None:
+    """The file a write/edit will leave and its size, known before it runs (an edit's
+    from the file's size in ``table`` and its texts; None: a command, or an edit of no
+    file, which fails anyway)."""
+    if isinstance(args, WriteArgs):
+        return confine(space.root, args.path), len(args.content.encode())
+    if isinstance(args, EditArgs):
+        rel = confine(space.root, args.path)
+        old = table.get(rel)
+        if old is None or old.kind != "file":
+            return None
+        return rel, old.size - len(args.old_text.encode()) + len(args.new_text.encode())
     return None
 
 

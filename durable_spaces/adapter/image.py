@@ -55,6 +55,25 @@ class ImageLimits:
             return f"workspace holds {size} bytes, over max_bytes={self.max_bytes}"
         return None
 
+    def violation_after_write(self, table: PathTable, rel: str, size: int) -> str | None:
+        """Why the workspace ``table`` with ``rel`` written as a file of ``size`` bytes
+        would be over ``max_bytes``, or None: known before the write, so explicit
+        transactional mode refuses it as it refuses a name it cannot hold, instead of
+        writing it and leaving the image stale. (A new file over ``max_files`` still
+        goes through and marks the image stale, as a command's does.)"""
+        if any(rel == x or rel.startswith(x.rstrip("/") + "/") for x in self.exclude):
+            return None  # not in the image: no limit of the image's applies
+        total = sum(e.size for e in table.values() if e.kind == "file")
+        old = table.get(rel)
+        was = old.size if old is not None and old.kind == "file" else 0
+        after = total - was + size
+        if after > self.max_bytes:
+            return (
+                f"{rel!r} of {size} bytes would make the workspace hold {after} bytes, "
+                f"over max_bytes={self.max_bytes}"
+            )
+        return None
+
 
 @dataclass
 class Delta:

@@ -25,7 +25,8 @@ from durable_spaces.errors import PermanentFailure
 from durable_spaces.space import PathEntry, PathTable, Space
 
 if TYPE_CHECKING:
-    from durable_spaces.harness.scheduler import Harness, Tx
+    from durable_spaces.harness.handles import HarnessView
+    from durable_spaces.harness.state import Tx
 
 
 def decode_blob(text: str) -> bytes:
@@ -113,7 +114,7 @@ class ImageUpdate:
         tx.put_document(conv, IMAGE_DOC, self.pointer, rewindable=True)
 
 
-def inherited(harness: Harness, conv: str, name: str) -> Any:
+def inherited(harness: HarnessView, conv: str, name: str) -> Any:
     """A write-once document of the conversation, else of its nearest ancestor (the
     committed value itself: callers only read it)."""
     cid: str | None = conv
@@ -139,7 +140,7 @@ def _version(pointer: Mapping[str, object] | None) -> tuple[int, int] | None:
     return int(pointer["v"]), int(pointer["full"])  # type: ignore[call-overload]
 
 
-def table(harness: Harness, conv: str, as_of: str | None = None) -> PathTable:
+def table(harness: HarnessView, conv: str, as_of: str | None = None) -> PathTable:
     """The image (path table) of a conversation, now or as of an entry (read once per
     version: the chain is replayed only for a version not seen yet)."""
     pointer = harness.conversation(conv).document(IMAGE_DOC, as_of=as_of, copy=False)
@@ -154,20 +155,20 @@ def table(harness: Harness, conv: str, as_of: str | None = None) -> PathTable:
     return found
 
 
-def remember(harness: Harness, conv: str, image: ImageUpdate) -> None:
+def remember(harness: HarnessView, conv: str, image: ImageUpdate) -> None:
     """After ``image``'s commit: its table is known without reading the log back."""
     version = _version(image.pointer)
     if version is not None and image.table is not None:
         _tables.setdefault(harness, {})[(conv, *version)] = image.table
 
 
-def blob(harness: Harness, conv: str, sha: str) -> bytes | None:
+def blob(harness: HarnessView, conv: str, sha: str) -> bytes | None:
     """A blob of the image, looked up in the conversation and then its ancestors."""
     text = inherited(harness, conv, BLOB_DOC_PREFIX + sha)
     return None if text is None else decode_blob(text)
 
 
-def need_blob(harness: Harness, conv: str) -> Callable[[str], bytes]:
+def need_blob(harness: HarnessView, conv: str) -> Callable[[str], bytes]:
     """Blob lookup for a restore of the image: a missing blob is a damaged log."""
 
     def get(sha: str) -> bytes:
@@ -180,7 +181,7 @@ def need_blob(harness: Harness, conv: str) -> Callable[[str], bytes]:
 
 
 async def update(
-    harness: Harness,
+    harness: HarnessView,
     conv: str,
     space: Space,
     new_table: PathTable,

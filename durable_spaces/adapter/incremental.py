@@ -44,6 +44,7 @@ from durable_spaces.adapter.checkpoint_store import CheckpointStore, DirectoryCh
 from durable_spaces.adapter.copy_behind import Behind, CopyWrite, heal
 from durable_spaces.adapter.image import blob_id
 from durable_spaces.adapter.kept_tree import KeptTree
+from durable_spaces.adapter.manifest_build import mutant_misses_call
 from durable_spaces.adapter.workspace_seen import Seen, Where, copy_dir, probe_host, read_host
 from durable_spaces.adapter.workspace_tree import (
     FETCH_ARGV,
@@ -58,6 +59,7 @@ from durable_spaces.adapter.workspace_tree import (
     parse_listing,
     walk_host,
 )
+from durable_spaces.chaos import mutants
 from durable_spaces.errors import SpaceError
 from durable_spaces.host_holders import Holders
 from durable_spaces.space import (
@@ -220,6 +222,8 @@ class Taker:
                 present = seen.copy_blobs.names(cb.blobs_fd) | cb.added
                 heal(self.store, m, need, present, cb, lambda p: read_host(where.root, p))
             data = seen.encoder.encode(m, seen.builder.changed)
+            if mutants.active("checkpoint_misses_call"):
+                data = mutant_misses_call(space.name, m, data)
             seen.built = True
             cid = CheckpointId.for_manifest(call_id, data)
             if sb is not None:

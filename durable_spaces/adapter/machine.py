@@ -65,13 +65,6 @@ class BootWatch:
         (the host's boot id)."""
         return isinstance(space, HostBoot)
 
-    def key_suffix(self, name: str) -> str:
-        """What an exec key carries of the boot this driver is bound to ("" when none):
-        keys of one boot never match another's, whatever the log forgot."""
-        boot = self._boot.get(name)
-        word = "".join(c for c in boot or "" if c.isascii() and c.isalnum())[:12]
-        return f"-{word}" if word else ""
-
     def watched(self, name: str) -> bool:
         return name in self._boot
 

@@ -94,3 +94,31 @@ class Builder:
             e = mf.Entry(mf.DIR, n.mode, 0, None, n.mtime_ns)
         self._entries[path] = (n, ref, e)
         return e
+
+
+#: The mutant ``checkpoint_misses_call``'s memory: per Space, the last manifest built and
+#: how many were built (only while the mutant is on).
+_misses: dict[str, tuple[mf.Manifest, int]] = {}
+
+
+def mutant_misses_call(space: str, m: mf.Manifest, data: bytes) -> bytes:
+    """The mutant ``checkpoint_misses_call`` (``chaos/mutants.py``): every other
+    checkpoint this process takes of ``space`` holds the files that changed since the one
+    before as that one held them (a new file left out), as a listing that trusted a stale
+    look would; the builder's and the encoder's memos keep the truth, so the next
+    checkpoint holds the change again. Returns the manifest's bytes to store."""
+    prev, n = _misses.get(space, (None, 0))
+    _misses[space] = (dict(m), n + 1)
+    if prev is None or n % 2 == 0:
+        return data
+    stale = dict(m)
+    linked = {e.ref for e in m.values() if e.kind == mf.HARDLINK}
+    for p, e in m.items():
+        old = prev.get(p)
+        if e.kind != mf.FILE:
+            continue
+        if old is None and p not in linked:
+            del stale[p]
+        elif old is not None and old.kind == mf.FILE and old.ref != e.ref:
+            stale[p] = old
+    return mf.encode(stale)

@@ -13,7 +13,6 @@ conversation's history would then mix two kinds of truth.
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -25,10 +24,9 @@ from durable_spaces.space import Capabilities, PathTable, Space
 if TYPE_CHECKING:
     from durable_spaces.adapter.parts import Parts
     from durable_spaces.adapter.transactional import TransactionalKeeper
-    from durable_spaces.harness.scheduler import Harness
+    from durable_spaces.harness.handles import HarnessView
 
 CONTAINER_LIKE = frozenset({"local", "process", "container", "gvisor"})
-TOOLING = ("find", "stat", "xargs", "sha256sum", "tar")
 
 
 @dataclass(frozen=True)
@@ -50,30 +48,6 @@ def limits_allow(table: PathTable, limits: ImageLimits) -> Verdict:
     return Verdict(why is None, why)
 
 
-async def tooling_present(space: Space, epoch: int) -> Verdict:
-    script = " && ".join(f"command -v {t} >/dev/null" for t in TOOLING)
-    res = await space.exec(["bash", "-c", script], key=None, epoch=epoch, cwd="/")
-    if res.exit_code == 0:
-        return Verdict(True)
-    return Verdict(False, f"tooling missing in the Space (needs {', '.join(TOOLING)})")
-
-
-async def processes_in_workspace(space: Space, epoch: int) -> list[int]:
-    """Pids whose cwd is inside the workspace (read from /proc in the Space)."""
-    root = space.root.rstrip("/")
-    script = (
-        'for d in /proc/[0-9]*; do c=$(readlink "$d/cwd" 2>/dev/null) || continue; '
-        f'case "$c" in {shlex.quote(root)}|{shlex.quote(root)}/*) echo "${{d#/proc/}}";; esac; '
-        "done; true"
-    )
-    res = await space.exec(["bash", "-c", script], key=None, epoch=epoch, cwd="/")
-    pids = []
-    for line in res.output.decode(errors="replace").split():
-        if line.isdigit():
-            pids.append(int(line))
-    return pids
-
-
 class ModeDecider:
     """The mode of each call: asked for, or (auto) decided at every call boundary."""
 
@@ -83,7 +57,7 @@ class ModeDecider:
 
     async def decide(
         self,
-        harness: Harness,
+        harness: HarnessView,
         conv: str,
         state: SpaceState,
         space: Space,

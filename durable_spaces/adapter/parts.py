@@ -1,7 +1,7 @@
 """What the two ways of keeping a Space (``transactional.py``, ``checkpointing.py``)
 and the call pipeline (``calls.py``) share: the configuration, the open Spaces, the
-machine watch, the one way to commit the ``cua.space`` document, and recovery events.
-Built once per adapter by ``durable.py``."""
+machine watch, the log's witness, the one way to commit the ``cua.space`` document, and
+recovery events. Built once per adapter by ``durable.py``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from durable_spaces.adapter import image_log
 from durable_spaces.adapter import state as state_doc
 from durable_spaces.adapter.config import AdapterConfig
+from durable_spaces.adapter.log_witness import LogWitness
 from durable_spaces.adapter.machine import BootWatch
 from durable_spaces.adapter.recovery import RecoveryEvent, RecoveryKind
 from durable_spaces.adapter.spaces import SpaceKeeper
@@ -18,7 +19,7 @@ from durable_spaces.adapter.state import CallRecord, SpaceState
 
 if TYPE_CHECKING:
     from durable_spaces.adapter.image_log import ImageUpdate
-    from durable_spaces.harness.scheduler import Harness
+    from durable_spaces.harness.handles import HarnessView
 
 
 @dataclass
@@ -26,18 +27,19 @@ class Parts:
     config: AdapterConfig
     spaces: SpaceKeeper
     boot: BootWatch
+    witness: LogWitness = field(default_factory=LogWitness)
     events: list[RecoveryEvent] = field(default_factory=list)
 
     @staticmethod
     def of(config: AdapterConfig) -> Parts:
         spaces = SpaceKeeper(config)
-        return Parts(config, spaces, BootWatch(spaces))
+        return Parts(config, spaces, BootWatch(spaces), LogWitness(config.namespace))
 
     def epoch_for(self, name: str) -> int:
         return self.spaces.epoch_for(name)
 
     async def commit(
-        self, harness: Harness, conv: str, state: SpaceState, image: ImageUpdate | None = None
+        self, harness: HarnessView, conv: str, state: SpaceState, image: ImageUpdate | None = None
     ) -> None:
         """Commit the document (stamped with the machine's boot id this driver is bound
         to), with the image's new version when given."""

@@ -25,6 +25,7 @@ RecoveryKind = Literal[
     "reverted",  # transactional: the workspace was made equal to the image again
     "reimaged",  # transactional: a lost Space was rebuilt from the log alone
     "mode",  # auto switched the conversation to checkpoint mode for good
+    "log_behind",  # the Space's ledger knew a position the log lost (log_witness.py)
 ]
 
 RECOVERY_KINDS: tuple[str, ...] = RecoveryKind.__args__  # type: ignore[attr-defined]

@@ -9,17 +9,28 @@ the ledger or checkpoints (DESIGN: only wrapped tools are covered).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from durable_spaces.harness.env import CommandResult
+from durable_spaces.harness.env import CallIdentity, CommandResult
 
 if TYPE_CHECKING:
-    from durable_spaces.adapter.durable import DurableSpaces
-    from durable_spaces.harness.tools import ToolContext
+    from durable_spaces.space import Space
+
+
+class _Spaces(Protocol):
+    """What the env uses of its adapter (``durable.DurableSpaces``): a protocol, so this
+    module does not import the adapter that imports it."""
+
+    @property
+    def cwd(self) -> str | None: ...
+
+    def epoch_for(self, name: str) -> int: ...
+
+    async def space(self, conversation_id: str) -> Space: ...
 
 
 class SpaceExecutionEnv:
-    def __init__(self, durable: DurableSpaces, conversation_id: str) -> None:
+    def __init__(self, durable: _Spaces, conversation_id: str) -> None:
         self.durable = durable
         self.conversation_id = conversation_id
         self.cwd = durable.cwd or "."
@@ -28,7 +39,7 @@ class SpaceExecutionEnv:
         self,
         command: str,
         *,
-        ctx: ToolContext | None = None,
+        ctx: CallIdentity | None = None,
         on_output: Callable[[bytes], None] | None = None,
         timeout: float | None = None,
     ) -> CommandResult:

@@ -13,9 +13,20 @@ from __future__ import annotations
 import asyncio
 
 from durable_spaces.adapter.config import AdapterConfig
-from durable_spaces.adapter.modes import tooling_present
 from durable_spaces.errors import HaltError, SpaceUnavailableError, StaleEpochError
 from durable_spaces.space import Capabilities, Space, space_name
+
+#: What transactional mode (``modes.py``) runs in a Space.
+TOOLING = ("find", "stat", "xargs", "sha256sum", "tar")
+
+
+async def missing_tooling(space: Space, epoch: int) -> str | None:
+    """Why the Space lacks ``TOOLING``, or None."""
+    script = " && ".join(f"command -v {t} >/dev/null" for t in TOOLING)
+    res = await space.exec(["bash", "-c", script], key=None, epoch=epoch, cwd="/")
+    if res.exit_code == 0:
+        return None
+    return f"tooling missing in the Space (needs {', '.join(TOOLING)})"
 
 
 class SpaceKeeper:
@@ -57,8 +68,8 @@ class SpaceKeeper:
     async def tooling(self, space: Space) -> str | None:
         """Why the Space lacks what transactional mode needs (asked once), or None."""
         if space.name not in self._tooling:
-            t = await tooling_present(space, self.epoch_for(space.name))
-            self._tooling[space.name] = t.reason
+            missing = await missing_tooling(space, self.epoch_for(space.name))
+            self._tooling[space.name] = missing
         return self._tooling[space.name]
 
     # --- epochs -------------------------------------------------------------------------

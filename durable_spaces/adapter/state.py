@@ -10,15 +10,15 @@ does not read it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from durable_spaces.adapter.checkpoint_id import optional
 from durable_spaces.errors import BadCheckpointIdError, PermanentFailure
 from durable_spaces.harness.state import json_copy
 
 if TYPE_CHECKING:
-    from durable_spaces.adapter.image_log import ImageUpdate
-    from durable_spaces.harness.scheduler import Harness, Tx
+    from durable_spaces.harness.handles import HarnessView
+    from durable_spaces.harness.state import Tx
 
 DOC = "cua.space"
 IMAGE_DOC = "cua.space.image"
@@ -42,6 +42,7 @@ class CallRecord:
     before: str | None = None  # checkpoint that held the state before the call
     instance: str | None = None  # Space instance the call's effects landed in
     result_entry: str | None = None  # the tool_result entry, once committed
+    mark: int | None = None  # the log's position of the current start mark (log_witness.py)
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -70,6 +71,9 @@ class SpaceState:
     boot: str | None = None  # the machine's boot id at the last commit (whole-machine Spaces)
     calls: dict[str, CallRecord] = field(default_factory=dict)
     calls_total: int = 0  # wrapped calls ever started (orders are 1..calls_total)
+    #: Start marks ever committed (the log's position): what the Space's exec ledger is
+    #: asked for (``log_witness.py``).
+    marks: int = 0
 
     def to_json(self) -> dict[str, Any]:
         # Only the newest calls are kept: recovery needs the one in flight, and the
@@ -86,6 +90,7 @@ class SpaceState:
             "boot": self.boot,
             "calls": {c.call_id: c.to_json() for c in recent},
             "calls_total": self.calls_total,
+            "marks": self.marks,
         }
 
     @staticmethod
@@ -103,6 +108,17 @@ class SpaceState:
         state.last_checkpoint = optional(
             state.last_checkpoint, f"the log's {DOC} document (last checkpoint)"
         )
+        # Positions become part of exec keys: a whole number, or the log is damaged
+        # (``log_witness.py``).
+        if type(state.marks) is not int or state.marks < 0:
+            raise PermanentFailure(
+                f"the log's {DOC} document is damaged: position {str(state.marks)[:40]!r}"
+            )
+        for rec in calls.values():
+            if rec.mark is not None and (type(rec.mark) is not int or rec.mark < 0):
+                raise PermanentFailure(
+                    f"the log's {DOC} document is damaged: call position {str(rec.mark)[:40]!r}"
+                )
         return state
 
     def copy(self) -> SpaceState:
@@ -124,10 +140,17 @@ class SpaceState:
         return self.calls_total
 
 
-def load(harness: Harness, conv: str) -> SpaceState:
+def load(harness: HarnessView, conv: str) -> SpaceState:
     """The conversation's ``cua.space`` document as committed now."""
     # Not copied here: ``from_json`` builds its own copy.
     return SpaceState.from_json(harness.conversation(conv).document(DOC, copy=False))
+
+
+class ImageWrite(Protocol):
+    """A new version of the image to commit with the document (``image_log.ImageUpdate``):
+    a protocol, so this module does not import the image log that imports it."""
+
+    def write(self, tx: Tx, conv: str) -> None: ...
 
 
 def put(tx: Tx, conv: str, state: SpaceState) -> None:
@@ -135,7 +158,7 @@ def put(tx: Tx, conv: str, state: SpaceState) -> None:
 
 
 async def commit(
-    harness: Harness, conv: str, state: SpaceState, image: ImageUpdate | None = None
+    harness: HarnessView, conv: str, state: SpaceState, image: ImageWrite | None = None
 ) -> None:
     """One commit of the document (and, with ``image``, of the image's new version and
     blobs in the same transaction)."""

@@ -12,8 +12,9 @@ the workspace with the checker's own walk or a tar streamed out of the Space
 (``checks.workspace``), and the expected workspace is computed by an interpreter written
 here (``checks.workload``), not from the adapter's ``cua.space`` bookkeeping (which is
 what is under test). Only ``image_equals_workspace`` and ``image_follows_calls`` read the
-adapter's image and ``checkpoint_equals_workspace`` its last checkpoint, because that is
-exactly their claim, and each decodes what it reads itself.
+adapter's image, ``checkpoint_equals_workspace`` its last checkpoint and
+``checkpoint_follows_calls`` every call's, because that is exactly their claim, and each
+decodes what it reads itself.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from durable_spaces.campaigns.checks import (
+    call_checkpoints,
     checkpoint,
     effects,
     epochs,
@@ -109,6 +111,7 @@ CHECKS: dict[str, Check] = {
     "image_equals_workspace": image.image_equals_workspace,
     "image_follows_calls": image.image_follows_calls,
     "checkpoint_equals_workspace": checkpoint.checkpoint_equals_workspace,
+    "checkpoint_follows_calls": call_checkpoints.checkpoint_follows_calls,
     "finished": finished,
     "same_as_uninterrupted": replay.same_as_uninterrupted,
     "no_leftover_processes": processes.no_leftover_processes,
@@ -161,7 +164,8 @@ async def collect(
     """Read everything the checks need: the raw log first (its write time is taken
     before anything opens it), then the workspace and the processes of ``space`` (and
     the ``server`` workload's process), and a checkpoint run's last checkpoint (from
-    the Space's copy, else the checkpoint ``store`` directory)."""
+    the Space's copy, else the checkpoint ``store`` directory) and the manifest of every
+    checkpoint recorded for a call (the store, else the Space's copy on this host)."""
     log = read_log(log_path)
     kind = (await space.capabilities()).kind
     ws = await snapshot(space)
@@ -178,6 +182,7 @@ async def collect(
         kind=kind,
         server=await server.probe(space) if serves else None,
         checkpoint=await checkpoint.read_last(space, kind, history, store),
+        manifests=await call_checkpoints.read_all(space, kind, history, store),
     )
 
 

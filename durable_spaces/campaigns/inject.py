@@ -264,15 +264,15 @@ class Injector:
                 handed_on = True  # the pause (or disk stall) nemesis continues it
             if pf.duration_s is not None:
                 value["duration_s"] = pf.duration_s
-            if pf.kind in ("kill", "power_loss"):
-                handed_on = True  # the driver is dead (a power loss kills it too)
+            if pf.kind in ("kill", "power_loss", "log_loss"):
+                handed_on = True  # the driver is dead (a power or log loss kills it too)
             op = await self._invoke(attempt, pf.kind, value, at)
             if trace is not None and pf.kind not in ("pause", "disk_stall"):
                 # Where the driver was when the fault had landed: its stop, if the
                 # rendezvous held (a replay compares this, so a fault that slipped is seen).
                 now = last_hit(trace)
                 self.realized[-1]["at"]["landed"] = None if now is None else [now[0], now[1]]
-            if pf.kind in ("kill", "power_loss") and op.type != "ok":
+            if pf.kind in ("kill", "power_loss", "log_loss") and op.type != "ok":
                 handed_on = False
         if not handed_on and attempt.alive:
             with contextlib.suppress(ProcessLookupError):

@@ -246,10 +246,20 @@ def _checks(name: str, v: Any) -> dict[str, Check]:
     return out
 
 
+def _reasons(name: str, v: Any) -> dict[str, str]:
+    d = _obj(name, v)
+    for k, why in d.items():
+        if not isinstance(why, str):
+            raise RecordError(f"field {name}[{k!r}] must be a string (a reason)")
+    return d
+
+
 def _extra(name: str, v: Any) -> dict[str, Any]:
     d = _obj(name, v)
     if "recoveries_by_mode" in d and d["recoveries_by_mode"] is not None:
         _counts(f"{name}.recoveries_by_mode", d["recoveries_by_mode"])
+    if d.get("space_missing") is not None:
+        _reasons(f"{name}.space_missing", d["space_missing"])
     return d
 
 

@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from durable_spaces.campaigns.record import RunRecord
-from durable_spaces.campaigns.spec import BEHAVIOUR_ENV, RunSpec, check_env
+from durable_spaces.campaigns.spec import (
+    BEHAVIOUR_ENV,
+    MAX_ATTEMPTS,
+    RunSpec,
+    check_env,
+    check_schedule,
+    check_seed,
+)
 from durable_spaces.chaos import mutants
 from durable_spaces.chaos.schedule import Schedule
 from durable_spaces.errors import ConfigError
@@ -29,14 +36,27 @@ from durable_spaces.errors import ConfigError
 
 def exact_spec(record: RunRecord, state_dir: str, run_id: str | None = None) -> RunSpec:
     """A run that replays ``record``'s realized interleaving (``ConfigError`` when the
-    record has no interleaving or schedule to replay)."""
+    record has no interleaving or schedule to replay, or when what it says is not a run
+    the flags could ask for: ``RunSpec`` checks it as ``campaign``'s options are)."""
     realized = record.extra.get("interleaving")
     if not isinstance(realized, list) or record.schedule is None:
         raise ConfigError(
             f"run record {record.run_id} has no realized interleaving to replay exactly "
             "(it was written before interleavings were recorded); repro it by seed"
         )
-    drawn = Schedule.from_json(record.schedule)
+    where = f"run record {record.run_id}"
+    check_seed(f"{where}: seed", record.seed)
+    check_interleaving(realized, where)
+    try:
+        drawn = Schedule.from_json(record.schedule)
+        schedule = Schedule.exact(record.seed, check_schedule(drawn, f"{where}: schedule"),
+                                  realized)  # fmt: skip
+    except ConfigError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        why = f"{type(e).__name__}: {e}"
+        raise ConfigError(f"{where}: its schedule or interleaving is not one: {why}") from None
+    profile = record.extra.get("profile") or "default"  # "" or null in older records
     return RunSpec(
         run_id=run_id or record.run_id,
         seed=record.seed,
@@ -44,11 +64,31 @@ def exact_spec(record: RunRecord, state_dir: str, run_id: str | None = None) -> 
         backend=record.backend,
         calls=record.calls,
         durable_mode=record.durable_mode or "transactional",
-        profile=str(record.extra.get("profile") or "default"),
+        profile=profile,
         state_dir=state_dir,
-        schedule=Schedule.exact(record.seed, drawn, realized),
+        schedule=schedule,
         scenario=record.scenario or "",  # "": the one the record's mode names
     )
+
+
+def check_interleaving(realized: Sequence[Any], where: str) -> None:
+    """The realized records ``Schedule.exact`` reads, as ``campaigns/inject.py`` writes
+    them: objects, an attempt number below ``MAX_ATTEMPTS``, ``at`` and ``value`` objects
+    (``ConfigError`` otherwise: an attempt of 10**9 would make as many plans)."""
+    for k, r in enumerate(realized):
+        at = f"{where}: interleaving[{k}]"
+        if not isinstance(r, Mapping):
+            raise ConfigError(f"{at} is not an object")
+        if r.get("type") not in ("ok", "info"):
+            continue  # not replayed (Schedule.exact skips it)
+        attempt = r.get("attempt")
+        if type(attempt) is not int or not 0 <= attempt < MAX_ATTEMPTS:
+            raise ConfigError(f"{at}: attempt {attempt!r} is not between 0 and {MAX_ATTEMPTS - 1}")
+        for name in ("at", "value"):
+            if r.get(name) is not None and not isinstance(r.get(name), Mapping):
+                raise ConfigError(f"{at}: {name} is not an object")
+        if not isinstance(r.get("kind"), str):
+            raise ConfigError(f"{at}: kind {r.get('kind')!r} is not a name")
 
 
 def recorded_env(record: RunRecord) -> dict[str, str] | None:

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from durable_spaces.backends import open_backend
-from durable_spaces.campaigns import scenarios
 from durable_spaces.campaigns.agent import AgentConfigFile
 from durable_spaces.campaigns.checker import LaunchRecord, Workload, collect
 from durable_spaces.campaigns.checks.kept import keep
@@ -38,17 +37,19 @@ from durable_spaces.campaigns.coordinator import Coordinator, CoordinatorResult
 from durable_spaces.campaigns.coverage import attempt_stories
 from durable_spaces.campaigns.evidence import Evidence, RunCheck, judge
 from durable_spaces.campaigns.inject import Injector
+from durable_spaces.campaigns.log_loss import LogHost
 from durable_spaces.campaigns.power import HOST_DIR, PowerHost
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.scenarios import exhaustive
-from durable_spaces.campaigns.scenarios.base import KILL_POINTS, Script
+from durable_spaces.campaigns.scenarios.base import KILL_POINTS, Script, get
 from durable_spaces.campaigns.spec import CampaignSpec, RunSpec, behaviour_env
+from durable_spaces.chaos.journal_kill import JournalKiller
 from durable_spaces.chaos.nemesis import (
     Composed,
     DiskStaller,
     DriverKiller,
     DriverPauser,
-    JournalKiller,
+    LogLoss,
     Nemesis,
     PowerLoss,
     SpaceNemesis,
@@ -81,13 +82,28 @@ class RunPaths:
 
 def _paths(run: RunSpec) -> RunPaths:
     root = Path(run.state_dir)
-    disk = root / HOST_DIR if profile_named(run.profile).power else root  # campaigns/power.py
-    return RunPaths(root, disk / "session", disk / "spaces", disk / "store")
+    prof = profile_named(run.profile)
+    disk = root / HOST_DIR if prof.power else root  # campaigns/power.py
+    session = root / HOST_DIR / "session" if prof.log_mount else disk / "session"
+    return RunPaths(root, session, disk / "spaces", disk / "store")
 
 
 def _host(run: RunSpec) -> PowerHost | None:
-    """The run's host that can lose power, mounted (a ``power`` profile), or None."""
+    """The run's host that can lose power, mounted (a ``power`` profile), or the log's
+    own mount (a ``log-loss`` profile: ``campaigns/log_loss.py``), or None."""
     prof = profile_named(run.profile)
+    if prof.log_mount:
+        log = LogHost(
+            Path(run.state_dir),
+            run.seed,
+            _paths(run).spaces,
+            p_writeback=prof.p_log_writeback,
+            p_tear=prof.p_tear,
+            log_synchronous=prof.log_synchronous,
+            log_format=prof.log_format,
+        )
+        log.start(["session"], off_host=["session/drivers"])
+        return log
     if not prof.power:
         return None
     latency = prof.fsync_latency_ms
@@ -194,8 +210,11 @@ def _nemesis(coordinator: Coordinator, placement: Placement) -> Composed:
     routes["journal_kill"] = JournalKiller(placement.backend, placement.name)
     if placement.host is not None:  # before the injector's hooks: a launch waits for the host
         placement.host.attach(coordinator, placement.backend, placement.name)
-        routes["power_loss"] = PowerLoss(placement.host)
-        routes["disk_stall"] = DiskStaller(placement.host, coordinator)
+        if isinstance(placement.host, LogHost):
+            routes["log_loss"] = LogLoss(placement.host)
+        else:
+            routes["power_loss"] = PowerLoss(placement.host)
+            routes["disk_stall"] = DiskStaller(placement.host, coordinator)
     return compose(routes)
 
 
@@ -328,7 +347,7 @@ def _fill(record: RunRecord, result: CoordinatorResult, injector: Injector) -> N
     power_kills = sum(  # a power loss kills the drivers too: not a failpoint's death
         bool((op.value or {}).get("killed")) + len((op.value or {}).get("killed_stale") or ())
         for op in injector.nemesis.history
-        if op.kind == "power_loss" and op.type == "ok"
+        if op.kind in ("power_loss", "log_loss") and op.type == "ok"
     )
     faults.pop("kill", None)
     faults["random_kill"] = random_kills
@@ -351,6 +370,19 @@ def _fill(record: RunRecord, result: CoordinatorResult, injector: Injector) -> N
             result.attempts, result.epochs, result.exit_codes, injector.trace_of
         ),
     )
+
+
+async def _space_missing(placement: Placement) -> dict[str, str] | None:
+    """What the run's Space said it cannot do on this host, with why
+    (``Capabilities.missing``: a local Space without cgroups fences its epochs by its
+    process groups and environment mark alone); None when it could not be asked."""
+    try:
+        space = await placement.backend.find(placement.name)
+        if space is None:
+            return None
+        return dict((await space.capabilities()).missing)
+    except SpaceUnavailableError:
+        return None
 
 
 def _power_check(host: PowerHost) -> RunCheck:
@@ -378,7 +410,7 @@ async def _prepare(run: RunSpec, script: Script, schedule: Schedule) -> RunConte
 async def run_one(run: RunSpec) -> RunRecord:
     """Run, check and clean up one campaign run."""
     t0 = time.monotonic()
-    scenario = scenarios.get(run.scenario)
+    scenario = get(run.scenario)
     schedule = run.schedule if run.schedule is not None else scenario.schedule(run)
     record = RunRecord(
         run_id=run.run_id,
@@ -404,6 +436,7 @@ async def run_one(run: RunSpec) -> RunRecord:
         _fill(record, result, injector)
         events = list(result.events)  # the launch history the checker reads
         placement = ctx.placement
+        record.extra["space_missing"] = await _space_missing(placement)
         if result.status == "done" and await placement.backend.find(placement.name) is None:
             # A removal that landed as the last driver finished: what the next session
             # would do is drive once more, rebuilding the Space before it reports done.

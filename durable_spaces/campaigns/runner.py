@@ -16,9 +16,12 @@ Layout of ``out_dir``::
 Stdout gets, in order: one ``REPRO <run_id>: <command>`` line per failed run (the
 seed's command and the exact replay of its record), a ``REPRODUCED <run_id> k/N`` line
 per failed run replayed exactly ``retries`` times (``campaigns/replay.py``), a
-``SHRUNK <run_id>: <command>`` line per shrunk one, then the SUMMARY line last. The
-progress bar goes to stderr. ``CampaignResult.exit_code`` is 1 if any run failed, 3 if
-the only trouble was the lab's own (``lab_error`` runs: the adapter was not judged).
+``SHRUNK <run_id>: <command>`` line per shrunk one, an ``UNTESTED <reason>`` line when
+the campaign tested less than it planned, then the SUMMARY line last. The progress bar
+goes to stderr. ``CampaignResult.exit_code`` is 1 if any run failed, 3 if the only
+trouble was the lab's own (``lab_error`` runs: the adapter was not judged), 4 if every
+run was ok but the campaign ran none or its kills fell short of its scenario's tolerance
+(``campaigns/earned.py``; docs/lab-exit-codes.md).
 """
 
 from __future__ import annotations
@@ -43,10 +46,10 @@ import psutil
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from durable_spaces.campaigns import zygote
+from durable_spaces.campaigns import earned, zygote
 from durable_spaces.campaigns.coverage import coverage_of
 from durable_spaces.campaigns.record import RunRecord
-from durable_spaces.campaigns.replay import Reproduction, differences, exact_spec, reproduction
+from durable_spaces.campaigns.replay import Reproduction, exact_spec, reproduction
 from durable_spaces.campaigns.scenarios import registration
 from durable_spaces.campaigns.shrink import ShrinkResult, shrink
 from durable_spaces.campaigns.spec import MAX_JOBS, CampaignSpec, RunSpec
@@ -106,6 +109,8 @@ class CampaignResult:
     shrunk: dict[str, ShrinkResult] = field(default_factory=dict)
     shrunk_repros: dict[str, str] = field(default_factory=dict)
     reproductions: dict[str, Reproduction] = field(default_factory=dict)
+    #: Why the campaign tested less than it planned (``campaigns/earned.py``), or None.
+    untested: str | None = None
 
     @property
     def failed(self) -> list[RunRecord]:
@@ -114,9 +119,8 @@ class CampaignResult:
 
     @property
     def exit_code(self) -> int:
-        if any(r.outcome == "failed" for r in self.records):
-            return 1
-        return 3 if self.failed else 0
+        """1 a run failed, 3 the lab broke one, 4 untested, 0 (``earned.exit_code``)."""
+        return earned.exit_code(self.records, self.untested)
 
     @property
     def summary_line(self) -> str:
@@ -318,10 +322,13 @@ def run_campaign(
             async with runs.warm(jobs if executor is None else 0, len(specs)):
                 return list(await asyncio.gather(*(one(rs) for rs in specs)))
 
+    # An exhaustive campaign whose trace listed no hit has no schedule, so no run.
+    no_runs = "ran no run" + (": the trace found no failpoint hit" if schedules is not None else "")
     with runs.zygote():
         return _run_and_report(
             spec, runs, specs, all_runs, out, stdout, retries, state_root, shrink_failures,
             shrink_budget, by_id={rs.run_id: rs for rs in specs}, meta=meta, started=started,
+            no_runs=no_runs,
         )  # fmt: skip
 
 
@@ -340,6 +347,7 @@ def _run_and_report(
     by_id: dict[str, RunSpec],
     meta: dict[str, Any],
     started: float,
+    no_runs: str = "ran no run",
 ) -> CampaignResult:
     """The runs, then the replays and shrinks of the failed ones, then the SUMMARY."""
     records = asyncio.run(all_runs())
@@ -352,6 +360,7 @@ def _run_and_report(
         spec, out, records,
         Summary.of(records, mode=spec.mode, backend=spec.backend, seed_base=spec.seed_base,
                    extra=extra),
+        untested=earned.campaign_shortfall(records, spec) if records else no_runs,
     )  # fmt: skip
     for rec in result.failed:
         result.repros[rec.run_id] = rec.repro
@@ -400,94 +409,10 @@ def _run_and_report(
         summary=result.summary_line,
         repros=result.repros,
         shrunk=result.shrunk_repros,
+        untested=result.untested,
     )
     (out / "campaign.json").write_text(json.dumps(meta, indent=2) + "\n")
+    if result.untested is not None:
+        print(f"UNTESTED {result.untested}", file=w, flush=True)
     print(result.summary_line, file=w, flush=True)
-    return result
-
-
-@dataclass
-class Determinism:
-    """K seeds run twice each: how many realized the same interleaving both times."""
-
-    seeds: int
-    same: int
-    profile: str
-    differences: dict[str, list[str]] = field(default_factory=dict)
-
-    @property
-    def fraction(self) -> float:
-        return self.same / self.seeds if self.seeds else 1.0
-
-    def line(self) -> str:
-        return (
-            f"DETERMINISM seeds={self.seeds} same={self.same} "
-            f"fraction={self.fraction:.3f} profile={self.profile}"
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "seeds": self.seeds,
-            "same": self.same,
-            "fraction": self.fraction,
-            "profile": self.profile,
-            "differences": self.differences,
-        }
-
-
-def run_determinism(
-    spec: CampaignSpec,
-    run_one: RunOneRef,
-    seeds: int,
-    *,
-    out_dir: str | Path,
-    jobs: int | None = None,
-    run_timeout_s: float | None = 900.0,
-    stdout: IO[str] | None = None,
-) -> Determinism:
-    """Run seeds ``<seed_base>-0 .. K-1`` twice each and compare the two realized
-    interleavings (``campaigns/replay.py``'s signature); writes ``determinism.json`` and
-    the records of both runs under ``runs/`` (``<run>.a``, ``<run>.b``)."""
-    if not 1 <= seeds <= 10_000:
-        raise ConfigError(f"--determinism must be between 1 and 10000 seeds, not {seeds}")
-    out = _check_args(out_dir, jobs, run_timeout_s, 40)
-    for sub in ("runs", "logs", "state"):
-        (out / sub).mkdir(parents=True, exist_ok=True)
-    runs = _Runs(run_one_ref(run_one), out, run_timeout_s)
-    state_root = str(out / "state")
-    pairs = [
-        [spec.run(i, state_root).with_(run_id=f"run-{i:04d}.{t}",
-                                        state_dir=os.path.join(state_root, f"run-{i:04d}.{t}"))
-         for t in ("a", "b")]
-        for i in range(seeds)
-    ]  # fmt: skip
-
-    async def all_runs() -> list[RunRecord]:
-        sem = asyncio.Semaphore(jobs or spec.jobs)
-
-        async def one(rs: RunSpec) -> RunRecord:
-            async with sem:
-                rec = await runs.run(rs)
-            rec.save(out / "runs")
-            return rec
-
-        async with runs.warm(jobs or spec.jobs, 2 * seeds):
-            return list(await asyncio.gather(*(one(rs) for pair in pairs for rs in pair)))
-
-    with runs.zygote():
-        recs = asyncio.run(all_runs())
-    result = Determinism(seeds, 0, spec.profile)
-    for i in range(seeds):
-        a, b = recs[2 * i], recs[2 * i + 1]
-        diff = differences(a, b)
-        if diff:
-            result.differences[f"run-{i:04d}"] = diff
-        else:
-            result.same += 1
-    (out / "determinism.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
-    w = stdout if stdout is not None else sys.stdout
-    print(result.line(), file=w, flush=True)
-    for run, diff in result.differences.items():  # where each pair parted, and its records
-        print(f"PARTED {run}: {'; '.join(diff)} ({out / 'runs' / run}.a.json, .b.json)",
-              file=w, flush=True)  # fmt: skip
     return result

@@ -17,6 +17,7 @@ was: the adapter's mode of a ``random`` campaign, the scenario's name otherwise.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
@@ -26,7 +27,9 @@ from typing import Any
 
 from durable_spaces import switches
 from durable_spaces.backends import CLAIMS, known_backends
-from durable_spaces.campaigns.scenarios import DEFAULT, known_scenarios, registration
+from durable_spaces.campaigns.record import RUN_ID_RE
+from durable_spaces.campaigns.scenarios import DEFAULT, Tolerance, known_scenarios, registration
+from durable_spaces.chaos import mutants
 from durable_spaces.chaos.schedule import PROFILES, Schedule
 from durable_spaces.errors import ConfigError
 from durable_spaces.space import Faults
@@ -57,6 +60,8 @@ def _choice(var: str, value: str, choices: tuple[str, ...]) -> str:
 #: replayed without them takes another path (CI's journal-in-space campaign runs with
 #: ``DS_HOST_SCAN=0``; its repro lines once named no such thing).
 BEHAVIOUR_ENV = (*switches.NAMES, "DS_MUTANTS", "DS_LOG_SYNCHRONOUS", "DS_LOG_FORMAT")
+#: What the driver's log takes (``adapter/driver.py``'s ``_open_log``).
+LOG_FORMATS = ("sqlite", "jsonl")
 _ENV_VALUE = re.compile(r"[A-Za-z0-9_.,:=+-]{0,200}", re.ASCII)
 
 
@@ -67,9 +72,11 @@ def behaviour_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def check_env(env: object, where: str) -> dict[str, str]:
-    """``env`` read back from a run record, as ``behaviour_env`` wrote it: only those
-    names, short plain values, each switch 0 or 1 (``ConfigError`` otherwise: it is about
-    to become this process's environment)."""
+    """``env`` read back from a run record, as ``behaviour_env`` wrote it, or this
+    process's own (``campaign`` and ``repro`` check it before any work, one way for
+    both): only those names, short plain values, each switch 0 or 1, known mutants, a
+    log format and level the driver takes (``adapter/driver.py``); ``ConfigError`` in
+    one line otherwise (a record's is about to become this process's environment)."""
     if not isinstance(env, Mapping):
         raise ConfigError(f"{where}: the environment is not a mapping of names to values")
     out: dict[str, str] = {}
@@ -80,6 +87,15 @@ def check_env(env: object, where: str) -> dict[str, str]:
             raise ConfigError(f"{where}: {k}={v!r} is not a plain value")
         out[k] = v
     switches.check_all(out)
+    mutants.check(out.get("DS_MUTANTS"))
+    if (out.get("DS_LOG_FORMAT") or "sqlite") not in LOG_FORMATS:
+        raise ConfigError(f"{where}: DS_LOG_FORMAT={out['DS_LOG_FORMAT']!r}: sqlite or jsonl")
+    sync = out.get("DS_LOG_SYNCHRONOUS") or "NORMAL"
+    jsonl = out.get("DS_LOG_FORMAT") == "jsonl"
+    if not (sync in ("NORMAL", "FULL", "OFF") if jsonl else sync.upper() in ("NORMAL", "FULL")):
+        raise ConfigError(
+            f"{where}: DS_LOG_SYNCHRONOUS={sync!r}: NORMAL or FULL (or OFF for a JSONL log)"
+        )
     return out
 
 
@@ -110,6 +126,64 @@ def _positive_int(var: str, value: str | int, cap: int) -> int:
     if n > cap:
         raise ConfigError(f"{var}={value!r} is over the limit of {cap}")
     return n
+
+
+#: A schedule's bounds (what a drawn one never comes near; a record's or a file's beyond
+#: them is not a run's): attempts (the coordinator stops after its ``max_attempts``, 20 by
+#: default), a point's hit number (about 20 logical hits a call), and any time in it.
+MAX_ATTEMPTS = 1000
+MAX_HIT = 100 * MAX_CALLS
+MAX_DELAY_S = 24 * 3600.0
+#: A failpoint's name goes into ``DS_FAILPOINTS`` (``name:n[:action]``, comma-separated).
+_POINT_NAME = re.compile(r"[A-Za-z0-9_.*-]{1,100}", re.ASCII)
+
+
+def _hit(var: str, n: object) -> None:
+    if type(n) is not int or not 1 <= n <= MAX_HIT:
+        raise ConfigError(f"{var}={n!r} is not a hit number between 1 and {MAX_HIT}")
+
+
+def _delay(var: str, x: object, *, optional: bool = False) -> None:
+    if x is None and optional:
+        return
+    number = isinstance(x, int | float) and not isinstance(x, bool)
+    if not number or not math.isfinite(x) or not 0 <= x <= MAX_DELAY_S:  # type: ignore[arg-type,operator]
+        raise ConfigError(f"{var}={x!r} is not a time between 0 and {MAX_DELAY_S:g} s")
+
+
+def check_schedule(schedule: Schedule, where: str) -> Schedule:
+    """``schedule`` within the bounds a run can have (``ConfigError`` naming ``where`` and
+    the field): its seed one safe word, at most ``MAX_ATTEMPTS`` attempts, hit numbers
+    1..``MAX_HIT``, every time and duration finite and within ``MAX_DELAY_S``, point
+    names one word. Kinds and triggers are checked where each record is made
+    (``chaos/faults.py``)."""
+    check_seed(f"{where}: seed", schedule.seed)
+    if len(schedule.attempts) > MAX_ATTEMPTS:
+        raise ConfigError(f"{where}: {len(schedule.attempts)} attempts, over {MAX_ATTEMPTS}")
+    for i, a in enumerate(schedule.attempts):
+        at = f"{where}: attempt {i}"
+        if a.failpoint is not None:
+            if not isinstance(a.failpoint.name, str) or not _POINT_NAME.fullmatch(a.failpoint.name):
+                raise ConfigError(f"{at}: failpoint {a.failpoint.name!r} is not a point's name")
+            _hit(f"{at}: failpoint n", a.failpoint.n)
+            if a.failpoint.action not in ("kill", "pause"):
+                raise ConfigError(f"{at}: failpoint action {a.failpoint.action!r}")
+        for x in a.kill_after_s:
+            _delay(f"{at}: kill_after_s", x)
+        for f in a.faults:
+            _delay(f"{at}: {f.kind} at_s", f.at_s, optional=True)
+            _delay(f"{at}: {f.kind} duration_s", f.duration_s, optional=True)
+            _delay(f"{at}: {f.kind} resume_s", f.resume_s)
+        for pz in a.pauses:
+            _delay(f"{at}: pause at_s", pz.at_s, optional=True)
+            _delay(f"{at}: pause resume_s", pz.resume_s)
+        for pf in a.at_points:
+            if not isinstance(pf.point, str) or not _POINT_NAME.fullmatch(pf.point):
+                raise ConfigError(f"{at}: point {pf.point!r} is not a point's name")
+            _hit(f"{at}: {pf.kind} at {pf.point} n", pf.n)
+            _delay(f"{at}: {pf.kind} duration_s", pf.duration_s, optional=True)
+            _delay(f"{at}: {pf.kind} resume_s", pf.resume_s)
+    return schedule
 
 
 def check_seed(var: str, value: str) -> str:
@@ -144,6 +218,63 @@ def resolve(mode: str, scenario: str, durable_mode: str | None) -> tuple[str, st
     return scen, adapter, name
 
 
+def check_run(
+    mode: str,
+    scenario: str | None,
+    durable_mode: str | None,
+    backend: str,
+    profile: str,
+    calls: int,
+) -> tuple[str, str, str]:
+    """What every run is, checked one way whether it comes from flags, ``CRASH_*``
+    variables, a run record (``repro --exact``) or a spec read back from the queue:
+    ``(scenario, adapter mode, name)`` as ``resolve`` gives them, else ``ConfigError``
+    naming the option the value stands for (a record's ``calls=10**9`` is refused as
+    ``--calls 1000000000`` is)."""
+    for var, value in (("--mode/CRASH_MODE", mode), ("--backend/CRASH_BACKEND", backend),
+                       ("--profile/CRASH_PROFILE", profile)):  # fmt: skip
+        if not isinstance(value, str):
+            raise ConfigError(f"{var}={value!r} is not a name")
+    for var, opt in (("--scenario/CRASH_SCENARIO", scenario),
+                     ("--durable-mode/CRASH_DURABLE_MODE", durable_mode)):  # fmt: skip
+        if opt is not None and not isinstance(opt, str):
+            raise ConfigError(f"{var}={opt!r} is not a name")
+    scen, adapter, name = resolve(mode, scenario or "", durable_mode)
+    _choice("--backend/CRASH_BACKEND", backend, BACKENDS)
+    if type(calls) is not int:  # a flag's string is converted before: here a number only
+        raise ConfigError(f"--calls/CRASH_CALLS={calls!r} is not an integer")
+    _positive_int("--calls/CRASH_CALLS", calls, MAX_CALLS)
+    _choice("--profile/CRASH_PROFILE", profile, tuple(PROFILES))
+    if PROFILES[profile].power and backend not in ("local", "spacesd"):
+        raise ConfigError(
+            f"--profile/CRASH_PROFILE {profile} (power losses, a slow disk) runs on "
+            "--backend/CRASH_BACKEND=local or spacesd only: their Spaces' state is on "
+            f"the host's powerfs mount (campaigns/power.py), not {backend}'s"
+        )
+    if PROFILES[profile].p_journal_kill and backend not in JOURNAL_BACKENDS:
+        raise ConfigError(
+            f"--profile/CRASH_PROFILE {profile} (the change journal's helper in the "
+            f"Space killed) runs on --backend/CRASH_BACKEND={'/'.join(JOURNAL_BACKENDS)} "
+            f"(a microvm's Space runs the helper, spacesd's and docker's with "
+            f"DS_HOST_SCAN=0), not {backend}: its Spaces run none"
+        )
+    needs = registration(scen)
+    if needs.backend is not None and backend != needs.backend:
+        raise ConfigError(
+            f"the {scen} scenario (--scenario/CRASH_SCENARIO, or --mode/CRASH_MODE "
+            f"{scen}) needs --backend/CRASH_BACKEND={needs.backend}: {needs.why_backend}"
+        )
+    if needs.modes is not None and adapter not in needs.modes:
+        # Not silently run in another mode: the server scenario's kills wait on machine
+        # checkpoints, so in transactional mode they never landed and every run passed
+        # having tested nothing (CI inherited CRASH_MODE=transactional from the Makefile).
+        raise ConfigError(
+            f"the {scen} scenario runs the adapter in {' or '.join(needs.modes)} mode "
+            f"(--mode/CRASH_MODE or --durable-mode), not {adapter}: {needs.why_modes}"
+        )
+    return scen, adapter, name
+
+
 @dataclass(frozen=True)
 class CampaignSpec:
     """A campaign. ``mode``, ``scenario`` and ``durable_mode`` are taken as the options
@@ -162,43 +293,15 @@ class CampaignSpec:
     scenario: str = ""
 
     def __post_init__(self) -> None:
-        scenario, adapter, name = resolve(self.mode, self.scenario, self.durable_mode)
+        scenario, adapter, name = check_run(
+            self.mode, self.scenario, self.durable_mode, self.backend, self.profile, self.calls
+        )
         object.__setattr__(self, "scenario", scenario)
         object.__setattr__(self, "durable_mode", adapter)
         object.__setattr__(self, "mode", name)
-        _choice("--backend/CRASH_BACKEND", self.backend, BACKENDS)
         check_seed("--seed-base/CRASH_SEED_BASE", self.seed_base)
         _positive_int("--runs/CRASH_RUNS", self.runs, MAX_RUNS)
-        _positive_int("--calls/CRASH_CALLS", self.calls, MAX_CALLS)
         _positive_int("--jobs/CRASH_JOBS", self.jobs, MAX_JOBS)
-        _choice("--profile/CRASH_PROFILE", self.profile, tuple(PROFILES))
-        if PROFILES[self.profile].power and self.backend not in ("local", "spacesd"):
-            raise ConfigError(
-                f"--profile/CRASH_PROFILE {self.profile} (power losses, a slow disk) runs on "
-                "--backend/CRASH_BACKEND=local or spacesd only: their Spaces' state is on "
-                f"the host's powerfs mount (campaigns/power.py), not {self.backend}'s"
-            )
-        if PROFILES[self.profile].p_journal_kill and self.backend not in JOURNAL_BACKENDS:
-            raise ConfigError(
-                f"--profile/CRASH_PROFILE {self.profile} (the change journal's helper in the "
-                f"Space killed) runs on --backend/CRASH_BACKEND={'/'.join(JOURNAL_BACKENDS)} "
-                f"(a microvm's Space runs the helper, spacesd's and docker's with "
-                f"DS_HOST_SCAN=0), not {self.backend}: its Spaces run none"
-            )
-        needs = registration(scenario)
-        if needs.backend is not None and self.backend != needs.backend:
-            raise ConfigError(
-                f"the {scenario} scenario (--scenario/CRASH_SCENARIO, or --mode/CRASH_MODE "
-                f"{scenario}) needs --backend/CRASH_BACKEND={needs.backend}: {needs.why_backend}"
-            )
-        if needs.modes is not None and adapter not in needs.modes:
-            # Not silently run in another mode: the server scenario's kills wait on machine
-            # checkpoints, so in transactional mode they never landed and every run passed
-            # having tested nothing (CI inherited CRASH_MODE=transactional from the Makefile).
-            raise ConfigError(
-                f"the {scenario} scenario runs the adapter in {' or '.join(needs.modes)} mode "
-                f"(--mode/CRASH_MODE or --durable-mode), not {adapter}: {needs.why_modes}"
-            )
 
     @property
     def adapter_mode(self) -> str:
@@ -228,6 +331,12 @@ class CampaignSpec:
                 kw[key] = conv(raw.strip())
         kw.update({k: v for k, v in overrides.items() if v is not None})
         return CampaignSpec(**kw)
+
+    @property
+    def tolerance(self) -> Tolerance:
+        """How much of what its schedules plan must land (``campaigns/earned.py``): its
+        scenario's."""
+        return registration(self.scenario).tolerance
 
     def run(self, index: int, state_root: str, schedule: Schedule | None = None) -> RunSpec:
         """The ``index``-th run (seed ``<seed_base>-<index>``)."""
@@ -270,9 +379,24 @@ class RunSpec:
     scenario: str = ""
 
     def __post_init__(self) -> None:
+        # The checks a campaign's flags get (``check_run``), whatever made this run: a
+        # campaign, a run record (``repro --exact``), a spec read back from the queue.
+        if not isinstance(self.run_id, str) or not RUN_ID_RE.fullmatch(self.run_id):
+            raise ConfigError(f"run id {self.run_id!r} is not a safe file name")
+        check_seed("--seed", self.seed)
+        # ``mode`` is the campaign's name: a scenario's own name (redrive) is no --mode
+        mode = "" if self.scenario and self.mode == self.scenario else self.mode
+        scenario, _, _ = check_run(
+            mode, self.scenario, self.durable_mode, self.backend, self.profile, self.calls
+        )
         if not self.scenario:
-            named = self.mode if self.mode in MODE_ALIASES else DEFAULT
-            object.__setattr__(self, "scenario", named)
+            object.__setattr__(self, "scenario", scenario)
+        if type(self.index) is not int or not 0 <= self.index <= MAX_HIT:
+            raise ConfigError(f"run index {self.index!r} is not between 0 and {MAX_HIT}")
+        if not isinstance(self.state_dir, str) or "\0" in self.state_dir:
+            raise ConfigError(f"state directory {self.state_dir!r} is not a path")
+        if self.schedule is not None:
+            check_schedule(self.schedule, "the run's schedule")
 
     def with_(self, **changes: Any) -> RunSpec:
         return replace(self, **changes)

@@ -3,12 +3,15 @@
 Exactly::
 
     SUMMARY mode=<m> backend=<b> runs=<n> ok=<n> failed=<n> lab_errors=<n> kills=<n>
-    faults=<fault:n,...> recoveries=<kind:n,...> resume_p50_ms=<x> resume_p95_ms=<x>
-    seed_base=<s> [<key>=<value> ...]
+    planned_kills=<n> faults=<fault:n,...> recoveries=<kind:n,...> resume_p50_ms=<x>
+    resume_p95_ms=<x> seed_base=<s> [<key>=<value> ...]
 
 on one line. Choices: ``failed`` counts the runs where a check of the system under test
 failed, ``lab_errors`` the runs the lab itself broke (they say nothing about the
-adapter), so ``ok + failed + lab_errors == runs``; scenarios may append fields of their
+adapter), so ``ok + failed + lab_errors == runs``; ``kills`` counts the drivers killed,
+``planned_kills`` the kills the runs' schedules asked for (``Schedule.planned_kills``; not
+every one can land: ``campaigns/earned.py`` says how many must, and lines written before
+it existed lack the field, read as 0); scenarios may append fields of their
 own after ``seed_base`` (``extra``, in order); a ``name:count`` list is sorted by name and is
 ``-`` when empty (zero counts are left out); percentiles are linear-interpolated
 (numpy's default) over every run's resume samples and printed as integers (rounded),
@@ -23,16 +26,17 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from durable_spaces.campaigns.earned import planned_kills
 from durable_spaces.campaigns.record import RunRecord
 
-_FIELDS = (
-    "mode", "backend", "runs", "ok", "failed", "lab_errors", "kills", "faults", "recoveries",
-    "resume_p50_ms", "resume_p95_ms", "seed_base",
-)  # fmt: skip
+_HEAD = ("mode", "backend", "runs", "ok", "failed", "lab_errors", "kills")
+_TAIL = ("faults", "recoveries", "resume_p50_ms", "resume_p95_ms", "seed_base")
 _VALUE = r"[^\s=]+"
 _LINE = re.compile(
     r"^SUMMARY "
-    + " ".join(f"{k}=(?P<{k}>{_VALUE})" for k in _FIELDS)
+    + " ".join(f"{k}=(?P<{k}>{_VALUE})" for k in _HEAD)
+    + r"(?: planned_kills=(?P<planned_kills>[0-9]+))?"  # optional: older lines lack it
+    + "".join(f" {k}=(?P<{k}>{_VALUE})" for k in _TAIL)
     + rf"(?P<extra>(?: [a-z_][a-z0-9_]*={_VALUE})*)$"
 )
 
@@ -79,6 +83,7 @@ class Summary:
     failed: int = 0
     lab_errors: int = 0
     kills: int = 0
+    planned_kills: int = 0
     faults: dict[str, int] = field(default_factory=dict)
     recoveries: dict[str, int] = field(default_factory=dict)
     resume_p50_ms: int | None = None
@@ -115,6 +120,7 @@ class Summary:
             failed=len(rs) - ok - lab,
             lab_errors=lab,
             kills=sum(r.kills for r in rs),
+            planned_kills=sum(planned_kills(r) for r in rs),
             faults=dict(faults),
             recoveries=dict(recov),
             resume_p50_ms=None if p50 is None else round(p50),
@@ -133,7 +139,7 @@ class Summary:
         return (
             f"SUMMARY mode={self.mode} backend={self.backend} runs={self.runs} ok={self.ok} "
             f"failed={self.failed} lab_errors={self.lab_errors} kills={self.kills} "
-            f"faults={format_counts(self.faults)} "
+            f"planned_kills={self.planned_kills} faults={format_counts(self.faults)} "
             f"recoveries={format_counts(self.recoveries)} "
             f"resume_p50_ms={_fmt_ms(self.resume_p50_ms)} "
             f"resume_p95_ms={_fmt_ms(self.resume_p95_ms)} seed_base={self.seed_base}{tail}"
@@ -159,6 +165,7 @@ class Summary:
             failed=int(g["failed"]),
             lab_errors=int(g["lab_errors"]),
             kills=int(g["kills"]),
+            planned_kills=int(g["planned_kills"] or 0),
             faults=parse_counts(g["faults"]),
             recoveries=parse_counts(g["recoveries"]),
             resume_p50_ms=ms(g["resume_p50_ms"]),

@@ -36,6 +36,8 @@ import signal
 import threading
 import time
 
+from durable_spaces.chaos import mutants
+
 ACTIONS = ("kill", "pause", "stop")
 ANY = "*"
 
@@ -110,6 +112,8 @@ def hit(point: str, *, timer: bool = False) -> None:
     hit of it (or of ``*``). ``timer``: hit from a timer, not a logical position."""
     global _logical
     if not _armed and _trace_path is None:
+        return
+    if mutants.active("failpoints_off"):
         return
     with _lock:
         n = _counts.get(point, 0) + 1

@@ -28,7 +28,10 @@ from durable_spaces.chaos.failpoints import ANY
 #: the host's disk not completing durability calls for a while (``chaos/powerfs/disk.py``):
 #: the driver stuck inside one, maybe taken over meanwhile (``nemesis.DiskStaller``).
 #: ``journal_kill`` is the change journal's helper in the Space killed (what a command
-#: of the Space's user that means harm, or the OOM killer, can do: ``nemesis.JournalKiller``).
+#: of the Space's user that means harm, or the OOM killer, can do: ``journal_kill.JournalKiller``).
+#: ``log_loss`` is the log's storage alone losing its unsynced tail (a mount of its own
+#: that lost power: a shared mount, another host), its drivers killed with it; the Space
+#: and its host go on, the same boot (``nemesis.LogLoss``, ``campaigns/log_loss.py``).
 FAULT_KINDS = (
     "daemon_kill",
     "space_restart",
@@ -37,6 +40,7 @@ FAULT_KINDS = (
     "power_loss",
     "disk_stall",
     "journal_kill",
+    "log_loss",
 )
 #: Faults that last a while (their records carry ``duration_s``).
 TIMED_KINDS = ("space_pause", "disk_stall")

@@ -9,8 +9,10 @@ times in the composed nemesis's ``history``, which is what a run record counts.
 Kinds: ``kill`` (SIGKILL the current driver), ``pause`` (SIGSTOP it, maybe let a newer
 driver take over, SIGCONT it later), ``daemon_kill``, ``space_restart``, ``space_remove``
 and ``space_pause`` (through a ``SpaceBackend``), ``power_loss`` (through a ``Host``),
+``log_loss`` (through a ``LogStorage``),
 ``disk_stall`` (through a ``StallableDisk``: the driver stuck inside a durability call,
-maybe taken over meanwhile, as a pause is), ``journal_kill`` (a command in the Space).
+maybe taken over meanwhile, as a pause is), ``journal_kill`` (a command in the Space,
+``journal_kill.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from durable_spaces.space import Space, SpaceBackend
+    from durable_spaces.space import SpaceBackend
 
 
 @dataclass(frozen=True)
@@ -259,57 +261,6 @@ class SpaceNemesis:
         return _done(op, "ok", value=op.value if op.kind == "space_pause" else self.name)
 
 
-#: Kills the change journal's helpers of the workspace ``$ARGV[0]`` (a process whose
-#: argv is ``perl -e SCRIPT <workspace> ...``, as ``spacesd/guest_journal.py`` starts it,
-#: this one aside) and prints how many. perl: the helper's own language, so whatever Space
-#: runs a helper can run this; its argv holds newlines, which a shell's read would split.
-KILL_JOURNAL = r"""my $root = shift; my $n = 0;
-opendir(my $d, '/proc') or die "no /proc: $!";
-for my $p (grep { /^\d+$/ && $_ != $$ } readdir $d) {
-    open(my $f, '<:raw', "/proc/$p/cmdline") or next;
-    my @a = split /\0/, do { local $/; <$f> } // '', -1;
-    $n += kill('KILL', $p) if @a >= 4 && $a[0] eq 'perl' && $a[1] eq '-e' && $a[3] eq $root;
-}
-print "killed $n\n";
-"""
-
-
-async def kill_journal(space: Space) -> int:
-    """SIGKILL ``space``'s change-journal helpers by a command in the Space at its current
-    epoch: what a command of the Space's user that means harm can do. How many."""
-    res = await space.exec(
-        ["perl", "-e", KILL_JOURNAL, space.root], key=None, epoch=await space.current_epoch()
-    )
-    words = res.output.decode(errors="replace").split()
-    if res.exit_code != 0 or len(words) != 2 or words[0] != "killed" or not words[1].isdigit():
-        raise RuntimeError(f"the helper's kill exited {res.exit_code}: {res.output[-200:]!r}")
-    return int(words[1])
-
-
-class JournalKiller:
-    """``journal_kill``: the change journal's helper in the Space (``guest_journal.pl``)
-    killed by a command of the Space's user (``kill_journal``), as one that means harm, or
-    the OOM killer, can: the driver's next scan must find it gone and scan its own way,
-    never answer from what it kept. ``ok`` with how many helpers were killed (0: none ran,
-    e.g. the Space scanned on the host); ``info`` on an error."""
-
-    kinds = frozenset({"journal_kill"})
-
-    def __init__(self, backend: SpaceBackend, name: str) -> None:
-        self.backend = backend
-        self.name = name
-
-    async def invoke(self, op: Op) -> Op:
-        try:
-            space = await self.backend.find(self.name)
-            if space is None:
-                return _done(op, "info", error=f"no Space {self.name!r}")
-            killed = await kill_journal(space)
-        except Exception as e:
-            return _done(op, "info", error=f"{type(e).__name__}: {e}")
-        return _done(op, "ok", found={"killed": killed})
-
-
 class Host(Protocol):
     """A machine that can lose power (``campaigns/power.py``): every process on it killed,
     its unsynced writes dropped, booted again. Returns what the cut dropped."""
@@ -329,6 +280,31 @@ class PowerLoss:
     async def invoke(self, op: Op) -> Op:
         try:
             report = await self.host.power_loss(dict(op.value or {}))
+        except Exception as e:
+            return _done(op, "info", error=f"{type(e).__name__}: {e}")
+        return _done(op, "ok", value={**dict(op.value or {}), **report})
+
+
+class LogStorage(Protocol):
+    """The log's storage, on a mount of its own that can lose power
+    (``campaigns/log_loss.py``): its drivers killed, its unsynced writes dropped; nothing
+    else touched. Returns what the cut dropped."""
+
+    async def log_loss(self, value: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+class LogLoss:
+    """``log_loss`` of a ``LogStorage``. ``ok`` with the cut's report; ``info`` on an
+    error (the drivers may have died, the cut not come)."""
+
+    kinds = frozenset({"log_loss"})
+
+    def __init__(self, storage: LogStorage) -> None:
+        self.storage = storage
+
+    async def invoke(self, op: Op) -> Op:
+        try:
+            report = await self.storage.log_loss(dict(op.value or {}))
         except Exception as e:
             return _done(op, "info", error=f"{type(e).__name__}: {e}")
         return _done(op, "ok", value={**dict(op.value or {}), **report})

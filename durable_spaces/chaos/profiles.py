@@ -54,18 +54,30 @@ class Profile:
     #: Every durability call of the host's disk delayed by a latency drawn per run
     #: (milliseconds; None: no latency).
     fsync_latency_ms: tuple[float, float] | None = None
-    #: The change journal's helper in the Space killed (``nemesis.JournalKiller``; a
+    #: The change journal's helper in the Space killed (``journal_kill.JournalKiller``; a
     #: backend whose Spaces run it: ``spec.JOURNAL_BACKENDS``).
     p_journal_kill: float = 0.0
     #: After a stall with a takeover, a power loss soon after the next driver's launch:
     #: the cut comes while the stall still holds the old driver's call.
     p_cut_in_stall: float = 0.0
+    #: The log's storage alone loses its unsynced tail (``chaos/faults.py``); a profile
+    #: with it keeps the log on a powerfs mount of its own (``campaigns/log_loss.py``).
+    p_log_loss: float = 0.0
+    #: Before a driver's launch the log's dirty pages are written back (as a kernel does
+    #: after a while): a later cut keeps that older prefix of the log and drops the rest.
+    p_log_writeback: float = 0.0
 
     @property
     def power(self) -> bool:
         """Whether runs of this profile need a host on powerfs: one that can lose power,
         or whose disk is slow or stalls."""
         return self.p_power_loss > 0 or self.p_disk_stall > 0 or bool(self.fsync_latency_ms)
+
+    @property
+    def log_mount(self) -> bool:
+        """Whether runs of this profile keep the log alone on a powerfs mount (the Space
+        and everything else on the ordinary disk)."""
+        return self.p_log_loss > 0 and not self.power
 
     def p_fault(self, kind: str) -> float:
         return {
@@ -76,6 +88,7 @@ class Profile:
             "power_loss": self.p_power_loss,
             "disk_stall": self.p_disk_stall,
             "journal_kill": self.p_journal_kill,
+            "log_loss": self.p_log_loss,
         }[kind]
 
 
@@ -151,6 +164,20 @@ PROFILES: dict[str, Profile] = {
         resume_s=(0.0, 1.0),
         fsync_latency_ms=(0.0, 15.0),
         p_cut_in_stall=0.2,
+    ),
+    # The log's storage alone loses its unsynced tail (SQLite NORMAL on a mount of its
+    # own), mostly right after a driver kill; the Space and its host go on, the same boot.
+    "log-loss": Profile(
+        p_failpoint=0.5,
+        p_random_kill=0.3,
+        p_daemon_kill=0.0,
+        p_space_restart=0.0,
+        p_space_remove=0.0,
+        p_log_loss=0.7,
+        p_log_writeback=0.5,
+        p_after_kill=0.7,
+        faulty_attempts=3,
+        log_synchronous="NORMAL",
     ),
     # nothing goes wrong: a baseline run
     "calm": Profile(

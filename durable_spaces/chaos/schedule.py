@@ -59,7 +59,7 @@ EVERY_CALL = (
 
 #: Fault kinds added after seeds were first drawn: where a profile leaves them off they
 #: draw nothing, so an old seed still draws the schedule it drew.
-LATER_KINDS = ("space_pause", "power_loss", "disk_stall", "journal_kill")
+LATER_KINDS = ("space_pause", "power_loss", "disk_stall", "journal_kill", "log_loss")
 
 
 @dataclass(frozen=True)
@@ -77,12 +77,19 @@ class Schedule:
 
     @property
     def planned_kills(self) -> int:
-        """Driver kills the schedule asks for (each may or may not land)."""
+        """Driver kills the schedule asks for (each may or may not land): failpoints whose
+        action is a kill (a pause failpoint stops its driver, it does not kill it), random
+        times, kills at points."""
         return sum(
-            (a.failpoint is not None)
-            + len(a.kill_after_s)
-            + sum(1 for p in a.at_points if p.kind == "kill")
+            len(a.kill_after_s) + sum(1 for p in a.at_points if p.kind == "kill")
             for a in self.attempts
+        ) + self.planned_failpoint_kills
+
+    @property
+    def planned_failpoint_kills(self) -> int:
+        """The attempts whose failpoint kills its driver."""
+        return sum(
+            1 for a in self.attempts if a.failpoint is not None and a.failpoint.action == "kill"
         )
 
     def planned_faults(self) -> dict[str, int]:
@@ -93,7 +100,10 @@ class Schedule:
     def size(self) -> tuple[int, int, float]:
         """Shrink order: (faults + kills, sum of failpoint hit numbers, sum of delays)."""
         n = self.planned_kills + sum(
-            len(a.faults) + sum(1 for p in a.at_points if p.kind != "kill") for a in self.attempts
+            len(a.faults)
+            + sum(1 for p in a.at_points if p.kind != "kill")
+            + (a.failpoint is not None and a.failpoint.action != "kill")  # a pause failpoint
+            for a in self.attempts
         )
         hits = sum(a.failpoint.n for a in self.attempts if a.failpoint is not None)
         hits += sum(p.n for a in self.attempts for p in a.at_points)

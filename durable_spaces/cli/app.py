@@ -17,7 +17,8 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from durable_spaces.errors import DurableSpacesError
+from durable_spaces.chaos import mutants
+from durable_spaces.errors import ConfigError, DurableSpacesError
 from durable_spaces.switches import check_all
 
 #: click's exceptions as this typer raises them (newer typers vendor their own click).
@@ -48,6 +49,8 @@ class _OneLineErrors(TyperGroup):
     ) -> Any:
         try:
             check_all()  # a malformed DS_* switch: one line, before any work
+            if (bad := mutants.problem()) is not None:  # DS_MUTANTS=nope, the same
+                raise ConfigError(bad)
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except _NO_ARGS_IS_HELP as e:
             e.show()  # type: ignore[attr-defined]  # the help text itself, as before

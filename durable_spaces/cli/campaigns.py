@@ -67,6 +67,14 @@ Profile = Annotated[str | None, typer.Option(help="fault profile (CRASH_PROFILE)
 Keep = Annotated[bool, typer.Option(help="keep each run's workspace tar and raw log (CRASH_KEEP)")]
 
 
+def _check_behaviour_env() -> None:
+    """This process's ``DS_*`` that choose code paths (what its runs' drivers inherit),
+    checked as a run record's are (``spec.check_env``): ``DS_MUTANTS=nope`` is one line."""
+    from durable_spaces.campaigns.spec import behaviour_env, check_env
+
+    check_env(behaviour_env(), "the environment")
+
+
 def _keep(keep: bool) -> None:
     """Runs read CRASH_KEEP (workers inherit this process's environment)."""
     if keep:
@@ -103,9 +111,10 @@ def campaign(
         typer.Option("--db", help="run on the cluster's queue (workers anywhere): its libpq URL"),
     ] = None,
 ) -> None:
-    """Run a crash campaign; SUMMARY is the last line; exit 1 if any run failed (3 if
-    only the lab itself broke)."""
-    from durable_spaces.campaigns.runner import run_campaign, run_determinism
+    """Run a crash campaign; SUMMARY is the last line; exit 1 if any run failed, 3 if
+    only the lab itself broke, 4 if it tested less than it planned (docs/lab-exit-codes.md)."""
+    from durable_spaces.campaigns.determinism import run_determinism
+    from durable_spaces.campaigns.runner import run_campaign
     from durable_spaces.campaigns.spec import CampaignSpec
 
     try:
@@ -113,6 +122,7 @@ def campaign(
             mode=mode, scenario=scenario, backend=backend, seed_base=seed_base, runs=runs,
             calls=calls, jobs=jobs, durable_mode=durable_mode, profile=profile,
         )  # fmt: skip
+        _check_behaviour_env()
     except ConfigError as e:
         raise fail(str(e)) from None
     run_timeout = _run_timeout(run_timeout)
@@ -149,7 +159,7 @@ def campaign(
             )  # fmt: skip
         except ConfigError as e:
             raise fail(str(e)) from None
-        raise typer.Exit(0 if d.same == d.seeds else 1)
+        raise typer.Exit(d.exit_code)
     schedules = None
     if spec.scenario == "exhaustive":
         make = getattr(session, "exhaustive_schedules", None)
@@ -183,8 +193,23 @@ def campaign(
     raise typer.Exit(result.exit_code)
 
 
+def _record_kind(path: Path) -> str | None:
+    """The ``kind`` a run record names (a probe's says ``probe``; a campaign's none)."""
+    try:
+        if path.stat().st_size > MAX_SCHEDULE_BYTES:
+            return None
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data.get("kind") if isinstance(data, dict) else None
+
+
 @app.command()
 def repro(
+    record: Annotated[
+        Path | None,
+        typer.Argument(help="a run record to replay: a probe run's, or a campaign's as --exact"),
+    ] = None,
     seed: Annotated[str | None, typer.Option(help="the failed run's seed")] = None,
     exact: Annotated[
         Path | None,
@@ -206,6 +231,14 @@ def repro(
     from durable_spaces.campaigns.spec import CampaignSpec, RunSpec, check_seed
     from durable_spaces.chaos.schedule import Schedule
 
+    if record is not None:
+        if exact is not None:
+            raise fail("give the run record once (as an argument or as --exact)")
+        exact = record
+    if exact is not None and _record_kind(exact) == "probe":
+        from durable_spaces.cli.probe import repro_probe
+
+        raise typer.Exit(repro_probe(exact, state_dir))
     if exact is not None:
         if seed is not None or schedule is not None:
             raise fail("--exact replays a run record: give it alone, without --seed/--schedule")
@@ -217,6 +250,7 @@ def repro(
         check_seed("--seed", seed)
         cs = CampaignSpec.from_env(mode=mode, scenario=scenario, backend=backend, calls=calls,
                                    durable_mode=durable_mode, profile=profile, jobs=1)  # fmt: skip
+        _check_behaviour_env()
     except ConfigError as e:
         raise fail(str(e)) from None
     sched = None
@@ -231,12 +265,16 @@ def repro(
     if state_dir is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         state_dir = Path("campaigns-out") / "repro" / f"{seed}-{stamp}"
+    try:  # the schedule's bounds (a run's checks, as a record's: spec.check_schedule)
+        run = RunSpec(
+            run_id="repro", seed=seed, mode=cs.mode, backend=cs.backend, calls=cs.calls,
+            durable_mode=cs.adapter_mode, profile=cs.profile, state_dir="",
+            schedule=sched, scenario=cs.scenario,
+        )  # fmt: skip
+    except ConfigError as e:
+        raise fail(f"--schedule {schedule}: {e}") from None
     state_dir = usable_dir("--state-dir", state_dir)
-    run = RunSpec(
-        run_id="repro", seed=seed, mode=cs.mode, backend=cs.backend, calls=cs.calls,
-        durable_mode=cs.adapter_mode, profile=cs.profile, state_dir=str(state_dir),
-        schedule=sched, scenario=cs.scenario,
-    )  # fmt: skip
+    run = run.with_(state_dir=str(state_dir))
     _keep(keep)
     session = _session()
     from durable_spaces.campaigns.zygote import serving
@@ -265,19 +303,20 @@ def _repro_exact(path: Path, tries: int, state_dir: Path | None) -> int:
         raise fail(f"--tries must be between 1 and 100, not {tries}")
     if not path.is_file():
         raise fail(f"--exact {path} is not a run record file")
-    try:
+    try:  # every check before anything is made (a record is checked as flags are)
         original = RunRecord.load(path)
-        if state_dir is None:
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            state_dir = Path("campaigns-out") / "repro" / f"{original.run_id}-exact-{stamp}"
-        state_dir = usable_dir("--state-dir", state_dir)
-        specs = [
-            exact_spec(original, str(state_dir / f"try-{k}"), run_id=f"exact-{k}")
-            for k in range(1, tries + 1)
-        ]
+        exact = exact_spec(original, "", run_id="exact-1")
         env = recorded_env(original)
     except (RecordError, ConfigError, ValueError, KeyError, TypeError) as e:
         raise fail(f"--exact {path}: {e}") from None
+    if state_dir is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        state_dir = Path("campaigns-out") / "repro" / f"{original.run_id}-exact-{stamp}"
+    state_dir = usable_dir("--state-dir", state_dir)
+    specs = [
+        exact.with_(run_id=f"exact-{k}", state_dir=str(state_dir / f"try-{k}"))
+        for k in range(1, tries + 1)
+    ]
     if env is not None:  # the switches and mutants the run had, whatever this shell has
         take_env(env)
         shown = " ".join(f"{k}={v}" for k, v in env.items()) or "(none set)"

@@ -1,4 +1,4 @@
-"""The cluster's commands: ``host``, ``coordinator``, ``submit``, ``worker``.
+"""The cluster's commands: ``host``, ``coordinator``, ``submit``, ``worker``, ``host-secret``.
 
 Each only parses options; ``durable_spaces/cluster/commands.py`` does the work (imported
 only when used, so the rest of the CLI runs without a PostgreSQL client).
@@ -119,3 +119,23 @@ def worker(
     except _cluster_errors() as e:
         raise fail(str(e)) from None
     typer.echo(f"{n} runs stored")
+
+
+@app.command("host-secret")
+def host_secret(
+    db: Db,
+    rotate: Annotated[
+        bool, typer.Option(help="add a new version (hosts accept it and the last)")
+    ] = False,
+) -> None:
+    """Show the host API secret's version, or rotate it (docs/cluster-security.md)."""
+    from durable_spaces.cluster.store import ClusterStore
+
+    try:
+        with ClusterStore(db) as store:
+            if rotate:
+                store.rotate_host_secret()
+            versions = [s.version for s in store.host_secrets()]
+    except _cluster_errors() as e:
+        raise fail(str(e)) from None
+    typer.echo(f"host secret version {versions[0]} (accepted: {', '.join(map(str, versions))})")

@@ -42,9 +42,18 @@ def report_cmd(
         raise fail(f"{directory} {what}; give a campaign directory (one with runs/)")
     if directory.joinpath("runs").is_symlink() or not (directory / "runs").is_dir():
         raise fail(f"{directory} is not a campaign directory (no runs/ directory)")
+    from durable_spaces.campaigns.record import scan_records
     from durable_spaces.reports.render import render_report
 
-    rep = render_report(directory)
+    scan = scan_records(directory)
+    if not scan.records:  # an empty report would look like a campaign that ran nothing
+        first = f" (first: {scan.skipped[0][0].name}: {scan.skipped[0][1]})" if scan.skipped else ""
+        raise fail(
+            f"{directory / 'runs'}: no run record could be read, of "
+            f"{len(scan.skipped)} file(s){first}; no report written",
+            1,
+        )
+    rep = render_report(directory, scan)
     for path, why in rep.skipped:
         typer.echo(f"durable-spaces: warning: skipped {path}: {one_line(why)}", err=True)
     if rep.skipped:

@@ -8,7 +8,8 @@ for tests, CI and a one-machine lab.
 The processes, any of which may die:
 
 - ``host.py`` (``durable-spaces host``): provides durable Spaces from one machine
-  (``hostapi.py`` is its HTTP API: place, status); reports sandboxes that are gone;
+  (``hostapi.py`` is its HTTP API: place, rotate, status; ``hostauth.py`` signs and checks
+  its requests); reports sandboxes that are gone;
   drops everything and registers again once declared lost.
 - ``drive.py`` (``durable-spaces coordinator``): claims sessions and drives each with the
   single-host ``Coordinator``, epochs from the store, the Space made ready by
@@ -23,8 +24,9 @@ The processes, any of which may die:
 On real machines (one PostgreSQL every machine reaches; ``DS_CLUSTER_DB`` holds its URL
 so no password shows in ``ps``): on each machine that provides Spaces, ``durable-spaces
 host --id h1 --address <its ip>:7000 --backend spacesd`` (its Spaces' daemons listen on
-that ip, so the network between machines must be trusted: the host API and the daemons'
-traffic are plain HTTP, the daemons' tokens travel with it); anywhere, as many
+that ip; every host API request is signed with the cluster's host secret, kept in the
+store, and each Space's daemon token is rotated for every lease, the old one refused:
+docs/cluster-security.md, which also says what plain HTTP still exposes); anywhere, as many
 ``durable-spaces coordinator --id cN --sessions-dir /shared/sessions`` as you like (the
 directory must be the same shared mount, with working ``fcntl`` locks, on every
 coordinator's machine: it holds the sessions' fenced SQLite logs); ``durable-spaces submit

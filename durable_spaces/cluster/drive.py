@@ -16,7 +16,9 @@ them, any of which may die.
 - A session whose Space another session holds stays pending (``held by session:<first>``,
   one ``lease_pending`` event per spell, not per poll): the lease is read every
   ``pending_poll`` seconds and taken as soon as it is free, with the next lease token.
-- Before each drive the Space is made ready (``placer.py``); the driver gets
+- Before each drive the Space is made ready (``placer.py``) and its host gives its daemon
+  a token of this drive's lease (``Placer.rotate``: every older driver's is refused); the
+  driver gets
   ``CUA_SESSION_SPACE``, the store's URL and its lease token (``remote.py``), and keeps
   the driver contract of ``durable_spaces/adapter/driver.py`` (exit codes, heartbeats).
 - The session ends in the store as the coordinator's run ended: ``done``, or ``failed``
@@ -194,6 +196,7 @@ class ClusterCoordinator:
         placer = Placer(store, lost_host_secs=s.lost_host_secs, backends=s.backends)
         events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         env = {**s.env, DB_ENV: self.db_url}
+        lease: list[int | None] = [None]  # the lease token of the drive being launched
         if session.space is not None:
             env[protocol.SPACE] = session.space
 
@@ -207,13 +210,16 @@ class ClusterCoordinator:
                 await self._await_lease(store, name, session.space)
                 d = await asyncio.to_thread(store.begin_drive, name, self.id, s.lease_ttl)
             assert d.epoch is not None
+            lease[0] = d.lease_token
             if d.lease_token is not None:
                 coordinator.extra_env.update(connection_env(self.db_url, d.lease_token))
             return d.epoch
 
         async def place_space() -> None:
             if session.space is not None:
-                await asyncio.to_thread(placer.ensure, session.space)
+                sp = await asyncio.to_thread(placer.ensure, session.space)
+                if lease[0] is not None:  # this drive's own daemon token (placer.rotate)
+                    await asyncio.to_thread(placer.rotate, sp, lease[0])
 
         def on_event(ev: dict[str, Any]) -> None:
             kind = _EVENTS.get(ev["event"])

@@ -11,6 +11,13 @@ one. What it guarantees:
   (``hostapi.py``'s ``POST /v1/place``): it creates a fresh sandbox with its backend
   (one sandbox per generation, named after Space and generation), then records address and
   token in the store. If another host won that generation, its copy is deleted.
+- It rotates a Space's access token for each new lease (``hostapi.py``'s ``POST
+  /v1/rotate``, asked by the coordinator before every drive): only when the store says the
+  lease is the current one; the daemon refuses the old token before the new one is
+  recorded, and a daemon floor above the epoch the store issued with the lease is taken
+  back to it (``durable_spaces/backends/spacesd/backend.py``'s ``rotate_token``).
+- It serves its API only to callers that sign with the cluster's host secret, which it
+  reads from the store at start and with every heartbeat (``hostauth.py``).
 - It reports a Space whose sandbox is definitely gone (``ClusterStore.space_lost``) the
   moment it learns it: on a status request, and in a sweep every ``sweep_secs``. The sweep
   also boots a sandbox whose daemon died (as the machine would), and deletes sandboxes of
@@ -34,6 +41,7 @@ import logging
 import os
 import secrets
 import signal
+from collections.abc import Coroutine
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +50,7 @@ from durable_spaces.backends import open_backend
 from durable_spaces.cluster.address import LocalAddress, SpacesdAddress, check_endpoint
 from durable_spaces.cluster.forward import PortForward
 from durable_spaces.cluster.hostapi import HostApiServer
+from durable_spaces.cluster.hostauth import HostSecret
 from durable_spaces.cluster.store import ClusterStore
 from durable_spaces.errors import (
     ClusterConflictError,
@@ -109,6 +118,7 @@ class HostAgent:
         self._locks: dict[str, asyncio.Lock] = {}
         self._forwards: dict[str, PortForward] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._secrets: list[HostSecret] = []
         self.stopping = asyncio.Event()
 
     def __repr__(self) -> str:
@@ -195,6 +205,32 @@ class HostAgent:
             self._save()
         log.info("placed %s generation %d as %s", space, generation, local)
         return {"address": address, "generation": generation}
+
+    async def rotate(self, space: str, generation: int, lease: int) -> dict[str, Any]:
+        """A new access token for lease ``lease`` (the module doc); a repeat, or a lease
+        whose placement minted the token, changes nothing."""
+        local = local_name(space, generation)
+        async with self._locks.setdefault(local, asyncio.Lock()):
+            if local not in self._provided:
+                raise ClusterConflictError(
+                    f"space {space}: generation {generation} is not provided by {self.host_id}"
+                )
+            grant = await asyncio.to_thread(self.store.grant, space, lease)
+            if grant.token_minted:
+                return {"rotated": False}
+            rotate = getattr(self.backend, "rotate_token", None)
+            if rotate is None:  # a directory: no daemon, nothing to refuse (module doc)
+                token = secrets.token_hex(8)
+            else:
+                token = await rotate(local, grant.epoch)
+                sandbox = await self.backend.find(local)
+                if sandbox is not None:
+                    self._spaces[local] = sandbox
+            await asyncio.to_thread(
+                self.store.set_space_token, space, generation, self.host_id, lease, token
+            )
+        log.info("rotated the token of %s generation %d for lease %d", space, generation, lease)
+        return {"rotated": True}
 
     # -- status and sweeping -------------------------------------------------------------
 
@@ -288,10 +324,14 @@ class HostAgent:
             self.store.register_host, self.host_id, self.address, self.backend_name
         )
 
+    async def _read_secrets(self) -> None:
+        self._secrets = await asyncio.to_thread(self.store.host_secrets)
+
     async def _heartbeat(self) -> None:
         while not self.stopping.is_set():
             try:
                 await asyncio.to_thread(self.store.heartbeat_host, self.host_id)
+                await self._read_secrets()  # a rotated secret is taken within a beat
             except HostLostError:
                 log.warning("host %s was declared lost: dropping its Spaces", self.host_id)
                 await self.drop_all()
@@ -312,10 +352,9 @@ class HostAgent:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), self.sweep_secs)
 
-    def _place_from_thread(self, space: str, generation: int) -> dict[str, Any]:
+    def _from_thread(self, coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
         assert self._loop is not None
-        fut = asyncio.run_coroutine_threadsafe(self.place(space, generation), self._loop)
-        return fut.result(timeout=300)
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=300)
 
     async def run(self) -> None:
         """Serve until ``stopping`` is set (SIGTERM / SIGINT set it). Spaces stay up: an
@@ -325,6 +364,7 @@ class HostAgent:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 self._loop.add_signal_handler(sig, self.stopping.set)
         await self._register()
+        await self._read_secrets()
         await self.sweep()  # adopt what an earlier run of this agent provided
         api = HostApiServer(self.address, _Service(self))
         api.start()
@@ -345,8 +385,14 @@ class _Service:
     def __init__(self, agent: HostAgent) -> None:
         self._agent = agent
 
+    def accepted_secrets(self) -> list[HostSecret]:
+        return self._agent._secrets
+
     def place(self, space: str, generation: int) -> dict[str, Any]:
-        return self._agent._place_from_thread(space, generation)
+        return self._agent._from_thread(self._agent.place(space, generation))
+
+    def rotate(self, space: str, generation: int, lease: int) -> dict[str, Any]:
+        return self._agent._from_thread(self._agent.rotate(space, generation, lease))
 
     def status(self, space: str, generation: int) -> dict[str, Any]:
         return self._agent.status(space, generation)

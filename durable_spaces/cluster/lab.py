@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -46,6 +45,7 @@ from durable_spaces.cluster.records import Event
 from durable_spaces.cluster.store import ClusterStore
 from durable_spaces.cluster.submit import agent_config, submit_session
 from durable_spaces.errors import ClusterError, HostApiError, SpaceGoneError, SpaceUnavailableError
+from durable_spaces.host_ports import free_port
 from durable_spaces.space import SpaceBackend
 
 T = TypeVar("T")
@@ -79,12 +79,6 @@ class Host:
     ns: NetnsHost | None = None  # None: the root namespace (this machine itself)
 
 
-def _free_port(ip: str) -> int:
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        return int(s.getsockname()[1])
-
-
 async def _remove_all(backend: SpaceBackend) -> None:
     try:
         for name in await backend.names():
@@ -115,7 +109,7 @@ class Cluster:
         a namespace cannot reach). Only a namespaced host can be lost."""
         ns = None if root_ns else self.lab.add_host()
         ip = self.lab.gateway if ns is None else ns.address
-        address = f"{ip}:{_free_port(ip) if ns is None else 7000}"
+        address = f"{ip}:{free_port(ip) if ns is None else 7000}"
         state = self.root / "hosts" / host_id
         argv = [*CLI, "host", "--db", self.url, "--id", host_id, "--backend", backend]
         argv += ["--address", address, "--state-dir", str(state)]
@@ -135,7 +129,8 @@ class Cluster:
         if not any(h.id == host_id and h.state == "up" for h in self.store.hosts()):
             return False
         try:
-            HostClient(self.hosts[host_id].address).status("probe", 1)
+            secret = self.store.host_secrets()[0]
+            HostClient(self.hosts[host_id].address, secret).status("probe", 1)
         except HostApiError:
             return False
         return True

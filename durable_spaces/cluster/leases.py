@@ -13,7 +13,12 @@ Guarantees:
   with any other token raise ``LeaseLostError`` and append a ``lease_refused`` event
   (op, token, current) that survives the error.
 - ``connect`` is the only way to read a Space's access token, and it gives it only to
-  the current token's holder.
+  the current token's holder, and only a Space token minted for that lease (placed
+  during it, or rotated for it: ``set_space_token``); otherwise the Space is unavailable
+  until its host rotated it (``hostapi.py``'s ``/v1/rotate``, which the coordinator asks
+  before every drive). So a superseded holder never learns the token in use.
+- ``grant`` says what the store gave the current lease: the epoch issued with it, the
+  highest a daemon's floor may hold while it is current.
 """
 
 from __future__ import annotations
@@ -23,15 +28,22 @@ from typing import Any
 from durable_spaces.cluster.database import Conn
 from durable_spaces.cluster.records import (
     Acquisition,
+    Grant,
     Lease,
     Secret,
     SpaceConnection,
     check_int,
     check_name,
+    check_printable,
     check_ttl,
 )
 from durable_spaces.cluster.statements import Statements, one, record
-from durable_spaces.errors import LeaseLostError, SpaceUnavailableError, UnknownRecordError
+from durable_spaces.errors import (
+    ClusterConflictError,
+    LeaseLostError,
+    SpaceUnavailableError,
+    UnknownRecordError,
+)
 
 LEASE_SECS = 7 * 24 * 3600.0  # the reference's lease runs for seven days
 
@@ -148,7 +160,7 @@ class LeaseStatements(Statements):
             return refused
         sp = one(
             conn.execute(
-                "SELECT state, generation, restored_from, host_id, address, token"
+                "SELECT state, generation, restored_from, host_id, address, token, token_lease"
                 " FROM ds.spaces WHERE name = %s",
                 (space,),
             )
@@ -156,6 +168,11 @@ class LeaseStatements(Statements):
         if sp["state"] != "ready":
             return SpaceUnavailableError(
                 f"space {space} generation {sp['generation']} is waiting for placement"
+            )
+        if sp["token_lease"] != token:
+            return SpaceUnavailableError(
+                f"space {space}: its access token was minted for lease {sp['token_lease']},"
+                f" not {token}: its host rotates it before the drive"
             )
         return SpaceConnection(
             space,
@@ -201,3 +218,74 @@ class LeaseStatements(Statements):
 
     def lease(self, space: str) -> Lease:
         return self._call(self._lease_txn, check_name("space", space))
+
+    def _grant_txn(self, conn: Conn, space: str, lease: int) -> Grant | Exception:
+        row = conn.execute(
+            "SELECT l.token, l.holder, s.epoch, s.lease_token, sp.token_lease"
+            " FROM ds.leases l JOIN ds.spaces sp ON sp.name = l.space"
+            " LEFT JOIN ds.sessions s ON s.name = l.holder WHERE l.space = %s",
+            (space,),
+        ).fetchone()
+        if row is None:
+            return UnknownRecordError(f"no durable space {space!r}")
+        if row["token"] != lease or row["holder"] is None:
+            return ClusterConflictError(
+                f"space {space}: lease {lease} is not the current one (token {row['token']},"
+                f" holder {row['holder']})"
+            )
+        epoch = int(row["epoch"]) if row["lease_token"] == lease else None
+        return Grant(space, lease, row["holder"], epoch, row["token_lease"] == lease)
+
+    def grant(self, space: str, lease: int) -> Grant:
+        """What the store gave lease ``lease`` of ``space`` (``ClusterConflictError`` when
+        it is not the current one): its holder, the epoch issued with it (None when the
+        holder is not a stored session's drive), and whether the Space's token is already
+        that lease's."""
+        return self._call(self._grant_txn, check_name("space", space), check_int("lease", lease))
+
+    def _set_space_token_txn(
+        self, conn: Conn, space: str, generation: int, host_id: str, lease: int, token: str
+    ) -> Exception | None:
+        # The lease row first (the store's lock order): no acquisition slips in between.
+        row = conn.execute(
+            "SELECT token, holder FROM ds.leases WHERE space = %s FOR UPDATE", (space,)
+        ).fetchone()
+        if row is None:
+            return UnknownRecordError(f"no durable space {space!r}")
+        if row["token"] != lease or row["holder"] is None:
+            return ClusterConflictError(f"space {space}: lease {lease} is not the current one")
+        done = conn.execute(
+            "UPDATE ds.spaces SET token = %s, token_lease = %s, updated_at = now()"
+            " WHERE name = %s AND state = 'ready' AND generation = %s AND host_id = %s"
+            " RETURNING name",
+            (token, lease, space, generation, host_id),
+        ).fetchone()
+        if done is None:
+            return ClusterConflictError(
+                f"space {space}: generation {generation} is not ready on host {host_id}"
+            )
+        self._event_txn(
+            conn,
+            "space_token_rotated",
+            space=space,
+            host=host_id,
+            generation=generation,
+            lease=lease,
+        )
+        return None
+
+    def set_space_token(
+        self, space: str, generation: int, host_id: str, lease: int, token: str | Secret
+    ) -> None:
+        """The Space's daemon now takes ``token`` (its host rotated it for ``lease``, the
+        current lease); ``connect`` hands it to that lease's holder only."""
+        secret = token.reveal() if isinstance(token, Secret) else token
+        check_printable("space token", secret)
+        args = (
+            check_name("space", space),
+            check_int("generation", generation),
+            check_name("host id", host_id),
+            check_int("lease", lease),
+            secret,
+        )
+        self._call(self._set_space_token_txn, *args)

@@ -27,7 +27,6 @@ import re
 import secrets
 import shlex
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -39,6 +38,7 @@ from typing import LiteralString
 from urllib.parse import quote
 
 from durable_spaces.errors import ConfigError, DatabaseServerError
+from durable_spaces.host_ports import free_port
 
 
 def _wait_gone(pid: int, timeout_s: float) -> None:
@@ -55,6 +55,7 @@ def _wait_gone(pid: int, timeout_s: float) -> None:
         except (OSError, IndexError):
             return
         time.sleep(0.01)
+
 
 SUPERUSER = "postgres"
 _DB_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -113,12 +114,6 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _cleanup(base: Path, argv_stop: list[str], remove: bool) -> None:
     """Finalizer: stop a server still running; remove the directory if we made it."""
     if (base / "data" / "postmaster.pid").exists():
@@ -155,7 +150,7 @@ class PgServer:
             self.base.mkdir(parents=True, exist_ok=True)
         if len(str(self.base)) > 80:  # the socket path must fit sockaddr_un (107 bytes)
             raise ConfigError(f"PgServer base_dir {self.base} is too long for a unix socket")
-        self.port = _free_port() if tcp else 5432  # without tcp it only names the socket
+        self.port = free_port() if tcp else 5432  # without tcp it only names the socket
         self._initialised = (self.data_dir / "PG_VERSION").exists()
         self._password = self._load_password() if tcp else ""
         stop = self._cmd(self._ctl("stop", "-m", "immediate"))

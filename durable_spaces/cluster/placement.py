@@ -12,14 +12,21 @@ Guarantees:
 - Exactly one placement per generation: ``place_space`` for a generation that is not the
   one waiting (a racing placer, or a stale one) raises ``ClusterConflictError``; onto a
   lost host, ``HostLostError``.
-- A Space's token is written only by ``place_space`` and read only by ``connect``
-  (``durable_spaces/cluster/leases.py``); ``Space`` records never carry it.
+- A Space's token is written only by ``place_space`` and ``set_space_token`` (a host's
+  rotation for a new lease) and read only by ``connect``
+  (``durable_spaces/cluster/leases.py``); ``Space`` records never carry it. Each token is
+  bound to the lease token current when it was minted (``token_lease``).
+- The host API's secret (``durable_spaces/cluster/hostauth.py``): one is made with the
+  schema; ``rotate_host_secret`` adds a newer version; ``host_secrets`` reads the newest.
 """
 
 from __future__ import annotations
 
+import secrets
+
 from durable_spaces.backends import known_backends
 from durable_spaces.cluster.database import Conn
+from durable_spaces.cluster.hostauth import ACCEPTED, HostSecret
 from durable_spaces.cluster.records import (
     Host,
     Secret,
@@ -41,6 +48,38 @@ SPACE_COLUMNS = "name, state, generation, restored_from, placement_reason, host_
 
 
 class PlacementStatements(Statements):
+    # -- the host API's secret ---------------------------------------------------------
+
+    def _first_host_secret_txn(self, conn: Conn) -> None:
+        if conn.execute("SELECT 1 FROM ds.host_secrets LIMIT 1").fetchone() is None:
+            self._rotate_host_secret_txn(conn)
+
+    def _rotate_host_secret_txn(self, conn: Conn) -> int:
+        row = one(
+            conn.execute(
+                "INSERT INTO ds.host_secrets (secret) VALUES (%s) RETURNING version",
+                (secrets.token_urlsafe(32),),
+            )
+        )
+        self._event_txn(conn, "host_secret_rotated", version=row["version"])
+        return int(row["version"])
+
+    def rotate_host_secret(self) -> int:
+        """A new host API secret version, which callers sign with from their next read;
+        hosts accept it and the previous one (``hostauth.ACCEPTED``). Returns its version."""
+        return int(self._call(self._rotate_host_secret_txn))
+
+    def _host_secrets_txn(self, conn: Conn) -> list[HostSecret]:
+        rows = conn.execute(
+            "SELECT version, secret FROM ds.host_secrets ORDER BY version DESC LIMIT %s",
+            (ACCEPTED,),
+        )
+        return [HostSecret(int(r["version"]), Secret(r["secret"])) for r in rows]
+
+    def host_secrets(self) -> list[HostSecret]:
+        """The host API secrets a host accepts, newest (the one to sign with) first."""
+        return list(self._call(self._host_secrets_txn))
+
     # -- hosts ---------------------------------------------------------------------------
 
     def _register_host_txn(self, conn: Conn, host_id: str, address: str, backend: str) -> Host:
@@ -174,9 +213,11 @@ class PlacementStatements(Statements):
             )
         row = one(
             conn.execute(
+                # A token nobody has seen yet: it belongs to the current lease.
                 "UPDATE ds.spaces SET state = 'ready', host_id = %s, address = %s, token = %s,"
+                " token_lease = (SELECT token FROM ds.leases WHERE space = %s),"
                 f" updated_at = now() WHERE name = %s RETURNING {SPACE_COLUMNS}",
-                (host_id, address, token, name),
+                (host_id, address, token, name, name),
             )
         )
         self._event_txn(
@@ -222,7 +263,8 @@ class PlacementStatements(Statements):
         rows = conn.execute(
             "UPDATE ds.spaces SET state = 'unplaced', generation = generation + 1,"
             " restored_from = 'from-scratch', placement_reason = %(reason)s, host_id = NULL,"
-            " address = NULL, token = NULL, updated_at = now() WHERE state = 'ready'"
+            " address = NULL, token = NULL, token_lease = NULL, updated_at = now()"
+            " WHERE state = 'ready'"
             " AND (host_id = %(host)s OR (name = %(name)s AND generation = %(gen)s))"
             " RETURNING name, generation",
             {"reason": reason, "host": host, "name": name, "gen": generation},

@@ -66,13 +66,27 @@ class Placer:
                     return placed
         raise SpaceUnavailableError(f"space {name} could not be made ready")
 
+    def rotate(self, sp: Space, lease: int) -> None:
+        """Have ``sp``'s host give its daemon a token of lease ``lease`` (the drive's, the
+        current one): the previous holders' token is refused from then on, and
+        ``ClusterStore.connect`` hands the new one to this lease's driver only."""
+        host = next((h for h in self.store.hosts() if h.id == sp.host_id), None)
+        if host is None:
+            raise SpaceUnavailableError(f"space {sp.name}: its host {sp.host_id} is unknown")
+        try:
+            HostClient(host.address, self.store.host_secrets()[0]).rotate(
+                sp.name, sp.generation, lease
+            )
+        except (ClusterConflictError, HostApiError, UnknownRecordError) as e:
+            raise SpaceUnavailableError(f"space {sp.name}: rotating its token: {e}") from e
+
     def _still_there(self, sp: Space) -> bool:
         """True when its host says it is up; False when it was moved to placement."""
         hosts = {h.id: h for h in self.store.hosts()}
         host = hosts.get(sp.host_id or "")
         if host is None or host.state != "up":
             raise SpaceUnavailableError(f"space {sp.name}: its host {sp.host_id} is lost")
-        client = HostClient(host.address)
+        client = HostClient(host.address, self.store.host_secrets()[0])
         # A host that does not answer is waited for until it answers or its heartbeat is
         # older than the bound (then it is lost, its Spaces wait for placement): sooner
         # than a backoff and another drive would learn it.
@@ -108,9 +122,12 @@ class Placer:
         ]
         hosts.sort(key=lambda h: (ready[h.id], h.id))
         tried = []
+        secret = self.store.host_secrets()[0]
         for h in hosts:
             try:
-                HostClient(h.address).place(sp.name, sp.generation, timeout=self.place_timeout)
+                HostClient(h.address, secret).place(
+                    sp.name, sp.generation, timeout=self.place_timeout
+                )
             except ClusterConflictError:
                 return None  # placed meanwhile (by another coordinator): read it again
             except (HostApiError, HostLostError, ConfigError, UnknownRecordError) as e:

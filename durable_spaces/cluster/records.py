@@ -91,6 +91,17 @@ class Secret:
 
 
 @dataclass(frozen=True)
+class Grant:
+    """What the store gave one lease of a Space (``LeaseStatements.grant``)."""
+
+    space: str
+    lease: int
+    holder: str
+    epoch: int | None  # issued with this lease; None: the holder is no stored drive
+    token_minted: bool  # the Space's token is already this lease's
+
+
+@dataclass(frozen=True)
 class Host:
     id: str
     address: str

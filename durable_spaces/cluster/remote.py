@@ -1,7 +1,8 @@
 """Backend ``remote``: a driver's view of durable Spaces that host agents provide.
 
 ``find(name)`` asks the store where the Space runs, with the session's lease token
-(``ClusterStore.connect``: only the current holder gets the Space's token), and returns a
+(``ClusterStore.connect``: only the current holder gets the Space's token, one its host
+minted for this lease; every older driver's token is refused by the daemon), and returns a
 ``SpacesdSpace`` pointed at the host's daemon (or, for a ``local`` host on this same
 machine, the directory). Its configuration comes from the driver's environment, which the
 cluster coordinator (``durable_spaces/cluster/drive.py``) sets for every drive:
@@ -56,6 +57,7 @@ from durable_spaces.backends.local import LocalSpace
 from durable_spaces.backends.spacesd.space import SpacesdSpace, SweepWhen
 from durable_spaces.cluster.address import LocalAddress, SpacesdAddress, parse_address
 from durable_spaces.cluster.hostapi import HostClient
+from durable_spaces.cluster.hostauth import HostSecret
 from durable_spaces.cluster.records import SpaceConnection, check_int, check_name
 from durable_spaces.cluster.store import ClusterStore
 from durable_spaces.errors import (
@@ -64,6 +66,7 @@ from durable_spaces.errors import (
     ClusterUnavailableError,
     ConfigError,
     HostApiError,
+    HostAuthError,
     LeaseLostError,
     SpaceUnavailableError,
     StaleEpochError,
@@ -80,11 +83,13 @@ TOKEN_ENV = "CUA_SESSION_LEASE_TOKEN"
 class RemoteProbe:
     """``DaemonProbe`` of one placed generation, from its host agent's answers."""
 
-    def __init__(self, backend: RemoteBackend, conn: SpaceConnection, host_api: str) -> None:
+    def __init__(
+        self, backend: RemoteBackend, conn: SpaceConnection, host_api: str, secret: HostSecret
+    ) -> None:
         self._backend = backend
         self._space = conn.space
         self._generation = conn.generation
-        self._host = HostClient(host_api, timeout=1.0)
+        self._host = HostClient(host_api, secret, timeout=1.0)
         self._boot: str | None = None
         self._gone = False
         self._host_says_gone = False
@@ -95,7 +100,7 @@ class RemoteProbe:
     def _poll(self) -> None:
         try:
             st = self._host.status(self._space, self._generation)
-        except (HostApiError, ConfigError):
+        except (HostApiError, HostAuthError, ConfigError):  # no answer it could use
             self._boot = None
             return
         self._host_says_gone = st["state"] in ("gone", "unknown")
@@ -274,12 +279,12 @@ class RemoteBackend:
         except ClusterUnavailableError as e:
             raise SpaceUnavailableError(f"the cluster store is unreachable: {e}") from e
 
-    def _open(self, name: str, conn: SpaceConnection) -> Space:
+    def _open(self, name: str, conn: SpaceConnection, secret: HostSecret | None) -> Space:
         addr = parse_address(conn.address)
         if isinstance(addr, LocalAddress):
             return LocalSpace(name, Path(addr.state_dir) / addr.name, addr.instance)
-        assert isinstance(addr, SpacesdAddress)
-        probe = RemoteProbe(self, conn, addr.host_api)
+        assert isinstance(addr, SpacesdAddress) and secret is not None
+        probe = RemoteProbe(self, conn, addr.host_api, secret)
         self._probes.append(probe)
         home = self.state_dir / ".cua-sdk"
         home.mkdir(mode=0o700, exist_ok=True)
@@ -303,7 +308,10 @@ class RemoteBackend:
         cached = self._spaces.get(name)
         if cached is not None and cached[:2] == (conn.generation, conn.address):
             return cached[2]
-        space = self._open(name, conn)
+        secret = None
+        if not conn.address.startswith("local:"):
+            secret = (await asyncio.to_thread(self._db().host_secrets))[0]
+        space = self._open(name, conn, secret)
         self._spaces[name] = (conn.generation, conn.address, space)
         if name not in self._keepers and self.renew_secs > 0:
             self._keepers[name] = LeaseKeeper(self, name, self.renew_secs)

@@ -6,6 +6,9 @@ What the database itself guarantees, whatever a client does:
 - ``ds.events`` is append-only: a trigger refuses UPDATE, DELETE and TRUNCATE.
 - A lease token (``ds.leases.token``) and a session epoch (``ds.sessions.epoch``) never
   decrease; a run's record, once stored, never changes (triggers).
+- A Space's access token is bound to the lease token it was minted for
+  (``token_lease``); ``ds.host_secrets`` keeps every host API secret version, newest
+  last (``durable_spaces/cluster/hostauth.py``), and never loses one (a trigger).
 - States are closed sets (CHECK); a ``ready`` Space has a host, an address and a token,
   an ``unplaced`` one has none of them; a ``done`` run has a record; a held lease has an
   expiry.
@@ -15,7 +18,19 @@ from __future__ import annotations
 
 from typing import LiteralString
 
-VERSION = 1
+VERSION = 2
+
+HOST_SECRETS: tuple[LiteralString, ...] = (
+    """CREATE TABLE ds.host_secrets (
+        version serial PRIMARY KEY,
+        secret text NOT NULL CHECK (length(secret) >= 32),
+        created_at timestamptz NOT NULL DEFAULT now()
+    )""",
+)
+HOST_SECRETS_GUARD: tuple[LiteralString, ...] = (
+    """CREATE TRIGGER host_secrets_kept BEFORE UPDATE OR DELETE ON ds.host_secrets
+        FOR EACH ROW EXECUTE FUNCTION ds.refuse('a host secret version is never changed')""",
+)
 
 #: One statement per item: each runs in the store's schema transaction.
 DDL: tuple[LiteralString, ...] = (
@@ -39,6 +54,7 @@ DDL: tuple[LiteralString, ...] = (
         host_id text REFERENCES ds.hosts (id),
         address text,
         token text,
+        token_lease bigint,
         created_at timestamptz NOT NULL DEFAULT now(),
         updated_at timestamptz NOT NULL DEFAULT now(),
         CHECK ((state = 'ready') = (host_id IS NOT NULL)),
@@ -96,6 +112,7 @@ DDL: tuple[LiteralString, ...] = (
         CHECK ((state = 'running') = (claim_expires_at IS NOT NULL))
     )""",
     "CREATE INDEX runs_open ON ds.runs (campaign, queued_at, id) WHERE state <> 'done'",
+    *HOST_SECRETS,
     # The guards: plpgsql so the message says which rule a client broke.
     """CREATE FUNCTION ds.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
@@ -111,7 +128,17 @@ DDL: tuple[LiteralString, ...] = (
     """CREATE TRIGGER session_epoch_monotonic BEFORE UPDATE ON ds.sessions FOR EACH ROW
         WHEN (NEW.epoch < OLD.epoch)
         EXECUTE FUNCTION ds.refuse('a session epoch never decreases')""",
+    *HOST_SECRETS_GUARD,
     """CREATE TRIGGER run_record_once BEFORE UPDATE ON ds.runs FOR EACH ROW
         WHEN (OLD.record IS NOT NULL AND NEW.record IS DISTINCT FROM OLD.record)
         EXECUTE FUNCTION ds.refuse('a run record is stored once')""",
+)
+
+#: From version 1 (no host secrets, Space tokens not bound to a lease): run in the
+#: store's schema transaction on a database made by older code.
+MIGRATE_1_TO_2: tuple[LiteralString, ...] = (
+    "ALTER TABLE ds.spaces ADD COLUMN token_lease bigint",
+    *HOST_SECRETS,
+    *HOST_SECRETS_GUARD,
+    "UPDATE ds.meta SET version = 2",
 )

@@ -28,7 +28,7 @@ from types import TracebackType
 from durable_spaces.cluster.database import Conn, Database
 from durable_spaces.cluster.placement import PlacementStatements
 from durable_spaces.cluster.queue import RunQueueStatements
-from durable_spaces.cluster.schema import DDL, VERSION
+from durable_spaces.cluster.schema import DDL, MIGRATE_1_TO_2, VERSION
 from durable_spaces.cluster.sessions import SessionStatements
 from durable_spaces.cluster.statements import one
 from durable_spaces.errors import ClusterConflictError
@@ -71,8 +71,14 @@ class ClusterStore(SessionStatements, PlacementStatements, RunQueueStatements):
             for statement in DDL:
                 conn.execute(statement)
             conn.execute("INSERT INTO ds.meta (version) VALUES (%s)", (VERSION,))
+            self._first_host_secret_txn(conn)
             return VERSION
         version = int(one(conn.execute("SELECT version FROM ds.meta"))["version"])
+        if version == 1:
+            for statement in MIGRATE_1_TO_2:
+                conn.execute(statement)
+            self._first_host_secret_txn(conn)
+            return VERSION
         if version != VERSION:
             return ClusterConflictError(
                 f"cluster schema version {version} in {self.db.where}; this code has {VERSION}"

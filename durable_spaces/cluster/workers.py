@@ -32,12 +32,12 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from durable_spaces.campaigns.record import RunRecord
+from durable_spaces.campaigns.record import RUN_ID_RE, Check, RunRecord
 from durable_spaces.campaigns.spec import RunSpec
 from durable_spaces.campaigns.worker import error_record
 from durable_spaces.cluster.records import Run, check_name
 from durable_spaces.cluster.store import ClusterStore
-from durable_spaces.errors import ClaimLostError, ClusterError
+from durable_spaces.errors import ClaimLostError, ClusterError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -102,13 +102,29 @@ class ClusterWorker:
             self.store.close()
         return len(self.finished)
 
+    def _refuse(self, run: Run, why: str) -> None:
+        """Finish ``run`` as a lab error saying ``why`` (its spec could not be read)."""
+        log.warning("run %s refused: %s", run.id, why)
+        rid = run.id if RUN_ID_RE.fullmatch(run.id) else "refused"
+        check = Check(valid=None, detail=why)
+        record = RunRecord(rid, "-", "-", "-", 0, outcome="lab_error", checks={"run": check})
+        try:
+            self.store.finish_run(run.id, self.id, record.to_json())
+            self.finished.append(run.id)
+        except ClaimLostError as e:
+            log.warning("record of %s refused: %s", run.id, e)
+
     def _all_done(self) -> bool:
         with contextlib.suppress(ClusterError):
             return all(r.state == "done" for r in self.store.runs(self.campaign))
         return False
 
     def _work(self, run: Run) -> None:
-        spec = RunSpec.from_json(run.spec).with_(state_dir=str(self.work_dir / run.id))
+        try:  # read back from the store: checked as a campaign's flags are (spec.check_run)
+            spec = RunSpec.from_json(run.spec).with_(state_dir=str(self.work_dir / run.id))
+        except (ConfigError, ValueError, TypeError, KeyError, AttributeError) as e:
+            self._refuse(run, f"the queued run is not one this build runs: {e}")
+            return
         home = self.work_dir / f".{run.id}.attempt{run.attempts}"
         home.mkdir(parents=True, exist_ok=True)
         spec_path, out_path = home / "spec.json", home / "record.json"

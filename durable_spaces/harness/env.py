@@ -9,18 +9,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from durable_spaces.errors import PathEscapeError
 from durable_spaces.space import confine
 
-if TYPE_CHECKING:
-    from durable_spaces.harness.tools import ToolContext
+
+class CallIdentity(Protocol):
+    """Which tool call runs a command (``tools.ToolContext`` is one): what an env may key a
+    command by. A protocol, so the env below the tools does not import them."""
+
+    conversation_id: str
+    call_id: str
+    attempt: int
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,7 @@ class ExecutionEnv(Protocol):
         self,
         command: str,
         *,
-        ctx: ToolContext | None = None,
+        ctx: CallIdentity | None = None,
         on_output: Callable[[bytes], None] | None = None,
         timeout: float | None = None,
     ) -> CommandResult:
@@ -81,7 +88,7 @@ class LocalDirEnv:
         self,
         command: str,
         *,
-        ctx: ToolContext | None = None,
+        ctx: CallIdentity | None = None,
         on_output: Callable[[bytes], None] | None = None,
         timeout: float | None = None,
     ) -> CommandResult:
@@ -117,10 +124,15 @@ class LocalDirEnv:
 
     async def read_file(self, path: str) -> bytes:
         # Non-blocking and checked: opening a FIFO for reading would wait for a writer.
+        if not path:
+            raise IsADirectoryError(errno.EISDIR, "the path is empty: name a file")
         fd = os.open(self._path(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which names the fd
+            dir_ = stat.S_ISDIR(os.fstat(fd).st_mode)
+            os.close(fd)
+            what = "a directory, not a file" if dir_ else "not a regular file"
+            raise IsADirectoryError(errno.EISDIR, f"{path!r} is {what}")
         with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise IsADirectoryError(f"not a regular file: {path!r}")
             return f.read()
 
     async def write_file(self, path: str, data: bytes) -> None:

@@ -10,12 +10,38 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
-from durable_spaces.harness.state import AgentConfig, Entry, Tx
+from durable_spaces.harness.state import AgentConfig, Entry, LogState, Tx
 
-if TYPE_CHECKING:
-    from durable_spaces.harness.scheduler import Harness
+
+class _Owner(Protocol):
+    """What the handles use of the harness that made them (``scheduler.Harness``): a
+    protocol, so this module does not import the scheduler that imports it."""
+
+    state: LogState
+    _fatal: BaseException | None
+    _closed: bool
+    _waiters: dict[str, list[asyncio.Future[None]]]
+
+    def _ensure_driver(self, cid: str) -> None: ...
+
+    def _submit(self, cid: str, content: str, request_id: str | None) -> Submission: ...
+
+    def _fork(self, cid: str, entry_id: str, agent: AgentConfig | None) -> Conversation: ...
+
+    def _commit(self, build: Callable[[Tx], Any]) -> Any: ...
+
+
+class HarnessView(Protocol):
+    """What a tool call (``tools.ToolContext.harness``) and the adapter use of a harness:
+    its conversations and its one atomic commit (``scheduler.Harness`` is one)."""
+
+    def conversation(self, conversation_id: str) -> Conversation: ...
+
+    def conversations(self) -> list[Conversation]: ...
+
+    async def commit(self, build: Callable[[Tx], Any]) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -30,7 +56,7 @@ class Settled:
 class Submission:
     """An admitted input. ``wait()`` returns when it settles (in this process)."""
 
-    def __init__(self, harness: Harness, sid: str) -> None:
+    def __init__(self, harness: _Owner, sid: str) -> None:
         self._h = harness
         self.id = sid
 
@@ -79,7 +105,7 @@ class Submission:
 class Conversation:
     """A view of one conversation in a harness (cheap; holds only the id)."""
 
-    def __init__(self, harness: Harness, cid: str) -> None:
+    def __init__(self, harness: _Owner, cid: str) -> None:
         self._h = harness
         self.id = cid
 

@@ -30,33 +30,12 @@ import warnings
 from pathlib import Path
 
 from durable_spaces.errors import LogError, LooseModeWarning, StorageLockedError
+from durable_spaces.host_files import fsync_dir
+from durable_spaces.host_files import kind_words as _kind
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a new directory entry durable (a fresh file is not durable until its dir is)."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISLNK, "a symbolic link"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 def refusal(path: Path, err: OSError, what: str) -> LogError:

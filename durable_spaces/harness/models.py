@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from durable_spaces.harness.scheduler import Entry
+    from durable_spaces.harness.state import Entry
     from durable_spaces.harness.tools import Tool
 
 

@@ -14,15 +14,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from durable_spaces.chaos.failpoints import hit, in_call, leave_call
 from durable_spaces.errors import HaltError, PermanentFailure, StaleEpochError
+from durable_spaces.harness.handles import HarnessView
 from durable_spaces.harness.state import AgentConfig, Tx
-from durable_spaces.harness.tools import Tool, ToolContext, ToolResult
+from durable_spaces.harness.tools import Registry, Tool, ToolContext, ToolResult
 
 if TYPE_CHECKING:
-    from durable_spaces.harness.scheduler import Harness
+    from durable_spaces.harness.env import ExecutionEnv
 
 #: Errors that stop the harness without recording anything (never a tool result).
 FATAL: tuple[type[BaseException], ...] = (StaleEpochError, HaltError, PermanentFailure)
@@ -32,14 +33,30 @@ OUTPUT_FLUSH_SECONDS = 0.2
 OUTPUT_KEEP_CHARS = 64 * 1024
 
 
-def tools_for(h: Harness, agent: AgentConfig) -> list[Tool]:
+class _Runner(HarnessView, Protocol):
+    """What a tool task uses of the harness that runs it (``scheduler.Harness``): a
+    protocol, so this module does not import the scheduler that imports it."""
+
+    registry: Registry
+    _fatal: BaseException | None
+
+    async def env(self, conversation_id: str) -> ExecutionEnv: ...
+
+    def _commit(self, build: Callable[[Tx], Any]) -> Any: ...
+
+    def _abort(self, exc: BaseException) -> None: ...
+
+    def _sub_tasks(self, sid: str, kind: str) -> list[dict[str, Any]]: ...
+
+
+def tools_for(h: _Runner, agent: AgentConfig) -> list[Tool]:
     """The tools an agent is offered (all installed ones, or those it names)."""
     if agent.tools is None:
         return h.registry.tools()
     return [t for n in agent.tools if (t := h.registry.get(n)) is not None]
 
 
-async def run_tool(h: Harness, task: dict[str, Any]) -> None:
+async def run_tool(h: _Runner, task: dict[str, Any]) -> None:
     """Run one tool task: committed ``running`` before ``execute()``, its result entry
     and ``done`` in one commit; a crash-interrupted unsafe tool ends ``interrupted``.
     Failpoints hit meanwhile are the call's in a failpoint trace."""
@@ -50,7 +67,7 @@ async def run_tool(h: Harness, task: dict[str, Any]) -> None:
         leave_call(token)
 
 
-async def _run_tool(h: Harness, task: dict[str, Any]) -> None:
+async def _run_tool(h: _Runner, task: dict[str, Any]) -> None:
     cid, tid = task["conversation_id"], task["id"]
     tool = h.registry.get(task["name"])
     resumed = task["state"] == "running"  # only a crash leaves a task running
@@ -107,7 +124,7 @@ async def _run_tool(h: Harness, task: dict[str, Any]) -> None:
 
 
 def finish_tool(
-    h: Harness,
+    h: _Runner,
     task: dict[str, Any],
     result: ToolResult,
     output: str,
@@ -131,7 +148,7 @@ def finish_tool(
     h._commit(build)
 
 
-async def record_result(h: Harness, ctx: ToolContext, result: ToolResult) -> str:
+async def record_result(h: HarnessView, ctx: ToolContext, result: ToolResult) -> str:
     """The result entry of a tool called outside a tool task (a bench, a test), with the
     ops the tool added to it (``ToolContext.on_result``), in one commit as ``finish_tool``
     makes it, then what the tool asked to run after it (``ToolContext.after_result``);
@@ -177,7 +194,7 @@ def _result_entry(
 class _OutputFlusher:
     """Commits a running tool's accumulated output at most every ``OUTPUT_FLUSH_SECONDS``."""
 
-    def __init__(self, harness: Harness, task_id: str) -> None:
+    def __init__(self, harness: _Runner, task_id: str) -> None:
         self._h = harness
         self._tid = task_id
         self._parts: list[str] = []

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from durable_spaces.harness.env import ExecutionEnv
-    from durable_spaces.harness.scheduler import Harness, Tx
+    from durable_spaces.harness.handles import HarnessView
+    from durable_spaces.harness.state import Tx
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class ToolContext:
     def __init__(
         self,
         *,
-        harness: Harness,
+        harness: HarnessView,
         conversation_id: str,
         call_id: str,
         tool_name: str,
@@ -200,9 +201,15 @@ def _str(args: dict[str, Any], key: str) -> str:
 
 async def _read(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
     path = _str(args, "path")
+    if not path:
+        return ToolResult.error("argument 'path' must not be empty: name a file to read")
     if not await ctx.env.exists(path):
         return ToolResult.error(f"{path}: no such file")
-    text = (await ctx.env.read_file(path)).decode("utf-8", errors="replace")
+    try:
+        raw = await ctx.env.read_file(path)
+    except IsADirectoryError as e:  # a directory, a FIFO: the Space's one line, no errno
+        return ToolResult.error(e.strerror or f"{path!r} is not a regular file")
+    text = raw.decode("utf-8", errors="replace")
     lines = text.splitlines(keepends=True)
     offset = max(int(args.get("offset") or 1), 1)
     limit = args.get("limit")

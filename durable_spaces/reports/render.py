@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from durable_spaces.campaigns.record import scan_records
+from durable_spaces.campaigns.record import RecordScan, scan_records
 from durable_spaces.reports import failed_runs
 from durable_spaces.reports.coverage import (
     campaign_coverage,
@@ -123,10 +123,11 @@ class Report:
     runs: int = 0
 
 
-def render_report(campaign_dir: str | Path) -> Report:
-    """Write the report files into ``campaign_dir`` and return their paths and tables."""
+def render_report(campaign_dir: str | Path, scan: RecordScan | None = None) -> Report:
+    """Write the report files into ``campaign_dir`` and return their paths and tables
+    (``scan``: its records as the caller read them, else read here)."""
     d = Path(campaign_dir)
-    scan = scan_records(d)
+    scan = scan_records(d) if scan is None else scan
     records = scan.records
     skipped = list(scan.skipped)
     tables = all_tables(records)

@@ -6,6 +6,7 @@ rebuilt from an archived campaign directory at any time.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 import pandas as pd
@@ -143,6 +144,21 @@ def outcomes_table(records: Sequence[RunRecord]) -> pd.DataFrame:
     return t.reset_index()
 
 
+def missing_table(records: Sequence[RunRecord]) -> pd.DataFrame:
+    """Features the runs' Spaces lacked on their host, with why, and in how many runs
+    (``extra["space_missing"]``: a local Space without cgroups, say)."""
+    counts: Counter[tuple[str, str, str]] = Counter()
+    for r in records:
+        missing = r.extra.get("space_missing")
+        if isinstance(missing, dict):
+            for feature, why in missing.items():
+                counts[(r.backend, str(feature), str(why))] += 1
+    rows = [
+        {"backend": b, "feature": f, "why": w, "runs": n} for (b, f, w), n in sorted(counts.items())
+    ]
+    return pd.DataFrame(rows, columns=["backend", "feature", "why", "runs"])
+
+
 def all_tables(records: Sequence[RunRecord]) -> dict[str, pd.DataFrame]:
     """Every table of the report, by title, in report order."""
     return {
@@ -151,4 +167,5 @@ def all_tables(records: Sequence[RunRecord]) -> dict[str, pd.DataFrame]:
         "Recoveries by kind and mode": recoveries_table(records),
         "Attempts per run": attempts_table(records),
         "Resume latency (ms)": latency_table(records),
+        "Space features missing on the host": missing_table(records),
     }

@@ -28,7 +28,7 @@ from durable_spaces.adapter import checkpoint_carry as carry
 from durable_spaces.adapter import manifest as mf
 from durable_spaces.adapter.checkpoint_id import CheckpointId
 from durable_spaces.adapter.checkpoint_store import DirectoryCheckpointStore
-from durable_spaces.chaos.powerfs import PowerFSError, mount, unavailable
+from durable_spaces.chaos.powerfs import PowerFSError, mount
 
 
 def sha(data: bytes) -> str:
@@ -200,9 +200,6 @@ def test_a_blob_file_appears_only_once_its_carrier_is_durable(
 
 # --- a store on a disk that loses power ----------------------------------------------------
 
-_WHY = unavailable()
-
-
 @contextlib.contextmanager
 def powered(base: Path) -> Iterator[tuple[object, Path]]:
     backing, root = base / "backing", base / "mnt"
@@ -216,7 +213,7 @@ def powered(base: Path) -> Iterator[tuple[object, Path]]:
             fs.unmount(sync=False)
 
 
-@pytest.mark.skipif(_WHY is not None, reason=f"powerfs cannot run here: {_WHY}")
+@pytest.mark.fuse
 @pytest.mark.parametrize("mutant", [False, True], ids=["carried", "mutant-not-carried"])
 def test_after_a_power_cut_every_blob_of_a_durable_manifest_is_intact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mutant: bool

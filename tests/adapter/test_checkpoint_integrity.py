@@ -31,6 +31,7 @@ from types import SimpleNamespace
 
 import pytest
 from drive import AGENT, cleanup, driver_env, setup
+from needs import need
 
 from durable_spaces.adapter import checkpoint_carry as carry
 from durable_spaces.adapter import manifest as mf
@@ -41,7 +42,7 @@ from durable_spaces.adapter.snapshots import (
     WorkspaceSnapshots,
 )
 from durable_spaces.adapter.state import CallRecord, SpaceState
-from durable_spaces.backends import open_backend, unavailable_reason
+from durable_spaces.backends import open_backend
 from durable_spaces.backends.microvm.backend import MicrovmBackend
 from durable_spaces.errors import (
     BadCheckpointIdError,
@@ -74,9 +75,7 @@ def fname(cid: str | None) -> str:
 
 
 def _need(backend: str) -> None:
-    why = unavailable_reason(backend)
-    if why:
-        pytest.skip(f"backend {backend} unavailable: {why}")
+    need(backend)
 
 
 # --- ids ----------------------------------------------------------------------------------

@@ -22,13 +22,14 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from needs import need
 
 from durable_spaces.adapter import checkpoint_store, incremental
 from durable_spaces.adapter import manifest as mf
 from durable_spaces.adapter.checkpoint_store import DirectoryCheckpointStore
 from durable_spaces.adapter.image import blob_id
 from durable_spaces.adapter.incremental import Taker
-from durable_spaces.backends import open_backend, unavailable_reason
+from durable_spaces.backends import open_backend
 from durable_spaces.backends.local import journal as jr
 from durable_spaces.chaos import mutants
 from durable_spaces.errors import SpaceError
@@ -78,9 +79,7 @@ STEPS: list[tuple[str, str]] = [
 
 
 def _need(backend: str) -> None:
-    why = unavailable_reason(backend)
-    if why:
-        pytest.skip(f"backend {backend} unavailable: {why}")
+    need(backend)
 
 
 @asynccontextmanager

@@ -9,6 +9,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from needs import need
 
 from durable_spaces.adapter.state import DOC, SpaceState
 from durable_spaces.backends import open_backend
@@ -33,10 +34,7 @@ async def _on_disk(tmp: Path) -> list[str]:
 
 
 def test_only_recorded_checkpoints_remain(tmp_path: Path) -> None:
-    from durable_spaces.backends import unavailable_reason
-
-    if (why := unavailable_reason("microvm")) is not None:
-        pytest.skip(f"backend microvm unavailable: {why}")
+    need("microvm")
     setup(tmp_path, "microvm", "checkpoint", calls=7, sleep=0.0, seed="3", snapshots="sandbox")
     o = drive(tmp_path, [Attempt("adapter.checkpoint:3"), Attempt()], backend="microvm")
     assert o.codes[-1] == 0, o.stderr

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from drive import Attempt, drive, setup
+from needs import need
 
 from durable_spaces.backends import open_backend
 
@@ -37,11 +38,7 @@ BACKENDS = [
 
 
 def _need(backend: str) -> None:
-    from durable_spaces.backends import unavailable_reason
-
-    why = unavailable_reason(backend)
-    if why:
-        pytest.skip(f"backend {backend} unavailable: {why}")
+    need(backend)
 
 
 def _assert_consistent(o) -> None:  # type: ignore[no-untyped-def]

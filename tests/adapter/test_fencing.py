@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from drive import AGENT, check, cleanup, driver_env, setup
+from needs import need
 
 from durable_spaces.harness.log import SqliteStorage
 
@@ -21,10 +22,7 @@ def _env(tmp: Path, epoch: int) -> dict[str, str]:
 
 @pytest.mark.parametrize("backend", ["local", pytest.param("spacesd", marks=pytest.mark.spacesd)])
 def test_older_driver_is_fenced_and_exits_75(tmp_path: Path, backend: str) -> None:
-    from durable_spaces.backends import unavailable_reason
-
-    if why := unavailable_reason(backend):
-        pytest.skip(f"backend {backend} unavailable: {why}")
+    need(backend)
     # Long shell steps: the old driver is surely mid-command when the new one starts.
     setup(tmp_path, backend, "transactional", calls=4, seed="1", sleep=2.0)
     old = subprocess.Popen(AGENT, env=_env(tmp_path, 1), stdout=subprocess.PIPE, text=True)

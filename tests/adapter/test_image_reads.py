@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from needs import need
 from wrapped_harness import wrapped_harness
 
 from durable_spaces.adapter import image_log
-from durable_spaces.backends import unavailable_reason
 from durable_spaces.backends.local.space import LocalSpace
 from durable_spaces.testing import run_call_list
 
@@ -85,8 +85,7 @@ async def _run(tmp: Path, backend: str, calls: list[tuple[str, Any]]) -> None:
 def test_what_the_tool_wrote_is_not_read_back_and_a_command_s_files_come_in_one_go(
     tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if (why := unavailable_reason(backend)) is not None:
-        pytest.skip(f"backend {backend} cannot run here: {why}")
+    need(backend)
     seen = _count_reads(monkeypatch, _space_class(backend))
     calls: list[tuple[str, Any]] = [
         ("write", {"path": "w/a.txt", "content": "written by the tool\n"}),
@@ -116,8 +115,7 @@ def test_a_call_whose_command_kills_the_journal_still_records_its_changes(
     scan off) after it changed files: the call's image still holds what it changed (the
     scan after a lost helper is the daemon's own), not what the journal knew before. The
     mutant ``journal_loss_trusted`` records the call as changing nothing."""
-    if (why := unavailable_reason("spacesd")) is not None:
-        pytest.skip(f"backend spacesd cannot run here: {why}")
+    need("spacesd")
     from durable_spaces.backends.spacesd.daemon import unshare_reason
 
     if (why := unshare_reason()) is not None:  # a pkill must reach this Space's only

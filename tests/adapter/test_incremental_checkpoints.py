@@ -35,13 +35,14 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from needs import need
 
 from durable_spaces.adapter import checkpoint_batch, checkpoint_store, inode_pool
 from durable_spaces.adapter import checkpoint_carry as carry
 from durable_spaces.adapter import manifest as mf
 from durable_spaces.adapter.checkpoint_id import CheckpointId
 from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
-from durable_spaces.backends import open_backend, unavailable_reason
+from durable_spaces.backends import open_backend
 from durable_spaces.errors import CheckpointCorruptError, SpaceError
 from durable_spaces.space import HostWorkspace, Space, space_name
 from tests.adapter.settled import SettledSnapshots
@@ -54,9 +55,7 @@ FILES = {f"d{i % 4}/f{i:03d}.txt": f"file {i}\n".encode() * (i + 1) for i in ran
 
 
 def _need(backend: str) -> None:
-    why = unavailable_reason(backend)
-    if why:
-        pytest.skip(f"backend {backend} unavailable: {why}")
+    need(backend)
 
 
 @dataclass

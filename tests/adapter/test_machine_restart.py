@@ -11,11 +11,12 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from needs import need
 
 from durable_spaces.adapter.durable import durable_spaces
 from durable_spaces.adapter.snapshots import SandboxSnapshots
 from durable_spaces.adapter.state import DOC, SpaceState
-from durable_spaces.backends import open_backend, unavailable_reason
+from durable_spaces.backends import open_backend
 from durable_spaces.errors import SpaceUnavailableError
 from durable_spaces.harness.log import MemoryStorage
 from durable_spaces.harness.models import ScriptedModel
@@ -27,8 +28,7 @@ pytestmark = [pytest.mark.microvm, pytest.mark.slow]
 
 
 def _need_microvm() -> None:
-    if (why := unavailable_reason("microvm")) is not None:
-        pytest.skip(f"backend microvm unavailable: {why}")
+    need("microvm")
 
 
 async def test_a_commit_after_a_machine_restart_halts_and_the_next_driver_restores(

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
-from durable_spaces.adapter.machine import BootWatch
 from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
 from durable_spaces.adapter.state import DOC, SpaceState
 from durable_spaces.backends import open_backend
@@ -85,6 +84,7 @@ async def test_a_space_ahead_of_a_rolled_back_log_is_brought_back(
     await host.submit(2, "second", 6)  # three more calls change the Space
     ahead = _files(tmp_path / "spaces")
     assert ahead != kept
+    lost_top = host.state.marks
 
     # Power loss: the log's tail is gone, the Space kept its effects, the host rebooted.
     shutil.copy(tmp_path / "log.kept", host.log)
@@ -97,11 +97,13 @@ async def test_a_space_ahead_of_a_rolled_back_log_is_brought_back(
     # The forgotten calls, asked for again, run once each: the same workspace as before.
     durable = await host.submit(4, "second", 6)
     assert _files(tmp_path / "spaces") == ahead
-    # Keys carry the boot they were started on: a call the log forgot, issued again with
-    # the same n (and, were the epoch source lost too, the same epoch) gets a new key.
-    keys = {int(c.split("-")[1][1:]): r.key for c, r in host.state.calls.items() if r.key}
-    assert keys and all(k.endswith("-boota" if n < 3 else "-bootb") for n, k in keys.items())
+    # A call the log forgot, issued again with the same n (and, were the epoch source lost
+    # too, the same epoch), gets a new key: its position is past every one the Space's
+    # ledger knows (adapter/log_witness.py), whatever the log lost.
+    keys = {int(c.split("-")[1][1:]): r for c, r in host.state.calls.items() if r.key}
     assert any(n >= 3 for n in keys), keys
+    assert all(r.mark is not None and r.mark > lost_top for n, r in keys.items() if n >= 3)
+    assert all((r.key or "").endswith(f"#{r.mark}") for r in keys.values())
 
 
 async def test_the_same_boot_is_not_a_crash(
@@ -116,15 +118,7 @@ async def test_the_same_boot_is_not_a_crash(
     assert durable.events == []
 
 
-def test_exec_keys_of_two_boots_differ_and_boot_ids_are_validated(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    watch = BootWatch(None)  # type: ignore[arg-type]
-    assert watch.key_suffix("s") == ""
-    watch._boot["s"] = "1f2e-3d4c-5b6a-7980"
-    assert watch.key_suffix("s") == "-1f2e3d4c5b6a"
-    watch._boot["s"] = "9f2e-3d4c-5b6a-7980"
-    assert watch.key_suffix("s") == "-9f2e3d4c5b6a"
+def test_boot_ids_are_validated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     f = tmp_path / "b"
     monkeypatch.setenv(BOOT_ENV, str(f))
     assert read_host_boot_id() is None  # missing

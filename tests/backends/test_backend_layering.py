@@ -3,9 +3,9 @@
 Read from the source (every ``import``, at module level, inside functions and under
 ``TYPE_CHECKING`` alike, since a lazy or type-only import back is still a circle a
 reader must untangle): backends import ``durable_spaces.space``/``space_types``/``space_boot``,
-``errors``, ``host_mounts``, ``proc_start``, ``switches``, ``chaos.failpoints``/``chaos.mutants``
-and each other, nothing of the adapter, the harness or the campaigns; the protocol modules import
-only ``errors``.
+``errors``, ``host_mounts``, ``host_cgroup``, ``proc_start``, ``switches``,
+``chaos.failpoints``/``chaos.mutants`` and each other, nothing of the adapter, the harness
+or the campaigns; the protocol modules import only ``errors``.
 A package ``__init__`` re-exporting its own submodules is not counted as an edge from
 those submodules back to it.
 """
@@ -28,8 +28,11 @@ ALLOWED = (
     "durable_spaces.errors",
     "durable_spaces.host_mounts",  # the host's mount tables (what inotify sees), no deps
     "durable_spaces.host_inotify",  # inotify_simple, its libc found without ldconfig, no deps
+    "durable_spaces.host_cgroup",  # a cgroup v2 this process made, killed whole (imports errors)
     "durable_spaces.switches",  # the DS_* on/off switches, read one way (imports errors)
     "durable_spaces.proc_start",  # a process's start since boot (its identity), no deps
+    "durable_spaces.host_files",  # a mode's file type, a directory's fsync, no deps
+    "durable_spaces.host_ports",  # a free TCP port, no deps
     "durable_spaces.chaos.failpoints",
     "durable_spaces.chaos.mutants",
 )

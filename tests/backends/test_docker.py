@@ -23,17 +23,12 @@ from durable_spaces.backends.docker.backend import (
     SPACE_LABEL,
     TOKEN_PATH,
     DockerBackend,
-    unavailable_reason,
 )
 from durable_spaces.backends.docker.space import DockerSpace
 from durable_spaces.errors import SpaceGoneError, SpaceUnavailableError
 from durable_spaces.space import ExecState
 
-pytestmark = pytest.mark.docker
-
-_REASON = unavailable_reason()
-if _REASON is not None:
-    pytest.skip(_REASON, allow_module_level=True)
+pytestmark = pytest.mark.docker  # skipped without Docker (tests/needs.py)
 
 
 def _name() -> str:

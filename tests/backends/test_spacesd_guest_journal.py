@@ -24,10 +24,10 @@ import pytest
 
 from durable_spaces.backends.local import journal as host_journal
 from durable_spaces.backends.spacesd import guest_journal as gj
-from durable_spaces.backends.spacesd.backend import SpacesdBackend, unavailable_reason
+from durable_spaces.backends.spacesd.backend import SpacesdBackend
 from durable_spaces.backends.spacesd.space import SpacesdSpace
 from durable_spaces.chaos import mutants
-from durable_spaces.chaos.nemesis import kill_journal
+from durable_spaces.chaos.journal_kill import kill_journal
 from durable_spaces.errors import SpaceGoneError
 from durable_spaces.space import PathTable
 
@@ -35,9 +35,6 @@ pytestmark = [
     pytest.mark.spacesd,
     pytest.mark.skipif(not host_journal.enabled(), reason="DS_SPACE_JOURNAL=0 turns it off"),
 ]
-
-if unavailable_reason() is not None:
-    pytest.skip(f"cua-spacesd unavailable: {unavailable_reason()}", allow_module_level=True)
 
 EPOCH = 1
 
@@ -430,14 +427,19 @@ async def test_a_daemon_gone_under_the_helper_costs_no_wait(
     await space.scan()
     lab = SpacesdBackend(backend.state_dir)  # another process's view: no shared objects
     await getattr(lab, fault)(space.name)
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
     if fault == "delete":
         with pytest.raises(SpaceGoneError):
             await space.scan()
     else:
         assert await space.scan() == await oracle(space)
-    assert loop.time() - t0 < 6, "waited out the SDK's retries"
+    # What ended the wait on the helper: the backend's look at its daemon (removed) or the
+    # new daemon's own answer (restarted, killed), never the SDK's retries of the dead
+    # one's connection (they end in a transport error; with DAEMON_LOOK_S past them, a
+    # removal's scan ends so).
+    why = space._guest.why_full
+    assert "transport error" not in why, why
+    if fault == "delete":
+        assert "the daemon the journal's helper ran under is gone" in why, why
     await lab.close()
 
 
@@ -451,10 +453,8 @@ async def test_a_stopped_helper_costs_a_silence_not_a_hang(
     await space.scan()
     await sh(space, "printf x >> a")
     signal_helpers(space, signal.SIGSTOP)
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
+    # the event: the scan gave up on the silent helper (not a duration, which load stretches)
     assert await space.scan() == await oracle(space)
-    assert loop.time() - t0 < 10
     assert "said nothing" in space._guest.why_full
     monkeypatch.setattr(gj, "SILENCE_TIMEOUT", 20.0)  # a loaded machine starts perl slowly
     await sh(space, "printf y >> a")
@@ -479,3 +479,32 @@ async def test_a_long_walk_speaks_while_it_works(
     table = await space.scan()
     assert space.scan_stats["guest_full"] == 1, space._guest.why_full
     assert table == await oracle(space)
+
+
+async def test_a_mount_inside_the_workspace_is_refused_by_the_same_helper_until_it_goes(
+    space: SpacesdSpace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mount at or under the workspace, made before or after the helper started: every
+    scan is the daemon's own while it is there, the helper stays (no new one a scan, and
+    it still reads the boot id), and the first scan after it goes is a new walk."""
+    from durable_spaces.backends.spacesd.daemon import unshare_reason
+
+    if (why := unshare_reason()) is not None:  # the mount must stay in the Space
+        pytest.skip(f"no namespaces for the Space (its mounts would be this host's): {why}")
+    await sh(space, "mkdir -p mnt && mount -t tmpfs tmpfs mnt && printf t > mnt/t")
+    assert await space.scan() == await oracle(space)  # a new helper: the mount was there
+    [helper] = helpers(space)
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        assert await space.machine_boot_id() == f.read().strip()
+    for step in ("printf u > mnt/u", "printf a2 >> a"):
+        await sh(space, step)
+        assert await space.scan() == await oracle(space)
+        assert "inside the workspace" in space._guest.why_full
+    assert helpers(space) == [helper]
+    assert space.scan_stats["guest_full"] == 0 and space.scan_stats["guest_journal"] == 0
+    await sh(space, "umount mnt && printf after > mnt/x")
+    assert await space.scan() == await oracle(space)
+    assert space.scan_stats["guest_full"] == 1  # a new walk, by the same helper
+    await sh(space, "printf y >> mnt/x")
+    assert await space.scan() == await oracle(space)
+    assert space.scan_stats["guest_journal"] == 1 and helpers(space) == [helper]

@@ -15,13 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from durable_spaces.backends.spacesd.backend import SpacesdBackend, unavailable_reason
+from durable_spaces.backends.spacesd.backend import SpacesdBackend
 from durable_spaces.backends.spacesd.scan import HASH_ARGV
 
-pytestmark = [pytest.mark.spacesd]
-
-if unavailable_reason() is not None:
-    pytest.skip(f"cua-spacesd unavailable: {unavailable_reason()}", allow_module_level=True)
+pytestmark = [pytest.mark.spacesd]  # skipped without cua-spacesd (tests/needs.py)
 
 #: A driver that advances the Space to epoch 1 and dies (SIGKILL) in its scan, after the
 #: hash helper started and before it was fed its stdin.
@@ -50,9 +47,11 @@ asyncio.run(main())
 def _waiting_helpers(root: str, argv: list[str] = list(HASH_ARGV)) -> list[int]:  # noqa: B006
     out = []
     for p in psutil.process_iter(["cmdline", "cwd", "status"]):
+        cmdline = p.info["cmdline"] or []
+        # the hash helper runs in the workspace; the journal's runs from / and names it
         if (
-            p.info["cwd"] == root
-            and (p.info["cmdline"] or [])[: len(argv)] == argv
+            (p.info["cwd"] == root or root in cmdline[len(argv) :])
+            and cmdline[: len(argv)] == argv
             and p.info["status"] != psutil.STATUS_ZOMBIE
         ):
             out.append(p.pid)

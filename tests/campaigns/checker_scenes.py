@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from durable_spaces.adapter import manifest as mf
 from durable_spaces.campaigns.checker import check_all
+from durable_spaces.campaigns.checks.call_checkpoints import Manifests
+from durable_spaces.campaigns.checks.checkpoint import LastCheckpoint
 from durable_spaces.campaigns.checks.inputs import (
     Inputs,
     LaunchRecord,
@@ -136,6 +139,9 @@ class Scene:
     launches: list[LaunchRecord] = field(default_factory=lambda: [LaunchRecord(1, pid=100)])
     workload: Workload | None = None
     host_clock: bool = True
+    #: A checkpoint run's last checkpoint and every call's manifest (``scene(checkpoint=)``).
+    checkpoint: LastCheckpoint | None = None
+    manifests: Manifests | None = None
 
     def inputs(self) -> Inputs:
         return Inputs(
@@ -146,6 +152,8 @@ class Scene:
             processes=ProcessListing("mark"),
             host_clock=self.host_clock,
             kind="local",
+            checkpoint=self.checkpoint,
+            manifests=self.manifests,
         )
 
     def verdicts(self) -> dict[str, dict[str, Any]]:
@@ -167,26 +175,58 @@ CALLS: list[tuple[str, str, dict[str, str], dict[str, str]]] = [
 ]  # fmt: skip
 
 
+def checkpoint_manifest(files: Mapping[str, str], root: Path) -> tuple[str, bytes]:
+    """A workspace checkpoint of ``files`` (its id and manifest, the adapter's format:
+    durable_spaces/adapter/manifest.py), with the times and modes ``root`` has where it
+    holds the same file (so the last one can equal the workspace)."""
+    m = {".": mf.Entry("d", os.stat(root).st_mode & 0o7777 if root.exists() else 0o755)}
+    for p, text in files.items():
+        data = text.encode()
+        st = os.stat(root / p) if (root / p).exists() else None
+        same = st is not None and (root / p).read_bytes() == data
+        m[p] = mf.Entry("f", 0o644, len(data), hashlib.sha256(data).hexdigest(),
+                        st.st_mtime_ns if same and st is not None else 0)  # fmt: skip
+    data = mf.encode(m)
+    return f"cp-m{hashlib.sha256(data).hexdigest()}", data
+
+
 def scene(
     tmp: Path,
     *,
     transactional: bool = False,
+    checkpoint: bool = False,
     finish: bool = True,
     images: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Scene:
     """The consistent run: W, B1, E, B3, done; the workspace as it implies. Transactional:
     each call's image (its files as it left them, or ``images[call]``) committed before
-    its result, as the adapter's outcome is."""
+    its result, as the adapter's outcome is. Checkpoint: each call's checkpoint (of those
+    files) recorded in the ``cua.space`` document with its result, every manifest and
+    the last one read as ``checks.checkpoint``/``checks.call_checkpoints`` read them."""
     t = Transcript(tmp / "log.sqlite")
-    for v, (cid, name, args, after) in enumerate(CALLS, 1):
-        docs = image_docs((images or {}).get(cid, after), v) if transactional else None
-        t.call(cid, name, args, docs=docs)
     files = {"f0.txt": F0, "journal.txt": JOURNAL}
-    if finish:
-        t.done()
     root = tmp / "work"
     write_tree(root, files)
-    return Scene(tmp / "log.sqlite", root, t)
+    manifests: dict[str, bytes] = {}
+    calls: dict[str, Any] = {}
+    last = None
+    for v, (cid, name, args, after) in enumerate(CALLS, 1):
+        docs = image_docs((images or {}).get(cid, after), v) if transactional else None
+        if checkpoint:
+            last, data = checkpoint_manifest((images or {}).get(cid, after), root)
+            manifests[last] = data
+            calls[cid] = {"call_id": cid, "tool": name, "order": v, "mode": "checkpoint",
+                          "checkpoint": last}  # fmt: skip
+            docs = {"cua.space": {"mode": "checkpoint", "calls": dict(calls),
+                                  "last_checkpoint": last}}  # fmt: skip
+        t.call(cid, name, args, docs=docs)
+    if finish:
+        t.done()
+    s = Scene(tmp / "log.sqlite", root, t)
+    if checkpoint and last is not None:
+        s.checkpoint = LastCheckpoint(last, manifests[last])
+        s.manifests = Manifests(manifests, {})
+    return s
 
 
 def scripted(tmp: Path, seed: str, calls: int, interrupted: frozenset[int] = frozenset()) -> Scene:

@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from durable_spaces import cli
+from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.summary import Summary
 
 runner = CliRunner()
@@ -107,5 +108,8 @@ def test_missing_session_module_is_a_clear_error(
 def test_report_command(tmp_path: Path) -> None:
     assert runner.invoke(cli.app, ["report", str(tmp_path)]).exit_code == 2
     (tmp_path / "runs").mkdir()
+    r = runner.invoke(cli.app, ["report", str(tmp_path)])  # no record: no report (issue 34)
+    assert r.exit_code == 1 and not (tmp_path / "report.html").exists()
+    RunRecord("run-0000", "s-0", "transactional", "local", 2).save(tmp_path / "runs")
     r = runner.invoke(cli.app, ["report", str(tmp_path)])
     assert r.exit_code == 0 and (tmp_path / "report.html").exists()

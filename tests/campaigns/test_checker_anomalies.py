@@ -252,6 +252,36 @@ def test_a_call_missing_from_its_own_image_is_named_though_the_end_agrees(
     assert "sha256" in b[0]["detail"]
 
 
+def test_a_call_missing_from_its_own_checkpoint_is_named_though_the_end_agrees(
+    tmp_path: Path,
+) -> None:
+    """Checkpoint mode's blind spot (issue 34): B1's checkpoint missed its own append (a
+    listing that trusted a stale look); B3's checkpoint looked again and holds it, so the
+    last checkpoint equals the workspace. Only ``checkpoint_follows_calls`` sees it: a
+    crash of B3 restoring B1's checkpoint would have lost the line."""
+    ok = scene(tmp_path / "ok", checkpoint=True)
+    v = ok.verdicts()
+    assert v["checkpoint_follows_calls"]["valid"] is True, dump(v["checkpoint_follows_calls"])
+    assert v["checkpoint_follows_calls"]["detail"].startswith("4 committed calls"), dump(v)
+    assert v["checkpoint_equals_workspace"]["valid"] is True, dump(v)
+    before_b1 = {"f0.txt": F0_WRITTEN}  # no journal.txt yet
+    s = scene(tmp_path / "b1", checkpoint=True, images={B1: before_b1})
+    v = s.verdicts()
+    assert v["checkpoint_equals_workspace"]["valid"] is True, dump(v["checkpoint_equals_workspace"])
+    a = _only(s.anomalies("checkpoint_follows_calls"), "call_not_in_checkpoint")
+    assert a["path"] == "journal.txt" and a["witness"][0] == B1 and "holds no file" in a["detail"]
+    stale = {"f0.txt": F0_WRITTEN, "journal.txt": "s1-bbbbbbbb\n"}  # E's edit missing
+    s2 = scene(tmp_path / "e", checkpoint=True, images={E: stale})
+    b = _only(s2.anomalies("checkpoint_follows_calls"), "call_not_in_checkpoint")
+    assert (b["path"], b["witness"][0]) == ("f0.txt", E) and "sha256" in b["detail"]
+    s3 = scene(tmp_path / "gone", checkpoint=True)
+    assert s3.manifests is not None
+    cid = next(iter(s3.manifests.data))
+    del s3.manifests.data[cid]  # type: ignore[attr-defined]
+    c = _only(s3.anomalies("checkpoint_follows_calls"), "call_not_in_checkpoint")
+    assert c["witness"][0] == W and "could not be read" in c["detail"]
+
+
 def test_unexpected_call(tmp_path: Path) -> None:
     s = scripted(tmp_path, "ck-2", 4)
     tampered = "call-s9-99999999"

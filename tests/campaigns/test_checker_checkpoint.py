@@ -202,3 +202,46 @@ def test_a_time_the_checkpoint_missed_is_named(tmp_path: Path) -> None:
     found = _details(_verdict(s))
     assert found == {("journal.txt", next(d for p, d in found if p == "journal.txt"))}
     assert "mtime 1000000000;" in next(iter(found))[1]
+
+
+def test_every_call_s_manifest_is_read_from_the_store_or_the_copy_and_kept(
+    tmp_path: Path,
+) -> None:
+    """``checkpoint_follows_calls`` reads each recorded checkpoint's manifest from the
+    store (a carrier's blobs cut off), else the Space's copy; a kept run re-checks the
+    same offline, and a manifest tampered with there is named."""
+    from durable_spaces.campaigns.checks.call_checkpoints import read_all
+
+    s = scene(tmp_path, checkpoint=True)
+    s.t.close()
+    assert s.manifests is not None
+    want = dict(s.manifests.data)
+    store = tmp_path / "store"
+    store.mkdir()
+    copies = s.root.parent / ".ds-checkpoints"
+    copies.mkdir()
+    for k, (cid, data) in enumerate(sorted(want.items())):
+        if k % 2:  # in the store, carrying a blob after it (checkpoint_carry's footer)
+            blob = [(hashlib.sha256(b"x").hexdigest(), b"x")]
+            (store / f"{cid}.manifest").write_bytes(data + carry.trailer(len(data), blob))
+        else:
+            (copies / f"{cid}.manifest").write_bytes(data)
+    inputs = s.inputs()
+    space = cast(Space, SimpleNamespace(root=str(s.root)))
+    inputs.manifests = asyncio.run(read_all(space, "local", inputs.history, store))
+    assert dict(inputs.manifests.data) == want and not inputs.manifests.unread
+    live = check_all(inputs)
+    assert live["checkpoint_follows_calls"]["valid"] is True, live["checkpoint_follows_calls"]
+    kept.keep(tmp_path / "run", inputs)
+    assert check_all(kept.load(tmp_path / "run")) == live
+    first = sorted(want)[0]
+    saved = tmp_path / "run" / "kept" / "manifests" / f"{first}.manifest"
+    saved.write_bytes(saved.read_bytes().replace(b"f0.txt", b"f9.txt"))
+    v = check_all(kept.load(tmp_path / "run"))["checkpoint_follows_calls"]
+    assert v["valid"] is False and "not the manifest its id names" in str(v["anomalies"])
+    (copies / f"{sorted(want)[0]}.manifest").unlink()
+    gone = asyncio.run(read_all(space, "local", inputs.history, store))
+    assert set(gone.unread) == {sorted(want)[0]}
+    inputs.manifests = asyncio.run(read_all(space, "local", inputs.history, None))
+    v = check_all(inputs)["checkpoint_follows_calls"]  # no store: the copy's lack is unknown
+    assert v["valid"] is True and "the Space's copy lacks (no store given)" in v["detail"], v

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 from checker_scenes import dump, scene
+from needs import need
 
-from durable_spaces.backends import open_backend, unavailable_reason
+from durable_spaces.backends import open_backend
 from durable_spaces.campaigns.checks import processes
 from durable_spaces.campaigns.checks.workspace import snapshot, stream_tar
 
@@ -28,9 +29,7 @@ TREE = (
 
 
 def _need(backend: str) -> None:
-    why = unavailable_reason(backend)
-    if why:
-        pytest.skip(f"backend {backend} unavailable: {why}")
+    need(backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -11,7 +11,8 @@ from checker_scenes import scene
 
 from durable_spaces.campaigns.checker import CHECKS, merge
 from durable_spaces.campaigns.evidence import RUN_CHECKS, Evidence, judge, run_checks
-from durable_spaces.campaigns.scenarios import get, known_scenarios
+from durable_spaces.campaigns.scenarios import known_scenarios
+from durable_spaces.campaigns.scenarios.base import get
 
 
 def test_a_consistent_run_passes_every_check_of_every_scenario_s_set(tmp_path: Path) -> None:

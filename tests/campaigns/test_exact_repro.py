@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from durable_spaces.campaigns.determinism import Determinism, run_determinism
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.replay import differences, exact_spec, reproduction, signature
 from durable_spaces.campaigns.run import POINTS, run_one
-from durable_spaces.campaigns.runner import Determinism, run_determinism
 from durable_spaces.campaigns.spec import BEHAVIOUR_ENV, CampaignSpec, RunSpec
 from durable_spaces.campaigns.summary import Summary
 from durable_spaces.chaos.schedule import AttemptPlan, PointFault, Schedule, SpaceFault
@@ -39,7 +39,7 @@ def _spec(tmp: Path, seed: str, schedule: Schedule | None, calls: int = 4) -> Ru
 
 
 def test_a_fault_at_a_logical_point_lands_exactly_there(tmp_path: Path) -> None:
-    """A daemon kill at the 2nd start mark and a removal at the 40th logical hit (after
+    """A daemon kill at the 2nd start mark and a removal at the 50th logical hit (after
     the first calls made the Space): the driver stops at each, the fault lands while it
     waits, and the record says where."""
     sched = Schedule(
@@ -48,7 +48,7 @@ def test_a_fault_at_a_logical_point_lands_exactly_there(tmp_path: Path) -> None:
             AttemptPlan(
                 at_points=(
                     PointFault("adapter.start_mark", 2, "daemon_kill"),
-                    PointFault("*", 40, "space_remove"),
+                    PointFault("*", 50, "space_remove"),
                 )
             ),
         ),
@@ -59,7 +59,7 @@ def test_a_fault_at_a_logical_point_lands_exactly_there(tmp_path: Path) -> None:
     landed = [(r["kind"], r["at"].get("point"), r["at"].get("n"), r["type"])
               for r in rec.extra["interleaving"]]  # fmt: skip
     assert ("daemon_kill", "adapter.start_mark", 2, "ok") in landed
-    assert ("space_remove", "*", 40, "ok") in landed
+    assert ("space_remove", "*", 50, "ok") in landed
     assert rec.faults.get("space_remove") == 1 and rec.recoveries.get("reimaged")
 
 
@@ -182,9 +182,9 @@ def test_logical_schedules_go_the_same_way_twice(tmp_path: Path) -> None:
 def test_a_seed_whose_runs_parted_is_named_with_where_and_its_records(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from durable_spaces.campaigns import runner
+    from durable_spaces.campaigns import determinism
 
-    monkeypatch.setattr(runner, "differences", lambda a, b: ["#2: recovery x | recovery y"])
+    monkeypatch.setattr(determinism, "differences", lambda a, b: ["#2: recovery x | recovery y"])
     d, out = _determinism(tmp_path / "det", "prt", 1, calls=2, profile="calm")
     assert d.same == 0
     lines = out.splitlines()

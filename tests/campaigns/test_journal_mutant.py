@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from needs import need
 
 pytestmark = pytest.mark.slow
 
@@ -41,11 +42,7 @@ def _campaign(
 def test_a_journal_that_misses_events_is_caught_and_the_real_one_passes(
     tmp_path: Path, backend: str
 ) -> None:
-    if backend == "spacesd":
-        from durable_spaces.backends.spacesd.backend import unavailable_reason
-
-        if (why := unavailable_reason()) is not None:
-            pytest.skip(f"cua-spacesd unavailable: {why}")
+    need(backend)
     broken = _campaign(tmp_path / "broken", mutant=True, backend=backend)
     summary = broken.stdout.splitlines()[-1]
     assert broken.returncode == 1, broken.stdout[-2000:]
@@ -87,10 +84,8 @@ def test_a_journal_that_trusts_a_lost_helper_is_caught_when_the_lab_kills_it(
     gone): seed ``jkm-0`` of ``--profile space-journal`` kills the helper while a command
     runs, the call is credited with nothing, and ``image_follows_calls`` names it (the
     end agrees: the next call folds the change in). The real build passes the seed."""
-    from durable_spaces.backends.spacesd.backend import unavailable_reason
 
-    if (why := unavailable_reason()) is not None:
-        pytest.skip(f"cua-spacesd unavailable: {why}")
+    need("spacesd")
 
     def repro(mutant: bool) -> subprocess.CompletedProcess[str]:
         env = {k: v for k, v in os.environ.items() if k not in ("DS_MUTANTS", "DS_SPACE_JOURNAL")}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
 from import_graph import circles as cycles
 
 import durable_spaces
@@ -61,7 +62,17 @@ GRAPH = {m: imports(m) for m in MODULES}
 
 
 def _under(prefix: str) -> list[str]:
-    return [m for m in MODULES if m == prefix or m.startswith(prefix + ".")]
+    """The modules under ``prefix``: never none (a loop over none would check nothing and
+    pass, as it would after a folder is renamed)."""
+    found = [m for m in MODULES if m == prefix or m.startswith(prefix + ".")]
+    assert found, f"no module under {prefix}: the test would check nothing"
+    return found
+
+
+def test_a_prefix_that_names_no_module_fails_rather_than_checking_nothing() -> None:
+    assert len(_under("durable_spaces.chaos")) > 3
+    with pytest.raises(AssertionError, match="would check nothing"):
+        _under("durable_spaces.no_such_room")
 
 
 def test_no_import_circle_anywhere_in_the_package() -> None:

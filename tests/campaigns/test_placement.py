@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 
 import pytest
+from needs import need
 
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("CUA_TELEMETRY", "0")
 
 from durable_spaces.backends.spacesd import runtime as spacesd_runtime
-from durable_spaces.backends.spacesd.backend import unavailable_reason
 from durable_spaces.campaigns.run import Placement
 from durable_spaces.campaigns.scenarios.base import Script
 from durable_spaces.campaigns.spec import RunSpec
@@ -24,8 +24,7 @@ pytestmark = [pytest.mark.spacesd]
 async def test_a_placement_starts_its_backends_runtime(tmp_path: Path) -> None:
     # A Space fault's boot (or placing a lost Space) in the coordinator's process counts
     # in that resume: the SDK's runtime must be started before, when the run starts.
-    if unavailable_reason() is not None:
-        pytest.skip(f"cua-spacesd unavailable: {unavailable_reason()}")
+    need("spacesd")
     spaces = tmp_path / "spaces"
     placement = Placement(
         RunSpec("run-0000", "pl-0", "transactional", "spacesd", 3), spaces, Script("pl-0", 0.0)

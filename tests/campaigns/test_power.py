@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from needs import need
 
 from durable_spaces.campaigns.checks.power import power_losses
 from durable_spaces.campaigns.coordinator_state import StateFile, read_state
@@ -19,13 +20,12 @@ from durable_spaces.campaigns.power import killed_in_commit
 from durable_spaces.campaigns.spec import CampaignSpec, RunSpec
 from durable_spaces.campaigns.supervisor import Attempt
 from durable_spaces.chaos.faults import Failpoint, PointFault, SpaceFault
-from durable_spaces.chaos.powerfs import mount, unavailable
+from durable_spaces.chaos.powerfs import mount
 from durable_spaces.chaos.profiles import PROFILES
 from durable_spaces.chaos.schedule import AttemptPlan, Schedule
 from durable_spaces.errors import ConfigError
 
-_WHY = unavailable()
-needs_fuse = pytest.mark.skipif(_WHY is not None, reason=f"powerfs cannot run here: {_WHY}")
+needs_fuse = pytest.mark.fuse  # skipped without FUSE, failed on CI (tests/needs.py)
 
 POINTS = ["adapter.call", "adapter.start_mark", "adapter.outcome_commit"]
 
@@ -152,12 +152,7 @@ def test_a_power_run_is_consistent(
     read on spacesd, the JSONL log's commits counted)."""
     from durable_spaces.campaigns.run import run_one
 
-    if backend == "spacesd":
-        from durable_spaces.backends.spacesd.backend import unavailable_reason
-
-        why = unavailable_reason()
-        if why is not None:
-            pytest.skip(f"cua-spacesd cannot run here: {why}")
+    need(backend)
     run = RunSpec(
         run_id="run-0000",
         seed=seed,

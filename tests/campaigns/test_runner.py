@@ -25,7 +25,8 @@ def test_all_ok_writes_records_and_summary(tmp_path: Path) -> None:
     assert res.exit_code == 0
     lines = out.getvalue().splitlines()
     assert lines == [
-        "SUMMARY mode=auto backend=local runs=3 ok=3 failed=0 lab_errors=0 kills=0 faults=- "
+        "SUMMARY mode=auto backend=local runs=3 ok=3 failed=0 lab_errors=0 kills=0 "
+        "planned_kills=0 faults=- "
         "recoveries=adopted:3 resume_p50_ms=15 resume_p95_ms=20 seed_base=t1"
     ]
     recs = sorted((tmp_path / "runs").glob("*.json"))

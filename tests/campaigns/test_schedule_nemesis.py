@@ -41,8 +41,8 @@ def test_draws_cover_every_fault_kind_and_trigger() -> None:
     scheds = [Schedule.draw(f"s-{i}", POINTS, 8, "space") for i in range(200)]
     kinds = {f.kind for s in scheds for a in s.attempts for f in a.faults}
     # the host's (power losses, disk stalls): only the profiles on powerfs; the journal's
-    # helper killed: only space-journal's
-    assert kinds == set(FAULT_KINDS) - {"power_loss", "disk_stall", "journal_kill"}
+    # helper killed: only space-journal's; the log's storage: only log-loss's
+    assert kinds == set(FAULT_KINDS) - {"power_loss", "disk_stall", "journal_kill", "log_loss"}
     assert any(f.trigger == "after_kill" for s in scheds for a in s.attempts for f in a.faults)
     fps = [a.failpoint for s in scheds for a in s.attempts if a.failpoint]
     assert {fp.name for fp in fps} == set(POINTS)
@@ -67,11 +67,23 @@ def test_space_journal_kills_the_helper_half_the_time_while_a_command_runs() -> 
 #: they were drawn before it: a seed pasted into a bug report must still draw its
 #: schedule. A change of this digest is a change of every such seed's meaning.
 OLD_DRAWS = "ac4043f1bf93db963c850b8bde51303fb5f0327571a1c648b08a788ea12e4494"
+#: Profiles added since (each draws its own; ``log_loss`` drawn by ``log-loss`` alone).
+LATER_PROFILES = ("space-journal", "log-loss")
+
+
+def test_log_loss_is_drawn_by_its_profile_after_a_kill_or_at_a_point() -> None:
+    scheds = [Schedule.draw(f"ll-{i}", POINTS, 6, "log-loss") for i in range(200)]
+    losses = [f for s in scheds for a in s.attempts for f in a.faults if f.kind == "log_loss"]
+    at = [p for s in scheds for a in s.attempts for p in a.at_points if p.kind == "log_loss"]
+    assert len(losses) + len(at) > 200
+    assert all(f.trigger == "after_kill" for f in losses) and len(losses) > 100
+    assert len(at) > 100  # the nemesis kills the drivers there, then cuts
+    assert not {f.kind for s in scheds for a in s.attempts for f in a.faults} - {"log_loss"}
 
 
 def test_a_seed_still_draws_what_it_drew() -> None:
     h = hashlib.sha256()
-    for prof in sorted(p for p in PROFILES if p != "space-journal"):
+    for prof in sorted(p for p in PROFILES if p not in LATER_PROFILES):
         for i in range(30):
             h.update(Schedule.draw(f"old-{i}", POINTS, 8, prof).dumps().encode())
     assert h.hexdigest() == OLD_DRAWS

@@ -24,6 +24,10 @@ def test_summary_exact_line_and_round_trip() -> None:
         rec(
             0,
             kills=2,
+            schedule=Schedule(
+                "s-0",
+                (AttemptPlan(Failpoint("a", 1), kill_after_s=(0.5,)), AttemptPlan(Failpoint("b"))),
+            ).to_json(),
             faults={"kill": 2, "space_remove": 1},
             recoveries={"adopted": 2},
             resume_latencies_ms=[100.0, 300.0],
@@ -41,12 +45,16 @@ def test_summary_exact_line_and_round_trip() -> None:
     line = summary_line(rs, mode="transactional", backend="local", seed_base="b")
     assert line == (
         "SUMMARY mode=transactional backend=local runs=4 ok=2 failed=2 lab_errors=0 kills=3 "
-        "faults=daemon_kill:1,kill:3,space_remove:1 recoveries=adopted:3,restored:1 "
-        "resume_p50_ms=200 resume_p95_ms=290 seed_base=b"
+        "planned_kills=3 faults=daemon_kill:1,kill:3,space_remove:1 "
+        "recoveries=adopted:3,restored:1 resume_p50_ms=200 resume_p95_ms=290 seed_base=b"
     )
     s = parse_summary(line)
     assert s.faults == {"daemon_kill": 1, "kill": 3, "space_remove": 1}
+    assert (s.kills, s.planned_kills) == (3, 3)
     assert s.line() == line
+    # a line written before planned_kills existed still reads (as 0 planned)
+    old = parse_summary(line.replace(" planned_kills=3", ""))
+    assert (old.kills, old.planned_kills) == (3, 0)
 
 
 def test_summary_without_samples_or_faults() -> None:

@@ -318,6 +318,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.netns
 def test_a_caller_in_another_network_namespace_is_refused(
     tmp_path: Path, toy_env: dict[str, str]
 ) -> None:

@@ -23,11 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from durable_spaces.chaos.powerfs import PowerFS, PowerFSError, mount, unavailable
+from durable_spaces.chaos.powerfs import PowerFS, PowerFSError, mount
 from durable_spaces.errors import ConfigError
 
-_WHY = unavailable()
-pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"powerfs cannot run here: {_WHY}")
+pytestmark = pytest.mark.fuse  # skipped without FUSE, failed on CI (tests/needs.py)
 
 
 class Mnt:
@@ -366,9 +365,7 @@ def test_open_files_fail_fast_at_a_cut_and_locks_are_local(mnt: Mnt) -> None:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         with pytest.raises(BlockingIOError):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        t0 = time.monotonic()
-        mnt.fs.cut()
-        assert time.monotonic() - t0 < 30
+        mnt.fs.cut()  # returns though a process holds a lock on the mount (the event)
         assert int(holder.stdout.readline()) in (errno.ENOTCONN, errno.ECONNABORTED)
         assert holder.wait(10) == 0
         with pytest.raises(OSError) as e:
@@ -615,10 +612,8 @@ def test_cli_round_trip(tmp_path: Path) -> None:
 
 @pytest.mark.spacesd
 async def test_spacesd_data_dir_on_powerfs(tmp_path: Path) -> None:
-    from durable_spaces.backends.spacesd.backend import SpacesdBackend, unavailable_reason
+    from durable_spaces.backends.spacesd.backend import SpacesdBackend
 
-    if unavailable_reason() is not None:
-        pytest.skip(f"cua-spacesd unavailable: {unavailable_reason()}")
     m = Mnt(tmp_path)
     backend = SpacesdBackend(m.root / "spaces")
     try:

@@ -21,13 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from durable_spaces.chaos.powerfs import PowerFSError, unavailable
+from durable_spaces.chaos.powerfs import PowerFSError
 from durable_spaces.chaos.powerfs.api import _call
 from durable_spaces.errors import ConfigError
 from tests.chaos.test_powerfs import Mnt, durable_file, write
 
-_WHY = unavailable()
-pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"powerfs cannot run here: {_WHY}")
+pytestmark = pytest.mark.fuse  # skipped without FUSE, failed on CI (tests/needs.py)
 
 #: A child that fsyncs ``path`` and prints the errno it got (0) and how long it took.
 _FSYNC = (

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from needs import need
 
 from durable_spaces.cluster import pgserver
 from durable_spaces.cluster.store import ClusterStore
@@ -23,9 +24,7 @@ OpenStore = Callable[..., ClusterStore]
 
 
 def _need_postgres() -> None:
-    reason = pgserver.unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
+    need("postgres")
 
 
 @pytest.fixture(scope="session")
@@ -66,13 +65,8 @@ def stores(pg_url: str) -> Iterator[OpenStore]:
 
 def _need_hosts() -> None:
     """Hosts in network namespaces with real cua-spacesd: skip, naming what is missing."""
-    from durable_spaces.backends.spacesd import unavailable_reason as spacesd_reason
-    from durable_spaces.cluster import netns
-
-    _need_postgres()
-    for reason in (netns.unavailable_reason(), spacesd_reason()):
-        if reason is not None:
-            pytest.skip(reason)
+    for name in ("postgres", "netns", "spacesd"):
+        need(name)
 
 
 @pytest.fixture

@@ -55,3 +55,20 @@ def test_a_lost_race_is_run_again_and_a_persistent_one_gives_up(pg_url: str) -> 
         db.run(broken)
     assert calls["n"] == 1  # a real error is not retried
     db.close()
+
+
+def test_a_version_1_database_is_migrated_with_a_host_secret(stores: Any) -> None:
+    s = stores()
+
+    def as_version_1(conn: Any) -> None:  # what the older code made
+        conn.execute("DROP TABLE ds.host_secrets")
+        conn.execute("ALTER TABLE ds.spaces DROP COLUMN token_lease")
+        conn.execute("UPDATE ds.meta SET version = 1")
+
+    s.db.run(as_version_1)
+    again = stores()
+    assert (
+        again.db.run(lambda c: c.execute("SELECT version FROM ds.meta").fetchone())["version"] == 2
+    )
+    assert [x.version for x in again.host_secrets()] == [1]
+    assert len(again.host_secrets()[0].key.reveal()) >= 32

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -13,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from needs import need
 
 from durable_spaces.cluster.address import LocalAddress, parse_address
 from durable_spaces.cluster.host import HostAgent, local_name
 from durable_spaces.cluster.hostapi import HostClient
+from durable_spaces.cluster.hostauth import HostSecret, sign
 from durable_spaces.cluster.lab import wait_for
 from durable_spaces.cluster.store import ClusterStore
 from durable_spaces.errors import (
@@ -25,31 +26,39 @@ from durable_spaces.errors import (
     HostApiError,
     UnknownRecordError,
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from durable_spaces.host_ports import free_port
 
 
 @pytest.fixture
 def agent(pg_url: str, tmp_path: Path) -> Iterator[HostAgent]:
     a = HostAgent(
-        pg_url, "h1", f"127.0.0.1:{_free_port()}", "local", tmp_path / "h1", sweep_secs=0.3
+        pg_url, "h1", f"127.0.0.1:{free_port()}", "local", tmp_path / "h1", sweep_secs=0.3
     )
     t = threading.Thread(target=asyncio.run, args=(a.run(),), daemon=True)
     t.start()
-    wait_for("the agent's API", lambda: _answers(a.address))
+    _URLS[a.address] = pg_url
+    wait_for("the agent's API", lambda: _answers(a.address, _secret(pg_url)))
     yield a
     assert a._loop is not None
     a._loop.call_soon_threadsafe(a.stopping.set)
     t.join(20)
 
 
-def _answers(address: str) -> bool:
+def _secret(url: str) -> HostSecret:
+    with ClusterStore(url) as s:
+        return s.host_secrets()[0]
+
+
+_URLS: dict[str, str] = {}  # an agent's address: its store's URL
+
+
+def _client(agent: HostAgent) -> HostClient:
+    return HostClient(agent.address, _secret(_URLS[agent.address]))
+
+
+def _answers(address: str, secret: HostSecret) -> bool:
     try:
-        HostClient(address).status("x", 1)
+        HostClient(address, secret).status("x", 1)
     except HostApiError:
         return False
     return True
@@ -58,7 +67,7 @@ def _answers(address: str) -> bool:
 def _placed_sandbox(agent: HostAgent, s: ClusterStore) -> Path:
     """Durable Space ``sp`` placed on the agent: its sandbox directory."""
     s.create_space("sp")
-    addr = parse_address(HostClient(agent.address).place("sp", 1)["address"])
+    addr = parse_address(_client(agent).place("sp", 1)["address"])
     assert isinstance(addr, LocalAddress)
     sandbox = Path(addr.state_dir) / addr.name
     assert sandbox.is_dir()
@@ -69,7 +78,7 @@ def test_places_only_a_generation_waiting_and_reports_a_removed_sandbox(
     agent: HostAgent, stores: Any
 ) -> None:
     s: ClusterStore = stores()
-    client = HostClient(agent.address)
+    client = _client(agent)
     with pytest.raises(UnknownRecordError):  # no such space in the store
         client.place("nope", 1)
     s.create_space("sp")
@@ -126,20 +135,21 @@ def test_bad_requests_are_typed_errors(agent: HostAgent) -> None:
     import urllib.request
 
     req = urllib.request.Request(f"http://{agent.address}/v1/place", data=b"[1]", method="POST")
+    secret = _secret(_URLS[agent.address])
+    req.add_header("Authorization", sign(secret, "POST", "/v1/place", b"[1]"))
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(req, timeout=5)
     assert info.value.code == 400
     with pytest.raises(ConfigError, match="space"):
-        HostClient(agent.address).place("../x", 1)
+        _client(agent).place("../x", 1)
     with pytest.raises(HostApiError, match="did not answer"):
-        HostClient(f"127.0.0.1:{_free_port()}", timeout=0.5).status("sp", 1)
+        HostClient(f"127.0.0.1:{free_port()}", secret, timeout=0.5).status("sp", 1)
 
 
 def test_a_spacesd_listen_host_must_be_an_ipv4_address(tmp_path: Path) -> None:
-    from durable_spaces.backends.spacesd import SpacesdBackend, unavailable_reason
+    from durable_spaces.backends.spacesd import SpacesdBackend
 
-    if (why := unavailable_reason()) is not None:
-        pytest.skip(why)
+    need("spacesd")
     assert SpacesdBackend(tmp_path, listen_host="10.77.0.2").listen_host == "10.77.0.2"
     with pytest.raises(ConfigError, match="listen_host"):
         SpacesdBackend(tmp_path, listen_host="0.0.0.0 --token x")

@@ -12,7 +12,13 @@ from racing import race
 
 from durable_spaces.cluster.pgserver import PgServer
 from durable_spaces.cluster.store import ClusterStore
-from durable_spaces.errors import ConfigError, LeaseLostError, UnknownRecordError
+from durable_spaces.errors import (
+    ClusterConflictError,
+    ConfigError,
+    LeaseLostError,
+    SpaceUnavailableError,
+    UnknownRecordError,
+)
 
 OpenStore = Callable[..., ClusterStore]
 TOKEN = "tok-SECRET-7f3a9c"
@@ -82,8 +88,10 @@ def test_superseded_token_refused_on_renew_connect_release_and_counted(
         ("connect", 1, 2),
         ("release", 1, 2),
     ]
-    # ... and the current one is accepted by all three.
+    # ... and the current one is accepted by all three (connect once its host rotated
+    # the Space's token for it).
     assert s.renew_lease("sp", "a", 2).token == 2
+    s.set_space_token("sp", 1, "h1", 2, TOKEN)
     conn = s.connect("sp", "a", 2)
     assert (conn.address, conn.token.reveal(), conn.generation) == ("10.1.0.1:7001", TOKEN, 1)
     assert s.release_lease("sp", "a", 2).holder is None
@@ -145,6 +153,7 @@ def test_the_space_token_is_never_in_reprs_events_or_the_server_log(
     s = stores()
     placed(s)
     a = s.acquire_lease("sp", "a")
+    s.set_space_token("sp", 1, "h1", a.token, TOKEN)
     conn = s.connect("sp", "a", a.token)
     shown = [repr(conn), str(conn), repr(conn.token), str(conn.token), repr(s.space("sp"))]
     shown += [repr(s), repr(s.db), repr(s.spaces())]
@@ -169,3 +178,23 @@ def test_bad_input_is_a_typed_error_before_any_sql(stores: OpenStore) -> None:
         s.acquire_lease("sp", "a", ttl=0)
     with pytest.raises(UnknownRecordError, match="no durable space 'nope'"):
         s.acquire_lease("nope", "a")
+
+
+def test_a_space_token_is_handed_only_to_the_lease_it_was_minted_for(stores: OpenStore) -> None:
+    s = stores()
+    s.register_host("h1", "10.1.0.1:7000", "docker")
+    s.create_space("sp")
+    a = s.acquire_lease("sp", "a")
+    s.place_space("sp", 1, "h1", "10.1.0.1:7001", TOKEN)  # minted during lease 1: its own
+    assert s.connect("sp", "a", a.token).token.reveal() == TOKEN
+    assert s.grant("sp", a.token).token_minted
+    b = s.acquire_lease("sp", "a")  # the next drive: the token it knew must not carry over
+    with pytest.raises(SpaceUnavailableError, match="minted for lease 1, not 2"):
+        s.connect("sp", "a", b.token)
+    with pytest.raises(ClusterConflictError, match="lease 1 is not the current one"):
+        s.set_space_token("sp", 1, "h1", a.token, "tok-stale")
+    with pytest.raises(ClusterConflictError, match="not ready on host h2"):
+        s.set_space_token("sp", 1, "h2", b.token, "tok-b")
+    s.set_space_token("sp", 1, "h1", b.token, "tok-b")
+    assert s.connect("sp", "a", b.token).token.reveal() == "tok-b"
+    assert "tok-b" not in repr(s.events("space_token_rotated"))

@@ -54,6 +54,8 @@ def _drive(s: ClusterStore, url: str, port: int, tmp: Any) -> subprocess.Popen[s
     s.create_session("a", "sp")
     s.claim_session("c1", 60, "a")
     d = s.begin_drive("a", "c1")
+    assert d.lease_token is not None
+    s.set_space_token("sp", 1, "h1", d.lease_token, "tok")  # its host's rotation
     env = dict(
         os.environ,
         CUA_CLUSTER_DB=url,

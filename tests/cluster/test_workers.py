@@ -50,3 +50,26 @@ def test_two_workers_a_lost_one_gives_its_run_back(cluster: Any) -> None:
         assert r.record is not None
         rec = RunRecord.from_json(r.record)
         assert rec.outcome == "ok", rec.checks
+
+
+def test_a_queued_run_the_flags_would_refuse_is_finished_as_a_lab_error(
+    pg_url: str, tmp_path: Any
+) -> None:
+    """A spec read back from the queue is checked as a campaign's flags are: ``calls``
+    of 10**9 is refused (the flag's cap is 10000), the run finished as a lab error that
+    says so, nothing started, and the worker goes on (issue 34, item 8)."""
+    from durable_spaces.cluster.store import ClusterStore
+    from durable_spaces.cluster.workers import ClusterWorker
+
+    store = ClusterStore(pg_url)
+    good = RunSpec("r0", "wk0", "transactional", "local", calls=4).to_json()
+    store.enqueue_run("r0", "camp", {**good, "calls": 10**9})
+    store.enqueue_run("r1", "camp", {**good, "run_id": "r1", "mode": "chaotic"})
+    worker = ClusterWorker(pg_url, "w1", tmp_path / "w", until_empty=True, poll_secs=0.05)
+    assert worker.run() == 2
+    got = {r.id: RunRecord.from_json(r.record) for r in store.runs("camp")}
+    assert {k: v.outcome for k, v in got.items()} == {"r0": "lab_error", "r1": "lab_error"}
+    assert "over the limit of 10000" in got["r0"].checks["run"]["detail"]
+    assert "transactional, auto, checkpoint" in got["r1"].checks["run"]["detail"]
+    assert not list((tmp_path / "w").glob(".r*"))  # no run's process was started
+    store.close()

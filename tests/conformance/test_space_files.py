@@ -21,6 +21,22 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+async def test_reading_what_is_not_a_file_says_what_in_one_line(space: Space, sh: Sh) -> None:
+    """``read_file("")`` raised ``IsADirectoryError`` with no message, and a directory's
+    ``[Errno 21] Is a directory: 7`` named a descriptor: each now says what it read."""
+    await space.write_file("d/f", b"x", epoch=EPOCH)
+    with pytest.raises(IsADirectoryError) as empty:
+        await space.read_file("")
+    assert empty.value.strerror == "the path is empty: name a file in the workspace"
+    for path in ("d", ".", space.root):
+        with pytest.raises(IsADirectoryError) as err:
+            await space.read_file(path)
+        assert err.value.strerror == f"{path!r} is a directory, not a file", str(err.value)
+    assert (await sh("mkfifo p")).exit_code == 0
+    with pytest.raises(IsADirectoryError, match="'p' is not a regular file"):
+        await space.read_file("p")
+
+
 async def test_file_round_trip(space: Space) -> None:
     await space.write_file("d/e/f.txt", b"hello", mode=0o600, epoch=EPOCH)
     assert await space.read_file("d/e/f.txt") == b"hello"

@@ -68,6 +68,7 @@ async def main() -> int:
     root = await harness.root(AgentConfig("scripted"))
     submission = await root.submit("run the script", request_id=a.request_id)
     settled = await submission.wait()
+    hit("child.settled")  # a random-time kill's test holds the child here (a stop)
     await harness.close()
     storage.close()
     print(json.dumps({"status": settled.status, "answer": settled.answer, "error": settled.error}))

@@ -148,13 +148,19 @@ def _kill_and_resume(
     ws = tmp / "ws"
     ws.mkdir()
     url = f"{kind}:{tmp / ('log.db' if kind == 'sqlite' else 'log.jsonl')}"
+    if delay is not None:
+        # A driver done before the kill would have tested nothing: it stops itself once
+        # its run settled (before it closes the log), so the kill always finds it, cut
+        # mid-run or at the very end.
+        failpoint = "child.settled:1:stop"
     proc = _child(url, ws, failpoint=failpoint, safe=safe)
     if delay is not None:
         time.sleep(delay)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
+        proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
-    if failpoint:
+    if delay is not None:
+        assert proc.returncode == -signal.SIGKILL, f"the kill at {delay:.2f} s found no driver"
+    elif failpoint:
         assert proc.returncode == -signal.SIGKILL, f"{failpoint} was never hit"
     cut = _snapshot(url)
     _finish(url, ws, safe)

@@ -231,6 +231,20 @@ def test_report_of_something_that_is_not_a_campaign_is_refused(
     assert str(d) in line
 
 
+@pytest.mark.parametrize("files", [0, 1, 3])
+def test_report_where_no_record_can_be_read_fails_and_writes_nothing(
+    files: int, cwd: Path, tmp_path: Path
+) -> None:
+    """It wrote an empty report and exited 0, as if the campaign had run nothing."""
+    runs = tmp_path / "c" / "runs"
+    runs.mkdir(parents=True)
+    for i in range(files):
+        (runs / f"run-{i:04d}.json").write_bytes(b"\x00 not a record")
+    line = _refused(["report", str(tmp_path / "c")], tmp_path, code=1)
+    assert "no run record could be read" in line and "no report written" in line
+    assert f"of {files} file(s)" in line
+
+
 def test_report_skips_garbage_records_with_one_warning_each(cwd: Path, tmp_path: Path) -> None:
     d = tmp_path / "c"
     runs = d / "runs"
@@ -387,3 +401,109 @@ def test_a_malformed_switch_is_refused_before_any_work(
         ["campaign", "--out", str(tmp_path / "c")], tmp_path, code=1, env={name: value}
     )
     assert name in line and "0 (off) or 1 (on)" in line
+
+
+# --- repro --exact: a run record is checked exactly as the flags are ----------------------
+
+
+def _exact_record(**changes: object) -> dict[str, object]:
+    """A record ``repro --exact`` would replay, with ``changes`` (``extra.*`` and
+    ``interleaving.*`` keys go into its extra and its one realized fault)."""
+    fault = {"type": "ok", "attempt": 0, "kind": "space_remove", "at": {"point": "*", "n": 5},
+             "value": {}}  # fmt: skip
+    extra: dict[str, object] = {"profile": "default", "env": {}, "interleaving": [fault]}
+    sched = Schedule("s-1", (AttemptPlan(Failpoint("adapter.spawn", 1)),))
+    rec = RunRecord("run-0001", "s-1", "transactional", "local", 3, schedule=sched.to_json())
+    d = rec.to_json()
+    for k, v in changes.items():
+        if k.startswith("extra."):
+            extra[k.removeprefix("extra.")] = v
+        elif k.startswith("interleaving."):
+            fault[k.removeprefix("interleaving.")] = v
+        else:
+            d[k] = v
+    d["extra"] = extra
+    return d
+
+
+EXACT = {
+    # every field a flag also gives, out of range or of the wrong kind: the flag's words
+    "calls-absurd": ({"calls": 10**9}, "--calls/CRASH_CALLS=1000000000 is over the limit of 10000"),
+    "calls-over-cap": ({"calls": 10001}, "over the limit of 10000"),
+    "calls-zero": ({"calls": 0}, "at least 1"),
+    "mode-unknown": ({"mode": "chaotic"}, "transactional, auto, checkpoint"),
+    "backend-unknown": ({"backend": "vmware"}, "local, spacesd, docker, microvm"),
+    "durable-mode-unknown": ({"durable_mode": "maybe"}, "transactional, checkpoint, auto"),
+    "scenario-unknown": ({"scenario": "chaos"}, "--scenario"),
+    "profile-unknown": ({"extra.profile": "brutal"}, "--profile"),
+    "profile-a-number": ({"extra.profile": 7}, "--profile"),
+    "profile-on-the-wrong-backend": ({"extra.profile": "space-journal"}, "--backend"),
+    "scenario-on-the-wrong-backend": ({"scenario": "server"}, "--backend"),
+    "seed-a-path": ({"seed": "../../x"}, "one word"),
+    "seed-a-shell": ({"seed": "s;rm -rf ~"}, "one word"),
+    # the environment it carries, as this shell's is checked
+    "env-mutant-unknown": ({"extra.env": {"DS_MUTANTS": "nope"}}, "unknown mutants nope"),
+    "env-mutant-among-good": ({"extra.env": {"DS_MUTANTS": "rerun_exited,nope"}}, "nope"),
+    "env-switch-bad": ({"extra.env": {"DS_WARM_DRIVERS": "2"}}, "DS_WARM_DRIVERS"),
+    "env-log-format": ({"extra.env": {"DS_LOG_FORMAT": "xml"}}, "sqlite or jsonl"),
+    "env-log-level": ({"extra.env": {"DS_LOG_SYNCHRONOUS": "EXTRA"}}, "NORMAL or FULL"),
+    "env-unknown-name": ({"extra.env": {"LD_PRELOAD": "x.so"}}, "LD_PRELOAD"),
+    "env-a-list": ({"extra.env": ["DS_MUTANTS"]}, "not a mapping"),
+    # the schedule and the interleaving it replays
+    "attempt-absurd": ({"interleaving.attempt": 10**9}, "attempt 1000000000"),
+    "attempt-negative": ({"interleaving.attempt": -1}, "attempt -1"),
+    "attempt-a-string": ({"interleaving.attempt": "0"}, "attempt '0'"),
+    "hit-absurd": ({"interleaving.at": {"point": "*", "n": 10**12}}, "hit number"),
+    "hit-zero": ({"interleaving.at": {"point": "*", "n": 0}}, ">= 1"),
+    "hit-a-word": ({"interleaving.at": {"point": "*", "n": "five"}}, "five"),
+    "at-a-string": ({"interleaving.at": "adapter.spawn"}, "at is not an object"),
+    "kind-unknown": ({"interleaving.kind": "meteor"}, "meteor"),
+    "point-with-a-comma": ({"interleaving.at": {"point": "a,b", "n": 1}}, "point's name"),
+    "duration-nan": ({"interleaving.kind": "space_pause",
+                      "interleaving.value": {"duration_s": float("nan")}}, "nan"),
+    "duration-negative": ({"interleaving.kind": "space_pause",
+                           "interleaving.value": {"duration_s": -3}}, "-3"),
+    "interleaving-entry-a-list": ({"extra.interleaving": [[1]]}, "not an object"),
+    "schedule-too-many-attempts": ({"schedule": {"seed": "s-1", "attempts": [{}] * 2000}},
+                                   "2000 attempts"),
+    "schedule-kill-never": ({"schedule": {"seed": "s-1", "attempts": [
+        {"kill_after_s": [1e300]}]}}, "kill_after_s"),
+    "schedule-failpoint-hit-zero": ({"schedule": {"seed": "s-1", "attempts": [
+        {"failpoint": {"name": "adapter.spawn", "n": 0}}]}}, "failpoint n"),
+    "schedule-not-one": ({"schedule": {"attempts": []}}, "seed"),
+}
+
+
+@pytest.mark.parametrize(("changes", "why"), EXACT.values(), ids=EXACT.keys())
+def test_repro_exact_checks_a_record_as_the_flags_are(
+    changes: dict[str, object], why: str, cwd: Path, tmp_path: Path
+) -> None:
+    """A record's ``calls=10**9`` is refused as ``--calls 1000000000`` is, a record's
+    ``DS_MUTANTS=nope`` as this shell's is: one line, nothing made, nothing run."""
+    f = tmp_path / "run-0001.json"
+    f.write_text(json.dumps(_exact_record(**changes)))
+    line = _refused(["repro", "--exact", str(f)], tmp_path)
+    assert f"--exact {f}" in line and why in line, line
+
+
+def test_repro_exact_of_a_good_record_gets_as_far_as_the_session(
+    cwd: Path, tmp_path: Path
+) -> None:
+    """The control: the base record of the cases above passes every check (and stops
+    only at the session module the fixture hides)."""
+    f = tmp_path / "run-0001.json"
+    f.write_text(json.dumps(_exact_record()))
+    r = runner.invoke(cli.app, ["repro", "--exact", str(f)])
+    assert r.exit_code == 2 and "campaign session" in r.stderr, r.output
+
+
+@pytest.mark.parametrize("command", [["campaign", "--runs", "1"], ["repro", "--seed", "s-1"]])
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [("DS_MUTANTS", "nope"), ("DS_LOG_FORMAT", "xml"), ("DS_LOG_SYNCHRONOUS", "EXTRA")],
+)
+def test_the_environment_is_checked_as_a_record_s_is(
+    command: list[str], var: str, value: str, cwd: Path, tmp_path: Path
+) -> None:
+    line = _refused(command, tmp_path, code=2, env={var: value})
+    assert var in line

@@ -68,6 +68,8 @@ WRONG_TYPES: dict[str, tuple[dict[str, Any], str]] = {
     "schedule-a-list": (_good(schedule=[1]), "schedule"),
     "extra-a-list": (_good(extra=[]), "extra"),
     "recoveries-by-mode-bad": (_good(extra={"recoveries_by_mode": {"auto/ran": "x"}}), "extra"),
+    "space-missing-not-a-reason": (_good(extra={"space_missing": {"f": 1}}), "extra"),
+    "space-missing-a-list": (_good(extra={"space_missing": ["f"]}), "extra"),
     "durable-mode-int": (_good(durable_mode=1), "durable_mode"),
     "run-id-a-path": (_good(run_id="../../etc/x"), "run_id"),
     "run-id-int": (_good(run_id=1), "run_id"),
@@ -188,3 +190,50 @@ def test_a_valid_record_round_trips(tmp_path: Path) -> None:
     )
     back = RunRecord.load(r.save(tmp_path))
     assert back == r and back.checks["x"] == {"valid": None, "detail": ""}
+
+
+# --- a run read back (a record replayed, a spec from the queue) is checked as flags are ---
+
+_SPEC = {"run_id": "run-0001", "seed": "s-1", "mode": "transactional", "backend": "local",
+         "calls": 3, "durable_mode": "transactional", "profile": "default", "state_dir": "",
+         "index": 1, "schedule": None, "scenario": ""}  # fmt: skip
+BAD_SPECS: dict[str, tuple[dict[str, Any], str]] = {
+    "calls-absurd": ({"calls": 10**9}, "over the limit of 10000"),
+    "calls-zero": ({"calls": 0}, "at least 1"),
+    "calls-string": ({"calls": "3"}, "not an integer"),
+    "calls-bool": ({"calls": True}, "not an integer"),
+    "calls-float": ({"calls": 3.0}, "not an integer"),
+    "index-negative": ({"index": -1}, "run index"),
+    "index-a-string": ({"index": "1"}, "run index"),
+    "run-id-a-path": ({"run_id": "../x"}, "safe file name"),
+    "seed-a-shell": ({"seed": "$(id)"}, "one word"),
+    "mode-unknown": ({"mode": "chaotic"}, "--mode"),
+    "mode-a-number": ({"mode": 1}, "is not a name"),
+    "backend-unknown": ({"backend": "vmware"}, "--backend"),
+    "profile-unknown": ({"profile": "brutal"}, "--profile"),
+    "durable-mode-unknown": ({"durable_mode": "maybe"}, "--durable-mode"),
+    "scenario-unknown": ({"scenario": "chaos"}, "--scenario"),
+    "state-dir-a-list": ({"state_dir": ["/"]}, "not a path"),
+    "schedule-hit-absurd": ({"schedule": {"seed": "s-1", "attempts": [
+        {"failpoint": {"name": "adapter.spawn", "n": 10**12}}]}}, "hit number"),
+    "schedule-delay-nan": ({"schedule": {"seed": "s-1", "attempts": [
+        {"kill_after_s": [float("nan")]}]}}, "kill_after_s"),
+    "schedule-delay-negative": ({"schedule": {"seed": "s-1", "attempts": [
+        {"kill_after_s": [-1]}]}}, "kill_after_s"),
+    "schedule-attempts-absurd": ({"schedule": {"seed": "s-1", "attempts": [{}] * 1001}},
+                                 "1001 attempts"),
+}
+
+
+@pytest.mark.parametrize(("changes", "why"), BAD_SPECS.values(), ids=BAD_SPECS.keys())
+def test_a_run_spec_read_back_is_checked_as_the_flags_are(
+    changes: dict[str, Any], why: str
+) -> None:
+    """What a campaign worker reads from the queue, and what ``repro --exact`` builds
+    from a record, go through ``spec.check_run``: the flags' checks and words."""
+    from durable_spaces.campaigns.spec import RunSpec
+    from durable_spaces.errors import ConfigError
+
+    RunSpec.from_json(_SPEC)  # the control
+    with pytest.raises(ConfigError, match=why.replace("$", r"\$")):
+        RunSpec.from_json({**_SPEC, **changes})

@@ -12,6 +12,7 @@ from durable_spaces.reports.tables import (
     attempts_table,
     faults_table,
     latency_table,
+    missing_table,
     outcomes_table,
     recoveries_table,
 )
@@ -94,3 +95,21 @@ def test_markdown_table_escapes_pipes() -> None:
     import pandas as pd
 
     assert markdown_table(pd.DataFrame({"a": ["x|y"]})) == "| a |\n| --- |\n| x\\|y |"
+
+
+def test_a_space_feature_missing_is_reported_with_why(tmp_path: Path) -> None:
+    """A local Space without cgroups (its record's ``space_missing``) is a row: backend,
+    feature, why, runs; Spaces that lacked nothing add none."""
+    why = "no cgroup v2 hierarchy is mounted"
+    recs = synthetic(tmp_path)
+    for r in recs[:3]:
+        r.extra["space_missing"] = {"process.contained_epochs": why}
+        r.save(tmp_path / "runs")
+    recs[3].extra["space_missing"] = {}
+    recs[3].save(tmp_path / "runs")
+    t = missing_table(recs)
+    assert t.to_dict("records") == [
+        {"backend": "local", "feature": "process.contained_epochs", "why": why, "runs": 3}
+    ]
+    md = render_report(tmp_path).markdown.read_text()
+    assert f"| local | process.contained_epochs | {why} | 3 |" in md

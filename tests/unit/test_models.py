@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +95,29 @@ async def test_openai_model_against_a_fake_server(tmp_path: Path) -> None:
     assert second["messages"][2]["tool_calls"][0]["id"] == "call_w"
     assert second["messages"][3]["role"] == "tool"
     assert second["messages"][3]["tool_call_id"] == "call_w"
+
+
+def test_fake_server_streams_and_answers_from_the_request() -> None:
+    """A reply chosen by a function of the request (a resend gets the same answer), and
+    streamed as SSE when asked: the openai client puts the tool call back together."""
+    from openai import OpenAI
+
+    def reply(body: dict[str, Any]) -> dict[str, Any]:
+        if any(m["role"] == "tool" for m in body["messages"]):
+            return text_reply("finished")
+        return tool_call_reply("bash", {"command": "echo s1"}, call_id="call_s1")
+
+    with fake_openai_server(reply) as srv:
+        client = OpenAI(base_url=srv.base_url, api_key="dummy")
+        assert [m.id for m in client.models.list()] == ["fake"]
+        user = [{"role": "user", "content": "go"}]
+        for _ in range(2):  # the same request twice: the same answer
+            chunks = list(client.chat.completions.create(model="m", messages=user, stream=True))
+            calls = [c.choices[0].delta.tool_calls for c in chunks if c.choices]
+            (call,) = [tc for tcs in calls if tcs for tc in tcs]
+            assert (call.id, call.function.name) == ("call_s1", "bash")
+            assert json.loads(call.function.arguments) == {"command": "echo s1"}
+        tool = {"role": "tool", "tool_call_id": "call_s1", "content": "s1"}
+        done = client.chat.completions.create(model="m", messages=[*user, tool])
+        assert done.choices[0].message.content == "finished"
+        assert len(srv.requests) == 3 and srv.requests[0]["stream"] is True

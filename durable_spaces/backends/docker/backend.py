@@ -53,7 +53,6 @@ from typing import TYPE_CHECKING, Any
 
 from durable_spaces.backends.docker.host_view import WorkspaceView, merged_dir
 from durable_spaces.backends.docker.space import ContainerProbe, DockerSpace
-from durable_spaces.backends.spacesd.daemon import free_port
 from durable_spaces.backends.spacesd.machine import orphan_sweep_script, wait_http_health
 from durable_spaces.errors import (
     BackendUnavailableError,
@@ -61,6 +60,7 @@ from durable_spaces.errors import (
     SpaceGoneError,
     SpaceUnavailableError,
 )
+from durable_spaces.host_ports import free_port
 
 OWNER_LABEL = "durable-spaces.owner"
 OWNER = "durable-spaces"
@@ -361,6 +361,15 @@ class DockerBackend:
 
         c = await asyncio.to_thread(sync)
         await self._await_daemon(c)
+
+    async def rotate_token(self, name: str, max_epoch: int | None = None) -> str:
+        """A new access token: written to the token file, then the container restarted,
+        since a bind mount keeps the file it was started with (its processes die, as an
+        epoch advance would have killed them). ``max_epoch`` is not applied: the floor
+        lives inside the container (docs/cluster-security.md)."""
+        token = await asyncio.to_thread(self._write_token, name)
+        await self.restart(name)
+        return token
 
     async def pause(self, name: str) -> None:
         """Freeze the container (``docker pause``: the cgroup freezer, daemon included)."""

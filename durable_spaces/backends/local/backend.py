@@ -21,6 +21,9 @@ running, and the next driver reattaches by key (``execution``).
 The "machine" is the Space's process tree (``procs``): every command carries
 ``DS_SPACE=<instance>`` (and ``DS_EPOCH``) in its environment, and restart/delete kill
 every recorded process group plus every process whose environment carries the mark.
+Where the host allows, every command is also born in a cgroup v2 of its Space and epoch
+(``cgroups.py``; ``<state_dir>/.cgroup-parent`` says where), which an advance, a restart
+and a delete kill whole: nothing a command starts escapes them.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from durable_spaces.backends.local.cgroups import recorded_parent, sweep
 from durable_spaces.backends.local.disk import fsync_dir, write_atomic
 from durable_spaces.backends.local.procs import kill_space, reap, space_procs
 from durable_spaces.backends.local.space import MACHINE_PATIENCE_S, LocalSpace
@@ -60,9 +64,14 @@ class LocalBackend:
 
     kind = "local"
 
-    def __init__(self, state_dir: str | Path) -> None:
+    def __init__(self, state_dir: str | Path, cgroup_root: str | Path | None = None) -> None:
+        """``cgroup_root``: where the Spaces' epoch cgroups go (``cgroups.py``); by
+        default under this process's own cgroup v2, as the state dir recorded it."""
         self.state_dir = Path(state_dir).resolve()
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._cgroup_root = None if cgroup_root is None else Path(cgroup_root)
+        # The cgroups of Spaces gone with a crashed delete: killed and removed now.
+        sweep(self.state_dir, recorded_parent(self.state_dir, self._cgroup_root))
 
     def _dir(self, name: str) -> Path:
         if not _NAME_RE.fullmatch(name):
@@ -75,7 +84,7 @@ class LocalBackend:
             instance = (d / "instance").read_text().strip()
         except (FileNotFoundError, NotADirectoryError):
             return None
-        return LocalSpace(name, d, instance)
+        return LocalSpace(name, d, instance, self._cgroup_root)
 
     def _create_sync(self, name: str) -> LocalSpace:
         d = self._dir(name)
@@ -117,6 +126,7 @@ class LocalBackend:
         if space is None:
             raise SpaceGoneError(f"Space {name} does not exist")
         with space._locked(MACHINE_PATIENCE_S) as locked:
+            space.cgroups.kill_below(None)
             kill_space(space._d, space.instance_id)
             # Unkeyed commands leave no record; a spawn frozen under the lock may be
             # writing into its own dir, so without the lock they stay (garbage).
@@ -132,7 +142,13 @@ class LocalBackend:
         space = self._open(name)
         if space is None:
             raise SpaceGoneError(f"Space {name} does not exist")
-        for p in space_procs(space._d, space.instance_id):
+        procs = space_procs(space._d, space.instance_id)
+        known = {p.pid for p in procs}
+        for pid in space.cgroups.pids():  # those that left the group and the mark too
+            if pid not in known:
+                with contextlib.suppress(psutil.Error):
+                    procs.append(psutil.Process(pid))
+        for p in procs:
             with contextlib.suppress(psutil.Error):
                 p.send_signal(sig)
 
@@ -158,6 +174,7 @@ class LocalBackend:
         d = self._dir(name)
         if space is not None:
             with space._locked(MACHINE_PATIENCE_S):
+                space.cgroups.remove()
                 kill_space(d, space.instance_id)
                 tomb = self.state_dir / f".deleted-{uuid.uuid4().hex}"
                 os.rename(d, tomb)

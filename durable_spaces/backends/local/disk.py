@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from durable_spaces.host_files import fsync_dir
 from durable_spaces.space import OUTPUT_TAIL_BYTES
 
 
@@ -25,14 +26,6 @@ def write_atomic(path: Path, data: bytes, fsync: bool = True) -> None:
     os.rename(tmp, path)
     if fsync:
         fsync_dir(path.parent)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -21,6 +21,7 @@ kept (``Scanner.kept``) until the next scan: reading them back costs nothing.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import stat as st
@@ -30,6 +31,7 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from durable_spaces.errors import PathEscapeError
+from durable_spaces.host_files import file_kind
 from durable_spaces.space import (
     MAX_SCAN_DEPTH,
     FileStat,
@@ -88,10 +90,24 @@ def _dir(root: str, parts: Sequence[str], create: bool = False) -> Iterator[int]
         os.close(fd)
 
 
+def not_a_file(path: str, what: str) -> IsADirectoryError:
+    """What a read of something that is not a regular file raises, in one clear line
+    (not the bare path, nor ``open``'s descriptor number as the file's name)."""
+    if what == "dir":
+        return IsADirectoryError(errno.EISDIR, f"{path!r} is a directory, not a file")
+    return IsADirectoryError(errno.EISDIR, f"{path!r} is not a regular file (a {what})")
+
+
+def _what(mode: int) -> str:
+    return "dir" if st.S_ISDIR(mode) else "fifo" if st.S_ISFIFO(mode) else "special file"
+
+
 def read_file(root: str, path: str) -> bytes:
+    if not path:
+        raise IsADirectoryError(errno.EISDIR, "the path is empty: name a file in the workspace")
     parts = _parts(root, path)
     if not parts:
-        raise IsADirectoryError(path)
+        raise not_a_file(path, "dir")  # the workspace itself
     with _dir(root, parts[:-1]) as dfd:
         try:
             fd = os.open(
@@ -101,9 +117,11 @@ def read_file(root: str, path: str) -> bytes:
             if _is_symlink(parts[-1], dfd):
                 raise PathEscapeError(f"refusing to read through the symlink {path!r}") from None
             raise
+    mode = os.fstat(fd).st_mode
+    if not st.S_ISREG(mode):  # before fdopen: it names a directory by its descriptor
+        os.close(fd)
+        raise not_a_file(path, _what(mode))
     with os.fdopen(fd, "rb") as f:
-        if not st.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise IsADirectoryError(f"not a regular file: {path!r}")
         return f.read()
 
 
@@ -173,13 +191,10 @@ def symlink(root: str, path: str, target: str, staging: str | None = None) -> No
 
 
 def _kind(mode: int) -> str:
-    if st.S_ISREG(mode):
-        return "file"
-    if st.S_ISDIR(mode):
-        return "dir"
-    if st.S_ISLNK(mode):
-        return "symlink"
-    return "other"
+    """``FileStat.kind``: what the Space protocol names (``host_files.file_kind``'s others
+    are "other")."""
+    kind = file_kind(mode)
+    return kind if kind in ("file", "dir", "symlink") else "other"
 
 
 def stat(root: str, path: str) -> FileStat | None:

@@ -7,7 +7,8 @@ A process is the Space's when it is a recorded supervisor (pid and create time i
 mark (``DS_SPACE=<instance>``, with ``DS_EPOCH``); its fork server (``forkserver.py``)
 carries ``DS_LOCAL_SERVER=<instance>`` instead, and dies only with the whole machine
 (restart, delete), never by an epoch. A process that both leaves the group
-and clears its environment escapes: the documented weak spot of a stand-in. Liveness is
+and clears its environment escapes these: the Space's cgroups (``cgroups.py``) catch it
+where the host has them, and the Space's capabilities say when it does not. Liveness is
 psutil with the create time, so a reused pid is not mistaken for ours, and a zombie
 counts as dead (pid 1 of these machines does not reap orphans).
 """

@@ -7,10 +7,12 @@ under ``lock`` in the same section that makes the change, and ``advance_epoch`` 
 ``lock`` from its kill to the new floor, so a stale writer's change lands wholly before a
 takeover or not at all.
 
-Spawn order, under the flock: check the epoch floor and the ledger; append + fsync the
+Spawn order, under the flock: check the epoch floor and the ledger; make the epoch's
+cgroup (``cgroups.py``, where the host has them); append + fsync the
 ledger line; get a supervisor (forked by the Space's fork server, ``forkserver.py``, or
 else started directly; either blocks until it reads the command); record its pid and
-create time in ``meta.json``; hand it the command. A driver killed before the
+create time in ``meta.json``; move it into the epoch's cgroup; hand it the command (so
+nothing of it runs outside the cgroup). A driver killed before the
 last step leaves a key that reads ``lost`` and whose command never starts; after it, the
 command runs to its end on its own. A key seen again is never run again (``lost`` keys
 come back replayed with ``exit_code=None``). A wait whose command was killed by
@@ -45,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from durable_spaces.backends.local import fs as local_fs
+from durable_spaces.backends.local.cgroups import SpaceCgroups, parent_for
 from durable_spaces.backends.local.disk import read_json, write_atomic
 from durable_spaces.backends.local.execution import LocalExecution
 from durable_spaces.backends.local.forkserver_client import ForkServer
@@ -64,6 +67,7 @@ from durable_spaces.errors import (
 )
 from durable_spaces.proc_start import started
 from durable_spaces.space import (
+    CONTAINED_EPOCHS,
     EXEC_LEDGER,
     Capabilities,
     ExecRecord,
@@ -124,10 +128,15 @@ def _flock(fd: int, patience_s: float | None) -> bool:
 class LocalSpace:
     """One ``local`` Space. Every call first checks the Space still is this instance."""
 
-    def __init__(self, name: str, directory: Path, instance_id: str) -> None:
+    def __init__(
+        self, name: str, directory: Path, instance_id: str, cgroup_root: Path | None = None
+    ) -> None:
         self.name = name
         self.instance_id = instance_id
         self._d = directory
+        parent, why = parent_for(Path(os.path.realpath(directory.parent)), cgroup_root)
+        #: The cgroups of its epochs (``cgroups.py``), or why there are none.
+        self.cgroups = SpaceCgroups(parent, why, instance_id)
         self.root = str(directory / "work")
         self._scanner = JournaledScanner(self.root, self._journal)
         self._scan_lock = threading.Lock()
@@ -301,6 +310,8 @@ class LocalSpace:
                 line = self._ledger.line(key)
                 if line is not None:
                     return self._existing(key, line, keep_output)
+            self.cgroups.prepare(epoch)  # a host that refuses: nothing recorded yet
+            if key is not None:
                 cmd_id = "k-" + hashlib.sha256(key.encode()).hexdigest()[:32]
                 self._ledger.append(
                     {"key": key, "epoch": epoch, "cmd": cmd_id, "argv": argv, "t": time.time()}
@@ -336,9 +347,14 @@ class LocalSpace:
                 write_atomic(cmd_dir / "meta.json", json.dumps(meta).encode(), fsync=False)
                 hit("space.local.supervisor_recorded")  # dying here: the command never starts
                 spec = format_spec(self._cwd(cwd), argv, cenv)
+                # Born in its epoch's cgroup: the supervisor waits for the spec, so the
+                # command and all it starts are in it (``cgroups.py``).
+                self.cgroups.enter(epoch, pid)
             except BaseException:
                 if forked is not None:
                     forked.conn.close()  # its child reads EOF now: nothing runs
+                elif popen is not None and popen.stdin is not None:
+                    popen.stdin.close()  # as above: an empty spec runs nothing
                 raise
             if forked is not None:
                 forked.send(spec)
@@ -417,7 +433,8 @@ class LocalSpace:
                 raise StaleEpochError(epoch, floor, f"advance_epoch of Space {self.name}")
             if epoch == floor:
                 return
-            kill_space(self._d, self.instance_id, below_epoch=epoch)
+            self.cgroups.kill_below(epoch)  # everything they started, wherever it went
+            kill_space(self._d, self.instance_id, below_epoch=epoch)  # outside any cgroup
             write_atomic(self._d / "epoch", str(epoch).encode())
         with self._scan_lock:
             self._scanner.reset("a new epoch")
@@ -428,11 +445,13 @@ class LocalSpace:
 
     async def capabilities(self) -> Capabilities:
         self._check()
+        why = self.cgroups.why  # None exactly when contained
         return Capabilities(
             kind="local",
             exec_ledger=True,
             machine_checkpoints=False,
-            features=frozenset({EXEC_LEDGER}),
+            features=frozenset({EXEC_LEDGER} | ({CONTAINED_EPOCHS} if why is None else set())),
+            missing={} if why is None else {CONTAINED_EPOCHS: why},
         )
 
     # --- files --------------------------------------------------------------------------

@@ -28,8 +28,8 @@ from durable_spaces.backends.microvm.qemu import (
     qemu_argv,
     wait_health,
 )
-from durable_spaces.backends.spacesd.daemon import free_port
 from durable_spaces.errors import SpaceUnavailableError
+from durable_spaces.host_ports import free_port
 
 logger = logging.getLogger(__name__)
 

@@ -90,13 +90,13 @@ from durable_spaces.backends.microvm.guest import DEFAULT_MEMORY_MB, GuestImage,
 from durable_spaces.backends.microvm.machines import Machines, Source
 from durable_spaces.backends.microvm.space import DAEMON_PID, MicrovmSpace
 from durable_spaces.backends.microvm.state import StateFiles
-from durable_spaces.backends.spacesd.daemon import free_port
 from durable_spaces.errors import (
     BackendUnavailableError,
     SpaceError,
     SpaceGoneError,
     SpaceUnavailableError,
 )
+from durable_spaces.host_ports import free_port
 
 __all__ = ["MicrovmBackend", "MicrovmSpace", "unavailable_reason"]
 

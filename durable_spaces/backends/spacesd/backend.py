@@ -46,13 +46,13 @@ from durable_spaces.backends.local.journal import ChangeJournal
 from durable_spaces.backends.local.journal import enabled as journal_enabled
 from durable_spaces.backends.spacesd.daemon import (
     PIDNS,
+    TOKEN_POLL_MS,
     DaemonState,
     LocalDaemon,
-    free_port,
-    sweep_untracked,
     unshare_reason,
 )
 from durable_spaces.backends.spacesd.host_scan import HostScan, HostScannedSpace
+from durable_spaces.backends.spacesd.procs import sweep_untracked
 from durable_spaces.backends.spacesd.runtime import start_runtime
 from durable_spaces.backends.spacesd.space import SpacesdSpace, SweepWhen
 from durable_spaces.errors import (
@@ -61,6 +61,7 @@ from durable_spaces.errors import (
     SpaceGoneError,
     SpaceUnavailableError,
 )
+from durable_spaces.host_ports import free_port
 from durable_spaces.space_boot import read_host_boot_id
 
 __all__ = ["SpacesdBackend", "daemon_binary", "unavailable_reason", "unshare_reason"]
@@ -372,6 +373,48 @@ class SpacesdBackend:
                 raise SpaceGoneError(f"no Space {name!r} to restart")
             await asyncio.to_thread(d.kill, st)
             await self._boot(d, st)
+
+    async def rotate_token(self, name: str, max_epoch: int | None = None) -> str:
+        """A new access token for the Space's daemon, returned once the daemon refuses the
+        old one (``LocalDaemon.rotate_token``). ``max_epoch``: when the daemon's floor is
+        above it, the floor was raised past what its holder was granted; the machine is
+        restarted on a floor of ``max_epoch`` (every process of it dies, as an epoch
+        advance would have killed them)."""
+        d = self._daemon(name)
+        async with self._locked(d):
+            st = d.read_state()
+            if st is None:
+                raise SpaceGoneError(f"no Space {name!r}")
+            self._spaces.pop(name, None)  # it holds the old token
+            if max_epoch is not None and await asyncio.to_thread(d.floor) > max_epoch:
+                await asyncio.to_thread(d.kill, st)
+                await asyncio.to_thread(d.set_floor, max_epoch)
+                token = await asyncio.to_thread(d.rotate_token)
+                await self._boot(d, st)
+                return token
+            token = await asyncio.to_thread(d.rotate_token)
+            if not d.running(st):
+                await asyncio.to_thread(d.kill, st)
+                await self._boot(d, st)
+                return token
+            space = self._space(d, st)
+            deadline = time.monotonic() + self.start_timeout
+            while True:  # until the daemon answers the new token: the old one is refused
+                try:
+                    await space._rpc("GetExecRecord", {"requestId": "durable-spaces:rotate"})
+                    return token
+                except SpaceUnavailableError:
+                    if not d.running(st):
+                        raise
+                    if time.monotonic() > deadline:
+                        # A daemon that does not watch its file (started by older code):
+                        # a restart reads the new token, and watches from then on.
+                        self._spaces.pop(name, None)
+                        await asyncio.to_thread(d.kill, st)
+                        await self._boot(d, st)
+                        return token
+                    space._client = None
+                    await asyncio.sleep(TOKEN_POLL_MS / 1000)
 
     async def kill_daemon(self, name: str) -> None:
         d = self._daemon(name)

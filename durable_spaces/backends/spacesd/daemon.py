@@ -13,9 +13,11 @@ at that moment (the daemon gives each command a session of its own, so ``killpg`
 would miss them). Weaker: a process that already left the tree (a double fork, a
 daemonized server) survives, and so do commands when only the daemon crashes.
 
-The token is a random string kept in a 0600 file and handed to the daemon through the
-``CUA_ENV_TOKEN`` environment variable (the daemon strips it from its commands' env):
-never in argv (``ps``), never in logs or error messages.
+The token is a random string kept in a 0600 file that the daemon watches
+(``--await-token-file``): never in argv (``ps``), the environment, logs or error
+messages. ``rotate_token`` writes a new one; the daemon installs it and refuses the old one
+from then on (its open sessions are revoked too), without a restart. Its epoch floor is
+the file ``exec-epoch`` in its data dir, which ``set_floor`` rewrites while it is down.
 
 The state file (``state.json``) holds the port, the pids and their start times (so a pid
 reused by an unrelated process is never taken for the daemon), the isolation used and the
@@ -32,7 +34,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -42,10 +43,15 @@ from pathlib import Path
 import psutil
 
 from durable_spaces.backends.local.disk import fsync_dir
+from durable_spaces.backends.spacesd import procs
 from durable_spaces.errors import SpaceError, SpaceUnavailableError
-from durable_spaces.proc_start import started
+from durable_spaces.host_ports import free_port
 
 log = logging.getLogger(__name__)
+
+#: How often the daemon reads its token file: a rotation takes effect within this.
+TOKEN_POLL_MS = 20
+_TOKEN_VARS = ("CUA_ENV_TOKEN", "CUA_SPACESD_TOKEN", "CUA_ENV_TOKEN_FILE")
 
 PIDNS = "pidns"
 PGROUP = "pgroup"
@@ -83,12 +89,6 @@ def unshare_reason() -> str | None:
     return _unshare_probe if isinstance(_unshare_probe, str) else None
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class DaemonState:
     """What ``state.json`` holds."""
@@ -102,101 +102,6 @@ class DaemonState:
     daemon_pid: int = 0  # host pid of the daemon (pid 1 of the namespace)
     daemon_start: float = 0.0
     booted: float = 0.0
-
-
-def _start_time(pid: int) -> float | None:
-    """Start time of a live (non-zombie) process, else None."""
-    try:
-        p = psutil.Process(pid)
-        if p.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return started(pid)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None
-
-
-def _alive(pid: int, start: float) -> bool:
-    t = _start_time(pid) if pid > 0 else None
-    return t is not None and abs(t - start) < 0.05
-
-
-def _pid_ns(pid: int) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/pid")
-    except OSError:
-        return None
-
-
-def _ns_members(ns: str) -> list[int]:
-    out = []
-    for pid in psutil.pids():
-        if _pid_ns(pid) == ns:
-            out.append(pid)
-    return out
-
-
-def _ns_pid(pid: int) -> int | None:
-    """The pid of a host process inside its own (innermost) PID namespace."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return int(line.split()[-1])
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def sweep_untracked(daemon_pid: int, tracked: set[int]) -> list[int]:
-    """SIGKILL every process in the daemon's PID namespace that no tracked command owns.
-
-    The daemon's ``AdvanceEpoch`` kills the commands it tracks, but a command's background
-    children outlive it (``sleep 100 &`` is reparented to pid 1, the daemon) and would
-    keep writing after a newer epoch restored the workspace. ``tracked`` holds the
-    in-namespace pids of the daemon's running commands (all of the new epoch, after an
-    advance); a process is owned when it or an ancestor below the daemon is one of them.
-    """
-    ns = _pid_ns(daemon_pid)
-    if ns is None:
-        return []
-    victims = []
-    for pid in _ns_members(ns):
-        if pid == daemon_pid:
-            continue
-        owned = False
-        try:
-            proc: psutil.Process | None = psutil.Process(pid)
-            while proc is not None and proc.pid != daemon_pid:
-                if _ns_pid(proc.pid) in tracked:
-                    owned = True
-                    break
-                proc = proc.parent()
-        except psutil.Error:
-            continue
-        if not owned:
-            victims.append(pid)
-    for pid in victims:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return victims
-
-
-def _tree(pid: int) -> list[int]:
-    try:
-        return [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _pgroup_members(pgid: int) -> list[int]:
-    out = []
-    for pid in psutil.pids():
-        try:
-            if os.getpgid(pid) == pgid:
-                out.append(pid)
-        except OSError:
-            continue
-    return out
 
 
 class LocalDaemon:
@@ -253,6 +158,43 @@ class LocalDaemon:
     def token(self) -> str:
         return (self.home / "token").read_text().strip()
 
+    def _write_token(self) -> str:
+        token = secrets.token_urlsafe(32)
+        tmp = self.home / f".token.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.home / "token")
+        fsync_dir(self.home)
+        return token
+
+    def rotate_token(self) -> str:
+        """A new token in the file the daemon watches (caller holds the lock); the
+        daemon takes it within ``TOKEN_POLL_MS`` and refuses the old one from then on."""
+        return self._write_token()
+
+    def floor(self) -> int:
+        """The epoch floor the daemon keeps on disk (0 when it never advanced)."""
+        try:
+            text = (self.data / "exec-epoch").read_text().strip()
+        except FileNotFoundError:
+            return 0
+        if not text.isdigit() or len(text) > 19:
+            raise SpaceError(f"{self.data / 'exec-epoch'} holds {text[:40]!r}, not an epoch")
+        return int(text)
+
+    def set_floor(self, epoch: int) -> None:
+        """Rewrite the floor while the daemon is down (caller holds the lock)."""
+        tmp = self.data / f".exec-epoch.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(str(epoch))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.data / "exec-epoch")
+        fsync_dir(self.data)
+
     def acquire(self) -> int:
         """Take the Space's lock file (blocking): create/start/kill/delete are serialized
         across processes. Returns the fd; closing it releases the lock."""
@@ -278,11 +220,7 @@ class LocalDaemon:
         self.home.mkdir(parents=True, exist_ok=True)
         self.work.mkdir(exist_ok=True)
         self.data.mkdir(exist_ok=True)
-        fd = os.open(self.home / "token", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_urlsafe(32))
-            f.flush()
-            os.fsync(f.fileno())
+        self._write_token()
         st = DaemonState(
             port=free_port(self.listen_host), instance_id=secrets.token_hex(8), created=time.time()
         )
@@ -294,12 +232,12 @@ class LocalDaemon:
 
     def running(self, st: DaemonState | None = None) -> bool:
         st = st or self.read_state()
-        return st is not None and _alive(st.daemon_pid, st.daemon_start)
+        return st is not None and procs.alive(st.daemon_pid, st.daemon_start)
 
     def boot_id(self) -> str | None:
         """Identity of the running daemon (changes on every start); None when it is down."""
         st = self.read_state()
-        if st is None or not _alive(st.daemon_pid, st.daemon_start):
+        if st is None or not procs.alive(st.daemon_pid, st.daemon_start):
             return None
         return f"{st.daemon_pid}:{st.daemon_start}"
 
@@ -331,10 +269,14 @@ class LocalDaemon:
             "--quic-port",
             "0",
         ]
+        serve += ["--await-token-file", "--token-file", str(self.home / "token")]
+        serve += ["--token-poll-ms", str(TOKEN_POLL_MS)]
         argv = serve
         if mode == PIDNS:
             argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", *serve]
-        env = dict(os.environ, CUA_ENV_TOKEN=self.token())
+        # The file is the only token the daemon takes in this mode (it refuses to start
+        # beside one in its environment).
+        env = {k: v for k, v in os.environ.items() if k not in _TOKEN_VARS}
         with open(self.log_path, "ab") as logf:
             p = subprocess.Popen(
                 argv,
@@ -349,11 +291,11 @@ class LocalDaemon:
         self._popens.append(p)
         st.isolation = mode
         st.leader_pid = p.pid
-        st.leader_start = _start_time(p.pid) or 0.0
+        st.leader_start = procs.start_time(p.pid) or 0.0
         st.daemon_pid = p.pid
         if mode == PIDNS:
             st.daemon_pid = self._wait_child(p)
-        st.daemon_start = _start_time(st.daemon_pid) or 0.0
+        st.daemon_start = procs.start_time(st.daemon_pid) or 0.0
         st.booted = time.time()
         self._write_state(st)
         return st
@@ -389,7 +331,7 @@ class LocalDaemon:
 
     def exited(self, st: DaemonState) -> bool:
         """The daemon we started has already died (e.g. it could not bind its port)."""
-        return not _alive(st.daemon_pid, st.daemon_start)
+        return not procs.alive(st.daemon_pid, st.daemon_start)
 
     def log_tail(self, n: int = 600) -> str:
         try:
@@ -411,15 +353,15 @@ class LocalDaemon:
         if st is None:
             return
         members: list[int] = []
-        daemon_up = _alive(st.daemon_pid, st.daemon_start)
+        daemon_up = procs.alive(st.daemon_pid, st.daemon_start)
         if st.isolation == PIDNS:
-            ns = _pid_ns(st.daemon_pid) if daemon_up else None
-            if ns is not None and ns != _pid_ns(os.getpid()):
-                members = _ns_members(ns)
+            ns = procs.pid_ns(st.daemon_pid) if daemon_up else None
+            if ns is not None and ns != procs.pid_ns(os.getpid()):
+                members = procs.ns_members(ns)
             if daemon_up:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(st.daemon_pid, signal.SIGKILL)
-            if not daemon_only and _alive(st.leader_pid, st.leader_start):
+            if not daemon_only and procs.alive(st.leader_pid, st.leader_start):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(st.leader_pid, signal.SIGKILL)
         else:
@@ -431,9 +373,9 @@ class LocalDaemon:
             else:
                 # The daemon puts each command in a session of its own, so killpg alone
                 # misses them: kill the daemon's whole process tree as seen right now.
-                members = _tree(st.daemon_pid) if daemon_up else []
-                if _alive(st.leader_pid, st.leader_start):  # else the pgid may be reused
-                    members += _pgroup_members(st.leader_pid)
+                members = procs.tree(st.daemon_pid) if daemon_up else []
+                if procs.alive(st.leader_pid, st.leader_start):  # else the pgid may be reused
+                    members += procs.pgroup_members(st.leader_pid)
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(st.leader_pid, signal.SIGKILL)
                 for pid in members:
@@ -446,14 +388,16 @@ class LocalDaemon:
         """Every process of the Space's machine right now (its namespace, or the daemon's
         tree and process group in the fallback)."""
         st = st or self.read_state()
-        if st is None or not _alive(st.daemon_pid, st.daemon_start):
+        if st is None or not procs.alive(st.daemon_pid, st.daemon_start):
             return []
         if st.isolation == PIDNS:
-            ns = _pid_ns(st.daemon_pid)
-            return _ns_members(ns) if ns is not None and ns != _pid_ns(os.getpid()) else []
-        out = _tree(st.daemon_pid)
-        if _alive(st.leader_pid, st.leader_start):
-            out += _pgroup_members(st.leader_pid)
+            ns = procs.pid_ns(st.daemon_pid)
+            return (
+                procs.ns_members(ns) if ns is not None and ns != procs.pid_ns(os.getpid()) else []
+            )
+        out = procs.tree(st.daemon_pid)
+        if procs.alive(st.leader_pid, st.leader_start):
+            out += procs.pgroup_members(st.leader_pid)
         return sorted(set(out))
 
     def signal_all(self, sig: int, st: DaemonState | None = None) -> list[int]:
@@ -465,11 +409,13 @@ class LocalDaemon:
         return pids
 
     def _wait_dead(self, members: list[int]) -> None:
-        starts = {pid: _start_time(pid) for pid in members if pid > 0}
+        starts = {pid: procs.start_time(pid) for pid in members if pid > 0}
         deadline = time.monotonic() + 10
         while True:
             self._reap()
-            left = [pid for pid, t in starts.items() if t is not None and _start_time(pid) == t]
+            left = [
+                pid for pid, t in starts.items() if t is not None and procs.start_time(pid) == t
+            ]
             if not left:
                 return
             if time.monotonic() > deadline:

@@ -3,13 +3,23 @@
 # Debian root filesystem, and a journal must not need an image of its own.
 #
 # argv: the workspace, KEEP_MAX, KEEP_TOTAL, the most watches to hold (more: untrusted),
-# the seconds it waits for a request before it exits, and "miss" for the mutant
-# journal_miss. It exits at the end of its stdin (its Space object closed), when idle
+# the seconds it waits for a request before it exits, the Space's user ("": none), and
+# "miss" for the mutant journal_miss.
+#
+# Who it runs as: the daemon starts it as the daemon's own user (root in a container or
+# a VM), and it takes the Space's user's effective uid and gid here, keeping its real and
+# saved uid: it reads no more of the workspace than that user may, while that user can
+# neither signal it (kill needs the target's real or saved uid), nor trace it or open its
+# /proc entries (ptrace access needs all three, and the change of ids made it
+# undumpable). So a command cannot stop it and answer in its place (docs/journal-trust.md).
+# Where the daemon runs as the Space's user itself, it stays as it is (and is no more
+# protected than any other process of that user). It exits at the end of its stdin (its Space object closed), when idle
 # that long (an object never closed: a killed driver's, whose successor's advance kills
 # it anyway, or a reader's at epoch 0, which no advance kills), or when it cannot write.
 # Each line on stdin is a request (a nonce; "?" and a nonce asks for the machine's boot id,
 # a B frame); each answer is frames (type, length, body; K: only "still working") ending
-# with an E frame that carries the nonce and "" (trusted) or why it is not.
+# with an E frame that carries the nonce and "" (trusted) or why it is not ("~" first:
+# not for now, and the helper stays; the next trusted answer is a walk).
 # The first answer is a walk of the whole workspace; every later one names only what the
 # inotify events since the last answer say changed, looked at again.
 #
@@ -19,8 +29,14 @@
 # watched before it is listed and a file before it is stat-ed and read; files are watched
 # one by one (a write through a hard link outside the workspace is an event of the
 # inode); a directory that appears, goes or moves is walked again; an overflow, a watch
-# limit, the workspace root replaced or a mount at or under it make the journal
-# untrusted (the host then walks anew or scans its own way).
+# limit, the workspace root replaced or any mount at or under it make the journal
+# untrusted (the host then walks anew or scans its own way). The mount table is read at
+# every answer and must name nothing at or under the root, as the host journal's rule
+# (durable_spaces/host_mounts.py): a mount that was there when this helper started hides
+# what its watches see as much as one made later (an overlay's upper directory outside
+# the workspace changes the files under its mount point with no event here). While one
+# is there each scan is refused for now ("~" before the reason); the first scan after it
+# is a new walk.
 use strict;
 use warnings;
 
@@ -39,7 +55,7 @@ sub S_ISREG { return ($_[0] & 0170000) == 0100000; }
 sub S_ISDIR { return ($_[0] & 0170000) == 0040000; }
 sub S_ISLNK { return ($_[0] & 0170000) == 0120000; }
 
-my ($ROOT, $KEEP_MAX, $KEEP_TOTAL, $MAX_WATCHES, $IDLE, $MISS) = @ARGV;
+my ($ROOT, $KEEP_MAX, $KEEP_TOTAL, $MAX_WATCHES, $IDLE, $USER, $MISS) = @ARGV;
 $MISS = defined $MISS && $MISS eq 'miss';
 
 my ($MODIFY, $ATTRIB, $CLOSE_WRITE) = (0x2, 0x4, 0x8);
@@ -56,7 +72,7 @@ my $CONTENT = $MODIFY | $CLOSE_WRITE;
 my $broken = '';
 my (%dirs, %dir_wd, %files, %file_wd);    # wd -> rel, rel -> wd; wd -> {rel}, rel -> wd
 my (%ptrees, %ppaths);                     # what the events named since the last answer
-my ($ino_fh, $root_fh, @root_id, $mounts0, $sentinel, $sentinel_dir, $sentinel_wd);
+my ($ino_fh, $root_fh, @root_id, $sentinel, $sentinel_dir, $sentinel_wd);
 my $sentinel_fh;    # locked while this helper lives (sweep_sentinels)
 my ($NR_INIT, $NR_ADD, $NR_RM, $O_DIR, $O_NOFOLLOW);    # set by start() for this machine
 my ($out, $budget) = ('', 0);
@@ -98,8 +114,6 @@ sub start {
     sysopen($root_fh, $ROOT, $O_RDONLY | $O_DIR)
         or return fail("cannot open the workspace: $!");
     @root_id = (stat $root_fh)[0, 1];
-    $mounts0 = mounts_under();
-    return fail('cannot read the mount table') unless defined $mounts0;
     my $fd = syscall($NR_INIT, 04000 | 02000000);    # IN_NONBLOCK | IN_CLOEXEC
     return fail("inotify_init1: $!") if $fd < 0;
     open($ino_fh, '<&=', $fd) or return fail("inotify fd: $!");
@@ -157,6 +171,19 @@ sub sweep_others {
             && $a[3] eq $ROOT;
     }
     closedir $pd;
+}
+
+# The Space's user's effective ids, real and saved ones kept (the header says why).
+sub become_user {
+    return if !defined $USER || $USER eq '';
+    my ($uid, $gid) = (getpwnam($USER))[2, 3];
+    return fail("no user $USER in the Space") unless defined $uid;
+    return if $> == $uid && $< == $uid;    # started as that user: nothing to take
+    return fail("the helper runs as uid $> and cannot take the ids of $USER") if $> != 0;
+    $) = "$gid $gid";    # the effective gid, and that group alone as supplementary
+    return fail("cannot take the group of $USER: $!") if (split / /, $))[0] != $gid;
+    $> = $uid;
+    return fail("cannot take the uid of $USER: $!") if $> != $uid;
 }
 
 sub watches { return scalar(keys %dirs) + scalar(keys %files); }
@@ -380,17 +407,24 @@ sub sync {
     }
 }
 
-# The mount points at or under the workspace, as one string: a mount appearing there
+# A mount point at or under the workspace, whenever it was made (undef: none): one there
 # hides what the watches see (one above it replaces the root, which check_root sees).
-sub mounts_under {
-    open(my $mi, '<', '/proc/self/mountinfo') or return undef;
-    my @found;
+sub mount_inside {
+    open(my $mi, '<', '/proc/self/mountinfo') or return 'cannot read the mount table';
     while (my $line = <$mi>) {
         my $mp = (split / /, $line)[4];
+        next unless defined $mp;
         $mp =~ s/\\([0-7]{3})/chr(oct($1))/ge;
-        push @found, $mp if $mp eq $ROOT || index($mp, "$ROOT/") == 0;
+        return "a filesystem is mounted at $mp, inside the workspace"
+            if $mp eq $ROOT || index($mp, "$ROOT/") == 0;
     }
-    return join("\0", sort @found);
+    return undef;
+}
+
+# Every watch dropped: what the next walk finds is watched again from scratch.
+sub unwatch_all {
+    rm_watch($_) for keys %dirs, keys %files;
+    (%dirs, %dir_wd, %files, %file_wd, %ptrees, %ppaths) = ();
 }
 
 sub check_root {
@@ -398,9 +432,6 @@ sub check_root {
     return fail('the workspace directory is gone') unless @now;
     return fail('the workspace directory was replaced')
         if $now[0] != $root_id[0] || $now[1] != $root_id[1];
-    my $mounts = mounts_under();
-    return fail('cannot read the mount table') unless defined $mounts;
-    fail('a mount appeared or went at or under the workspace') if $mounts ne $mounts0;
 }
 
 sub under_tree {
@@ -429,7 +460,8 @@ sub request {
 }
 
 sweep_others();
-start();
+become_user();
+start() unless $broken;
 my $first = 1;
 while (defined(my $nonce = request())) {
     if ($nonce =~ s/^\?//) {    # the machine's boot id, read now: no sync, no walk
@@ -448,6 +480,18 @@ while (defined(my $nonce = request())) {
     $budget = 0;
     if (!$broken) {
         check_root();
+        my $hidden = $broken ? undef : mount_inside();
+        if (defined $hidden) {
+            # Not trusted while it is there, nor after it goes: what changed under it
+            # raised no event here. This helper stays (a new one would refuse as well,
+            # and the boot id needs no trust in the workspace) and, once no mount is
+            # left, answers with a new walk. "~": a refusal for now, not for good.
+            unwatch_all();
+            $first = 1;
+            frame('E', pack('N/a* N/a*', $nonce, "~$hidden"));
+            flush_out();
+            next;
+        }
         if ($first) {
             frame('T', pack('N/a*', '.'));
             walk('.');

@@ -75,6 +75,11 @@ class Untrusted(Exception):
     """The journal cannot vouch for its answer (why in the message)."""
 
 
+class Hidden(Untrusted):
+    """The helper cannot vouch for now (a mount at or under the workspace) and stays:
+    the scan is the daemon's own, and the helper's next trusted answer is a new walk."""
+
+
 def _well_formed(rel: str) -> bool:
     """A workspace-relative path as a walk names it: ``.``, or non-empty components
     that are neither ``.`` nor ``..`` (no leading, trailing or doubled slash)."""
@@ -129,8 +134,12 @@ class GuestJournal:
         keep_max: int,
         keep_total: int,
         stats: dict[str, int] | None = None,
+        user: str = "",
     ) -> None:
         self._root = root
+        #: The Space's user, whose effective ids the helper takes ("": none, it runs as
+        #: it was started).
+        self._user = user
         self._start = start
         self._hash = hash_files
         self._boot_id = boot_id
@@ -166,7 +175,7 @@ class GuestJournal:
     async def _launch(self) -> None:
         keep_max, keep_total = self._keep
         argv = ["perl", "-e", SCRIPT, self._root, str(keep_max), str(keep_total)]
-        argv += [str(MAX_WATCHES), str(IDLE_SECONDS)]
+        argv += [str(MAX_WATCHES), str(IDLE_SECONDS), self._user]
         if mutants.active("journal_miss"):
             argv.append("miss")
         self._boot = self._boot_id()
@@ -251,6 +260,8 @@ class GuestJournal:
             got, why = _text(r.blob()), _text(r.blob())
             if got != nonce:
                 raise Untrusted("the journal answered another request")
+            if why.startswith("~"):
+                raise Hidden(why[1:])
             if why:
                 raise Untrusted(why)
             return frames
@@ -381,6 +392,12 @@ class GuestJournal:
                 frames = await self._ask()
                 unhashed = self._apply(frames)
                 await self._hash_rest(unhashed)
+            except Hidden as e:  # the helper stays; nothing it knew is trusted
+                self._drop(".")
+                self.kept = {}
+                self.why_full = str(e)
+                self._answered, self._walked = True, False
+                return None
             except Exception as e:  # the daemon's own errors: the caller's scan says them
                 last = dict(self.entries) if mutants.active("journal_loss_trusted") else {}
                 await self._failed(e)

@@ -153,6 +153,7 @@ class SpacesdSpace:
             KEEP_MAX,
             KEEP_TOTAL,
             self._scans.stats,
+            user=user or "",
         )
         #: The epoch this object last advanced the Space to: its helper commands run
         #: under it, so a driver's next successor kills one its death left waiting (an
@@ -292,7 +293,10 @@ class SpacesdSpace:
         stdin: bool = False,
         keep_output: int | None = None,
         new_key: bool = False,
+        as_daemon: bool = False,
     ) -> SpacesdExecution | RecordedExecution:
+        """``Space.spawn``; ``as_daemon``: as the daemon's own user, not the Space's (the
+        journal's helper, which the Space's user must not be able to signal or trace)."""
         if not argv:
             raise ValueError("empty argv")
         prior = ExecState.UNKNOWN
@@ -312,7 +316,7 @@ class SpacesdSpace:
             args=list(argv[1:]),
             env=dict(env or {}),
             cwd=self._cwd(cwd),
-            user=self._user,
+            user=None if as_daemon else self._user,
             request_id=key,
             epoch=epoch,
             stdin=stdin,
@@ -409,12 +413,15 @@ class SpacesdSpace:
     # --- files -------------------------------------------------------------------------
 
     async def read_file(self, path: str) -> bytes:
+        if not path:
+            raise IsADirectoryError(errno.EISDIR, "the path is empty: name a file in the workspace")
         rel, st = await self._resolve_stat(path, follow_last=True)
         if rel != "." and st is None:
             raise FileNotFoundError(errno.ENOENT, f"no such file: {path!r}")
-        if st is None or st.kind != "file":
-            # A FIFO would block the daemon's read forever; a directory is not a file.
-            raise IsADirectoryError(errno.EISDIR, f"not a regular file: {path!r}")
+        if st is None or st.kind == "directory":
+            raise IsADirectoryError(errno.EISDIR, f"{path!r} is a directory, not a file")
+        if st.kind != "file":  # a FIFO would block the daemon's read forever
+            raise IsADirectoryError(errno.EISDIR, f"{path!r} is not a regular file (a {st.kind})")
         return bytes(await self._call("download", self._abs(rel)))
 
     async def read_files(self, paths: Sequence[str]) -> dict[str, bytes]:
@@ -532,10 +539,20 @@ class SpacesdSpace:
         return table
 
     async def _start_journal(self, argv: Sequence[str]) -> SpacesdExecution:
-        """The journal's helper: the Space's user, in the workspace, under the helper
-        epoch (an advance kills it with the rest of the older epoch's commands)."""
+        """The journal's helper, under the helper epoch (an advance kills it with the rest
+        of the older epoch's commands), started as the daemon's user: where that is
+        another than the Space's (root, in a container or a VM), the helper reads the
+        workspace with the Space's user's effective ids but keeps its real and saved ids,
+        so a command cannot signal, trace or open it (``docs/journal-trust.md``). Its
+        working directory is ``/``: nothing of the workspace is on its way to perl."""
         ex = await self.spawn(
-            argv, key=None, epoch=self._helper_epoch, cwd=self.root, stdin=True, keep_output=0
+            argv,
+            key=None,
+            epoch=self._helper_epoch,
+            cwd="/",
+            stdin=True,
+            keep_output=0,
+            as_daemon=True,
         )
         if not isinstance(ex, SpacesdExecution):  # key=None: never a replay
             raise SpaceError("the journal's helper was not started")

@@ -37,7 +37,7 @@ import posixpath
 import re
 import shlex
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from durable_spaces.campaigns.checks.history import History
 from durable_spaces.campaigns.checks.verdict import Anomaly, Verdict, anomaly, judge, passed
@@ -45,7 +45,7 @@ from durable_spaces.campaigns.checks.workspace import HOST_KINDS
 from durable_spaces.space import Space
 
 if TYPE_CHECKING:
-    from durable_spaces.campaigns.checks.inputs import Inputs
+    from durable_spaces.campaigns.checks.workspace import Workspace
 
 DOC = "cua.space"
 #: A manifest checkpoint's id (the checker's own reading: slug, ``-m``, sha256).
@@ -152,7 +152,29 @@ def _entries(data: bytes) -> dict[str, list[Any]]:
     return {str(row[0]): row for row in doc["entries"]}
 
 
-def checkpoint_equals_workspace(inputs: Inputs) -> Verdict:
+class _Workload(Protocol):
+    @property
+    def server(self) -> bool: ...
+
+
+class _Inputs(Protocol):
+    """What this check reads of a run (``inputs.Inputs``): a protocol, so this module does
+    not import the inputs that import it."""
+
+    @property
+    def checkpoint(self) -> LastCheckpoint | None: ...
+
+    @property
+    def workload(self) -> _Workload | None: ...
+
+    @property
+    def history(self) -> History: ...
+
+    @property
+    def workspace(self) -> Workspace: ...
+
+
+def checkpoint_equals_workspace(inputs: _Inputs) -> Verdict:
     last = inputs.checkpoint
     if last is None:
         return passed("not a checkpoint run ending in a checkpoint of its last call")

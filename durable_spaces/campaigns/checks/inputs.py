@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
 
+from durable_spaces.campaigns.checks.call_checkpoints import Manifests
 from durable_spaces.campaigns.checks.checkpoint import LastCheckpoint
 from durable_spaces.campaigns.checks.history import History
 from durable_spaces.campaigns.checks.rawlog import RawLog
@@ -151,6 +152,8 @@ class Inputs:
     server: ServerProbe | None = None
     #: A checkpoint run's last checkpoint as the Space's copy held it (None: not one).
     checkpoint: LastCheckpoint | None = None
+    #: The manifest of every checkpoint the log recorded for a call (None: not read).
+    manifests: Manifests | None = None
 
     @cached_property
     def history(self) -> History:

@@ -24,7 +24,8 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from durable_spaces.campaigns.checks.checkpoint import LastCheckpoint
+from durable_spaces.campaigns.checks.call_checkpoints import Manifests
+from durable_spaces.campaigns.checks.checkpoint import MANIFEST_ID, LastCheckpoint
 from durable_spaces.campaigns.checks.inputs import (
     Inputs,
     LaunchRecord,
@@ -43,6 +44,8 @@ from durable_spaces.errors import ConfigError, DurableSpacesError
 
 KEPT = "kept"
 VERSION = 1
+#: Every call's checkpoint manifest, by id (``checks.call_checkpoints``).
+MANIFESTS = "manifests"
 
 
 def keep(run_dir: str | Path, inputs: Inputs) -> Path:
@@ -74,6 +77,12 @@ def keep(run_dir: str | Path, inputs: Inputs) -> Path:
     }
     if inputs.checkpoint is not None and inputs.checkpoint.data is not None:
         (d / "checkpoint.manifest").write_bytes(inputs.checkpoint.data)
+    if inputs.manifests is not None:  # every call's (checkpoint_follows_calls)
+        meta["manifests"] = dict(inputs.manifests.unread)
+        meta["manifests_store"] = inputs.manifests.store
+        (d / MANIFESTS).mkdir()
+        for cid, data in inputs.manifests.data.items():
+            (d / MANIFESTS / f"{cid}.manifest").write_bytes(data)
     (d / "inputs.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     return d
 
@@ -118,8 +127,21 @@ def load(path: str | Path) -> Inputs:
             notes=[str(n) for n in meta.get("notes") or []],
             server=ServerProbe.from_json(meta["server"]) if meta.get("server") else None,
             checkpoint=last,
+            manifests=_manifests(d, meta.get("manifests"), meta.get("manifests_store", True)),
         )
     except DurableSpacesError:
         raise
     except (OSError, ValueError, KeyError, TypeError, tarfile.TarError) as e:
         raise ConfigError(f"{d}: the kept run is unreadable: {type(e).__name__}: {e}") from e
+
+
+def _manifests(d: Path, unread: Any, store: Any) -> Manifests | None:
+    """The manifests kept beside the inputs (None: kept by a build that read none)."""
+    if unread is None:
+        return None
+    data = {}
+    for f in sorted((d / MANIFESTS).glob("*.manifest")) if (d / MANIFESTS).is_dir() else []:
+        cid = f.name.removesuffix(".manifest")
+        if MANIFEST_ID.fullmatch(cid) and not f.is_symlink():
+            data[cid] = f.read_bytes()
+    return Manifests(data, {str(k): str(v) for k, v in dict(unread).items()}, bool(store))

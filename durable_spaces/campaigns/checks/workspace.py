@@ -25,6 +25,7 @@ from decimal import Decimal
 from typing import Any
 
 from durable_spaces.errors import SpaceError
+from durable_spaces.host_files import file_kind as _kind
 from durable_spaces.space import ExecResult, Space
 
 #: Space kinds whose workspace is a directory of this host (``Capabilities.kind``).
@@ -60,21 +61,6 @@ class Workspace:
     #: Sub-second file times are known (a host walk, or a tar with pax times).
     fine_times: bool = True
     notes: list[str] = field(default_factory=list)  # what could not be read
-
-
-def _kind(mode: int) -> str:
-    for test, kind in (
-        (st.S_ISREG, "file"),
-        (st.S_ISDIR, "dir"),
-        (st.S_ISLNK, "symlink"),
-        (st.S_ISFIFO, "fifo"),
-        (st.S_ISSOCK, "socket"),
-        (st.S_ISCHR, "chardev"),
-        (st.S_ISBLK, "blockdev"),
-    ):
-        if test(mode):
-            return kind
-    return "other"
 
 
 def _node(s: os.stat_result, **kw: Any) -> Node:

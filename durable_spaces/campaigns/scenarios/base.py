@@ -18,6 +18,7 @@ A scenario never imports ``campaigns/run.py``: what it needs of it comes in ``ct
 
 from __future__ import annotations
 
+import importlib
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from typing import Any, NamedTuple, Protocol
 from durable_spaces.campaigns.coordinator import Coordinator, CoordinatorResult
 from durable_spaces.campaigns.evidence import RunCheck
 from durable_spaces.campaigns.inject import Injector
+from durable_spaces.campaigns.scenarios import registration
 from durable_spaces.campaigns.spec import RunSpec
 from durable_spaces.chaos import points
 from durable_spaces.chaos.schedule import Schedule
@@ -112,6 +114,13 @@ class Scenario(Protocol):
     async def drive(self, run: RunSpec, ctx: Context) -> Driven: ...
 
     def checks(self) -> Mapping[str, RunCheck]: ...
+
+
+def get(name: str) -> Scenario:
+    """The scenario registered as ``name`` (its module imported now)."""
+    module, _, attr = registration(name).target.partition(":")
+    scenario: Scenario = getattr(importlib.import_module(module), attr)
+    return scenario
 
 
 class OneSession:

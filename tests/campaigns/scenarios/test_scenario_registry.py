@@ -17,7 +17,7 @@ from durable_spaces import cli
 from durable_spaces.adapter.config import Mode
 from durable_spaces.backends import CLAIMS, known_backends
 from durable_spaces.campaigns import scenarios
-from durable_spaces.campaigns.scenarios.base import KILL_POINTS
+from durable_spaces.campaigns.scenarios.base import KILL_POINTS, get
 from durable_spaces.campaigns.spec import (
     BACKENDS,
     DURABLE_MODES,
@@ -34,13 +34,13 @@ from durable_spaces.space import Faults
 def test_every_registered_scenario_loads_and_has_the_interface() -> None:
     assert SCENARIOS == tuple(scenarios.known_scenarios()) == tuple(scenarios.SCENARIOS)
     for name in SCENARIOS:
-        s = scenarios.get(name)
+        s = get(name)
         assert s.name == name
         for part in ("script", "schedule", "drive", "checks"):
             assert callable(getattr(s, part)), (name, part)
         assert isinstance(dict(s.checks()), dict)
     with pytest.raises(ConfigError, match="unknown campaign scenario 'chaos'"):
-        scenarios.get("chaos")
+        get("chaos")
 
 
 def test_names_listed_once_derive_from_their_registries() -> None:

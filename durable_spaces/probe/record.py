@@ -1,0 +1,175 @@
+"""A probe run's record (JSON, ``kind: probe``), the SUMMARY line, and whether the runs
+tested what they planned.
+
+A record is data from the plan to the verdict: the harness and its recipe, the seed, the
+planned point and fault and whether it landed, each attempt, each step's class, the
+outcome (``ok``, ``stuck``, ``refused``: the harness asked what the scripted model cannot
+answer, ``lab_error``). The requests the model received are kept beside it
+(``<run>.requests.json``). Values read back are checked (``RecordError``): a record is
+replayed by ``durable-spaces repro``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from durable_spaces.errors import RecordError
+from durable_spaces.probe.checker import CLASSES, StepResult
+from durable_spaces.probe.gates import Point
+from durable_spaces.probe.grade import grade_of
+
+__all__ = ["KIND", "OUTCOMES", "RunRecord", "short_of_plan", "summary_line"]
+
+KIND = "probe"
+OUTCOMES = ("ok", "stuck", "refused", "lab_error")
+FAULTS = ("process", "machine", "model-5xx", "model-cut", "model-slow")
+_ID = re.compile(r"r\d{1,7}")
+_SEED = re.compile(r"[A-Za-z0-9_.:-]{1,80}")
+MAX_RECORD_BYTES = 16 << 20
+
+
+@dataclass
+class RunRecord:
+    harness: str
+    recipe: str  # the recipe.toml's absolute path
+    run_id: str
+    seed: str
+    scenario: str
+    fault: str
+    steps: int
+    point: Point | None
+    landed: bool = False
+    outcome: str = "ok"
+    reason: str = ""
+    results: list[StepResult] = field(default_factory=list)
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    requests: int = 0
+    reached: list[str] = field(default_factory=list)  # points seen (the uninterrupted run)
+    duration_ms: float = 0.0
+    harness_ms: float = 0.0  # the attempts' own wall time
+
+    @property
+    def classes(self) -> list[str]:
+        out = [r.cls for r in self.results]
+        return [*out, "stuck"] if self.outcome == "stuck" else out
+
+    @property
+    def failed(self) -> bool:
+        """Worse than at-most-once-reported: a step duplicated, lost, phantom, orphaned, or
+        the run stuck (or refused, or broken by the lab)."""
+        if self.outcome != "ok" and self.outcome != "stuck":
+            return True
+        return any(c not in ("once", "reported") for c in self.classes)
+
+    def why(self) -> str:
+        bad = [f"{r.cls}@{r.step}" for r in self.results if r.cls not in ("once", "reported")]
+        if self.outcome != "ok":
+            bad.append(self.outcome)
+        kill = f"{self.fault} at {self.point}" if self.point else "no fault"
+        return f"{' '.join(bad) or 'ok'}; {kill}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": KIND, "version": 1, "harness": self.harness, "recipe": self.recipe,
+            "run_id": self.run_id, "seed": self.seed, "scenario": self.scenario,
+            "fault": self.fault, "steps": self.steps,
+            "point": None if self.point is None else str(self.point), "landed": self.landed,
+            "outcome": self.outcome, "reason": self.reason,
+            "results": [r.to_json() for r in self.results], "attempts": self.attempts,
+            "requests": self.requests, "reached": self.reached,
+            "duration_ms": round(self.duration_ms, 1), "harness_ms": round(self.harness_ms, 1),
+            "grade": grade_of(self.classes),
+        }  # fmt: skip
+
+    @staticmethod
+    def from_json(d: Any) -> RunRecord:
+        try:
+            if not isinstance(d, dict) or d.get("kind") != KIND:
+                raise RecordError("not a probe run record (kind is not 'probe')")
+            rec = RunRecord(
+                harness=str(d["harness"]), recipe=str(d["recipe"]), run_id=str(d["run_id"]),
+                seed=str(d["seed"]), scenario=str(d["scenario"]), fault=str(d["fault"]),
+                steps=int(d["steps"]),
+                point=None if d["point"] is None else Point.parse(str(d["point"])),
+                landed=bool(d["landed"]), outcome=str(d["outcome"]), reason=str(d["reason"]),
+                results=[StepResult.from_json(x) for x in d["results"]],
+                attempts=list(d["attempts"]), requests=int(d["requests"]),
+                reached=[str(x) for x in d.get("reached", [])],
+                duration_ms=float(d["duration_ms"]), harness_ms=float(d["harness_ms"]),
+            )  # fmt: skip
+        except (KeyError, TypeError, ValueError) as e:
+            raise RecordError(f"a malformed probe run record: {e}") from None
+        if not _ID.fullmatch(rec.run_id) or not _SEED.fullmatch(rec.seed):
+            raise RecordError(f"run id {rec.run_id!r} or seed {rec.seed!r} is malformed")
+        if rec.fault not in FAULTS or rec.outcome not in OUTCOMES:
+            raise RecordError(f"unknown fault {rec.fault!r} or outcome {rec.outcome!r}")
+        if not 1 <= rec.steps <= 1000:
+            raise RecordError(f"steps {rec.steps} out of range")
+        if any(r.cls not in (*CLASSES, "unfinished") for r in rec.results):
+            raise RecordError("a step class is unknown")
+        return rec
+
+    def save(self, runs_dir: Path) -> Path:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        path = runs_dir / f"{self.run_id}.json"
+        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        return path
+
+    @staticmethod
+    def load(path: Path) -> RunRecord:
+        try:
+            if path.stat().st_size > MAX_RECORD_BYTES:
+                raise RecordError(f"{path}: larger than a run record")
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise RecordError(f"{path} cannot be read as JSON: {e}") from None
+        return RunRecord.from_json(data)
+
+
+def counts(records: Sequence[RunRecord]) -> Counter[str]:
+    c: Counter[str] = Counter()
+    for r in records:
+        if r.outcome == "lab_error":
+            c["lab_errors"] += 1
+            continue
+        c["steps"] += len(r.results)
+        c.update(x.cls for x in r.results if x.cls != "unfinished")
+        c["stuck"] += r.outcome == "stuck"
+        c["kills"] += bool(r.point and r.landed)
+    return c
+
+
+def grade_all(records: Sequence[RunRecord]) -> str:
+    return grade_of(c for r in records if r.outcome != "lab_error" for c in r.classes)
+
+
+def summary_line(harness: str, records: Sequence[RunRecord], seed_base: str) -> str:
+    c = counts(records)
+    fields = [f"harness={harness}", f"runs={len(records)}", f"steps={c['steps']}"]
+    fields += [f"{k}={c[k]}" for k in (*CLASSES, "stuck", "lab_errors", "kills")]
+    fields += [f"grade={grade_all(records)}", f"seed_base={seed_base}"]
+    return "SUMMARY probe " + " ".join(fields)
+
+
+def short_of_plan(records: Sequence[RunRecord]) -> str | None:
+    """Why these runs do not test what they planned, in one line, or None. A run whose
+    drawn fault never landed is not a test of it. (One small rule, meant to be swapped for
+    the campaigns' own when it lands.)"""
+    planned = [r for r in records if r.point is not None and r.outcome != "lab_error"]
+    if not planned:
+        base = next((r for r in records if r.point is None), None)
+        why = ""
+        if base is not None:
+            why = f" (uninterrupted run: {base.outcome}{': ' + base.reason if base.reason else ''})"
+        return f"no run with a fault: the harness reached no kill point{why}"
+    missed = [r for r in planned if not r.landed]
+    if missed:
+        ids = " ".join(f"{r.run_id}:{r.point}" for r in missed[:8])
+        return f"{len(missed)} of {len(planned)} planned faults never landed ({ids})"
+    return None

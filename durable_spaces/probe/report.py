@@ -1,0 +1,158 @@
+"""A probe's report (report.md and a self-contained report.html) and ``--compare``.
+
+Both read what a probe left in its directory: ``probe.json`` (the summary and the
+recipe's promise) and ``runs/*.json`` (the run records). The grade table counts each
+run's steps by the kill point the run was planned at (``none``: the uninterrupted run)
+and the class the checker gave them, with the grade of each row; the harness's stated
+promise is shown beside its grade.
+"""
+
+from __future__ import annotations
+
+import glob
+import html
+import json
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from durable_spaces.errors import RecordError
+from durable_spaces.probe.checker import CLASSES
+from durable_spaces.probe.gates import COMMAND_WHERE, MODEL_WHERE
+from durable_spaces.probe.grade import grade_of
+from durable_spaces.probe.record import MAX_RECORD_BYTES, RunRecord, counts
+
+__all__ = ["compare", "find", "render", "tables"]
+
+COLUMNS = (*CLASSES, "stuck")
+
+
+def _meta(out: Path) -> dict[str, Any]:
+    path = out / "probe.json"
+    try:
+        if path.stat().st_size > MAX_RECORD_BYTES:
+            raise RecordError(f"{path} is too large")
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise RecordError(f"{out} is not a probe directory ({path}: {e})") from None
+    if not isinstance(meta, dict) or meta.get("kind") != "probe-summary":
+        raise RecordError(f"{path} is not a probe summary")
+    return meta
+
+
+def _records(out: Path) -> list[RunRecord]:
+    paths = sorted((out / "runs").glob("r*.json"), key=lambda p: (len(p.name), p.name))
+    return [RunRecord.load(p) for p in paths if not p.name.endswith(".requests.json")]
+
+
+def tables(records: Sequence[RunRecord]) -> list[list[str]]:
+    """The grade table: a header, then one row per kill point kind."""
+    rows: dict[str, Counter[str]] = {}
+    classes: dict[str, list[str]] = {}
+    for r in records:
+        if r.outcome == "lab_error":
+            continue
+        where = "none" if r.point is None else r.point.where
+        c = rows.setdefault(where, Counter())
+        c.update(x.cls for x in r.results if x.cls != "unfinished")
+        c["stuck"] += r.outcome == "stuck"
+        c["runs"] += 1
+        classes.setdefault(where, []).extend(r.classes)
+    order = ["none", *MODEL_WHERE, *COMMAND_WHERE]
+    out = [["kill point", "runs", *COLUMNS, "grade"]]
+    for w in order:
+        if w in rows:
+            out.append([w, str(rows[w]["runs"]), *(str(rows[w][k]) for k in COLUMNS),
+                        grade_of(classes[w])])  # fmt: skip
+    return out
+
+
+def _md(rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(rows[0]) + " |", "|" + " --- |" * len(rows[0])]
+    lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    return "\n".join(lines) + "\n"
+
+
+def _html_table(rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(x)}</th>" for x in rows[0])
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(x)}</td>" for x in r) + "</tr>" for r in rows[1:]
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def render(out: Path) -> tuple[Path, Path]:
+    """Write ``out``/report.md and report.html; their paths."""
+    meta = _meta(out)
+    records = _records(out)
+    grid = tables(records)
+    failed = [r for r in records if r.failed]
+    promise = meta.get("promise") or "(none stated)"
+    title = f"Probe of {meta['harness']}: {meta['grade']}"
+    facts = [
+        ("grade", str(meta["grade"])), ("promise", promise),
+        ("fault", str(meta["fault"])), ("scenario", str(meta["scenario"])),
+        ("steps", str(meta["steps"])), ("seed base", str(meta["seed_base"])),
+        ("recipe", str(meta["recipe"])),
+    ]  # fmt: skip
+    md = [f"# {title}\n", *(f"- {k}: {v}" for k, v in facts), "", f"`{meta['summary']}`\n",
+          "## Steps by kill point and class\n", _md(grid)]  # fmt: skip
+    if meta.get("reason"):
+        md.append(f"Not a clean verdict: {meta['reason']}\n")
+    if failed:
+        md.append("## Runs worse than at-most-once-reported\n")
+        md += [f"- {r.run_id} ({r.why()}): `durable-spaces repro {out / 'runs' / r.run_id}.json`"
+               for r in failed]  # fmt: skip
+        md.append("")
+    md_path = out / "report.md"
+    md_path.write_text("\n".join(md) + "\n")
+    items = "".join(f"<li>{html.escape(k)}: <b>{html.escape(v)}</b></li>" for k, v in facts)
+    runs = "".join(f"<li>{html.escape(r.run_id)} ({html.escape(r.why())})</li>" for r in failed)
+    page = (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title><style>"
+        "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #999;padding:.2em .6em;text-align:right}"
+        "td:first-child,th:first-child{text-align:left}code{font-size:90%}</style></head><body>"
+        f"<h1>{html.escape(title)}</h1><ul>{items}</ul>"
+        f"<p><code>{html.escape(str(meta['summary']))}</code></p>"
+        f"<h2>Steps by kill point and class</h2>{_html_table(grid)}"
+        + (f"<p>Not a clean verdict: {html.escape(str(meta['reason']))}</p>"
+           if meta.get("reason") else "")
+        + (f"<h2>Runs worse than at-most-once-reported</h2><ul>{runs}</ul>" if failed else "")
+        + "</body></html>\n"
+    )  # fmt: skip
+    html_path = out / "report.html"
+    html_path.write_text(page)
+    return md_path, html_path
+
+
+def find(name_or_dir: Path, root: Path = Path("probe-out")) -> Path:
+    """A probe directory: ``name_or_dir`` itself, or the newest probe of the harness it
+    names under ``root`` (where ``probe`` puts them without ``--out``)."""
+    if name_or_dir.is_dir():
+        return name_or_dir
+    name = str(name_or_dir)
+    found = sorted(
+        (d for d in root.glob(f"{glob.escape(name)}-*") if (d / "probe.json").is_file()),
+        key=lambda d: (d / "probe.json").stat().st_mtime,
+    )
+    if "/" in name or not found:
+        raise RecordError(f"{name} is neither a probe directory nor a harness probed in {root}")
+    return found[-1]
+
+
+def compare(dirs: Sequence[Path]) -> str:
+    """Several probes side by side: one Markdown table, a row per probe directory."""
+    rows = [["harness", "fault", "scenario", "runs", "steps", *COLUMNS, "kills", "grade",
+             "promise"]]  # fmt: skip
+    for d in dirs:
+        meta = _meta(d)
+        c = counts(_records(d))
+        rows.append([
+            str(meta["harness"]), str(meta["fault"]), str(meta["scenario"]), str(meta["runs"]),
+            str(c["steps"]), *(str(c[k]) for k in COLUMNS), str(c["kills"]), str(meta["grade"]),
+            str(meta.get("promise") or "-"),
+        ])  # fmt: skip
+    return _md(rows)

@@ -1,0 +1,227 @@
+"""One probe run: launch the harness, fault it at the planned point, resume it, check.
+
+The run's attempts (the launch, then ``resume`` after a non-zero exit, a kill or
+``timeout_s``) go on until one exits 0 or the recipe's ``attempts`` are used up (then the
+run is ``stuck``). The planned point is armed until it is reached, in whichever attempt.
+At a kill point the fault comes at once; then the gates are opened (``late``) and held
+answers released, so whatever escaped the kill goes on and its late effects are seen. At
+``exited`` the harness is stopped (SIGSTOP) before the held command goes on to exit, so
+the kill lands after the command's exit and before the harness saw it. After the last
+attempt the lab waits for an escaped held command to finish, kills everything the run
+started, and checks the workspace and the requests (checker.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from durable_spaces.probe import checker, task
+from durable_spaces.probe import recipe as recipes
+from durable_spaces.probe.faults import KILL_FAULTS, Attempt, RunProcs
+from durable_spaces.probe.gates import COMMAND_WHERE, Gate, Point
+from durable_spaces.probe.model_server import ModelServer
+from durable_spaces.probe.record import RunRecord
+
+__all__ = ["RunSpec", "run_one"]
+
+#: What the lab sets for every harness (then the recipe's [env]).
+LAB_ENV = {
+    "OPENAI_API_KEY": "dummy", "DO_NOT_TRACK": "1", "OPENAI_AGENTS_DISABLE_TRACING": "1",
+    "PI_OFFLINE": "1", "PI_TELEMETRY": "0", "DBOS__CLOUD": "false", "DBOS_TELEMETRY": "false",
+    "ANONYMIZED_TELEMETRY": "false", "LANGCHAIN_TRACING_V2": "false",
+    "PYTHONUNBUFFERED": "1",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    recipe: recipes.Recipe
+    run_id: str
+    seed: str
+    scenario: str
+    fault: str
+    steps: int
+    point: Point | None
+    work: Path  # this run's directory (made afresh)
+    runs_dir: Path  # where its record and requests go
+    use_cgroup: bool = True
+    stop: threading.Event | None = None  # set: no further attempt (the probe is stopping)
+
+
+def cgroup_prefix() -> str:
+    """This process's runs' cgroups are named with it (so a stopping probe finds them)."""
+    return f"probe-{os.getpid()}-"
+
+
+def _poll_exit(procs: RunProcs, pid: int, limit_s: float) -> None:
+    deadline = time.monotonic() + limit_s
+    while procs.alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.0005)
+
+
+class _Run:
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec
+        self.q: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.landed_at: float | None = None
+        self.gate: Gate | None = None
+        self.escaped: int | None = None
+
+    def reached(self, p: Point) -> None:
+        self.q.put(("point", p))
+
+    def fault(self, procs: RunProcs, server: ModelServer, a: Attempt, p: Point) -> None:
+        self.landed_at = time.monotonic()
+        s = self.spec
+        if s.fault not in KILL_FAULTS:
+            return  # the server did it (an error, a cut, a late answer)
+        if p.where == "exited" and self.gate is not None:
+            pid = self.gate.pid()
+            procs.stop_all_but(s.fault, a, pid or -1)
+            self.gate.open("go")
+            if pid is not None:
+                _poll_exit(procs, pid, s.recipe.timeout_s)
+        procs.kill(s.fault, a)
+        if self.gate is not None:
+            self.escaped = self.gate.pid() if p.where != "exited" else None
+            self.gate.open("late")
+        server.release()
+
+    def attempt(self, procs: RunProcs, server: ModelServer, label: str, argv: list[str],
+                cwd: Path, env: dict[str, str]) -> tuple[dict[str, Any], Attempt]:  # fmt: skip
+        s = self.spec
+        a = procs.start(argv, cwd, env)
+
+        def wait() -> None:
+            self.q.put(("exit", (a, a.wait())))
+
+        threading.Thread(target=wait, daemon=True).start()
+        deadline: float | None = time.monotonic() + s.recipe.timeout_s
+        info: dict[str, Any] = {"command": label}
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                what, val = self.q.get(timeout=left)
+            except queue.Empty:
+                info["timed_out"] = True
+                procs.kill("process", a)
+                deadline = None
+                continue
+            if what == "point":
+                info["fault"] = str(val)
+                self.fault(procs, server, a, val)
+                continue
+            got, rc = val
+            if got is a:
+                break
+        info.update(rc=rc, ms=round(a.duration_s * 1000, 1))
+        return info, a
+
+    def run(self) -> RunRecord:
+        s, r = self.spec, self.spec.recipe
+        t0 = time.monotonic()
+        if s.work.exists():
+            shutil.rmtree(s.work)
+        workdir, state, gates = s.work / "work", s.work / "state", s.work / "gates"
+        for d in (workdir, state, gates):
+            d.mkdir(parents=True)
+        steps = task.plan(s.steps, r, task.nonce_of(s.seed))
+        rec = RunRecord(
+            harness=r.name, recipe=str(r.path), run_id=s.run_id, seed=s.seed,
+            scenario=s.scenario, fault=s.fault, steps=s.steps, point=s.point,
+        )  # fmt: skip
+        server = ModelServer(steps, r, gates)
+        procs = RunProcs(f"{cgroup_prefix()}{s.run_id}-{task.nonce_of(s.seed)}",
+                         task.nonce_of(s.seed) + s.run_id, s.use_cgroup)  # fmt: skip
+        attempts: list[Attempt] = []
+        try:
+            if s.point is not None and s.point.where in COMMAND_WHERE:
+                self.gate = Gate(gates, s.point, self.reached)
+            elif s.point is not None:
+                server.arm(s.point, s.fault, self.reached)
+            vals = recipes.values(r, model_url=server.url, workdir=workdir, state_dir=state,
+                                  run_id=s.run_id, prompt=task.prompt_of(s.steps))  # fmt: skip
+            env = {**os.environ, **LAB_ENV, "OPENAI_BASE_URL": server.url,
+                   "PROBE_RUN_ID": s.run_id}  # fmt: skip
+            env.update({k: recipes.resolve(v, vals) for k, v in r.env.items()})
+            launch = [recipes.resolve(x, vals) for x in r.launch]
+            resume = [recipes.resolve(x, vals) for x in r.resume]
+            ok = False
+            for i in range(r.attempts):
+                if s.stop is not None and s.stop.is_set():
+                    break
+                label, argv = ("launch", launch) if i == 0 else ("resume", resume)
+                info, a = self.attempt(procs, server, label, argv, workdir, env)
+                attempts.append(a)
+                rec.attempts.append(info)
+                if server.problems:
+                    break
+                if info["rc"] == 0 and not info.get("timed_out"):
+                    ok = True
+                    break
+            if self.gate is not None and self.landed_at is None:
+                self.gate.open("never")  # not reached: the FIFO goes
+            if self.escaped is not None:
+                _poll_exit(procs, self.escaped, r.timeout_s)
+        finally:
+            procs.close()
+            server.close()
+        for info, a in zip(rec.attempts, attempts, strict=True):
+            info["last_line"] = a.last_line()
+        rec.landed = self.landed_at is not None
+        rec.requests = len(server.requests)
+        rec.harness_ms = sum(a.duration_s for a in attempts) * 1000
+        if server.problems:
+            rec.outcome, rec.reason = "refused", server.problems[0]
+        elif not ok:
+            rec.outcome, rec.reason = "stuck", _stuck_reason(rec.attempts, len(server.requests))
+        rec.results = checker.check(steps, workdir, server.requests, finished=ok)
+        if s.point is None:
+            rec.reached = [str(p) for p in reached_points(steps, server.requests, rec.results)]
+        s.runs_dir.mkdir(parents=True, exist_ok=True)
+        (s.runs_dir / f"{s.run_id}.requests.json").write_text(json.dumps(server.requests) + "\n")
+        rec.duration_ms = (time.monotonic() - t0) * 1000
+        return rec
+
+
+def _stuck_reason(attempts: list[dict[str, Any]], requests: int) -> str:
+    last = attempts[-1]
+    how = "timed out" if last.get("timed_out") else f"exited {last['rc']}"
+    where = "" if requests else " before calling the model"
+    line = f": {last['last_line']}" if last.get("last_line") else ""
+    n = len(attempts)
+    return f"{n} attempt{'s' if n > 1 else ''}; the last {how}{where}{line}"
+
+
+def reached_points(steps: list[task.Step], requests: list[dict[str, Any]],
+                   results: list[checker.StepResult]) -> list[Point]:  # fmt: skip
+    """The points an uninterrupted run went through: every request's, and the command
+    points of every shell step that had its effect."""
+    out: set[Point] = set()
+    for q in requests:
+        k = q.get("step")
+        if isinstance(k, int) and q.get("answer") in ("tool", "final"):
+            out.update((Point(k, "request"), Point(k, "stream")))
+    for res in results:
+        if res.effects and steps[res.step - 1].shell:
+            out.update(Point(res.step, w) for w in COMMAND_WHERE)
+    return sorted(out)
+
+
+def run_one(spec: RunSpec) -> RunRecord:
+    """The run ``spec`` describes, as a record (a lab failure becomes ``lab_error``)."""
+    try:
+        return _Run(spec).run()
+    except Exception as e:  # the lab broke, not the harness: say so, keep going
+        return RunRecord(harness=spec.recipe.name, recipe=str(spec.recipe.path),
+                         run_id=spec.run_id, seed=spec.seed, scenario=spec.scenario,
+                         fault=spec.fault, steps=spec.steps, point=spec.point,
+                         outcome="lab_error", reason=f"{type(e).__name__}: {e}")  # fmt: skip

@@ -1,0 +1,74 @@
+"""The look for processes a call left in the workspace (``adapter/leftovers.py``): the
+command run in a Space and the look done on this host find the same processes and
+held files, and what the Space answers is checked before it names a path."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from durable_spaces.adapter.leftovers import Leftovers, host_look, parse, script
+
+HOLDER = (
+    "import mmap, sys, time\n"
+    "f = open('../m.bin', 'r+b'); m = mmap.mmap(f.fileno(), 4); f.close()\n"
+    "g = open('held file', 'rb')\n"
+    "r = open('../readonly.bin', 'rb'); ro = mmap.mmap(r.fileno(), 4, prot=mmap.PROT_READ)\n"
+    "r.close()\n"
+    "print('ready', flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
+
+def test_the_command_and_the_host_look_agree(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    (ws / "m.bin").write_bytes(b"aaaa")
+    (ws / "readonly.bin").write_bytes(b"rrrr")
+    (ws / "sub" / "held file").write_bytes(b"h")
+    p = subprocess.Popen(
+        [sys.executable, "-c", HOLDER],
+        cwd=ws / "sub",
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        out = subprocess.run(["bash", "-c", script(str(ws))], cwd="/", capture_output=True)
+        in_space = parse(str(ws), out.stdout)
+        here = host_look(str(ws))
+        assert in_space == here
+        assert here.pids == (p.pid,)
+        # Its open file and its mappings (Python's mmap keeps a copy of the descriptor).
+        assert here.held == {"m.bin", "readonly.bin", "sub/held file"}
+    finally:
+        p.kill()
+        p.wait()
+    assert host_look(str(ws)) == Leftovers()
+
+
+def test_what_the_space_answers_is_checked() -> None:
+    root = "/home/cua/work"
+    out = b"\0".join(
+        [
+            b"P12",
+            b"P12",  # once
+            b"Pnot-a-pid",
+            b"P" + b"9" * 11,  # no pid is that long
+            b"F/home/cua/work/a.txt",
+            b"F/home/cua/workshop/b.txt",  # another directory
+            b"F/etc/passwd",
+            b"F/home/cua/work/../escape",
+            b"F/home/cua/work/gone.txt (deleted)",
+            b"F/home/cua/work",  # the root itself is no file
+            b"M/home/cua/work/new\\012line",
+            b"M/home/cua/work/d/\xffraw",
+            b"Xsomething else",
+            b"",
+        ]
+    )
+    got = parse(root, out)
+    assert got.pids == (12,)
+    assert got.held == {"a.txt", "new\nline", "d/\udcffraw"}
+    assert Leftovers().note(auto=False) and not Leftovers()

@@ -1,0 +1,37 @@
+"""A probe stopped by ^C leaves nothing of its runs running."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from durable_spaces.host_cgroup import cgroup_root
+from durable_spaces.probe.record import RunRecord
+from tests.probe.helpers import fake, run_processes
+
+
+def test_interrupted_probe_leaves_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "durable_spaces.cli", "probe", "--harness", fake("correct"),
+         "--runs", "8", "--steps", "3", "--out", str(out), "--no-report"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy(),
+    )  # fmt: skip
+    while not (out / "runs" / "r0.json").exists():  # the planned runs are starting
+        assert proc.poll() is None
+        time.sleep(0.1)
+    time.sleep(1.0)  # some attempt of a planned run is under way
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait() != 0
+    assert run_processes(tmp_path) == []
+    # the runs under way were stopped, not resumed to their end
+    planned = [RunRecord.load(p) for p in (out / "runs").glob("r*.json")
+               if p.name != "r0.json" and not p.name.endswith(".requests.json")]  # fmt: skip
+    assert any(r.outcome == "stuck" for r in planned), [r.outcome for r in planned]
+    root = cgroup_root()
+    if root is not None and root.is_dir():
+        assert list(root.glob(f"probe-{proc.pid}-*")) == []
