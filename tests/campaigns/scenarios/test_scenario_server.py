@@ -11,7 +11,7 @@ from checker_scenes import Scene, scene
 from durable_spaces.campaigns.checks.inputs import ServerProbe
 from durable_spaces.campaigns.checks.server import server_survives
 from durable_spaces.campaigns.evidence import Evidence, judge
-from durable_spaces.campaigns.scenarios import get
+from durable_spaces.campaigns.scenarios.base import get
 from durable_spaces.campaigns.spec import RunSpec
 
 START = "call-server-srv-1"
