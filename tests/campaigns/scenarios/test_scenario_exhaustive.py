@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from durable_spaces.campaigns.run import exhaustive_schedules, run_one
-from durable_spaces.campaigns.scenarios.base import get
-from durable_spaces.campaigns.scenarios.base import KILL_POINTS
+from durable_spaces.campaigns.scenarios.base import KILL_POINTS, get
 from durable_spaces.campaigns.scenarios.exhaustive import SPAWN_POINTS, base_seed, schedules
 from durable_spaces.campaigns.spec import CampaignSpec, RunSpec
 from durable_spaces.chaos.schedule import Failpoint
