@@ -38,6 +38,7 @@ from durable_spaces.campaigns.checks.checkpoint import (
     COPY_DIR,
     DOC,
     MANIFEST_ID,
+    ServerWorkload,
     _entries,
     _manifest_part,
     _read_host,
@@ -138,11 +139,6 @@ async def read_all(
     return Manifests(data, unread, store is not None)
 
 
-class _Workload(Protocol):
-    @property
-    def server(self) -> bool: ...
-
-
 class _Inputs(Protocol):
     """What this check reads of a run (``inputs.Inputs``): a protocol, so this module does
     not import the inputs that import it."""
@@ -151,7 +147,7 @@ class _Inputs(Protocol):
     def history(self) -> History: ...
 
     @property
-    def workload(self) -> _Workload | None: ...
+    def workload(self) -> ServerWorkload | None: ...
 
     @property
     def manifests(self) -> Manifests | None: ...

@@ -152,7 +152,9 @@ def _entries(data: bytes) -> dict[str, list[Any]]:
     return {str(row[0]): row for row in doc["entries"]}
 
 
-class _Workload(Protocol):
+class ServerWorkload(Protocol):
+    """What the checkpoint checks read of the workload: whether it runs a server."""
+
     @property
     def server(self) -> bool: ...
 
@@ -165,7 +167,7 @@ class _Inputs(Protocol):
     def checkpoint(self) -> LastCheckpoint | None: ...
 
     @property
-    def workload(self) -> _Workload | None: ...
+    def workload(self) -> ServerWorkload | None: ...
 
     @property
     def history(self) -> History: ...
