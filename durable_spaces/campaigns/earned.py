@@ -20,11 +20,16 @@ none of the failpoint kills does. So the rule asks, per scenario
 - ``min_kill_fraction``: the kills that landed are at least this share of the planned
   ones (and at least one when any was planned);
 - ``at_failpoints``: when faults were planned at failpoints (a failpoint's kill or pause,
-  a fault the driver stops for at a point), at least one landed there. These land at
-  logical points, whatever the machine's speed; random-time kills do not (a fast run
-  outlives them, and on a loaded machine they come first and pre-empt the failpoints:
-  a campaign on spacesd under load landed none of its 28 failpoint kills, but its faults
-  at points did land), so they cannot stand in for them;
+  a fault the driver stops for at a point) and the runs reached them, at least one landed
+  there. These land at logical points, whatever the machine's speed; random-time kills do
+  not, so they cannot stand in for them. But a random-time kill that comes first (a loaded
+  machine) pre-empts every failpoint of its attempt, and a failpoint whose n-th hit lies
+  past where its attempt ended had no chance: a fault is *reached* when its attempt's
+  trace (``extra.trace``, ``campaigns/coverage.py``) counts its point's n-th hit. Reached
+  and not landed is a failpoint that did not fire; a campaign whose traces count no hit
+  at all while it planned faults at failpoints has silent failpoints (the mutant
+  ``failpoints_off`` silences the trace too). A record without a trace counts every
+  fault of an attempt it ran as reached (what could not be told is not excused);
 - ``kill_every_run``: each run whose schedule plans a kill lands one (the ``server``
   scenario's kill after a machine checkpoint; an ``exhaustive`` run's single kill, at a
   hit its trace saw).
@@ -65,6 +70,11 @@ class Tally:
     #: Faults planned at failpoints (kills, pauses, stops), and those that landed there.
     planned_at_failpoints: int
     at_failpoints: int
+    #: Of the planned ones, those whose attempt's trace reached their point's n-th hit.
+    reached_at_failpoints: int
+    #: Attempt traces the records kept, and how many failpoint hits they counted in all.
+    traces: int
+    trace_hits: int
     #: Runs whose schedule planned a kill and that recorded none (their ids).
     runs_without_kill: tuple[str, ...]
 
@@ -98,9 +108,34 @@ def _at_points(record: RunRecord) -> int:
     return n
 
 
+def _stories(record: RunRecord) -> dict[int, dict[str, int]] | None:
+    """Each traced attempt's hits per point (``coverage.attempt_story``), by attempt
+    index; None when the record kept no trace. Malformed entries count nothing."""
+    stories = record.extra.get("trace")
+    if not isinstance(stories, list):
+        return None
+    out: dict[int, dict[str, int]] = {}
+    for st in stories:
+        if not isinstance(st, dict) or not isinstance(st.get("attempt"), int):
+            continue
+        hits = st.get("hits")
+        if isinstance(hits, dict):
+            out[st["attempt"]] = {
+                k: v for k, v in hits.items() if isinstance(k, str) and isinstance(v, int)
+            }
+    return out
+
+
+def _reached(hits: dict[str, int] | None, point: str, n: int) -> bool:
+    if hits is None:
+        return False  # the attempt never ran
+    seen = sum(hits.values()) if point == "*" else hits.get(point, 0)
+    return seen >= n
+
+
 def tally(records: Iterable[RunRecord]) -> Tally:
     rs = list(records)
-    planned = at_planned = at_landed = 0
+    planned = at_planned = at_landed = at_reached = traces = trace_hits = 0
     without: list[str] = []
     for r in rs:
         s = _schedule(r)
@@ -108,7 +143,18 @@ def tally(records: Iterable[RunRecord]) -> Tally:
             continue
         p = s.planned_kills
         planned += p
-        at_planned += sum((a.failpoint is not None) + len(a.at_points) for a in s.attempts)
+        stories = _stories(r)
+        if stories is not None:
+            traces += len(stories)
+            trace_hits += sum(sum(h.values()) for h in stories.values())
+        for i, a in enumerate(s.attempts):
+            faults = [(fp.name, fp.n) for fp in ([a.failpoint] if a.failpoint else [])]
+            faults += [(ap.point, ap.n) for ap in a.at_points]
+            at_planned += len(faults)
+            if stories is None:  # no trace: every fault of an attempt that ran counts
+                at_reached += len(faults) * (i < max(r.attempts, 1))
+            else:
+                at_reached += sum(_reached(stories.get(i), pt, n) for pt, n in faults)
         at_landed += r.faults.get("failpoint", 0) + _at_points(r)
         if p and not r.kills:
             without.append(r.run_id)
@@ -118,6 +164,9 @@ def tally(records: Iterable[RunRecord]) -> Tally:
         kills=sum(r.kills for r in rs),
         planned_at_failpoints=at_planned,
         at_failpoints=at_landed,
+        reached_at_failpoints=at_reached,
+        traces=traces,
+        trace_hits=trace_hits,
         runs_without_kill=tuple(without),
     )
 
@@ -139,10 +188,18 @@ def shortfall(records: Iterable[RunRecord], tolerance: Tolerance) -> str | None:
                 f"{need} (at least {tolerance.min_kill_fraction:.0%}) this scenario must land"
             )
     if tolerance.at_failpoints and t.planned_at_failpoints and not t.at_failpoints:
-        return (
-            f"none of the {t.planned_at_failpoints} faults planned at failpoints landed "
-            "(are the failpoints armed and hit?)"
-        )
+        if t.traces and not t.trace_hits:
+            return (
+                f"none of the {t.planned_at_failpoints} faults planned at failpoints landed "
+                f"and the {t.traces} attempts' traces count no failpoint hit (are the "
+                "failpoints armed?)"
+            )
+        if t.reached_at_failpoints:
+            return (
+                f"none of the {t.planned_at_failpoints} faults planned at failpoints landed, "
+                f"{t.reached_at_failpoints} of them at a hit the trace saw (are the "
+                "failpoints armed and hit?)"
+            )
     if tolerance.kill_every_run and t.runs_without_kill:
         ids = ", ".join(t.runs_without_kill[:5]) + (", ..." * (len(t.runs_without_kill) > 5))
         return (

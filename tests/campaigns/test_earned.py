@@ -71,6 +71,33 @@ def test_random_kills_alone_do_not_stand_for_faults_at_failpoints() -> None:
         assert (shortfall(runs, Tolerance()) is None) is ok, steps
 
 
+def _traced(hits: list[dict[str, int]]) -> RunRecord:
+    r = rec(0, kills=1, failpoint=0)
+    r.attempts = len(hits)
+    r.extra["trace"] = [{"attempt": i, "hits": h} for i, h in enumerate(hits)]
+    return r
+
+
+def test_a_failpoint_a_random_kill_pre_empted_was_not_reached_and_is_excused() -> None:
+    # PLAN: adapter.call's 2nd hit in attempt 0, adapter.exit's 1st in attempt 1
+    early = _traced([{"harness.admit": 1, "adapter.call": 1}])  # killed before the 2nd
+    assert earned.tally([early]).reached_at_failpoints == 0
+    assert shortfall([early], Tolerance(min_kill_fraction=0)) is None
+    # the trace saw adapter.call's 2nd hit and nothing landed there: not excused
+    passed = _traced([{"adapter.call": 2}, {"harness.admit": 3}])
+    assert earned.tally([passed]).reached_at_failpoints == 1
+    why = shortfall([passed], Tolerance(min_kill_fraction=0))
+    assert why is not None and "1 of them at a hit the trace saw" in why
+    # traces that count no hit at all: the failpoints are silent
+    silent = _traced([{}, {}])
+    why = shortfall([silent], Tolerance(min_kill_fraction=0))
+    assert why is not None and "traces count no failpoint hit" in why
+    # junk in a record's trace counts nothing and breaks nothing
+    junk = _traced([{"adapter.call": 2}])
+    junk.extra["trace"] += ["x", {"attempt": "1", "hits": {"adapter.exit": 9}}, {"attempt": 1}]
+    assert earned.tally([junk]).reached_at_failpoints == 1
+
+
 def test_every_run_scenarios_name_the_run_without_its_kill() -> None:
     runs = [rec(0, kills=1, failpoint=1), rec(1), rec(2, kills=1, failpoint=1)]
     assert shortfall(runs, Tolerance()) is None

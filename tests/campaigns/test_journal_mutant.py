@@ -9,6 +9,7 @@ What the journal vouches for is therefore checked, not assumed."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -81,11 +82,20 @@ def test_a_journal_that_trusts_a_lost_helper_is_caught_when_the_lab_kills_it(
     tmp_path: Path,
 ) -> None:
     """``journal_loss_trusted`` (the journal answers from what it knew when its helper is
-    gone): seed ``jkm-0`` of ``--profile space-journal`` kills the helper while a command
-    runs, the call is credited with nothing, and ``image_follows_calls`` names it (the
-    end agrees: the next call folds the change in). The real build passes the seed."""
+    gone): a schedule that kills the helper where the driver stops at the second call's
+    start (``adapter.start_mark``, so no timing decides it) has that call credited with
+    nothing, and ``image_follows_calls`` names it (the end agrees: the next call folds
+    the change in). The real build passes the schedule.
+
+    Why a schedule and not a drawn seed: seed ``jkm-0`` restarts the Space at that point,
+    and whether the restart breaks the driver's request (the driver halts, exit 1) or
+    falls between two (the helper dies, the mutant shows) is the machine's timing."""
 
     need("spacesd")
+    schedule = tmp_path / "schedule.json"
+    kill = {"kind": "journal_kill", "n": 2, "point": "adapter.start_mark"}
+    schedule.write_text(json.dumps({"seed": "jkm-0", "origin": "explicit", "attempts": [
+        {"at_points": [kill], "failpoint": None, "faults": [], "kill_after_s": []}]}))  # fmt: skip
 
     def repro(mutant: bool) -> subprocess.CompletedProcess[str]:
         env = {k: v for k, v in os.environ.items() if k not in ("DS_MUTANTS", "DS_SPACE_JOURNAL")}
@@ -93,7 +103,7 @@ def test_a_journal_that_trusts_a_lost_helper_is_caught_when_the_lab_kills_it(
         if mutant:
             env["DS_MUTANTS"] = "journal_loss_trusted"
         args = ["repro", "--mode", "transactional", "--backend", "spacesd", "--seed", "jkm-0",
-                "--calls", "8", "--profile", "space-journal",
+                "--calls", "8", "--profile", "space-journal", "--schedule", str(schedule),
                 "--state-dir", str(tmp_path / ("broken" if mutant else "fixed"))]  # fmt: skip
         return subprocess.run(
             [sys.executable, "-m", "durable_spaces.cli", *args],
