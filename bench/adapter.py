@@ -61,14 +61,14 @@ os.environ.setdefault("CUA_TELEMETRY", "0")
 
 from bench.peers import CHANGED, change_command, peers, populate, tree_tar
 from bench.phases import Phases
-from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
-from durable_spaces.adapter.image import ImageLimits
-from durable_spaces.adapter.snapshots import (
+from durable_spaces.adapter.checkpoints.snapshots import (
     DirectoryCheckpointStore,
     SandboxSnapshots,
     Snapshots,
     WorkspaceSnapshots,
 )
+from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
+from durable_spaces.adapter.image import ImageLimits
 from durable_spaces.backends import open_backend, unavailable_reason
 from durable_spaces.harness.log import Commit, Op, SqliteStorage
 from durable_spaces.harness.scheduler import AgentConfig, Harness
@@ -157,8 +157,7 @@ class Figures:
             f"RATIO wrapped/unwrapped mode={self.mode} backend={self.backend} "
             f"tool={self.tool} files={self.files} changed={self.changed} "
             f"wrapped_ms={self.wrapped_ms:.2f} unwrapped_ms={self.unwrapped_ms:.2f} "
-            f"x={self.wrapped_ms / self.unwrapped_ms:.2f}"
-            + (commit or "")
+            f"x={self.wrapped_ms / self.unwrapped_ms:.2f}" + (commit or "")
         )
 
 

@@ -2,7 +2,7 @@
 
     python -m bench.cluster [--kills 5] [--losses 3] [--backoff 2,60,2]
 
-A real cluster on this machine (``durable_spaces/cluster/lab.py``): a private PostgreSQL,
+A real cluster on this machine (``durable_spaces/campaigns/cluster/lab.py``): a private PostgreSQL,
 host agents with cua-spacesd in network namespaces, one coordinator process, scripted
 transactional sessions (8 steps). Needs root (``ip netns``).
 
@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from durable_spaces.campaigns.cluster.lab import Cluster, wait_for
+from durable_spaces.campaigns.cluster.netns import NetnsLab
 from durable_spaces.campaigns.summary import percentile
-from durable_spaces.cluster.lab import Cluster, wait_for
-from durable_spaces.cluster.netns import NetnsLab
 from durable_spaces.cluster.pgserver import PgServer
 
 
@@ -54,6 +54,7 @@ def replacements(c: Cluster, losses: int) -> tuple[list[float], list[float]]:
         name = f"lost{i}"
         c.submit(name, f"sp-{name}", name, calls=8)
         c.wait_first_step(name, 1)
+
         def has_result(n: str = name) -> bool:
             return len(c.history(n).results) >= 1
 
@@ -62,11 +63,13 @@ def replacements(c: Cluster, losses: int) -> tuple[list[float], list[float]]:
         assert holder is not None
         t0 = time.time() * 1000
         c.lose(holder)
+
         def placements(n: str = name) -> list[Any]:
             return [e for e in c.events("space_placed") if e.space == f"sp-{n}"][1:]
 
         ev = wait_for("the new placement", placements)[0]
         placed.append(ev.at.timestamp() * 1000 - t0)
+
         def first_steps(n: str = name, after: Any = ev.at) -> list[Any]:
             return [e for e in c.events("driver_first_step", n) if e.at > after]
 

@@ -19,8 +19,8 @@ import sys
 import tempfile
 import time
 
-from durable_spaces.campaigns.coordinator import Coordinator
 from durable_spaces.campaigns.summary import percentile
+from durable_spaces.drive.coordinator import Coordinator
 
 DRIVER = r"""
 import json, os, sys, threading, time

@@ -27,8 +27,8 @@ from pathlib import Path
 
 from durable_spaces.backends import unavailable_reason
 from durable_spaces.campaigns.agent import AgentConfigFile
-from durable_spaces.campaigns.coordinator import Coordinator
 from durable_spaces.campaigns.summary import percentile
+from durable_spaces.drive.coordinator import Coordinator
 
 #: Seconds after a driver's first step that it is killed (plus up to 0.1 s drawn).
 KILL_AFTER_S = 0.1

@@ -19,14 +19,14 @@ _EXPORTS: dict[str, str] = {
     "DurableSpaces": "durable_spaces.adapter.durable",
     "AdapterConfig": "durable_spaces.adapter.config",
     "ImageLimits": "durable_spaces.adapter.image",
-    "WorkspaceSnapshots": "durable_spaces.adapter.snapshots",
-    "SandboxSnapshots": "durable_spaces.adapter.snapshots",
-    "DirectoryCheckpointStore": "durable_spaces.adapter.checkpoint_store",
-    "CheckpointStore": "durable_spaces.adapter.checkpoint_store",
+    "WorkspaceSnapshots": "durable_spaces.adapter.checkpoints.snapshots",
+    "SandboxSnapshots": "durable_spaces.adapter.checkpoints.snapshots",
+    "DirectoryCheckpointStore": "durable_spaces.adapter.checkpoints.store",
+    "CheckpointStore": "durable_spaces.adapter.checkpoints.store",
     "RecoveryEvent": "durable_spaces.adapter.recovery",
-    "run_durable_session": "durable_spaces.adapter.driver",
-    "StartContext": "durable_spaces.adapter.driver",
-    "SessionHandle": "durable_spaces.adapter.driver",
+    "run_durable_session": "durable_spaces.drive.entry",
+    "StartContext": "durable_spaces.drive.entry",
+    "SessionHandle": "durable_spaces.drive.entry",
     "workspace_at": "durable_spaces.adapter.review",
     "diff_entries": "durable_spaces.adapter.review",
     "fork_at": "durable_spaces.adapter.review",
@@ -111,15 +111,15 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
-    from durable_spaces.adapter.checkpoint_store import CheckpointStore, DirectoryCheckpointStore
+    from durable_spaces.adapter.checkpoints.snapshots import SandboxSnapshots, WorkspaceSnapshots
+    from durable_spaces.adapter.checkpoints.store import CheckpointStore, DirectoryCheckpointStore
     from durable_spaces.adapter.config import AdapterConfig
-    from durable_spaces.adapter.driver import SessionHandle, StartContext, run_durable_session
     from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
     from durable_spaces.adapter.image import ImageLimits
     from durable_spaces.adapter.recovery import RecoveryEvent
     from durable_spaces.adapter.review import diff_entries, fork_at, workspace_at
-    from durable_spaces.adapter.snapshots import SandboxSnapshots, WorkspaceSnapshots
     from durable_spaces.backends import known_backends, open_backend
+    from durable_spaces.drive.entry import SessionHandle, StartContext, run_durable_session
     from durable_spaces.errors import (
         ConfigError,
         DurableSpacesError,

@@ -291,7 +291,7 @@ class WorkspaceJournal(Protocol):
     walk's own, opened without following links). ``changes`` is None, with ``broken``
     saying why, whenever it cannot vouch for everything (then: a full walk and a new
     journal). Stores through a shared writable mapping raise no event: a caller that
-    must see them looks at the files some process holds (``host_holders``)."""
+    must see them looks at the files some process holds (``host.holders``)."""
 
     broken: str | None
 
@@ -363,7 +363,7 @@ class ViewedSpace(Protocol):
 class HostWorkspace(Protocol):
     """A Space whose ``root`` is this host's directory by construction (``local``: the
     backend makes it here and runs its processes here), so a checkpoint reads it here
-    without first proving it through the Space (``adapter/incremental.py``'s probe: a
+    without first proving it through the Space (``adapter/checkpoints/incremental.py``'s probe: a
     command per driver, 17-30 ms of each attempt's first checkpoint). A Space that only
     happens to be on this host (a daemon's, ``spacesd``) is proved instead: what it
     says of itself comes from the daemon, and a wrong claim would checkpoint another

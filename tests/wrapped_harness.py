@@ -8,8 +8,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from durable_spaces.adapter.checkpoints.snapshots import (
+    DirectoryCheckpointStore,
+    WorkspaceSnapshots,
+)
 from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
-from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
 from durable_spaces.backends import open_backend
 from durable_spaces.harness.log import SqliteStorage
 from durable_spaces.harness.scheduler import Harness

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from durable_spaces.adapter.checkpoints.snapshots import Snapshots
 from durable_spaces.adapter.image import ImageLimits
 from durable_spaces.adapter.recovery import RecoveryListener
-from durable_spaces.adapter.snapshots import Snapshots
+from durable_spaces.drive.protocol import EPOCH, parse_epoch
 from durable_spaces.errors import ConfigError, StaleEpochError
 from durable_spaces.harness.log import Fence, check_epoch
-from durable_spaces.session_protocol import EPOCH, parse_epoch
 from durable_spaces.space import SpaceBackend
 
 Mode = Literal["auto", "transactional", "checkpoint"]

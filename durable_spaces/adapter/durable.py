@@ -24,6 +24,7 @@ from durable_spaces.adapter import image_log, tool_args
 from durable_spaces.adapter import state as state_doc
 from durable_spaces.adapter.calls import CallPipeline
 from durable_spaces.adapter.checkpointing import CheckpointKeeper
+from durable_spaces.adapter.checkpoints.snapshots import Snapshots, WorkspaceSnapshots
 from durable_spaces.adapter.config import AdapterConfig, Mode, session_epoch
 from durable_spaces.adapter.image import ImageLimits
 from durable_spaces.adapter.log_witness import RESTORED_WALK
@@ -31,7 +32,6 @@ from durable_spaces.adapter.machine import BootWatch
 from durable_spaces.adapter.modes import ModeDecider
 from durable_spaces.adapter.parts import Parts
 from durable_spaces.adapter.recovery import RecoveryEvent, RecoveryListener
-from durable_spaces.adapter.snapshots import Snapshots, WorkspaceSnapshots
 from durable_spaces.adapter.space_env import SpaceExecutionEnv
 from durable_spaces.adapter.state import CallRecord, SpaceState
 from durable_spaces.adapter.transactional import TransactionalKeeper

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from durable_spaces.errors import PathEscapeError
-from durable_spaces.host_maps import read_whole
+from durable_spaces.host.maps import read_whole
 from durable_spaces.space import HostWorkspace, PathEntry, PathTable, Space, confine
 
 if TYPE_CHECKING:

@@ -13,8 +13,8 @@ remembers the one it bound to. Two rules follow:
   id is read again, and the driver halts instead of committing a torn disk.
 
 Watched are whole-machine Spaces (``machine_checkpoints``: one exec per commit, or one
-request to a helper the Space already runs there, ``space_boot.MachineBoot``) and
-Spaces whose state is on the driver's own host (``space_boot.HostBoot``: the ``local``
+request to a helper the Space already runs there, ``host.boot.MachineBoot``) and
+Spaces whose state is on the driver's own host (``host.boot.HostBoot``: the ``local``
 stand-in, one file read), whose host can lose power and with it the unsynced tail of
 the log *and* of the workspace (the Space may then be ahead of the log, or behind it).
 """
@@ -24,8 +24,8 @@ from __future__ import annotations
 from durable_spaces.adapter.spaces import SpaceKeeper
 from durable_spaces.adapter.state import SpaceState
 from durable_spaces.errors import SpaceUnavailableError
+from durable_spaces.host.boot import HostBoot, MachineBoot
 from durable_spaces.space import Space
-from durable_spaces.space_boot import HostBoot, MachineBoot
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 

@@ -32,7 +32,11 @@ import tarfile
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from durable_spaces.adapter.snapshots import CheckpointMissing, WorkspaceSnapshots, check_archive
+from durable_spaces.adapter.checkpoints.snapshots import (
+    CheckpointMissing,
+    WorkspaceSnapshots,
+    check_archive,
+)
 from durable_spaces.adapter.state import DOC, IMAGE_DOC, SpaceState
 from durable_spaces.errors import PermanentFailure, ReviewError
 from durable_spaces.space import PathTable, Space

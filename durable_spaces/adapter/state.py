@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from durable_spaces.adapter.checkpoint_id import optional
+from durable_spaces.adapter.checkpoints.ids import optional
 from durable_spaces.errors import BadCheckpointIdError, PermanentFailure
 from durable_spaces.harness.state import json_copy
 

@@ -111,7 +111,5 @@ def parse(tool: str, args: Any) -> ToolArgs:
             raise ToolArgumentError(f"argument 'content' is over {MAX_CONTENT_BYTES} bytes")
         return WriteArgs(_path(args), content)
     if tool == "edit":
-        return EditArgs(
-            _path(args), _text(args, "old_text", empty=False), _text(args, "new_text")
-        )
+        return EditArgs(_path(args), _text(args, "old_text", empty=False), _text(args, "new_text"))
     raise ToolArgumentError(f"no such wrapped tool {tool!r}")

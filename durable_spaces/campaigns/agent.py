@@ -14,28 +14,28 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from durable_spaces import host_holders
-from durable_spaces.adapter.driver import (
+from durable_spaces.adapter.checkpoints.snapshots import (
+    DirectoryCheckpointStore,
+    SandboxSnapshots,
+    Snapshots,
+    WorkspaceSnapshots,
+)
+from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
+from durable_spaces.adapter.image import ImageLimits
+from durable_spaces.backends import backend_class, open_backend
+from durable_spaces.campaigns.fast_exit import exit_now
+from durable_spaces.drive.entry import (
     SessionHandle,
     StartContext,
     bad_environment,
     read_session,
     run_durable_session,
 )
-from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
-from durable_spaces.adapter.image import ImageLimits
-from durable_spaces.adapter.snapshots import (
-    DirectoryCheckpointStore,
-    SandboxSnapshots,
-    Snapshots,
-    WorkspaceSnapshots,
-)
-from durable_spaces.backends import backend_class, open_backend
-from durable_spaces.campaigns.fast_exit import exit_now
 from durable_spaces.errors import ConfigError
 from durable_spaces.harness.models import ScriptedModel
 from durable_spaces.harness.scheduler import AgentConfig, Harness
 from durable_spaces.harness.tools import CodingTools, Registry
+from durable_spaces.host import holders as host_holders
 
 CONFIG_FILE = "agent.json"
 REQUEST = "Do the scripted steps."
@@ -90,10 +90,10 @@ def build(cfg: AgentConfigFile) -> tuple[DurableSpaces, ScriptedModel]:
 
 
 def warm_up(state_dir: Path) -> None:
-    """Before a warm driver's launch (``adapter/warm_driver.py``): import this run's
+    """Before a warm driver's launch (``drive/warm_driver.py``): import this run's
     backend and let it start what it can without a Space (its class's ``warm_up``), and
     find the host's kernel threads, which the first checkpoint's look at who holds the
-    workspace's files would otherwise look at on the attempt's way (``host_holders``)."""
+    workspace's files would otherwise look at on the attempt's way (``host.holders``)."""
     cfg = AgentConfigFile.load(state_dir)
     warm = getattr(backend_class(cfg.backend), "warm_up", None)
     if callable(warm):

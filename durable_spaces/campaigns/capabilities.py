@@ -44,7 +44,7 @@ class Capability:
 
 
 _BACKEND = "durable_spaces.backends:unavailable_reason"
-_NETNS = "durable_spaces.cluster.netns:unavailable_reason"
+_NETNS = "durable_spaces.campaigns.cluster.netns:unavailable_reason"
 _POSTGRES = "durable_spaces.cluster.pgserver:unavailable_reason"
 _FUSE = "durable_spaces.chaos.powerfs:unavailable"
 _PROGRAM = "durable_spaces.campaigns.capabilities:program_missing"
@@ -93,7 +93,7 @@ CAPABILITIES: dict[str, Capability] = {
         Capability(
             "cgroup",
             "a writable cgroup v2: epochs of local Spaces, the probe's machine kill",
-            "durable_spaces.host_cgroup:unavailable",
+            "durable_spaces.host.cgroup:unavailable",
         ),
         Capability(
             "chromium",

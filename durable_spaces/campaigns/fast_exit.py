@@ -33,7 +33,7 @@ ENV = "DS_FAST_EXIT"
 def exit_now(code: int) -> NoReturn:
     """Exit with ``code`` (see the module doc)."""
     # The callbacks first: one may end the threads it started (the checkpoint store's
-    # fsync pool, adapter/checkpoint_batch.py), and they run once either way.
+    # fsync pool, adapter/checkpoints/batch.py), and they run once either way.
     atexit._run_exitfuncs()
     main = threading.main_thread()
     threads = any(t is not main and not t.daemon for t in threading.enumerate())

@@ -39,10 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from durable_spaces.campaigns.coordinator import Attempt, Coordinator, CoordinatorResult, Launch
 from durable_spaces.chaos.failpoints import ANY
 from durable_spaces.chaos.nemesis import Composed, DiskStaller, DriverPauser, Op, is_stopped
 from durable_spaces.chaos.schedule import AttemptPlan, PointFault, Schedule
+from durable_spaces.drive.coordinator import Attempt, Coordinator, CoordinatorResult, Launch
 
 #: How often a watcher looks for its driver stopped at a rendezvous.
 WATCH_S = 0.005
@@ -215,8 +215,10 @@ class Injector:
                     await asyncio.sleep(WATCH_S)
                     continue
                 hit = last_hit(trace) if trace is not None else None
-                if pause_fp is not None and pause is not None and (
-                    hit is None or (hit[0], hit[1]) == (pause_fp.name, pause_fp.n)
+                if (
+                    pause_fp is not None
+                    and pause is not None
+                    and (hit is None or (hit[0], hit[1]) == (pause_fp.name, pause_fp.n))
                 ):
                     at: dict[str, Any] = {"point": pause_fp.name, "n": pause_fp.n}
                     value: dict[str, Any] = {

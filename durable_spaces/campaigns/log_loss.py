@@ -38,7 +38,7 @@ from durable_spaces.campaigns.power import PowerHost, _compare, killed_in_commit
 from durable_spaces.harness.log_files import fsync_dir
 
 if TYPE_CHECKING:
-    from durable_spaces.campaigns.coordinator import Launch
+    from durable_spaces.drive.coordinator import Launch
 
 #: How long a killed driver gets to be reaped before the cut comes anyway.
 _REAP_S = 30.0

@@ -38,17 +38,17 @@ from typing import TYPE_CHECKING, Any, cast
 
 from durable_spaces.campaigns.checks.rawlog import read_log
 from durable_spaces.campaigns.inject import last_hit
-from durable_spaces.campaigns.supervisor import now_ms
 from durable_spaces.chaos.points import LOG_BEFORE_COMMIT
 from durable_spaces.chaos.powerfs import PowerFS, mount
+from durable_spaces.drive.supervisor import now_ms
 from durable_spaces.errors import LogError, SpaceError
-from durable_spaces.space_boot import BOOT_ENV
+from durable_spaces.host.boot import BOOT_ENV
 
 if TYPE_CHECKING:
-    from durable_spaces.campaigns.coordinator import Attempt, Coordinator, Launch
+    from durable_spaces.drive.coordinator import Attempt, Coordinator, Launch
     from durable_spaces.space import Faults, SpaceBackend
 
-#: The driver's log's SQLite ``synchronous`` level and format (``adapter/driver.py``).
+#: The driver's log's SQLite ``synchronous`` level and format (``drive/entry.py``).
 LOG_SYNC_ENV = "DS_LOG_SYNCHRONOUS"
 LOG_FORMAT_ENV = "DS_LOG_FORMAT"
 HOST_DIR = "host"

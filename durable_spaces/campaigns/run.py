@@ -33,7 +33,6 @@ from durable_spaces.campaigns.checker import LaunchRecord, Workload, collect
 from durable_spaces.campaigns.checks.kept import keep
 from durable_spaces.campaigns.checks.power import power_losses
 from durable_spaces.campaigns.checks.verdict import Verdict
-from durable_spaces.campaigns.coordinator import Coordinator, CoordinatorResult
 from durable_spaces.campaigns.coverage import attempt_stories
 from durable_spaces.campaigns.evidence import Evidence, RunCheck, judge
 from durable_spaces.campaigns.inject import Injector
@@ -57,6 +56,7 @@ from durable_spaces.chaos.nemesis import (
 )
 from durable_spaces.chaos.profiles import profile_named
 from durable_spaces.chaos.schedule import Schedule
+from durable_spaces.drive.coordinator import Coordinator, CoordinatorResult
 from durable_spaces.errors import SpaceUnavailableError
 from durable_spaces.harness.log_files import fsync_dir
 from durable_spaces.space import space_name
@@ -65,7 +65,7 @@ from durable_spaces.space import space_name
 POINTS = KILL_POINTS
 
 AGENT_ARGV = (sys.executable, "-m", "durable_spaces.campaigns.agent")
-#: What the campaign's zygote imports once for every spare it forks (campaigns/zygote.py).
+#: What the campaign's zygote imports once for every spare it forks (drive/zygote.py).
 DRIVER_MODULES = (AGENT_ARGV[2],)
 #: ``1``: keep every run's checker inputs in ``<run>/kept`` (``durable-spaces ... --keep``).
 KEEP_ENV = "CRASH_KEEP"
@@ -366,9 +366,7 @@ def _fill(record: RunRecord, result: CoordinatorResult, injector: Injector) -> N
         nemesis=[op.to_json() for op in injector.nemesis.history],
         interleaving=injector.realized,
         recovery_sequence=sequence,
-        trace=attempt_stories(
-            result.attempts, result.epochs, result.exit_codes, injector.trace_of
-        ),
+        trace=attempt_stories(result.attempts, result.epochs, result.exit_codes, injector.trace_of),
     )
 
 

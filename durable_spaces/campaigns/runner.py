@@ -46,7 +46,7 @@ import psutil
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from durable_spaces.campaigns import earned, zygote
+from durable_spaces.campaigns import earned
 from durable_spaces.campaigns.coverage import coverage_of
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.replay import Reproduction, exact_spec, reproduction
@@ -57,6 +57,7 @@ from durable_spaces.campaigns.summary import Summary, scenario_fields
 from durable_spaces.campaigns.worker import error_record
 from durable_spaces.campaigns.worker_spares import WorkerSpares, enabled_by_env
 from durable_spaces.chaos.schedule import Schedule
+from durable_spaces.drive import zygote
 from durable_spaces.errors import ConfigError
 from durable_spaces.switches import check_all
 
@@ -129,7 +130,7 @@ class CampaignResult:
 
 class RunExecutor(Protocol):
     """Where a campaign's runs run: ``_Runs`` (a process each, on this machine) by
-    default; ``durable_spaces/cluster/campaign_queue.py`` puts them on the cluster's queue
+    default; ``durable_spaces/campaigns/cluster/campaign_queue.py`` puts them on the cluster's queue
     for workers anywhere. Replays of failures and shrinking stay on this machine."""
 
     async def run(self, spec: RunSpec) -> RunRecord: ...
@@ -163,7 +164,7 @@ class _Runs:
             await spares.close()
 
     def zygote(self) -> contextlib.AbstractContextManager[zygote.CampaignZygote | None]:
-        """The campaign's zygote (``campaigns/zygote.py``) for every run inside, the
+        """The campaign's zygote (``drive/zygote.py``) for every run inside, the
         exact replays and shrinks included, so they start their drivers as the runs did."""
         return zygote.serving(self.env, self.ref.split(":")[0])
 

@@ -60,7 +60,7 @@ def _choice(var: str, value: str, choices: tuple[str, ...]) -> str:
 #: replayed without them takes another path (CI's journal-in-space campaign runs with
 #: ``DS_HOST_SCAN=0``; its repro lines once named no such thing).
 BEHAVIOUR_ENV = (*switches.NAMES, "DS_MUTANTS", "DS_LOG_SYNCHRONOUS", "DS_LOG_FORMAT")
-#: What the driver's log takes (``adapter/driver.py``'s ``_open_log``).
+#: What the driver's log takes (``drive/entry.py``'s ``_open_log``).
 LOG_FORMATS = ("sqlite", "jsonl")
 _ENV_VALUE = re.compile(r"[A-Za-z0-9_.,:=+-]{0,200}", re.ASCII)
 
@@ -75,7 +75,7 @@ def check_env(env: object, where: str) -> dict[str, str]:
     """``env`` read back from a run record, as ``behaviour_env`` wrote it, or this
     process's own (``campaign`` and ``repro`` check it before any work, one way for
     both): only those names, short plain values, each switch 0 or 1, known mutants, a
-    log format and level the driver takes (``adapter/driver.py``); ``ConfigError`` in
+    log format and level the driver takes (``drive/entry.py``); ``ConfigError`` in
     one line otherwise (a record's is about to become this process's environment)."""
     if not isinstance(env, Mapping):
         raise ConfigError(f"{where}: the environment is not a mapping of names to values")

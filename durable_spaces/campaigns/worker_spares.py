@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from durable_spaces.campaigns import zygote as zy
-from durable_spaces.campaigns.zygote import DriverProcess
+from durable_spaces.drive import zygote as zy
+from durable_spaces.drive.zygote import DriverProcess
 from durable_spaces.switches import switch
 
 ENV = "DS_WARM_WORKERS"
@@ -89,7 +89,7 @@ class WorkerSpares:
         self._ready: list[_Spare] = []
         self._starting: set[asyncio.Task[None]] = set()
         self.closed = False
-        #: The campaign's zygote (``campaigns/zygote.py``): spares forked there.
+        #: The campaign's zygote (``drive/zygote.py``): spares forked there.
         self.zygote = self.env.get(zy.SOCKET_ENV) or None
 
     def fill(self) -> None:

@@ -32,7 +32,7 @@ Unset (always, in production), ``active`` is one frozenset lookup.
 - ``checkpoint_misses_call``: every other workspace checkpoint a driver takes of a host
   workspace holds the files changed since the one before as that one held them (a new
   file left out), as a listing that trusted a stale look would; the next one holds the
-  change again (``adapter/manifest_build.py``). The last checkpoint of a run can agree
+  change again (``adapter/checkpoints/manifest_build.py``). The last checkpoint of a run can agree
   with the workspace while a call's own did not (``checkpoint_follows_calls``); a restore
   in between would have brought back a workspace without the call's change.
 - ``log_behind_blind``: the adapter as it was before the log's witness

@@ -134,7 +134,7 @@ SPACE_LOCAL_SUPERVISOR_RECORDED = _point(
 )
 SPACE_LOCAL_SPAWNED = _point("space.local.spawned", SPACE, "local: the command's supervisor runs")
 
-# --- the coordinator (durable_spaces/campaigns/coordinator_state.py, coordinator.py) -----
+# --- the coordinator (durable_spaces/drive/coordinator_state.py, coordinator.py) -----
 COORDINATOR = "coordinator"
 COORDINATOR_EPOCH_ISSUED = _point(
     "coordinator.epoch_issued", COORDINATOR, "the next epoch is durable, no driver spawned yet"

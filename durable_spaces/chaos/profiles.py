@@ -43,7 +43,7 @@ class Profile:
     #: A power loss tears the last unsynced write of each file (drawn per cut).
     p_tear: float = 0.5
     #: The log's SQLite ``synchronous`` level the drivers open it with (None: the default);
-    #: for a JSONL log ``OFF`` means no fsync per commit (``adapter/driver.py``).
+    #: for a JSONL log ``OFF`` means no fsync per commit (``drive/entry.py``).
     log_synchronous: str | None = None
     #: The drivers' log: ``sqlite`` or ``jsonl`` (``DS_LOG_FORMAT``).
     log_format: str = "sqlite"
@@ -199,5 +199,3 @@ def profile_named(name: str) -> Profile:
         raise ConfigError(
             f"unknown campaign profile {name!r} (choose from {', '.join(sorted(PROFILES))})"
         ) from None
-
-

@@ -80,10 +80,13 @@ class Schedule:
         """Driver kills the schedule asks for (each may or may not land): failpoints whose
         action is a kill (a pause failpoint stops its driver, it does not kill it), random
         times, kills at points."""
-        return sum(
-            len(a.kill_after_s) + sum(1 for p in a.at_points if p.kind == "kill")
-            for a in self.attempts
-        ) + self.planned_failpoint_kills
+        return (
+            sum(
+                len(a.kill_after_s) + sum(1 for p in a.at_points if p.kind == "kill")
+                for a in self.attempts
+            )
+            + self.planned_failpoint_kills
+        )
 
     @property
     def planned_failpoint_kills(self) -> int:
@@ -240,9 +243,7 @@ class Schedule:
                         at_points.append(PointFault(ADAPTER_SPAWN, n, kind))
                     else:
                         at_points.append(PointFault(*position(), kind, dur))
-            plans.append(
-                AttemptPlan(fp, kills, tuple(faults), tuple(pauses), tuple(at_points))
-            )
+            plans.append(AttemptPlan(fp, kills, tuple(faults), tuple(pauses), tuple(at_points)))
         return Schedule(seed, tuple(plans), "drawn").trimmed()
 
     @staticmethod

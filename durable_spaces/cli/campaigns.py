@@ -168,7 +168,7 @@ def campaign(
         schedules = make(spec, out / "trace")
     executor = None
     if db is not None:
-        from durable_spaces.cluster.campaign_queue import QueuedRuns, campaign_name
+        from durable_spaces.campaigns.cluster.campaign_queue import QueuedRuns, campaign_name
 
         try:
             executor = QueuedRuns(db, campaign_name(out.name, time.time()),
@@ -277,7 +277,7 @@ def repro(
     run = run.with_(state_dir=str(state_dir))
     _keep(keep)
     session = _session()
-    from durable_spaces.campaigns.zygote import serving
+    from durable_spaces.drive.zygote import serving
 
     with serving(os.environ, SESSION_MODULE):  # its drivers started as a campaign's are
         rec = asyncio.run(session.run_one(run))
@@ -323,7 +323,7 @@ def _repro_exact(path: Path, tries: int, state_dir: Path | None) -> int:
         typer.echo(f"environment of the record: {shown}", err=True)
     session = _session()
     replays = []
-    from durable_spaces.campaigns.zygote import serving
+    from durable_spaces.drive.zygote import serving
 
     for spec in specs:
         Path(spec.state_dir).mkdir(parents=True, exist_ok=True)

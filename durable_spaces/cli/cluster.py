@@ -88,7 +88,7 @@ def submit(
     wait: Annotated[float | None, typer.Option(help="wait up to this many seconds")] = None,
 ) -> None:
     """Submit a scripted durable session (the lab's agent) to the cluster."""
-    from durable_spaces.cluster.commands import run_submit
+    from durable_spaces.campaigns.cluster.commands import run_submit
 
     try:
         typer.echo(run_submit(
@@ -109,7 +109,7 @@ def worker(
     until_empty: Annotated[bool, typer.Option(help="stop once every run is done")] = False,
 ) -> None:
     """Pull campaign runs from the store's queue, run them, store their records."""
-    from durable_spaces.cluster.commands import run_worker
+    from durable_spaces.campaigns.cluster.commands import run_worker
 
     try:
         n = run_worker(

@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from durable_spaces.adapter.checkpoints.snapshots import WorkspaceSnapshots
 from durable_spaces.adapter.review import diff_entries, render
-from durable_spaces.adapter.snapshots import WorkspaceSnapshots
 from durable_spaces.errors import ReviewError
 
 if TYPE_CHECKING:
@@ -58,10 +58,10 @@ async def _review_diff(
     store_dir: str | Path | None,
     conversation_id: str | None,
 ) -> str:
-    from durable_spaces.adapter.driver import LOG_FILE
+    from durable_spaces.adapter.checkpoints.snapshots import DirectoryCheckpointStore
     from durable_spaces.adapter.durable import durable_spaces
-    from durable_spaces.adapter.snapshots import DirectoryCheckpointStore
     from durable_spaces.backends import open_backend
+    from durable_spaces.drive.entry import LOG_FILE
     from durable_spaces.harness.log import SqliteStorage
     from durable_spaces.harness.scheduler import Harness
     from durable_spaces.harness.tools import Registry

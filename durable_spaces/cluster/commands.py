@@ -1,19 +1,17 @@
-"""What ``durable-spaces host / coordinator / submit`` do, kept beside the cluster code so
-``durable_spaces/cli/cluster.py`` only parses options (and imports this only when used)."""
+"""What ``durable-spaces host / coordinator`` do, kept beside the cluster code so
+``durable_spaces/cli/cluster.py`` only parses options (and imports this only when used).
+The lab's commands (``submit``, ``worker``) are in ``campaigns/cluster/commands.py``."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import shlex
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from durable_spaces.cluster.drive import ClusterCoordinator, DriveSettings, SharedDirectory
 from durable_spaces.cluster.host import HostAgent
-from durable_spaces.cluster.store import ClusterStore
-from durable_spaces.cluster.submit import agent_config, submit_session
 from durable_spaces.errors import ConfigError
 
 
@@ -81,51 +79,3 @@ def driver_argv(text: str | None) -> Sequence[str] | None:
     if not argv:
         raise ConfigError("--driver is empty")
     return argv
-
-
-def run_submit(
-    db: str,
-    sessions_dir: Path,
-    name: str,
-    *,
-    space: str | None,
-    seed: str,
-    calls: int,
-    mode: str,
-    checkpoint_dir: Path | None,
-    wait_secs: float | None,
-) -> str:
-    """Submit; with ``wait_secs``, wait until the session ended and return its state."""
-    config = agent_config(seed, calls, mode=mode, checkpoint_dir=checkpoint_dir)
-    with ClusterStore(db) as store:
-        s = submit_session(store, SharedDirectory(sessions_dir), name, config, space=space)
-        if wait_secs is None:
-            return s.state
-        end = time.monotonic() + wait_secs
-        while s.state in ("pending", "running") and time.monotonic() < end:
-            time.sleep(0.5)
-            s = store.session(name)
-        return f"{s.state} {s.reason}".strip()
-
-
-def run_worker(
-    db: str,
-    worker_id: str,
-    work_dir: Path,
-    *,
-    campaign: str | None,
-    claim_ttl: float,
-    until_empty: bool,
-) -> int:
-    """Work the queue; the number of records stored."""
-    import signal
-
-    from durable_spaces.cluster.workers import ClusterWorker
-
-    _logging()
-    w = ClusterWorker(
-        db, worker_id, work_dir, campaign=campaign, claim_ttl=claim_ttl, until_empty=until_empty
-    )
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: w.stopping.set())
-    return w.run()

@@ -3,7 +3,7 @@ them, any of which may die.
 
 ``durable-spaces coordinator --db URL --id ID --sessions-dir DIR`` runs one
 (``ClusterCoordinator``). What it guarantees, on top of the single-host ``Coordinator``
-(``durable_spaces/campaigns/coordinator.py``) that drives each session:
+(``durable_spaces/drive/coordinator.py``) that drives each session:
 
 - A session is driven by the coordinator holding its claim (``claim_session``, SKIP
   LOCKED), renewed every ``claim_ttl / 3``. A coordinator that dies stops renewing; once
@@ -20,7 +20,7 @@ them, any of which may die.
   a token of this drive's lease (``Placer.rotate``: every older driver's is refused); the
   driver gets
   ``CUA_SESSION_SPACE``, the store's URL and its lease token (``remote.py``), and keeps
-  the driver contract of ``durable_spaces/adapter/driver.py`` (exit codes, heartbeats).
+  the driver contract of ``durable_spaces/drive/entry.py`` (exit codes, heartbeats).
 - The session ends in the store as the coordinator's run ended: ``done``, or ``failed``
   with the reason (a driver's permanent failure names what it printed).
 - Every coordinator sweeps for lost hosts every ``lost_sweep_secs`` (hosts silent for
@@ -45,13 +45,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from durable_spaces import session_protocol as protocol
-from durable_spaces.campaigns.coordinator import Coordinator, CoordinatorResult
 from durable_spaces.cluster.leases import LEASE_SECS
 from durable_spaces.cluster.placer import Placer
 from durable_spaces.cluster.records import Session, check_name
 from durable_spaces.cluster.remote import DB_ENV, connection_env
 from durable_spaces.cluster.store import ClusterStore
+from durable_spaces.drive import protocol
+from durable_spaces.drive.coordinator import Coordinator, CoordinatorResult
 from durable_spaces.errors import ClaimLostError, ClusterError
 
 log = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ from typing import LiteralString
 from urllib.parse import quote
 
 from durable_spaces.errors import ConfigError, DatabaseServerError
-from durable_spaces.host_ports import free_port
+from durable_spaces.host.ports import free_port
 
 
 def _wait_gone(pid: int, timeout_s: float) -> None:

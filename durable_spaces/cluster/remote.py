@@ -51,7 +51,6 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from durable_spaces import session_protocol as protocol
 from durable_spaces.backends.docker.space import DockerSpace
 from durable_spaces.backends.local import LocalSpace
 from durable_spaces.backends.spacesd.space import SpacesdSpace, SweepWhen
@@ -60,6 +59,7 @@ from durable_spaces.cluster.hostapi import HostClient
 from durable_spaces.cluster.hostauth import HostSecret
 from durable_spaces.cluster.records import SpaceConnection, check_int, check_name
 from durable_spaces.cluster.store import ClusterStore
+from durable_spaces.drive import protocol
 from durable_spaces.errors import (
     CapabilityMissingError,
     ClusterError,

@@ -30,8 +30,8 @@ import warnings
 from pathlib import Path
 
 from durable_spaces.errors import LogError, LooseModeWarning, StorageLockedError
-from durable_spaces.host_files import fsync_dir
-from durable_spaces.host_files import kind_words as _kind
+from durable_spaces.host.files import fsync_dir
+from durable_spaces.host.files import kind_words as _kind
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700

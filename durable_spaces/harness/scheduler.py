@@ -46,6 +46,7 @@ from durable_spaces.harness.tools import Registry
 
 EnvFactory = Callable[[str], Awaitable[ExecutionEnv]]
 
+
 class Harness:
     """Durable conversations over a ``Storage``. Create with ``await Harness.open(...)``."""
 
@@ -381,6 +382,7 @@ class Harness:
 
         self._commit(answered)
         hit("harness.intent" if msg.tool_calls else "harness.answer")
+
 
 def _local_env_factory(root: str) -> EnvFactory:
     async def factory(conversation_id: str) -> ExecutionEnv:

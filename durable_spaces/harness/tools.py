@@ -107,7 +107,7 @@ class ToolContext:
     def after_result(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` (on the event loop's thread) once this call's result is committed:
         work that may wait until the call is over (the Space's copy of a checkpoint,
-        ``adapter/copy_behind.py``), so it does not share the CPU with the result's own
+        ``adapter/checkpoints/copy_behind.py``), so it does not share the CPU with the result's own
         commit. Never run if nothing is recorded; an error in it is logged, not raised."""
         self.after_results.append(fn)
 

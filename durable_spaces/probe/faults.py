@@ -1,7 +1,7 @@
 """The processes of one run, and the faults that kill them.
 
 Every attempt (a launch or a resume) starts in a session of its own (its own process
-group) and, where the host has cgroup v2 (host_cgroup.py), inside the run's cgroup: a
+group) and, where the host has cgroup v2 (host/cgroup.py), inside the run's cgroup: a
 small ``sh`` moves itself there and ``exec``s the harness, so everything the harness
 starts, even a process that leaves its session, is born in it.
 
@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from durable_spaces.host_cgroup import Cgroup, cgroup_root, unavailable
+from durable_spaces.host.cgroup import Cgroup, cgroup_root, unavailable
 
 __all__ = [
     "KILL_FAULTS", "MODEL_FAULTS", "Attempt", "RunProcs", "machine_unavailable", "sweep",

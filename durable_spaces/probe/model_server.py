@@ -48,9 +48,7 @@ def content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(
-            str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content
-        )
+        return "\n".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
     return "" if content is None else json.dumps(content)
 
 
@@ -238,8 +236,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path.rstrip("/") == "/v1/models":
-            self._json(200, {"object": "list", "data": [
-                {"id": MODEL, "object": "model", "created": 0, "owned_by": "probe"}]})
+            self._json(
+                200,
+                {
+                    "object": "list",
+                    "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "probe"}],
+                },
+            )
             return
         self.model.problem(f"the harness asked GET {self.path[:80]}; the scripted model "
                            "answers only POST /v1/chat/completions and GET /v1/models")  # fmt: skip

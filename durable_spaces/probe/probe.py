@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from durable_spaces.errors import ConfigError
-from durable_spaces.host_cgroup import unavailable
+from durable_spaces.host.cgroup import unavailable
 from durable_spaces.probe import plan
 from durable_spaces.probe.faults import machine_unavailable, sweep
 from durable_spaces.probe.gates import COMMAND_WHERE, MODEL_WHERE, Point

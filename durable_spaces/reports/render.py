@@ -75,7 +75,7 @@ def _repro_info(r: Any) -> dict[str, Any] | None:
 
 
 def _reproduced(r: Any) -> str:
-    """" (reproduced k/N)" for a failed run replayed exactly, flagged when never."""
+    """ " (reproduced k/N)" for a failed run replayed exactly, flagged when never."""
     info = _repro_info(r)
     if info is None:
         return ""

@@ -18,7 +18,7 @@ from durable_spaces.campaigns.coverage import call_kind, call_step
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.reports.plots import save_figure
 
-#: Exit codes with a meaning of their own on a lane (session_protocol.py's contract).
+#: Exit codes with a meaning of their own on a lane (drive/protocol.py's contract).
 _EXITS = {-9: "killed", 75: "fenced", 78: "failed", 0: "done"}
 
 

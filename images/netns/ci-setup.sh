@@ -1,5 +1,5 @@
 #!/bin/sh
-# Install the tools the cluster tests' hosts need (durable_spaces/cluster/netns.py): `ip`
+# Install the tools the cluster tests' hosts need (durable_spaces/campaigns/cluster/netns.py): `ip`
 # (iproute2) for network namespaces and the bridge, `iptables` for the bridge's rules.
 # Idempotent: a second run installs nothing. Then checks that a network namespace and a
 # bridge can really be made here (root, a kernel and a container that allow them): where

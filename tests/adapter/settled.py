@@ -1,10 +1,10 @@
 """Checkpoint providers for tests that look at a Space's copy (``.ds-checkpoints``) as
 soon as a checkpoint returns: with a store, that copy is written after it returns
-(``adapter/copy_behind.py``), so these wait for it first."""
+(``adapter/checkpoints/copy_behind.py``), so these wait for it first."""
 
 from __future__ import annotations
 
-from durable_spaces.adapter.snapshots import WorkspaceSnapshots
+from durable_spaces.adapter.checkpoints.snapshots import WorkspaceSnapshots
 from durable_spaces.space import Space
 
 

@@ -9,7 +9,7 @@ import sys
 
 CHILD = """
 import sys, time
-from durable_spaces.adapter.driver import Heartbeat
+from durable_spaces.drive.entry import Heartbeat
 with Heartbeat(1, 0.02):
     time.sleep(3600.0)  # only the closed pipe can end this in time for the test
 print("still here", file=sys.stderr)

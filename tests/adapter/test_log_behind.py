@@ -18,9 +18,12 @@ from pathlib import Path
 import pytest
 
 from durable_spaces.adapter import log_witness
+from durable_spaces.adapter.checkpoints.snapshots import (
+    DirectoryCheckpointStore,
+    WorkspaceSnapshots,
+)
 from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
 from durable_spaces.adapter.log_witness import LogWitness
-from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
 from durable_spaces.adapter.state import DOC, CallRecord, SpaceState
 from durable_spaces.backends import open_backend, unavailable_reason
 from durable_spaces.errors import PermanentFailure
@@ -28,8 +31,8 @@ from durable_spaces.harness.log import SqliteStorage
 from durable_spaces.harness.models import ScriptedModel
 from durable_spaces.harness.scheduler import AgentConfig, Harness
 from durable_spaces.harness.tools import CodingTools, Registry
+from durable_spaces.host.boot import BOOT_ENV
 from durable_spaces.space import ExecState, SpaceBackend
-from durable_spaces.space_boot import BOOT_ENV
 
 SEED = "power-3"  # steps 0-2 and 3-5 each hold a bash call (tests/adapter/test_power_loss.py)
 BACKENDS = ["local", pytest.param("spacesd", marks=pytest.mark.spacesd)]

@@ -129,13 +129,9 @@ CASES = [
     pytest.param("transactional", [], "space.mutate_started:1:pause", id="tx-started"),
     # A stops in the middle of a revert: the driver before it died right after a file op.
     pytest.param("transactional", ["adapter.file_op:1"], "space.mutate:1:pause", id="tx-revert"),
-    pytest.param(
-        "transactional", ["adapter.file_op:1"], "image.apply_op:1:pause", id="tx-apply"
-    ),
+    pytest.param("transactional", ["adapter.file_op:1"], "image.apply_op:1:pause", id="tx-apply"),
     # A stops right before a checkpoint restore (same setup, checkpoint mode).
-    pytest.param(
-        "checkpoint", ["adapter.file_op:1"], "snapshots.restore:1:pause", id="cp-restore"
-    ),
+    pytest.param("checkpoint", ["adapter.file_op:1"], "snapshots.restore:1:pause", id="cp-restore"),
 ]
 
 

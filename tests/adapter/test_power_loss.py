@@ -1,7 +1,7 @@
 """A host that lost power: the log kept fewer commits than the Space acted on (the
 Space is *ahead* of the log). Made here without a FUSE layer, exactly: the log file of
 an earlier moment is put back (what SQLite ``NORMAL`` may leave after a power cut) and
-the host's boot id changes (``DS_HOST_BOOT_ID``, ``durable_spaces/space_boot.py``). The
+the host's boot id changes (``DS_HOST_BOOT_ID``, ``durable_spaces/host/boot.py``). The
 next driver must bring the workspace back to what the log implies (transactional: the
 image; checkpoint: the newest recorded checkpoint), so the calls the log forgot run
 again exactly once."""
@@ -13,15 +13,18 @@ from pathlib import Path
 
 import pytest
 
+from durable_spaces.adapter.checkpoints.snapshots import (
+    DirectoryCheckpointStore,
+    WorkspaceSnapshots,
+)
 from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
-from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
 from durable_spaces.adapter.state import DOC, SpaceState
 from durable_spaces.backends import open_backend
 from durable_spaces.harness.log import SqliteStorage
 from durable_spaces.harness.models import ScriptedModel
 from durable_spaces.harness.scheduler import AgentConfig, Harness
 from durable_spaces.harness.tools import CodingTools, Registry
-from durable_spaces.space_boot import BOOT_ENV, read_host_boot_id
+from durable_spaces.host.boot import BOOT_ENV, read_host_boot_id
 
 SEED = "power-3"  # steps 0-2 and 3-5 each hold a bash call
 

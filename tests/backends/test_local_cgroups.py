@@ -17,9 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from durable_spaces import host_cgroup
 from durable_spaces.backends.local.backend import LocalBackend, LocalSpace
 from durable_spaces.errors import SpaceUnavailableError, StaleEpochError
+from durable_spaces.host import cgroup as host_cgroup
 from durable_spaces.space import CONTAINED_EPOCHS, EXEC_LEDGER, ExecState
 
 needs_cgroup = pytest.mark.cgroup  # tests/needs.py: a skip outside CI, a failure on CI

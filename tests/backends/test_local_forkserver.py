@@ -23,7 +23,7 @@ from durable_spaces.backends.local.backend import LocalBackend, LocalSpace
 from durable_spaces.backends.local.forkserver import MARK, META, SOCK, request
 from durable_spaces.backends.local.forkserver_client import FAILPOINTS_ENV, version
 from durable_spaces.errors import ConfigError, StaleEpochError
-from durable_spaces.proc_start import started
+from durable_spaces.host.proc_start import started
 from durable_spaces.space import ExecState
 from tests.backends import test_local
 

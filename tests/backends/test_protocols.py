@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from durable_spaces import backends
-from durable_spaces.adapter.snapshots import SandboxSnapshots
+from durable_spaces.adapter.checkpoints.snapshots import SandboxSnapshots
 from durable_spaces.errors import ConfigError
 from durable_spaces.space import Faults, MachineCheckpoints, SpaceBackend
 

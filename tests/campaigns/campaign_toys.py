@@ -13,12 +13,12 @@ import json
 import sys
 from pathlib import Path
 
-from durable_spaces.campaigns.coordinator import Coordinator
 from durable_spaces.campaigns.inject import Injector
 from durable_spaces.campaigns.record import Check, RunRecord
 from durable_spaces.campaigns.spec import RunSpec
 from durable_spaces.chaos.nemesis import DriverKiller, compose
 from durable_spaces.chaos.schedule import Schedule
+from durable_spaces.drive.coordinator import Coordinator
 
 HERE = Path(__file__).parent
 POINTS = ["toy.step"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from durable_spaces.adapter import manifest as mf
+from durable_spaces.adapter.checkpoints import manifest as mf
 from durable_spaces.campaigns.checker import check_all
 from durable_spaces.campaigns.checks.call_checkpoints import Manifests
 from durable_spaces.campaigns.checks.checkpoint import LastCheckpoint
@@ -177,7 +177,7 @@ CALLS: list[tuple[str, str, dict[str, str], dict[str, str]]] = [
 
 def checkpoint_manifest(files: Mapping[str, str], root: Path) -> tuple[str, bytes]:
     """A workspace checkpoint of ``files`` (its id and manifest, the adapter's format:
-    durable_spaces/adapter/manifest.py), with the times and modes ``root`` has where it
+    durable_spaces/adapter/checkpoints/manifest.py), with the times and modes ``root`` has where it
     holds the same file (so the last one can equal the workspace)."""
     m = {".": mf.Entry("d", os.stat(root).st_mode & 0o7777 if root.exists() else 0o755)}
     for p, text in files.items():

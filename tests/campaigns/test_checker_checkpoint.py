@@ -12,11 +12,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
-from durable_spaces.adapter import checkpoint_carry as carry
-from durable_spaces.adapter import manifest as mf
-from durable_spaces.adapter.checkpoint_id import CheckpointId
-from durable_spaces.adapter.manifest_build import build
-from durable_spaces.adapter.workspace_tree import walk_host as adapter_walk
+from durable_spaces.adapter.checkpoints import carry
+from durable_spaces.adapter.checkpoints import manifest as mf
+from durable_spaces.adapter.checkpoints.ids import CheckpointId
+from durable_spaces.adapter.checkpoints.manifest_build import build
+from durable_spaces.adapter.checkpoints.workspace_tree import walk_host as adapter_walk
 from durable_spaces.campaigns.checker import check_all
 from durable_spaces.campaigns.checks import kept
 from durable_spaces.campaigns.checks.checkpoint import read_last
@@ -163,7 +163,7 @@ def test_a_space_placed_again_from_the_store_is_checked_against_the_store(
 
 def test_a_store_file_that_carries_blobs_is_read_as_its_manifest(tmp_path: Path) -> None:
     """The store's manifest file carries the small blobs it added after the manifest
-    (``adapter/checkpoint_carry.py``): the checker reads the manifest before them, and
+    (``adapter/checkpoints/carry.py``): the checker reads the manifest before them, and
     still refuses one whose manifest part is not the one the id names."""
     s = scene(tmp_path)
     cid = _checkpoint(s)

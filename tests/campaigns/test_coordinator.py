@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 from toy_driver import launches
 
-from durable_spaces.campaigns.coordinator import Coordinator, Launch, read_state
+from durable_spaces.drive.coordinator import Coordinator, Launch, read_state
 from durable_spaces.errors import PermanentFailure, SpaceUnavailableError
 
 HERE = Path(__file__).parent
@@ -188,8 +188,8 @@ def test_coordinator_killed_between_issue_and_spawn_burns_the_epoch(tmp_path: Pa
 
 
 def test_glued_lines_are_still_read(tmp_path: Path) -> None:
-    from durable_spaces.campaigns.coordinator import Attempt
-    from durable_spaces.campaigns.supervisor import Supervisor
+    from durable_spaces.drive.coordinator import Attempt
+    from durable_spaces.drive.supervisor import Supervisor
 
     seen: list[str] = []
     sup = Supervisor(

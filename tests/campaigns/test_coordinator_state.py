@@ -1,4 +1,4 @@
-"""The coordinator's durable state file (``campaigns/coordinator_state.py``) with real
+"""The coordinator's durable state file (``drive/coordinator_state.py``) with real
 processes: epochs only grow (past a fenced floor, past a burned epoch), a driver is
 recorded only under the epoch still current, a live driver of another coordinator
 supersedes, and an orphan (its coordinator dead) is killed before the next epoch."""
@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from durable_spaces.campaigns.coordinator import read_state
-from durable_spaces.campaigns.coordinator_state import STATE_FILE, StateFile, process_alive
+from durable_spaces.drive.coordinator import read_state
+from durable_spaces.drive.coordinator_state import STATE_FILE, StateFile, process_alive
 
 
 def _sleeper() -> subprocess.Popen[bytes]:

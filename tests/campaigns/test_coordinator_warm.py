@@ -1,4 +1,4 @@
-"""Warm drivers (campaigns/warm.py, adapter/warm_driver.py, warm_launch.py) over real
+"""Warm drivers (drive/spares.py, drive/warm_driver.py, drive/warm_launch.py) over real
 processes: a spare takes an attempt with the same pid, group, exit codes and failpoints
 as a cold driver; a spare that dies while waiting is replaced; none outlives its
 coordinator; a launch message it cannot trust ends it with exit 78 before the driver's
@@ -21,10 +21,10 @@ import psutil
 import pytest
 from toy_driver import launches
 
-from durable_spaces.campaigns.coordinator import Coordinator, Launch
-from durable_spaces.campaigns.warm import Spares
-from durable_spaces.session_protocol import driver_environment
-from durable_spaces.warm_launch import WARM_MODULE, encode
+from durable_spaces.drive.coordinator import Coordinator, Launch
+from durable_spaces.drive.protocol import driver_environment
+from durable_spaces.drive.spares import Spares
+from durable_spaces.drive.warm_launch import WARM_MODULE, encode
 
 HERE = Path(__file__).parent
 TOY_M = [sys.executable, "-m", "toy_driver"]
@@ -469,13 +469,10 @@ def test_a_warm_module_runs_as_main_once_and_without_a_warning(tmp_path: Path) -
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "mod.py").write_text(
-        "import sys\n"
-        "print(__name__, 'pkg.mod' in sys.modules)\n"
-    )
+    (pkg / "mod.py").write_text("import sys\nprint(__name__, 'pkg.mod' in sys.modules)\n")
     code = (
         "import pkg.mod\n"
-        "from durable_spaces.adapter.warm_driver import run_as_main\n"
+        "from durable_spaces.drive.warm_driver import run_as_main\n"
         "run_as_main('pkg.mod')\n"
     )
     path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])

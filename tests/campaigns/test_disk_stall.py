@@ -236,7 +236,7 @@ def test_every_coordinator_of_a_run_launches_on_the_host(tmp_path: Path) -> None
     from durable_spaces.campaigns.power import BOOT_ENV, LOG_SYNC_ENV
     from durable_spaces.campaigns.run import _prepare
     from durable_spaces.campaigns.scenarios.base import Script
-    from durable_spaces.campaigns.supervisor import Launch
+    from durable_spaces.drive.supervisor import Launch
 
     run = _run(tmp_path, "dsh", _TAKEOVER)
 

@@ -40,7 +40,7 @@ PROGRAM = textwrap.dedent(
         pool.submit(lambda: out.joinpath("pool").write_text("ran")).result()
     if "fsync" in sys.argv[2:]:  # the checkpoint store's pool: ended by its atexit
         import os
-        from durable_spaces.adapter import checkpoint_batch
+        from durable_spaces.adapter.checkpoints import batch as checkpoint_batch
         fds = [os.open(out / n, os.O_CREAT | os.O_WRONLY) for n in ("a", "b")]
         checkpoint_batch.fsync_all(fds)
         assert any(t.name.startswith("ds-fsync") for t in threading.enumerate())

@@ -6,10 +6,10 @@ import json
 import sys
 from pathlib import Path
 
-from durable_spaces.campaigns.coordinator import Coordinator
 from durable_spaces.campaigns.inject import Injector
 from durable_spaces.chaos.nemesis import DriverKiller, SpaceNemesis, compose
 from durable_spaces.chaos.schedule import AttemptPlan, Failpoint, Schedule, SpaceFault
+from durable_spaces.drive.coordinator import Coordinator
 
 HERE = Path(__file__).parent
 

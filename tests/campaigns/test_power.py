@@ -15,14 +15,14 @@ import pytest
 from needs import need
 
 from durable_spaces.campaigns.checks.power import power_losses
-from durable_spaces.campaigns.coordinator_state import StateFile, read_state
 from durable_spaces.campaigns.power import killed_in_commit
 from durable_spaces.campaigns.spec import CampaignSpec, RunSpec
-from durable_spaces.campaigns.supervisor import Attempt
 from durable_spaces.chaos.faults import Failpoint, PointFault, SpaceFault
 from durable_spaces.chaos.powerfs import mount
 from durable_spaces.chaos.profiles import PROFILES
 from durable_spaces.chaos.schedule import AttemptPlan, Schedule
+from durable_spaces.drive.coordinator_state import StateFile, read_state
+from durable_spaces.drive.supervisor import Attempt
 from durable_spaces.errors import ConfigError
 
 needs_fuse = pytest.mark.fuse  # skipped without FUSE, failed on CI (tests/needs.py)

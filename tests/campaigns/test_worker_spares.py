@@ -95,7 +95,7 @@ def _running_spares() -> list[int]:
     for p in psutil.Process().children(recursive=True):
         try:
             cmd = p.cmdline() if p.status() != psutil.STATUS_ZOMBIE else []
-            if "--spare" in cmd or "durable_spaces.adapter.warm_zygote" in cmd:
+            if "--spare" in cmd or "durable_spaces.drive.warm_zygote" in cmd:
                 found.append(p.pid)
         except psutil.Error:  # exited, or a zombie, between the listing and the look
             continue

@@ -1,4 +1,4 @@
-"""The zygote (adapter/warm_zygote.py, campaigns/zygote.py) over real processes: every
+"""The zygote (drive/warm_zygote.py, drive/zygote.py) over real processes: every
 attempt, the first included, is a fork of it with the exit code it relays; a spare holds
 nothing of the zygote's; a request it cannot take is refused and the spares are spawned
 as before; a killed zygote costs the exit code of the driver it forked, never the
@@ -22,10 +22,10 @@ import psutil
 import pytest
 from toy_driver import launches
 
-from durable_spaces.campaigns import zygote as zy
-from durable_spaces.campaigns.coordinator import Coordinator, CoordinatorResult
-from durable_spaces.campaigns.supervisor import Attempt
-from durable_spaces.session_protocol import EXIT_PERMANENT
+from durable_spaces.drive import zygote as zy
+from durable_spaces.drive.coordinator import Coordinator, CoordinatorResult
+from durable_spaces.drive.protocol import EXIT_PERMANENT
+from durable_spaces.drive.supervisor import Attempt
 
 HERE = Path(__file__).parent
 TOY_M = [sys.executable, "-m", "toy_driver"]
@@ -115,7 +115,9 @@ async def test_a_permanent_exit_is_relayed(
 
 
 async def first_attempt_hangs(
-    tmp_path: Path, toy_env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    toy_env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
     act: Callable[[Coordinator, Attempt], Awaitable[None]],
 ) -> tuple[Coordinator, CoordinatorResult]:
     """A session whose first driver hangs until ``act`` (on the first attempt, half a
@@ -199,9 +201,9 @@ async def test_a_killed_zygote_costs_the_exit_code_not_the_session(
 
 CALLER = """
 import asyncio, json, os, sys
-from durable_spaces import warm_launch as wl
-from durable_spaces.campaigns import zygote as zy
-from durable_spaces.session_protocol import driver_environment
+from durable_spaces.drive import warm_launch as wl
+from durable_spaces.drive import zygote as zy
+from durable_spaces.drive.protocol import driver_environment
 
 async def main():
     state, env = sys.argv[1], json.loads(sys.argv[2])  # the test's environment
@@ -303,8 +305,7 @@ def test_no_driver_outlives_its_campaigns_zygote(
 
 ELSEWHERE = """
 import asyncio, json, os, sys
-from durable_spaces.campaigns import zygote as zy
-
+from durable_spaces.drive import zygote as zy
 async def main():
     env = json.loads(sys.argv[2])
     try:

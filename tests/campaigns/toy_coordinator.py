@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from durable_spaces.campaigns.coordinator import Coordinator
+from durable_spaces.drive.coordinator import Coordinator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -72,7 +72,7 @@ def _need_hosts() -> None:
 @pytest.fixture
 def netns_lab() -> Iterator[Any]:
     """A bridge and namespaces made for this test, removed after it (failed or not)."""
-    from durable_spaces.cluster import netns
+    from durable_spaces.campaigns.cluster import netns
 
     _need_hosts()
     netns.sweep_stale()  # what a killed earlier run left behind
@@ -81,7 +81,7 @@ def netns_lab() -> Iterator[Any]:
 
 
 def _cluster(url: str, tmp_path: Any, lab: Any) -> Iterator[Any]:
-    from durable_spaces.cluster.lab import Cluster
+    from durable_spaces.campaigns.cluster.lab import Cluster
 
     c = Cluster(url, tmp_path, lab)
     try:

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from durable_spaces.campaigns.cluster.lab import CLI, wait_for
 from durable_spaces.campaigns.record import RunRecord
-from durable_spaces.cluster.lab import CLI, wait_for
 
 
 def _worker(cluster: Any, wid: str, campaign: str) -> tuple[Any, subprocess.Popen[bytes]]:

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from needs import need
 
+from durable_spaces.campaigns.cluster.lab import wait_for
 from durable_spaces.cluster.address import LocalAddress, parse_address
 from durable_spaces.cluster.host import HostAgent, local_name
 from durable_spaces.cluster.hostapi import HostClient
 from durable_spaces.cluster.hostauth import HostSecret, sign
-from durable_spaces.cluster.lab import wait_for
 from durable_spaces.cluster.store import ClusterStore
 from durable_spaces.errors import (
     ClusterConflictError,
@@ -26,7 +26,7 @@ from durable_spaces.errors import (
     HostApiError,
     UnknownRecordError,
 )
-from durable_spaces.host_ports import free_port
+from durable_spaces.host.ports import free_port
 
 
 @pytest.fixture

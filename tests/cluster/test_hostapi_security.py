@@ -17,14 +17,14 @@ from typing import Any
 import psutil
 import pytest
 
+from durable_spaces.campaigns.cluster.lab import wait_for
 from durable_spaces.cluster.host import HostAgent
 from durable_spaces.cluster.hostapi import HostApiServer, HostClient
 from durable_spaces.cluster.hostauth import HostSecret, sign
-from durable_spaces.cluster.lab import wait_for
 from durable_spaces.cluster.records import Secret
 from durable_spaces.cluster.store import ClusterStore
 from durable_spaces.errors import HostApiError, HostAuthError
-from durable_spaces.host_ports import free_port
+from durable_spaces.host.ports import free_port
 
 
 @pytest.fixture

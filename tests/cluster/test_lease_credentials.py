@@ -12,8 +12,8 @@ from typing import Any
 import cua
 
 from durable_spaces.backends.spacesd.runtime import runtime
+from durable_spaces.campaigns.cluster.lab import wait_for
 from durable_spaces.cluster.address import SpacesdAddress, parse_address
-from durable_spaces.cluster.lab import wait_for
 from durable_spaces.cluster.records import SpaceConnection
 
 

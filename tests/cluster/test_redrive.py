@@ -15,8 +15,8 @@ from durable_spaces.backends.spacesd import SpacesdBackend
 from durable_spaces.campaigns.checker import History, check_all
 from durable_spaces.campaigns.checks.effects import diagnose
 from durable_spaces.campaigns.checks.workload import interpret
+from durable_spaces.campaigns.cluster.lab import CLAIM_TTL, wait_for
 from durable_spaces.cluster.host import local_name
-from durable_spaces.cluster.lab import CLAIM_TTL, wait_for
 from durable_spaces.errors import LeaseLostError, LogError
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import subprocess
 from typing import Any
 
+from durable_spaces.campaigns.cluster.lab import CLI, wait_for
+from durable_spaces.campaigns.cluster.workers import enqueue_runs
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.spec import RunSpec
-from durable_spaces.cluster.lab import CLI, wait_for
-from durable_spaces.cluster.workers import enqueue_runs
 
 
 def _worker(cluster: Any, wid: str) -> tuple[Any, subprocess.Popen[bytes]]:
@@ -58,8 +58,8 @@ def test_a_queued_run_the_flags_would_refuse_is_finished_as_a_lab_error(
     """A spec read back from the queue is checked as a campaign's flags are: ``calls``
     of 10**9 is refused (the flag's cap is 10000), the run finished as a lab error that
     says so, nothing started, and the worker goes on (issue 34, item 8)."""
+    from durable_spaces.campaigns.cluster.workers import ClusterWorker
     from durable_spaces.cluster.store import ClusterStore
-    from durable_spaces.cluster.workers import ClusterWorker
 
     store = ClusterStore(pg_url)
     good = RunSpec("r0", "wk0", "transactional", "local", calls=4).to_json()

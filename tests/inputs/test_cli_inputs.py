@@ -397,9 +397,7 @@ def test_a_malformed_switch_is_refused_before_any_work(
 ) -> None:
     """``DS_WARM_DRIVERS=off`` and the like used to leave the feature on without a word
     (anything but ``0`` was "on"); now every command refuses it in one line."""
-    line = _refused(
-        ["campaign", "--out", str(tmp_path / "c")], tmp_path, code=1, env={name: value}
-    )
+    line = _refused(["campaign", "--out", str(tmp_path / "c")], tmp_path, code=1, env={name: value})
     assert name in line and "0 (off) or 1 (on)" in line
 
 
@@ -459,17 +457,32 @@ EXACT = {
     "at-a-string": ({"interleaving.at": "adapter.spawn"}, "at is not an object"),
     "kind-unknown": ({"interleaving.kind": "meteor"}, "meteor"),
     "point-with-a-comma": ({"interleaving.at": {"point": "a,b", "n": 1}}, "point's name"),
-    "duration-nan": ({"interleaving.kind": "space_pause",
-                      "interleaving.value": {"duration_s": float("nan")}}, "nan"),
-    "duration-negative": ({"interleaving.kind": "space_pause",
-                           "interleaving.value": {"duration_s": -3}}, "-3"),
+    "duration-nan": (
+        {"interleaving.kind": "space_pause", "interleaving.value": {"duration_s": float("nan")}},
+        "nan",
+    ),
+    "duration-negative": (
+        {"interleaving.kind": "space_pause", "interleaving.value": {"duration_s": -3}},
+        "-3",
+    ),
     "interleaving-entry-a-list": ({"extra.interleaving": [[1]]}, "not an object"),
-    "schedule-too-many-attempts": ({"schedule": {"seed": "s-1", "attempts": [{}] * 2000}},
-                                   "2000 attempts"),
-    "schedule-kill-never": ({"schedule": {"seed": "s-1", "attempts": [
-        {"kill_after_s": [1e300]}]}}, "kill_after_s"),
-    "schedule-failpoint-hit-zero": ({"schedule": {"seed": "s-1", "attempts": [
-        {"failpoint": {"name": "adapter.spawn", "n": 0}}]}}, "failpoint n"),
+    "schedule-too-many-attempts": (
+        {"schedule": {"seed": "s-1", "attempts": [{}] * 2000}},
+        "2000 attempts",
+    ),
+    "schedule-kill-never": (
+        {"schedule": {"seed": "s-1", "attempts": [{"kill_after_s": [1e300]}]}},
+        "kill_after_s",
+    ),
+    "schedule-failpoint-hit-zero": (
+        {
+            "schedule": {
+                "seed": "s-1",
+                "attempts": [{"failpoint": {"name": "adapter.spawn", "n": 0}}],
+            }
+        },
+        "failpoint n",
+    ),
     "schedule-not-one": ({"schedule": {"attempts": []}}, "seed"),
 }
 
@@ -486,9 +499,7 @@ def test_repro_exact_checks_a_record_as_the_flags_are(
     assert f"--exact {f}" in line and why in line, line
 
 
-def test_repro_exact_of_a_good_record_gets_as_far_as_the_session(
-    cwd: Path, tmp_path: Path
-) -> None:
+def test_repro_exact_of_a_good_record_gets_as_far_as_the_session(cwd: Path, tmp_path: Path) -> None:
     """The control: the base record of the cases above passes every check (and stops
     only at the session module the fixture hides)."""
     f = tmp_path / "run-0001.json"

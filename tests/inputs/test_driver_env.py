@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from tree_snapshot import tree
 
-from durable_spaces.adapter.driver import Session
 from durable_spaces.adapter.durable import session_epoch
+from durable_spaces.drive.entry import Session
 from durable_spaces.errors import ConfigError
 from durable_spaces.harness.log import SqliteStorage
 

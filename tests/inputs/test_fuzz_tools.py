@@ -75,9 +75,11 @@ def _call() -> st.SearchStrategy[tuple[str, Any]]:
         ).map(lambda a: ("edit", a))
     )
     safe = names.map(
-        lambda n: f"printf %s x > {shlex.quote(n)} 2>/dev/null; true"
-        if not n.startswith(("/", "..")) and "/.." not in n
-        else "true"
+        lambda n: (
+            f"printf %s x > {shlex.quote(n)} 2>/dev/null; true"
+            if not n.startswith(("/", "..")) and "/.." not in n
+            else "true"
+        )
     )
     bash = safe.flatmap(
         lambda c: _args(["command", "timeout"], {"command": c, "timeout": 5}).map(

@@ -214,14 +214,27 @@ BAD_SPECS: dict[str, tuple[dict[str, Any], str]] = {
     "durable-mode-unknown": ({"durable_mode": "maybe"}, "--durable-mode"),
     "scenario-unknown": ({"scenario": "chaos"}, "--scenario"),
     "state-dir-a-list": ({"state_dir": ["/"]}, "not a path"),
-    "schedule-hit-absurd": ({"schedule": {"seed": "s-1", "attempts": [
-        {"failpoint": {"name": "adapter.spawn", "n": 10**12}}]}}, "hit number"),
-    "schedule-delay-nan": ({"schedule": {"seed": "s-1", "attempts": [
-        {"kill_after_s": [float("nan")]}]}}, "kill_after_s"),
-    "schedule-delay-negative": ({"schedule": {"seed": "s-1", "attempts": [
-        {"kill_after_s": [-1]}]}}, "kill_after_s"),
-    "schedule-attempts-absurd": ({"schedule": {"seed": "s-1", "attempts": [{}] * 1001}},
-                                 "1001 attempts"),
+    "schedule-hit-absurd": (
+        {
+            "schedule": {
+                "seed": "s-1",
+                "attempts": [{"failpoint": {"name": "adapter.spawn", "n": 10**12}}],
+            }
+        },
+        "hit number",
+    ),
+    "schedule-delay-nan": (
+        {"schedule": {"seed": "s-1", "attempts": [{"kill_after_s": [float("nan")]}]}},
+        "kill_after_s",
+    ),
+    "schedule-delay-negative": (
+        {"schedule": {"seed": "s-1", "attempts": [{"kill_after_s": [-1]}]}},
+        "kill_after_s",
+    ),
+    "schedule-attempts-absurd": (
+        {"schedule": {"seed": "s-1", "attempts": [{}] * 1001}},
+        "1001 attempts",
+    ),
 }
 
 

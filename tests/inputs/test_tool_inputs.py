@@ -200,9 +200,10 @@ def test_a_name_the_image_cannot_hold_is_refused_before_it_is_written(
         ("write", {"path": "ok.txt", "content": "ok"}),
     ]
     ran = run(tmp_path, backend, "transactional", calls)
-    assert ran.results[0]["status"] == "error" and "refused before the call" in ran.results[0][
-        "content"
-    ]
+    assert (
+        ran.results[0]["status"] == "error"
+        and "refused before the call" in ran.results[0]["content"]
+    )
     assert ran.results[1]["status"] == "ok", "the session is wedged after a refused name"
     assert ran.files == {"ok.txt": b"ok"}
 
@@ -300,8 +301,9 @@ def test_a_write_over_max_bytes_is_refused_before_it_writes(tmp_path: Path, back
     results, state, image, files = asyncio.run(go())
     assert [r["status"] for r in results] == ["ok", "error", "error", "ok", "ok", "ok"], results
     for r in results[1:3]:
-        assert r["content"].startswith("refused before the call: ") and "over max_bytes=1000" in (
-            r["content"]
+        assert (
+            r["content"].startswith("refused before the call: ")
+            and "over max_bytes=1000" in (r["content"])
         ), r["content"]
     assert not state.get("image_stale"), state
     assert files == {"a.txt": b"a" * 900, "c.txt": b"c" * 50, "d.txt": b"c" * 50}

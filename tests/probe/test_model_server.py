@@ -66,8 +66,11 @@ def test_it_moves_on_from_an_error_and_ends_with_text(server: ModelServer) -> No
 def test_what_it_cannot_answer_is_a_problem(server: ModelServer) -> None:
     c = _client(server)
     with pytest.raises(openai.BadRequestError):
-        c.chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}],
-                                  tools=[{"type": "function", "function": {"name": "shell"}}])  # type: ignore[list-item]
+        c.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "go"}],
+            tools=[{"type": "function", "function": {"name": "shell"}}],
+        )  # type: ignore[list-item]
     with pytest.raises(openai.NotFoundError):
         c.responses.create(model="m", input="go")
     assert server.problems[0] == ("the harness offers the model the tools [shell]: the "

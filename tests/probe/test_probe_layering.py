@@ -31,7 +31,7 @@ def test_only_the_cli_imports_the_probe() -> None:
 
 
 def test_the_probe_needs_nothing_of_the_product() -> None:
-    allowed = ("durable_spaces.probe", "durable_spaces.errors", "durable_spaces.host_cgroup")
+    allowed = ("durable_spaces.probe", "durable_spaces.errors", "durable_spaces.host.cgroup")
     for p in (PACKAGE / "probe").glob("*.py"):
         bad = [m for m in _imports(p) if not m.startswith(allowed)]
         assert not bad, (p.name, bad)

@@ -19,7 +19,11 @@ def test_file_tools_report_compare_and_repro(tmp_path: Path) -> None:
     assert p.code == 0, p.stdout + p.stderr
     first = p.records()[0]
     assert [(x.kind, x.cls) for x in first.results] == [
-        ("append", "once"), ("write", "once"), ("long", "once"), ("edit", "once")]
+        ("append", "once"),
+        ("write", "once"),
+        ("long", "once"),
+        ("edit", "once"),
+    ]
     notes = (tmp_path / "o" / "work" / "r0" / "work" / "notes.txt").read_text()
     assert notes.startswith("W p") and "\nE p" in notes and "slot" not in notes
     # the same seed base plans the same points

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from durable_spaces.host_cgroup import cgroup_root
+from durable_spaces.host.cgroup import cgroup_root
 from durable_spaces.probe.record import RunRecord
 from tests.probe.helpers import fake, run_processes
 

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 
 from durable_spaces.adapter import image_log as img
-from durable_spaces.adapter import manifest as mf
+from durable_spaces.adapter.checkpoints import manifest as mf
+from durable_spaces.adapter.checkpoints.manifest_build import Builder, build
+from durable_spaces.adapter.checkpoints.snapshots import check_archive
+from durable_spaces.adapter.checkpoints.workspace_tree import Listing, Node
 from durable_spaces.adapter.durable import session_epoch
 from durable_spaces.adapter.effects import Effect
-from durable_spaces.adapter.manifest_build import Builder, build
-from durable_spaces.adapter.snapshots import check_archive
 from durable_spaces.adapter.state import KEEP_CALLS, CallRecord, SpaceState
 from durable_spaces.adapter.tool_args import BashArgs
-from durable_spaces.adapter.workspace_tree import Listing, Node
 from durable_spaces.errors import ConfigError, PathEscapeError
 from durable_spaces.harness.log import MemoryFence
 from durable_spaces.space import PathEntry

@@ -14,8 +14,16 @@ ROOT = Path(__file__).resolve().parents[2]
 CITED = re.compile(
     r"(?<![\w./-])((?:durable_spaces|tests|bench|images)/[\w/.-]+\.(?:py|sh|md|txt|toml))"
 )
-TEXTS = ("*.md", "Dockerfile", "Makefile", "durable_spaces/**/*.py", "tests/**/*.py",
-         "bench/**/*.py", "images/**/*.sh", ".ci/*")
+TEXTS = (
+    "*.md",
+    "Dockerfile",
+    "Makefile",
+    "durable_spaces/**/*.py",
+    "tests/**/*.py",
+    "bench/**/*.py",
+    "images/**/*.sh",
+    ".ci/*",
+)
 
 
 def cited_paths() -> list[tuple[str, int, str]]:

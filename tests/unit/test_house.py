@@ -110,3 +110,47 @@ def test_no_module_is_over_the_line_limit() -> None:
 def test_the_list_of_modules_still_over_only_shrinks() -> None:
     done = [m for m in OVER if m not in MODULES or _lines(m) <= MAX_LINES]
     assert not done, f"no longer over {MAX_LINES} lines: take them out of OVER: {done}"
+
+
+#: The lab's rooms (ARCHITECTURE.md): the product never imports them, but for the
+#: failpoints (``chaos/failpoints.py``, their names ``chaos/points.py``) and the mutants
+#: (``chaos/mutants.py``) that the product's own code hits and consults; the command line
+#: (``cli/``) is the edge that joins both sides.
+LAB = ("chaos", "campaigns", "reports", "probe")
+LAB_HOOKS = {
+    "durable_spaces.chaos",  # the package itself, for ``from durable_spaces.chaos import x``
+    "durable_spaces.chaos.failpoints",
+    "durable_spaces.chaos.points",
+    "durable_spaces.chaos.mutants",
+}
+EDGE = ("cli",)
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def product_imports_of_the_lab(graph: dict[str, set[str]]) -> list[str]:
+    """``a -> b`` for each product module ``a`` that imports a lab module ``b``."""
+    return sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        if _room(m) not in LAB + EDGE
+        for t in targets
+        if _room(t) in LAB and t not in LAB_HOOKS
+    )
+
+
+def test_the_line_check_finds_a_product_module_importing_the_lab() -> None:
+    """The check can fail: ``cluster/drive.py`` importing the lab's coordinator, as it did."""
+    graph = {**GRAPH, "durable_spaces.cluster.drive": {"durable_spaces.campaigns.agent"}}
+    assert product_imports_of_the_lab(graph) == [
+        "durable_spaces.cluster.drive -> durable_spaces.campaigns.agent"
+    ]
+    assert "durable_spaces.campaigns.cluster.lab" in MODULES  # the lab's cluster room exists
+
+
+def test_the_product_never_imports_the_lab() -> None:
+    found = product_imports_of_the_lab(GRAPH)
+    assert not found, "product -> lab imports:\n" + "\n".join(found)

@@ -12,6 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from durable_spaces.adapter.checkpoints.snapshots import (
+    DirectoryCheckpointStore,
+    WorkspaceSnapshots,
+)
 from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
 from durable_spaces.adapter.image import ImageLimits
 from durable_spaces.adapter.review import (
@@ -25,7 +29,6 @@ from durable_spaces.adapter.review import (
     workspace_at,
     workspace_from_tar,
 )
-from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
 from durable_spaces.backends.local.backend import LocalBackend
 from durable_spaces.cli.review_diff import review_diff_main
 from durable_spaces.errors import PathEscapeError, ReviewError

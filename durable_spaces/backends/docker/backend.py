@@ -60,7 +60,7 @@ from durable_spaces.errors import (
     SpaceGoneError,
     SpaceUnavailableError,
 )
-from durable_spaces.host_ports import free_port
+from durable_spaces.host.ports import free_port
 
 OWNER_LABEL = "durable-spaces.owner"
 OWNER = "durable-spaces"

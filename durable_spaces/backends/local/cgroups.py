@@ -3,7 +3,7 @@
 Why: ``advance_epoch`` must leave nothing of an older epoch running, or a write of it
 lands after a newer driver took over. A process group, a session and an environment mark
 (``procs.py``) are containers a command can leave: ``env -i sh -c '...' &`` with
-``setsid``, or a double fork, escapes all three. A cgroup v2 (``host_cgroup.py``) cannot
+``setsid``, or a double fork, escapes all three. A cgroup v2 (``host/cgroup.py``) cannot
 be left by its members, and its children are born in it.
 
 Every command's supervisor is moved into ``<parent>/<instance>/e<epoch>`` by its caller
@@ -16,7 +16,7 @@ fork server and the drivers are never in one: an advance kills commands, not the
 machinery that starts them.
 
 ``parent`` is ``<root>/local-<digest of the state dir>``, with ``root`` the backend's
-``cgroup_root`` or else ``host_cgroup.cgroup_root()`` (this process's cgroup, so a
+``cgroup_root`` or else ``host.cgroup.cgroup_root()`` (this process's cgroup, so a
 delegated subtree works). The first process to use a state dir records the parent in
 ``<state_dir>/.cgroup-parent`` and every later one (another driver, a restarted one)
 uses the recorded one while it is usable: the processes of one Space are always looked
@@ -42,8 +42,8 @@ import time
 import uuid
 from pathlib import Path
 
-from durable_spaces import host_cgroup
 from durable_spaces.errors import SpaceUnavailableError
+from durable_spaces.host import cgroup as host_cgroup
 
 __all__ = ["RECORD", "SpaceCgroups", "parent_for", "recorded_parent", "sweep"]
 

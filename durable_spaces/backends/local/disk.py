@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from durable_spaces.host_files import fsync_dir
+from durable_spaces.host.files import fsync_dir
 from durable_spaces.space import OUTPUT_TAIL_BYTES
 
 

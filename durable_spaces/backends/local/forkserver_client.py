@@ -40,7 +40,7 @@ from durable_spaces.backends.local.forkserver import LOG, MARK, META, SOCK, peer
 from durable_spaces.backends.local.procs import alive, dead, track
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import ConfigError
-from durable_spaces.proc_start import started
+from durable_spaces.host.proc_start import started
 from durable_spaces.switches import switch
 
 ENV_KNOB = "DS_LOCAL_FORKSERVER"

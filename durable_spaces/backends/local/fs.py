@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from durable_spaces.errors import PathEscapeError
-from durable_spaces.host_files import file_kind
+from durable_spaces.host.files import file_kind
 from durable_spaces.space import (
     MAX_SCAN_DEPTH,
     FileStat,
@@ -191,7 +191,7 @@ def symlink(root: str, path: str, target: str, staging: str | None = None) -> No
 
 
 def _kind(mode: int) -> str:
-    """``FileStat.kind``: what the Space protocol names (``host_files.file_kind``'s others
+    """``FileStat.kind``: what the Space protocol names (``host.files.file_kind``'s others
     are "other")."""
     kind = file_kind(mode)
     return kind if kind in ("file", "dir", "symlink") else "other"

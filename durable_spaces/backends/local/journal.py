@@ -50,10 +50,10 @@ import select
 from collections.abc import Callable, Sequence
 
 from durable_spaces.chaos import mutants
-from durable_spaces.host_inotify import INotify
-from durable_spaces.host_inotify import flags as F
-from durable_spaces.host_mounts import LOCAL_FILESYSTEMS as LOCAL_FILESYSTEMS  # re-exported
-from durable_spaces.host_mounts import mount_problem
+from durable_spaces.host.inotify import INotify
+from durable_spaces.host.inotify import flags as F
+from durable_spaces.host.mounts import LOCAL_FILESYSTEMS as LOCAL_FILESYSTEMS  # re-exported
+from durable_spaces.host.mounts import mount_problem
 from durable_spaces.space_types import WorkspaceChanges
 from durable_spaces.switches import switch
 
@@ -61,6 +61,7 @@ from durable_spaces.switches import switch
 def enabled() -> bool:
     """``DS_SPACE_JOURNAL``: unset or ``1`` on, ``0`` off (``switches.switch``)."""
     return switch("DS_SPACE_JOURNAL")
+
 
 #: Watches one journal may hold (files + directories); a bigger tree is scanned in full.
 MAX_WATCHES = 50_000

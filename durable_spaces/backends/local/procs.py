@@ -28,7 +28,7 @@ import psutil
 from durable_spaces.backends.local.disk import read_json
 from durable_spaces.backends.local.forkserver import MARK
 from durable_spaces.errors import SpaceUnavailableError
-from durable_spaces.proc_start import started
+from durable_spaces.host.proc_start import started
 
 #: How long the processes of a Space may take to die of SIGKILL.
 KILL_TIMEOUT = 10.0

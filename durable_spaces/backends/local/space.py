@@ -65,7 +65,8 @@ from durable_spaces.errors import (
     SpaceUnavailableError,
     StaleEpochError,
 )
-from durable_spaces.proc_start import started
+from durable_spaces.host.boot import read_host_boot_id
+from durable_spaces.host.proc_start import started
 from durable_spaces.space import (
     CONTAINED_EPOCHS,
     EXEC_LEDGER,
@@ -78,7 +79,6 @@ from durable_spaces.space import (
     PathTable,
     confine,
 )
-from durable_spaces.space_boot import read_host_boot_id
 
 _SUPERVISOR = str(Path(__file__).with_name("supervisor.py"))
 #: What commands inherit from the caller's environment: enough to find programs, nothing
@@ -556,7 +556,7 @@ class LocalSpace:
         return await asyncio.to_thread(self._scan_sync, root, list(exclude))
 
     async def host_boot_id(self) -> str | None:
-        """The boot id of the host this directory is on (``durable_spaces/space_boot.py``):
+        """The boot id of the host this directory is on (``durable_spaces/host/boot.py``):
         a power loss drops the workspace's unsynced writes with the log's."""
         return read_host_boot_id()
 

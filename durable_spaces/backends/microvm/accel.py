@@ -29,7 +29,7 @@ from durable_spaces.backends.microvm.qemu import (
     wait_health,
 )
 from durable_spaces.errors import SpaceUnavailableError
-from durable_spaces.host_ports import free_port
+from durable_spaces.host.ports import free_port
 
 logger = logging.getLogger(__name__)
 

@@ -96,7 +96,7 @@ from durable_spaces.errors import (
     SpaceGoneError,
     SpaceUnavailableError,
 )
-from durable_spaces.host_ports import free_port
+from durable_spaces.host.ports import free_port
 
 __all__ = ["MicrovmBackend", "MicrovmSpace", "unavailable_reason"]
 

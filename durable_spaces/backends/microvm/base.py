@@ -29,7 +29,7 @@ from durable_spaces.backends.microvm.qemu import (
     save_checkpoint,
     wait_health,
 )
-from durable_spaces.host_ports import free_port
+from durable_spaces.host.ports import free_port
 
 
 async def ensure_base_checkpoint(img: GuestImage, memory_mb: int = DEFAULT_MEMORY_MB) -> None:

@@ -42,7 +42,7 @@ class CheckpointMeta:
 
 
 def checkpoint_dir(state_dir: pathlib.Path, checkpoint_id: str) -> pathlib.Path:
-    """Where checkpoint ``checkpoint_id`` lives; ``BadCheckpointIdError`` (a ValueError)
+    """Where checkpoint ``checkpoints.ids`` lives; ``BadCheckpointIdError`` (a ValueError)
     for anything but a machine checkpoint id."""
     return state_dir / "checkpoints" / machine_checkpoint_id(checkpoint_id, "a microvm checkpoint")
 

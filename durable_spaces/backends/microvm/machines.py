@@ -25,7 +25,7 @@ from durable_spaces.backends.microvm.space import TOKEN_PATH, Host, MicrovmSpace
 from durable_spaces.backends.microvm.state import SpaceState
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import SpaceError, SpaceUnavailableError
-from durable_spaces.host_ports import free_port
+from durable_spaces.host.ports import free_port
 
 #: Gives a restored guest the host's clock, fresh randomness and (unless "same") a token.
 _AFTER_RESTORE = (

@@ -45,7 +45,7 @@ from durable_spaces.backends.microvm.guest import GUEST_PORT, KERNEL_CMDLINE, Gu
 from durable_spaces.backends.spacesd.machine import wait_http_health
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import SpaceError, SpaceUnavailableError
-from durable_spaces.proc_start import started
+from durable_spaces.host.proc_start import started
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 
 from durable_spaces.errors import SpaceGoneError, StaleEpochError
-from durable_spaces.host_ports import free_port
+from durable_spaces.host.ports import free_port
 
 #: Names of microvm Spaces: ``[a-z0-9-]``, at most 63 (a hostname, a file name).
 NAME_OK = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")

@@ -61,8 +61,8 @@ from durable_spaces.errors import (
     SpaceGoneError,
     SpaceUnavailableError,
 )
-from durable_spaces.host_ports import free_port
-from durable_spaces.space_boot import read_host_boot_id
+from durable_spaces.host.boot import read_host_boot_id
+from durable_spaces.host.ports import free_port
 
 __all__ = ["SpacesdBackend", "daemon_binary", "unavailable_reason", "unshare_reason"]
 
@@ -168,7 +168,7 @@ class NamespacedSpace(HostScannedSpace):
 
     async def host_boot_id(self) -> str | None:
         """The boot id of the host the daemon's data dir and workspace are on
-        (``durable_spaces/space_boot.py``): a power loss drops their unsynced writes."""
+        (``durable_spaces/host/boot.py``): a power loss drops their unsynced writes."""
         return read_host_boot_id()
 
     def _sweep_when(self) -> SweepWhen:
@@ -224,7 +224,7 @@ class SpacesdBackend:
 
     @staticmethod
     def warm_up(state_dir: str | os.PathLike[str]) -> None:
-        """For a driver started before its launch (``adapter/warm_driver.py``): check the
+        """For a driver started before its launch (``drive/warm_driver.py``): check the
         binary and start the SDK runtime of this state dir now, not on the first call.
         Opens no Space and creates nothing. The runtime does no I/O until its first call,
         so it starts even when the state dir is not made yet: the spare of a session's

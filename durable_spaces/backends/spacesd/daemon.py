@@ -45,7 +45,7 @@ import psutil
 from durable_spaces.backends.local.disk import fsync_dir
 from durable_spaces.backends.spacesd import procs
 from durable_spaces.errors import SpaceError, SpaceUnavailableError
-from durable_spaces.host_ports import free_port
+from durable_spaces.host.ports import free_port
 
 log = logging.getLogger(__name__)
 

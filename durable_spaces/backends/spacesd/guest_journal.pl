@@ -32,7 +32,7 @@
 # limit, the workspace root replaced or any mount at or under it make the journal
 # untrusted (the host then walks anew or scans its own way). The mount table is read at
 # every answer and must name nothing at or under the root, as the host journal's rule
-# (durable_spaces/host_mounts.py): a mount that was there when this helper started hides
+# (durable_spaces/host/mounts.py): a mount that was there when this helper started hides
 # what its watches see as much as one made later (an overlay's upper directory outside
 # the workspace changes the files under its mount point with no event here). While one
 # is there each scan is refused for now ("~" before the reason); the first scan after it

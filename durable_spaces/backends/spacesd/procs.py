@@ -11,7 +11,7 @@ import signal
 
 import psutil
 
-from durable_spaces.proc_start import started
+from durable_spaces.host.proc_start import started
 
 
 def start_time(pid: int) -> float | None:

@@ -559,7 +559,7 @@ class SpacesdSpace:
         return ex
 
     async def machine_boot_id(self) -> str | None:
-        """See ``space_boot.MachineBoot``: the journal's helper reads it, when one runs."""
+        """See ``host.boot.MachineBoot``: the journal's helper reads it, when one runs."""
         return await self._guest.boot_id()
 
     async def _hash_files(self, names: list[str]) -> dict[str, str]:

@@ -120,7 +120,7 @@ async def read_last(
 
 
 #: The footer of a store's manifest file that carries blobs after the manifest
-#: (``adapter/checkpoint_carry.py``): magic, the manifest's length, the entries' count.
+#: (``adapter/checkpoints/carry.py``): magic, the manifest's length, the entries' count.
 _CARRY_MAGIC = b"DS-CARRY"
 _CARRY_FOOTER = 24
 

@@ -31,9 +31,7 @@ def anomaly(
     return Anomaly(name=name, path=path, witness=list(dict.fromkeys(witness)), detail=detail)
 
 
-def judge(
-    anomalies: Sequence[Anomaly], ok_detail: str, *, verified: int | None = None
-) -> Verdict:
+def judge(anomalies: Sequence[Anomaly], ok_detail: str, *, verified: int | None = None) -> Verdict:
     """False with the anomalies when there are any, else True with ``ok_detail``.
     ``verified``: how many things (calls, paths) the check compared, for reports."""
     if not anomalies:

@@ -25,7 +25,7 @@ from decimal import Decimal
 from typing import Any
 
 from durable_spaces.errors import SpaceError
-from durable_spaces.host_files import file_kind as _kind
+from durable_spaces.host.files import file_kind as _kind
 from durable_spaces.space import ExecResult, Space
 
 #: Space kinds whose workspace is a directory of this host (``Capabilities.kind``).

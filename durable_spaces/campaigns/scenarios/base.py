@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from durable_spaces.campaigns.coordinator import Coordinator, CoordinatorResult
 from durable_spaces.campaigns.evidence import RunCheck
 from durable_spaces.campaigns.inject import Injector
 from durable_spaces.campaigns.scenarios import registration
 from durable_spaces.campaigns.spec import RunSpec
 from durable_spaces.chaos import points
 from durable_spaces.chaos.schedule import Schedule
+from durable_spaces.drive.coordinator import Coordinator, CoordinatorResult
 
 #: Failpoints a scripted call passes through: the campaign draws kills among these, and
 #: an exhaustive campaign kills at every hit of them.

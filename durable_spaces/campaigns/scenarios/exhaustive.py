@@ -8,7 +8,6 @@ such run replays the script of ``<base>``, the one whose trace listed the points
 
 from __future__ import annotations
 
-from durable_spaces.campaigns.coordinator import Launch
 from durable_spaces.campaigns.scenarios.base import (
     KILL_POINTS,
     Context,
@@ -19,6 +18,7 @@ from durable_spaces.campaigns.scenarios.base import (
 from durable_spaces.campaigns.spec import RunSpec
 from durable_spaces.chaos import points
 from durable_spaces.chaos.schedule import AttemptPlan, Failpoint, Schedule, exhaustive, read_trace
+from durable_spaces.drive.coordinator import Launch
 
 
 def base_seed(run: RunSpec) -> str:

@@ -1,6 +1,6 @@
 """``redrive``: sessions re-driven through a real cluster, through one fault of seven kinds.
 
-Each run is a cluster of its own (``cluster/lab.py``): a private PostgreSQL, two host
+Each run is a cluster of its own (``campaigns/cluster/lab.py``): a private PostgreSQL, two host
 agents in network namespaces providing the run's backend (local or spacesd), two
 ``durable-spaces coordinator`` processes and the drivers they launch. The seed draws one
 fault kind (``KINDS``): the reference's five (a driver kill; a Space removed right after
@@ -72,7 +72,7 @@ class SessionStuck(Exception):
 
 
 def _wait(what: str, fn: Callable[[], Any], timeout: float = 60.0) -> Any:
-    from durable_spaces.cluster.lab import wait_for
+    from durable_spaces.campaigns.cluster.lab import wait_for
 
     return wait_for(what, fn, timeout)
 
@@ -95,7 +95,8 @@ def unavailable_reason(backend: str = "local") -> str | None:
     """Why a redrive run cannot run here (root and ``ip`` for the namespaces,
     PostgreSQL's binaries, cua-spacesd for spacesd hosts), or None."""
     from durable_spaces.backends.spacesd import unavailable_reason as spacesd_reason
-    from durable_spaces.cluster import netns, pgserver
+    from durable_spaces.campaigns.cluster import netns
+    from durable_spaces.cluster import pgserver
 
     needs = [pgserver.unavailable_reason, netns.unavailable_reason]
     if backend == "spacesd":
@@ -109,8 +110,8 @@ def kind_of(seed: str) -> str:
 
 def run_redrive(run: RunSpec, record: RunRecord) -> RunRecord:
     """One run: its cluster up, its kind played, its sessions checked, all of it ended."""
-    from durable_spaces.cluster.lab import Cluster
-    from durable_spaces.cluster.netns import NetnsLab
+    from durable_spaces.campaigns.cluster.lab import Cluster
+    from durable_spaces.campaigns.cluster.netns import NetnsLab
     from durable_spaces.cluster.pgserver import PgServer
 
     t0 = time.monotonic()

@@ -24,14 +24,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from durable_spaces.campaigns.checks.verdict import Verdict
-from durable_spaces.campaigns.coordinator import Attempt, Coordinator, CoordinatorResult, Launch
 from durable_spaces.campaigns.evidence import Evidence, RunCheck
 from durable_spaces.campaigns.scenarios.base import Context, Driven, OneSession, Script
 from durable_spaces.campaigns.spec import RunSpec
 from durable_spaces.chaos import points
 from durable_spaces.chaos.nemesis import TAKEOVER_WAIT_S, is_stopped
 from durable_spaces.chaos.schedule import PAUSE_POINTS, Failpoint
-from durable_spaces.session_protocol import EXIT_DONE, EXIT_FENCED, EXIT_PERMANENT
+from durable_spaces.drive.coordinator import Attempt, Coordinator, CoordinatorResult, Launch
+from durable_spaces.drive.protocol import EXIT_DONE, EXIT_FENCED, EXIT_PERMANENT
 
 #: Seconds each scripted shell command sleeps: a driver still busy at the takeover.
 SLEEP_S = 0.4

@@ -29,20 +29,51 @@ from openai import OpenAI
 
 
 def tools(file_tools: bool) -> list[dict]:
-    out = [{"type": "function", "function": {
-        "name": "bash", "description": "run a shell command",
-        "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
-                       "required": ["command"]}}}]
+    out = [
+        {
+            "type": "function",
+            "function": {
+                "name": "bash",
+                "description": "run a shell command",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"command": {"type": "string"}},
+                    "required": ["command"],
+                },
+            },
+        }
+    ]
     if file_tools:
-        out.append({"type": "function", "function": {
-            "name": "write", "description": "write a file",
-            "parameters": {"type": "object", "properties": {
-                "path": {"type": "string"}, "content": {"type": "string"}}}}})
-        out.append({"type": "function", "function": {
-            "name": "edit", "description": "replace text in a file",
-            "parameters": {"type": "object", "properties": {
-                "path": {"type": "string"}, "old_text": {"type": "string"},
-                "new_text": {"type": "string"}}}}})
+        out.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": "write",
+                    "description": "write a file",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                    },
+                },
+            }
+        )
+        out.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": "edit",
+                    "description": "replace text in a file",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {
+                            "path": {"type": "string"},
+                            "old_text": {"type": "string"},
+                            "new_text": {"type": "string"},
+                        },
+                    },
+                },
+            }
+        )
     return out
 
 
@@ -72,8 +103,12 @@ class Journal:
 
 def run_tool(name: str, args: dict, detached: bool) -> str:
     if name == "bash":
-        p = subprocess.run(["/bin/sh", "-c", args["command"]], capture_output=True, text=True,
-                           start_new_session=detached)
+        p = subprocess.run(
+            ["/bin/sh", "-c", args["command"]],
+            capture_output=True,
+            text=True,
+            start_new_session=detached,
+        )
         return p.stdout + p.stderr + (f"\n(exit code {p.returncode})" if p.returncode else "")
     if name == "write":
         Path(args["path"]).write_text(args["content"])
@@ -124,7 +159,7 @@ def main() -> int:
     pending: list[dict] = []
     asked = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if asked:
-        done = {m.get("tool_call_id") for m in messages[asked[-1] + 1:]}
+        done = {m.get("tool_call_id") for m in messages[asked[-1] + 1 :]}
         pending = [c for c in messages[asked[-1]].get("tool_calls") or [] if c["id"] not in done]
     intents = {ev["intent"] for ev in journal.events() if "intent" in ev}
     offered = tools(a.file_tools)
@@ -145,8 +180,11 @@ def main() -> int:
                 journal.add({"intent": cid})
                 if a.defect == "phantom":
                     journal.add({"id": cid, "result": "ok"})
-                out = run_tool(call["function"]["name"], json.loads(call["function"]["arguments"]),
-                               a.defect == "detached")
+                out = run_tool(
+                    call["function"]["name"],
+                    json.loads(call["function"]["arguments"]),
+                    a.defect == "detached",
+                )
             journal.add({"id": cid, "result": out})
             if a.defect == "noresult":
                 out = "done"
@@ -162,8 +200,10 @@ def main() -> int:
                 d = chunk.choices[0].delta
                 content += d.content or ""
                 for tc in d.tool_calls or []:
-                    c = calls.setdefault(tc.index, {"id": "", "type": "function",
-                                                    "function": {"name": "", "arguments": ""}})
+                    c = calls.setdefault(
+                        tc.index,
+                        {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+                    )
                     c["id"] = tc.id or c["id"]
                     if tc.function:
                         c["function"]["name"] += tc.function.name or ""
@@ -173,9 +213,14 @@ def main() -> int:
             r = client.chat.completions.create(**kw)
             m = r.choices[0].message
             content = m.content or ""
-            tool_calls = [{"id": c.id, "type": "function", "function": {
-                "name": c.function.name, "arguments": c.function.arguments}}
-                for c in m.tool_calls or []]
+            tool_calls = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": c.function.arguments},
+                }
+                for c in m.tool_calls or []
+            ]
         if a.defect == "hang":
             time.sleep(3600)
         msg = {"role": "assistant", "content": content or None}

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from needs import need
 
-from durable_spaces import host_cgroup
+from durable_spaces.host import cgroup as host_cgroup
 from durable_spaces.testing import FakeOpenAIServer, text_reply, tool_call_reply
 
 RECIPES = Path(__file__).resolve().parents[3] / "durable_spaces" / "probe" / "recipes"

@@ -3,7 +3,7 @@ project's own harness and adapter (the probe's control), wired as
 ``durable_spaces/campaigns/agent.py`` wires them, with an OpenAI-compatible model
 (``harness/models.py``'s ``OpenAIModel``) instead of the scripted one.
 
-Each launch or resume is one drive attempt of ``adapter/driver.py``'s
+Each launch or resume is one drive attempt of ``drive/entry.py``'s
 ``run_durable_session``: this program plays the coordinator's part first, giving the
 attempt the next epoch (a counter in ``<state>/epoch``, replaced atomically) and the
 session's environment (``CUA_SESSION_*``). The Space is a ``local`` one,
@@ -24,12 +24,15 @@ import os
 import sys
 from pathlib import Path
 
-from durable_spaces.adapter.driver import SessionHandle, StartContext, run_durable_session
+from durable_spaces.adapter.checkpoints.snapshots import (
+    DirectoryCheckpointStore,
+    WorkspaceSnapshots,
+)
 from durable_spaces.adapter.durable import durable_spaces
-from durable_spaces.adapter.snapshots import DirectoryCheckpointStore, WorkspaceSnapshots
 from durable_spaces.backends.local.backend import LocalBackend
 from durable_spaces.backends.local.disk import write_atomic
 from durable_spaces.campaigns.fast_exit import exit_now
+from durable_spaces.drive.entry import SessionHandle, StartContext, run_durable_session
 from durable_spaces.harness.models import OpenAIModel
 from durable_spaces.harness.scheduler import AgentConfig, Harness
 from durable_spaces.harness.tools import CodingTools, Registry

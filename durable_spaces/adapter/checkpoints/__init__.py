@@ -1,0 +1,1 @@
+"""The checkpoint engine: snapshots.py (the entry point: the providers), store, manifests."""

@@ -1,0 +1,1 @@
+"""The cluster lab: test hosts in network namespaces, workers, the queue."""

@@ -1,0 +1,1 @@
+"""Driving a session: the driver entry, warm drivers, the coordinator."""

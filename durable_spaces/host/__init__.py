@@ -1,0 +1,1 @@
+"""Facts about this host the adapter and backends read: mounts, processes, cgroups."""
