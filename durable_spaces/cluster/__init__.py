@@ -12,14 +12,17 @@ The processes, any of which may die:
   its requests); reports sandboxes that are gone;
   drops everything and registers again once declared lost.
 - ``drive.py`` (``durable-spaces coordinator``): claims sessions and drives each with the
-  single-host ``Coordinator``, epochs from the store, the Space made ready by
-  ``placer.py`` before every drive; ``submit.py`` (``durable-spaces submit``) adds sessions.
+  single-host coordinator (``drive/coordinator.py``), epochs from the store, the Space
+  made ready by ``placer.py`` before every drive.
 - ``remote.py`` (backend ``remote``): how a driver finds its Space through the store with
   its lease token; ``address.py``: what a placement's address says.
-- ``workers.py`` (``durable-spaces worker``): runs campaign runs from the queue.
 - ``forward.py``: a docker host's port forward to a container.
-- ``netns.py`` and ``lab.py``: test hosts in network namespaces, a whole cluster on one
-  machine (tests, ``bench/cluster.py``).
+- ``commands.py``: what ``durable-spaces host`` and ``coordinator`` do.
+
+The lab's side of the cluster is ``campaigns/cluster/``: ``submit.py`` (``durable-spaces
+submit``) adds sessions, ``workers.py`` (``durable-spaces worker``) runs campaign runs
+from the queue, ``netns.py`` and ``lab.py`` make test hosts in network namespaces and a
+whole cluster on one machine (tests, ``bench/cluster.py``).
 
 On real machines (one PostgreSQL every machine reaches; ``DS_CLUSTER_DB`` holds its URL
 so no password shows in ``ps``): on each machine that provides Spaces, ``durable-spaces
