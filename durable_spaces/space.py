@@ -364,7 +364,7 @@ class HostWorkspace(Protocol):
     """A Space whose ``root`` is this host's directory by construction (``local``: the
     backend makes it here and runs its processes here), so a checkpoint reads it here
     without first proving it through the Space (``adapter/checkpoints/incremental.py``'s probe: a
-    command per driver, 17-30 ms of each attempt's first checkpoint). A Space that only
+    command per driver, on each attempt's first checkpoint). A Space that only
     happens to be on this host (a daemon's, ``spacesd``) is proved instead: what it
     says of itself comes from the daemon, and a wrong claim would checkpoint another
     directory."""

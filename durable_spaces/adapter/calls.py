@@ -1,6 +1,7 @@
 """One wrapped call, from its start mark to its recorded outcome, and its recovery.
 
-The order of commits is the whole design (README, "Modes" and "Recovery"):
+The order of commits is the whole design (README.md, "Concepts" and "Recovery of an
+interrupted call"):
 
   start mark (exec key; transactional: + outside changes)   -> adapter.start_mark
   effect (spawn / wait, or the file operation)               -> adapter.spawn/running/exit

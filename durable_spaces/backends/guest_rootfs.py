@@ -136,7 +136,7 @@ def rootfs_tarball(log: Callable[[str], None] = _stderr) -> pathlib.Path:
         log(" ".join(cmd))
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         part = tar.with_suffix(f".tar.part{os.getpid()}")
-        subprocess.run(  # without the downloaded .debs (about 130 MB of the tree)
+        subprocess.run(  # without the downloaded .debs (much of the tree)
             [
                 "tar",
                 "--numeric-owner",

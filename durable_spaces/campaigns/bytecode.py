@@ -3,8 +3,8 @@
 With ``PYTHONDONTWRITEBYTECODE`` set (as on the project's machines) Python reads a
 module's bytecode from ``__pycache__`` but never writes it. An install that never
 compiled it (``pip install -e`` does not) then makes each worker and driver a campaign
-starts compile every module it imports: a 40-run checkpoint campaign took 57 s here
-against 38 s with the bytecode there. ``make setup`` and ``.ci/run`` compile it; a
+starts compile every module it imports, which lengthened a checkpoint campaign by half
+(docs/performance.md). ``make setup`` and ``.ci/run`` compile it; a
 campaign started without says so once, on stderr, with the command that fixes it. It
 does not compile anything itself: the variable is the user's choice.
 """

@@ -4,8 +4,8 @@ A campaign's worker (``campaigns/worker.py``) and its scripted driver
 (``campaigns/agent.py``) are done when their ``main`` returns: the run's record is
 written, or the session's log is closed. Their parents wait for the exit before the next
 step (the runner's next run, the coordinator's end of the session), and tearing down an
-interpreter that imported the lab (every module, the last collection) took 30-140 ms of
-that wait, per run, on a loaded machine, for nothing anyone reads.
+interpreter that imported the lab (every module, the last collection) lengthened that
+wait, per run, for nothing anyone reads (docs/performance.md).
 
 ``exit_now`` runs the ``atexit`` callbacks, flushes stdout and stderr, then ends the
 process with ``os._exit``. It takes the normal exit instead while, after those

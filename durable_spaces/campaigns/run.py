@@ -171,7 +171,7 @@ class Placement:
     ) -> None:
         self.name = space_name(f"{run.run_id}/{script.seed}")
         self.backend = open_backend(run.backend, spaces_dir)
-        # Its runtime (spacesd: the SDK's, 70-300 ms to start) now, beside the first
+        # Its runtime (spacesd: the SDK's, slow to start) now, beside the first
         # driver's cold start, not at the first fault or placement after a kill (which
         # would count it in that resume).
         warm = getattr(type(self.backend), "warm_up", None)
@@ -456,7 +456,7 @@ async def run_one(run: RunSpec) -> RunRecord:
         await ctx.placement.delete()
         if record.outcome == "ok":
             # A consistent run's log stays for the report; its Spaces' state (machine
-            # checkpoints are ~100 MB each) and checkpoint store go.
+            # checkpoints hold the guest's memory) and checkpoint store go.
             host = ctx.placement.host  # unmounted by now: its state is on the backing disk
             base = ctx.paths.root if host is None else host.disk
             for d in (base / "spaces", base / "store"):

@@ -1,7 +1,7 @@
 """The zygote: one process that imports a driver's modules once and forks each spare.
 
-A spare (``drive/warm_driver.py``) started as a new interpreter spends about 0.2 s of
-CPU on the interpreter and its imports before it waits; a campaign starts two or three
+A spare (``drive/warm_driver.py``) started as a new interpreter spends CPU on the
+interpreter and its imports before it waits (docs/performance.md); a campaign starts two or three
 per run, most of its processes' CPU on a 2-core machine. Forked from a process that has
 done the imports, a spare costs a fork. ::
 

@@ -134,7 +134,7 @@ class EncodedOps(list[Op]):
     """Plain-JSON ops with the JSON text they were read from (``encoded``). Why: the
     harness turns every commit's ops into plain JSON by a round trip through text, and a
     file storage would then encode the same ops again (a transactional call's commit of
-    its image is ~70 KB: both encodings cost ~1 ms of a call's ~6 ms). Never changed
+    its image is tens of KB: both encodings were a sixth of the call). Never changed
     after it is made, so its text is what encoding it would give."""
 
     text: str = ""

@@ -51,7 +51,7 @@ def _create_private(path: Path) -> bool:
 class JsonlStorage:
     """An append-only JSON-lines log: ``{"seq":..,"epoch":..,"ops":[..]}`` per line, one
     ``write`` and ``fsync`` per commit (``fsync=False``: the write alone, so a commit
-    survives a crash of the process but not of the host; measured in README "Power loss").
+    survives a crash of the process but not of the host: docs/lab.md, "Power loss").
 
     A torn last line (a crash mid-append) is ignored, reported in ``torn_tail`` and a
     ``TornTailWarning``, and truncated away before the next append. A bad line anywhere

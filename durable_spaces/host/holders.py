@@ -56,7 +56,7 @@ class Holders:
         if lazy or self.problem is not None:
             return
         # ``lazy``: the first ``now`` is the start instead (a checkpoint makes this
-        # object, starts the journal, then looks: one look fewer, 3-4 ms, and the start
+        # object, starts the journal, then looks: one look fewer, and the start
         # is then the journal's own, as the class doc says).
         first = self._look()
         if first is None:
@@ -187,9 +187,9 @@ class _Kernel:
 def prime() -> int:
     """Find this host's kernel threads now (``_Kernel``), so the first look of this
     process's first checkpoint skips them; returns how many are known. For a driver
-    started before its launch (``drive/warm_driver.py``): on a small host the first
-    look spent 6-9 ms of an attempt's first checkpoint on kernel threads (61 of 67
-    processes here), which a spare pays while it waits instead. Nothing else of the
+    started before its launch (``drive/warm_driver.py``): on a small host most processes
+    are kernel threads, and the first look of an attempt's first checkpoint spent most of
+    its time on them, which a spare pays while it waits instead. Nothing else of the
     look is kept: who holds what is looked at again by each ``Holders``."""
     with contextlib.suppress(OSError):
         for pid in os.listdir("/proc"):

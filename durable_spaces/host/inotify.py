@@ -1,8 +1,8 @@
 """``inotify_simple``'s ``INotify`` and ``flags``, its libc found without ``ldconfig``.
 
 Why: its first ``INotify`` looks libc up with ``ctypes.util.find_library``, which runs
-``ldconfig -p`` in a subprocess: 3-5 ms (fork and exec of a process as big as a
-driver), paid by every driver's first checkpoint. libc is already in this process, so
+``ldconfig -p`` in a subprocess (a fork and exec of a process as big as a driver),
+paid by every driver's first checkpoint. libc is already in this process, so
 it is opened by its soname here; where that name does not load (not glibc), the
 library's own lookup stays.
 """

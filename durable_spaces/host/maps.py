@@ -3,7 +3,7 @@
 Why: that look needs only a process's *shared file* mappings, but ``/proc/<pid>/maps``
 renders every mapping with its path: a Python interpreter has about 260, and on a
 campaign's host (a dozen interpreters) the rendering was most of a checkpoint's look
-(11 ms of 15 with 16 of them, measured here). Linux 6.11's ``PROCMAP_QUERY`` ioctl on
+(docs/performance.md). Linux 6.11's ``PROCMAP_QUERY`` ioctl on
 the same file asks the kernel for the next mapping with given flags, so only the shared,
 file-backed ones come back, and no path is rendered. The kernel's filter is the ``s`` of
 ``maps`` (``VM_MAYSHARE``), and both report the device and inode of the same inode

@@ -81,8 +81,8 @@ class Batch:
     ``refill`` once the commit is over: a checkpoint on a call's path asks for it after
     the call's result (``incremental``), since a fill started at its commit (a file per
     blob, made while the journal still commits the batch's fsyncs) ran beside the
-    checkpoint's hand-back and the result's commit: 0.6-1.0 ms of a checkpoint-mode
-    call here (``bench.adapter``, in-process A/B of 120 calls)."""
+    checkpoint's hand-back and the result's commit, and slowed both (docs/performance.md,
+    "Figures behind the code's choices")."""
 
     def __init__(
         self,
@@ -290,9 +290,9 @@ _pool_lock = threading.Lock()
 
 def fsync_all(fds: list[int]) -> None:
     """fsync every file, all at once: the filesystem's journal then commits them
-    together (11 files in turn ~55 ms on one machine, at once ~8 ms). Not each as soon
-    as it is written: those commits then stalled the batch's next files (1.5-3 ms more
-    per checkpoint here)."""
+    together, where in turn each waits for a commit of its own. Not each as soon as it
+    is written: those commits then stalled the batch's next files (docs/performance.md
+    has both figures)."""
     global _pool
     if len(fds) < 2:
         for fd in fds:
@@ -302,7 +302,7 @@ def fsync_all(fds: list[int]) -> None:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="ds-fsync")
             # Its idle workers ended at exit, so a lab process's exit_now can skip the
-            # teardown (campaigns/fast_exit.py: 70-120 ms a checkpoint-mode run here).
+            # teardown (campaigns/fast_exit.py).
             atexit.register(_pool.shutdown)
     for f in [_pool.submit(os.fsync, fd) for fd in fds]:
         f.result()

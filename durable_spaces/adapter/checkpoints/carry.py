@@ -2,8 +2,8 @@
 checkpoint is durable with one fsync of one file (``checkpoints.batch``).
 
 Why: a checkpoint of 10 changed files wrote 11 files and fsynced each, then two
-directories; on one host the twelve fsyncs (at once) took 1.2-1.5 ms of a 5 ms
-checkpoint. A manifest file that also holds the bytes of the small blobs it adds is the
+directories, and those twelve fsyncs (at once) were a quarter of the checkpoint
+(docs/performance.md). A manifest file that also holds the bytes of the small blobs it adds is the
 one durable copy those need: their own files in ``blobs/`` are then written without a
 fsync, as the fast path readers use, and put in place only after the manifest is
 durable, so a blob file a later checkpoint finds (and does not carry again) always has a

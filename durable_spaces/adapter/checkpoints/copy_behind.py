@@ -3,8 +3,8 @@ taken for is over, when a store already holds it durably (``incremental``).
 
 Why: with a store, the copy beside the workspace is only a fast path (every restore, a
 fork's first use and the checker read the store first), yet writing it (a file per new
-blob, the manifest, their renames) was about 1 ms of each checkpoint here, on the path
-of the call. It now runs in a thread once the call's result is committed (``Behind``),
+blob, the manifest, their renames) was on the path of the call (its cost:
+docs/performance.md). It now runs in a thread once the call's result is committed (``Behind``),
 while the model thinks.
 
 What it gives up: nothing a recovery needs. The next call's effect waits for the write
@@ -124,7 +124,7 @@ class Behind:
         that through ``ToolContext.after_result``) or at the next ``settle``, whichever
         comes first. Why not at once: a copy running beside the rest of the call (the
         checkpoint's hand-back, its record in the result's commit) took their CPU and
-        the GIL: 0.6 ms of a checkpoint-mode call here. After the result, it runs while
+        the GIL, and lengthened the call. After the result, it runs while
         the model thinks."""
         self._held[space] = job
 

@@ -3,8 +3,8 @@ background, given a name only when a batch takes them (``checkpoints.batch.Batch
 
 Why: making a file means allocating an inode, and while the filesystem's journal is
 committing (a log or ledger ``fsync`` just before a checkpoint: the harness's commit,
-the daemon's exec ledger) that allocation waits for the commit's I/O: about 230 us per
-file here, against 10 us for the link or rename that names the file. A checkpoint
+the daemon's exec ledger) that allocation waits for the commit's I/O, many times what
+the link or rename that names the file costs (docs/performance.md). A checkpoint
 makes one file per new blob and one for its manifest, in the store and in the Space's
 copy, so on the spacesd backend those waits were most of its walk. The pool does the
 allocations while the next command runs, and a batch only links what it takes.
@@ -59,7 +59,7 @@ class InodePool:
         #: One filler thread per process, started at the first top-up and woken by each
         #: (a thread started per top-up made the checkpoint's thread wait for it to run:
         #: ``Thread.start`` returns only once the new thread has the interpreter's lock,
-        #: 0.1 ms of a checkpoint's path here while the loop's thread wanted it too).
+        #: which the loop's thread wanted too).
         self._wake = threading.Condition(self._lock)
         self._filler: threading.Thread | None = None
         self._pid = os.getpid()

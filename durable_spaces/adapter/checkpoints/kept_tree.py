@@ -5,7 +5,7 @@ holds (``host.holders``: stores through a shared mapping raise no event), at the
 and at the directories of what changed (the manifest keeps directories' times).
 
 Why: the walk was most of a checkpoint's cost in a workspace where little changed (an
-``lstat`` of every path, ~4 ms at 1000 files here, 20 on a slower disk). What it gives
+``lstat`` of every path, growing with the workspace: docs/performance.md). What it gives
 up: nothing, where the journal vouches (``space.WorkspaceJournal``); everything it does
 not vouch for (overflow, limits, a restarted machine, mounts, a process that turned
 blind to ``/proc``) makes the next checkpoint a full walk with a new journal. A file

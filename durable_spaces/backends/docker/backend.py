@@ -15,7 +15,7 @@ The token is a 0600 file under the state directory bind-mounted read-only at
 ``/run/cua/env-token``: never in the environment, labels, argv or logs (``docker inspect``
 shows only the mount's host path).
 
-Faults, as measured on Docker 20.10:
+Faults, as seen on Docker 20.10:
 
 - ``restart``: ``docker kill`` + ``docker start``. The whole container dies, no command
   survives; finished ledger records and the epoch floor survive (the ledger lives in
@@ -23,9 +23,9 @@ Faults, as measured on Docker 20.10:
   ``docker restart`` would wait out the daemon's shutdown grace (about 5 s) while a client
   holds an output stream; SIGKILL has no grace, so the streams are not detached and
   their waiters see ``SpaceUnavailableError``, as the contract asks (a detach would end
-  them like an exit). Measured: 0.4-0.8 s to the first answer idle; about 0.9 s more
-  while a stream is held, because the new daemon's first /health answer waits for the
-  SDK's reconnecting stream (detaching first avoided it, at the cost above).
+  them like an exit). The first answer comes later while a stream is held, because the
+  new daemon's first /health answer waits for the SDK's reconnecting stream (detaching
+  first avoided it, at the cost above; the figures: docs/performance.md).
 - ``kill_daemon``: SIGKILL of the daemon inside the container (pid 1 stays). ``supervise``
   starts a new daemon at once; the container does not exit. The command that was running
   SURVIVES as an orphan of pid 1 and its record reads ``LOST``. The daemon's own

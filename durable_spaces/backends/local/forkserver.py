@@ -1,5 +1,5 @@
 """The fork server of a ``local`` Space: one long-lived process that forks each command's
-supervisor, so a spawn costs a fork instead of an interpreter start (about 10 ms).
+supervisor, so a spawn costs a fork instead of an interpreter start.
 
 Started by a driver's first spawn (``forkserver_client.py``, under the Space's lock) as
 ``python -I -S forkserver.py SPACE_DIR INSTANCE VERSION IDLE`` in a session of its own,
@@ -29,9 +29,9 @@ server and its request) and removing its files only while ``forkserver.json`` is
 from __future__ import annotations
 
 # The C modules under ``socket``, ``signal`` and ``importlib.util``: this process starts
-# on the first spawn of every Space (on the path of a run's first call), and those three
-# cost it about 25 ms of imports here (their enums, ``selectors``, ``contextlib``), more
-# than the interpreter's own start (about 20 ms under -I -S).
+# on the first spawn of every Space (on the path of a run's first call), and the imports
+# of those three (their enums, ``selectors``, ``contextlib``) cost it more than the
+# interpreter's own start under -I -S (docs/performance.md).
 import _frozen_importlib_external
 import _signal
 import _socket

@@ -41,7 +41,7 @@ from durable_spaces.space import (
 JournalFactory = Callable[[str], jr.ChangeJournal]
 #: ``small``: at most this many changed paths, each a file of at most ``SMALL_BYTES``
 #: (or gone, or a link), is work a caller may do on its event loop rather than hand
-#: to a worker thread (the hand-off cost more than the work: ~0.3 ms idle, 1-2 loaded).
+#: to a worker thread (the hand-off cost more than the work: docs/performance.md).
 SMALL_PATHS = 32
 SMALL_BYTES = 256 * 1024
 

@@ -96,11 +96,11 @@ def carrying(instance: str) -> list[psutil.Process]:
     superset of those marked with it, each to be checked by its parsed environment.
 
     Why not ``psutil.process_iter``: it makes a ``Process`` of every pid, with a read of
-    its ``stat``, to then read every environment; an epoch raise (a driver's start) paid
-    7-12 ms for that on a host of 70 processes, most of them kernel threads. The raw
-    ``/proc/<pid>/environ`` says in a few microseconds that a process has nothing of the
-    Space; only the few that do become a ``Process`` (whose create time then guards the
-    kill against a reused pid, as before)."""
+    its ``stat``, to then read every environment, and an epoch raise (a driver's start)
+    paid that for every process of the host, most of them kernel threads
+    (docs/performance.md). The raw ``/proc/<pid>/environ`` says at once that a process
+    has nothing of the Space; only the few that do become a ``Process`` (whose create time then
+    guards the kill against a reused pid, as before)."""
     needle = instance.encode()
     me = os.getpid()
     found: list[psutil.Process] = []

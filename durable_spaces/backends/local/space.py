@@ -19,8 +19,8 @@ come back replayed with ``exit_code=None``). A wait whose command was killed by
 ``advance_epoch`` raises ``StaleEpochError``; by a restart, ``SpaceUnavailableError``;
 by ``delete``, ``SpaceGoneError``.
 
-Cost: a supervisor started directly is a fresh interpreter (``-I -S``, stdlib only),
-about 10 ms of an idle machine per command; the fork server (one per Space, started by
+Cost: a supervisor started directly is a fresh interpreter (``-I -S``, stdlib only) per
+command; the fork server (one per Space, started by
 the first spawn) makes that a fork of a small single-threaded process. A shell
 supervisor would be faster but cannot tell ``exit 130`` from death by SIGINT, and forking
 the caller would copy a threaded driver; both were rejected.

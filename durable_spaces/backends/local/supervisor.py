@@ -3,7 +3,7 @@
 Run by ``LocalSpace.spawn`` as ``python -I -S supervisor.py CMD_DIR`` in a session
 of its own, or forked by the Space's fork server (``forkserver.py``, which then calls
 ``supervise`` with the spec read from its socket instead of stdin): a script rather than
-``-m`` so that starting it imports no site and no package (about 10 ms), and stdlib only
+``-m`` so that starting it imports no site and no package, and stdlib only
 for the same reason. It outlives its caller on purpose: a
 driver that is SIGKILLed leaves the command running, and the next driver reattaches by
 reading ``CMD_DIR/output`` and waiting for ``CMD_DIR/status``.

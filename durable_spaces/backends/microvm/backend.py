@@ -124,8 +124,8 @@ class MicrovmBackend:
     all until pruned). The adapter prunes by its log (``prune_space``), which is exact: an
     age bound could drop a checkpoint a fork's log still needs. Set it only when driving
     the backend without the adapter.
-    ``compress``: zstd the memory files (``DS_MICROVM_COMPRESS``, default on): about 45 MB
-    instead of 120 MB for 512 MiB, for a pause of about 0.45 s instead of 0.14 s (TCG).
+    ``compress``: zstd the memory files (``DS_MICROVM_COMPRESS``, default on): a third of
+    the disk, for a longer pause of the guest (docs/performance.md, "Other figures").
     """
 
     kind = "microvm"

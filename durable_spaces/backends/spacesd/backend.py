@@ -205,7 +205,7 @@ class SpacesdBackend:
         if isolation not in ("auto", "pidns", "pgroup"):
             raise ValueError(f"isolation must be auto, pidns or pgroup, not {isolation!r}")
         # Only the cheap check here: a driver that reconnects to a running daemon never
-        # runs the binary, so its ``--version`` run (~50 ms) waits for ``_boot``.
+        # runs the binary, so its ``--version`` run waits for ``_boot``.
         reason = _missing_reason() if binary is None else None
         if reason is not None:
             raise BackendUnavailableError(reason)
@@ -229,9 +229,9 @@ class SpacesdBackend:
         Opens no Space and creates nothing. The runtime does no I/O until its first call,
         so it starts even when the state dir is not made yet: the spare of a session's
         first resume is started as its first driver launches, before that driver made
-        the dir, and that resume paid the runtime's start (70-300 ms) on its way.
-        The binary's run (``unavailable_reason``: 3-10 ms, some 50 ms of CPU when the
-        binary is not in the page cache) goes on in a thread: only booting a daemon
+        the dir, and that resume paid the runtime's start on its way.
+        The binary's run (``unavailable_reason``; more CPU when the binary is not in the
+        page cache) goes on in a thread: only booting a daemon
         needs it (``_boot`` runs it if it is not done), and a spare is ready that much
         sooner for a driver that dies soon after its launch."""
         if _missing_reason() is None:

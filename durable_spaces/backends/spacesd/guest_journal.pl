@@ -40,8 +40,8 @@
 use strict;
 use warnings;
 
-# No modules beyond strict and warnings: under TCG POSIX costs a helper's start ~230 ms
-# and Fcntl ~100 ms, where perl itself starts in ~90. So the few constants are here: the
+# No modules beyond strict and warnings: under TCG POSIX and Fcntl each cost a helper's
+# start more than perl's own start (docs/performance.md). So the few constants are here: the
 # errno values are Linux's generic ones; the open flags and syscall numbers differ by
 # machine, which the ELF header of this perl names (e_machine: 62 x86_64, 183 aarch64).
 my ($EINTR, $ENOENT, $EAGAIN, $ENOTDIR, $ENOSPC, $ELOOP) = (4, 2, 11, 20, 28, 40);

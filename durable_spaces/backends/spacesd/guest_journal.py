@@ -2,14 +2,15 @@
 workspace this host cannot see (a microvm's; a spacesd or docker Space where the host
 scan is off), so a scan costs what changed, not a ``find`` of the whole workspace.
 
-Why: under TCG a ``find`` of 1000 files through the daemon took ~250 ms and a
+Why: under TCG a ``find`` of the workspace through the daemon is slow and a
 transactional call made two, where a request to a process already running in the guest
-answers in ~6 ms. So each epoch starts one helper (``guest_journal.pl``, perl-base only)
-as a command of the Space's user under the helper epoch (the next advance kills it, as it
-does every command of an older epoch) and keeps talking to it over its stdin and stdout:
-a request is a nonce; the first answer is a walk of the whole workspace, each later one
-the paths its inotify events named since, looked at again in the guest (stat, link
-target, and the bytes of the small files, hashed here and kept for ``read_files``).
+answers in a small fraction of that (docs/performance.md). So each epoch starts one
+helper (``guest_journal.pl``, perl-base only) as a command of the Space's user under the helper
+epoch (the next advance kills it, as it does every command of an older epoch) and keeps talking
+to it over its stdin and stdout: a request is a nonce; the first answer is a walk of the whole
+workspace, each later one the paths its inotify events named since, looked at again in the
+guest (stat, link target, and the bytes of the small files, hashed here and kept for
+``read_files``).
 
 Soundness is the host journal's (``local/journal.py``), argued in the helper's header;
 here: an answer counts only when it ends with its own nonce and says it is trusted, the
@@ -55,7 +56,7 @@ FRAME_SLACK = 1 << 20
 SILENCE_TIMEOUT = 20.0
 #: How often a wait on the helper looks whether its daemon is still the one it started
 #: under (the backend's probe, no request): the SDK keeps retrying a dead daemon's
-#: connection for ~12 s before a write to the helper fails, and a Space removed or
+#: connection for seconds before a write to the helper fails, and a Space removed or
 #: restarted under a call cost it that much.
 DAEMON_LOOK_S = 0.1
 
@@ -280,11 +281,11 @@ class GuestJournal:
 
     async def boot_id(self) -> str | None:
         """The machine's boot id, read now by the helper: a process of that boot (a
-        machine that booted again has none, a restored one is another daemon), so ~6 ms
-        under TCG where a command costs ~50. A helper is started for it if none runs
-        (its first scan is still a walk): checkpoint mode reads the id twice a call and
-        scans never. None when it gives no good answer (dropped then): the caller reads
-        the id its own way."""
+        machine that booted again has none, a restored one is another daemon), so a
+        request where a command would cost several times more under TCG. A helper is
+        started for it if none runs (its first scan is still a walk): checkpoint mode reads the
+        id twice a call and scans never. None when it gives no good answer (dropped then): the
+        caller reads the id its own way."""
         if self.unavailable is not None or not host_journal.enabled():
             return None
         async with self._lock:

@@ -6,8 +6,8 @@ daemon in its own namespaces on this host (``backend.NamespacedSpace``) and a co
 filesystem, ``docker.host_view``).
 
 Why: through the daemon a scan is one ``find`` of the whole workspace plus one
-``sha256sum``, and a read of the changed files one more command: about 28 ms a scan at
-1000 files in a container here, two scans a transactional call. Here a scan costs what
+``sha256sum``, and a read of the changed files one more command, two scans a
+transactional call (docs/performance.md). Here a scan costs what
 the journal names, and the image's reads cost nothing (the scan kept the bytes).
 
 Every answer is the one a scan through the daemon would give, or None: then the caller

@@ -15,7 +15,7 @@ Decisions worth knowing:
   ``spawn``, which the daemon dedupes on the key, so a racing second client can only
   make the ``reattached`` flag stale, never run the command twice. A key the caller
   vouches new (``new_key``: the adapter's key of a call it just marked started) skips
-  the read: one round trip of ~1 ms less per wrapped command; the daemon's dedupe (an
+  the read: one round trip less per wrapped command; the daemon's dedupe (an
   EXITED or LOST key's spawn answers with its old process, never a new run) is what
   keeps a wrongly vouched key from running twice. Following a command
   is ``execution``'s part; reading SDK errors, ``errormap``'s.
@@ -573,9 +573,9 @@ class SpacesdSpace:
         """The sha256 of each file in ``stale`` (gone ones left out), and the bytes of
         those read whole: the small ones (under ``KEEP_MAX``, ``KEEP_TOTAL`` in all) come
         in one ``tar`` (``bulk``) and are hashed here, so transactional mode's read of
-        what a command changed is answered from them (one command fewer per call: 250 ms
-        of a microvm call under TCG); the rest, and any the stream left out or could not
-        give (changed while read, no longer a regular file), are hashed in the Space."""
+        what a command changed is answered from them (one command fewer per call, the
+        dearest part of a microvm call under TCG); the rest, and any the stream left out or
+        could not give (changed while read, no longer a regular file), are hashed in the Space."""
         hashes: dict[str, str] = {}
         kept: dict[str, bytes] = {}
         small: list[str] = []

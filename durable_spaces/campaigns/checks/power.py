@@ -48,7 +48,7 @@ def seen(cut: Mapping[str, Any]) -> list[str]:
 
 
 def log_label(synchronous: str | None, log_format: str = "sqlite") -> str:
-    """The log as the README's table names it: ``SQLite FULL``, ``JSONL fsync``, ..."""
+    """The log as docs/lab.md's power-loss table names it: ``SQLite FULL``, ``JSONL fsync``, ..."""
     sync = (synchronous or "NORMAL").upper()
     if log_format == "jsonl":
         return "JSONL no fsync" if sync == "OFF" else "JSONL fsync"

@@ -194,15 +194,15 @@ class Play:
         if self.kind == "race":
             return self.race(calls, sleep)
         # The fault must land mid-session (a Space lost once its session has ended is
-        # placed again only by a next session; none here), and a call takes ~0.3 s
-        # (only shell steps sleep): at least MIN_CALLS calls.
+        # placed again only by a next session; none here), and a call is short (only
+        # shell steps sleep): at least MIN_CALLS calls.
         calls = max(calls, MIN_CALLS)
         if self.kind in ("remove_live", "host_loss", "db_restart"):
             sleep = max(sleep, 1.0)
         if self.kind == "host_loss":
             # a local Space is a directory the driver writes itself: it goes on until the
             # store declares the host lost (3 s without a heartbeat), so leave it longer
-            # (a call takes ~0.3 s: only shell steps sleep)
+            # (a call is short: only shell steps sleep)
             calls = max(calls, 24)
         self.submit("s1", calls, sleep)
         getattr(self, self.kind)("s1")
