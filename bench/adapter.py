@@ -21,7 +21,7 @@ a tool (task running, result entry) are not counted: a tool pays them wrapped or
 Checkpoint mode keeps workspace checkpoints in a ``DirectoryCheckpointStore`` (machine
 checkpoints on microvm, as auto mode would use them). Transactional mode runs with
 ``max_files`` raised to 1100 so that 1000 files plus the tool's own fit. It prints, one
-line each (``RATIO`` and ``PEER`` are the forms issue 13 asks for; fields only ever
+line each (``RATIO`` and ``PEER`` are the forms docs/performance.md reads; fields only ever
 appended)::
 
     RATIO wrapped/unwrapped mode=<m> backend=<b> tool=<t> files=<n> changed=<k> wrapped_ms=<x> unwrapped_ms=<y> x=<ratio> result_commit_ms=<z>

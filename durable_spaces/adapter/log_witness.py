@@ -35,13 +35,13 @@ position its first driver found in the log. A whole machine restored from a chec
 (``MachineCheckpoints``) has its ledger as of the checkpoint: the positions the log has
 since are filled in right after (a few: the calls since that checkpoint).
 
-Why this and not the alternatives (issue 34 names them):
+Why this and not the alternatives:
 
 - *Keys the log never recorded, found by listing the ledger* would need a listing the
   Space protocol does not have (``exec_record`` answers one key), and sees bash calls
   only: a lost write or edit leaves no key; an edit run twice fails.
 - *An epoch the log never issued* (the Space's floor above the log's) sees a lost driver
-  start, never calls lost within one driver's epoch: the issue's case.
+  start, never calls lost within one driver's epoch: the common case.
 - *A random name per log in the key* (so that two logs of one conversation never share
   a key) is lost with the log's first commit: the log that lost everything would look
   new, and adopt the Space's effects of every call it forgot.

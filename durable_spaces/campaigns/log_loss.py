@@ -14,7 +14,7 @@ last unsynced write of each file lands in part) and comes back. The Space, its d
 its processes and the boot id are untouched. The report is ``power.py``'s: the log's
 commits before and after the cut, and what the Space's ledger holds; ``kept`` names what
 the cut left: ``all`` (nothing was lost), ``prefix`` (an older prefix of the log: the
-case the host's boot id cannot see, issue 34) or ``none`` (every commit lost).
+case the host's boot id cannot see) or ``none`` (every commit lost).
 
 A SQLite log at ``NORMAL`` syncs its WAL only when it checkpoints it (at close, or after
 a thousand pages): a short run's cut would always lose every commit. A kernel writes

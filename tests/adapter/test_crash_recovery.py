@@ -1,4 +1,4 @@
-"""Issue 4's crash tests: real driver processes SIGKILLed at each step of a call.
+"""Crash tests: real driver processes SIGKILLed at each step of a call.
 
 Each test drives a scripted session (writes, edits, appending shell commands) through
 ``run_durable_session`` in child processes; the first attempt dies at a failpoint, later

@@ -1,4 +1,4 @@
-"""Fencing of a stale driver (issue 4): an older driver can neither add to the log nor run
+"""Fencing of a stale driver: an older driver can neither add to the log nor run
 a command once a newer one took over, and it exits 75; a Space that cannot be fenced
 halts the driver without recording anything."""
 

@@ -1,5 +1,5 @@
 """When transactional mode's scans may trust a change journal, end to end through the
-adapter (issue 34, items 2-4): a mount inside the workspace, whenever it was made, makes
+adapter (docs/journal-trust.md): a mount inside the workspace, whenever it was made, makes
 the journal in the Space (``backends/spacesd/guest_journal.pl``) untrusted, as it makes
 the host's; the image then still follows the Space.
 
@@ -117,7 +117,7 @@ def test_an_overlay_mounted_inside_the_workspace_is_never_trusted(
 
 #: A background process of the Space's user that stops the journal's helper of the
 #: workspace ``$ARGV[0]``, opens its stdin and stdout and answers every request itself:
-#: its nonce and "trusted", nothing changed (issue 34, item 3). What it could or could
+#: its nonce and "trusted", nothing changed. What it could or could
 #: not do goes to its own output.
 FORGER = r"""
 use strict;

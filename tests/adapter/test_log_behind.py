@@ -1,4 +1,4 @@
-"""A log that lost its tail while this host never rebooted (issue 34, item 1): a log on a
+"""A log that lost its tail while this host never rebooted: a log on a
 shared mount, or on another host, loses its unsynced commits; the Space kept every
 effect. The host's boot id is the same, so only ``adapter/log_witness.py``'s witness
 (the Space's exec ledger knows a log position the log never reached) shows the Space is

@@ -25,7 +25,7 @@ from durable_spaces.space import CONTAINED_EPOCHS, EXEC_LEDGER, ExecState
 needs_cgroup = pytest.mark.cgroup  # tests/needs.py: a skip outside CI, a failure on CI
 
 #: Escapes from a command: each writes its pid to pid.txt, then waits for ``go`` and
-#: writes late.txt. The issue's (no setsid), with setsid, and a double fork.
+#: writes late.txt. The plain one (no setsid), with setsid, and a double fork.
 _LATE = "echo $$ > pid.txt; while [ ! -e go ]; do sleep 0.01; done; echo late > late.txt"
 _INNER = _LATE.replace("$$", "\\$\\$")  # expanded by the innermost shell, not its parent
 ESCAPES = {

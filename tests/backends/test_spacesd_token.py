@@ -1,5 +1,5 @@
 """The spacesd daemon's token rotated while it runs (``--await-token-file``), and its
-epoch floor taken back to a grant it was raised past (issue 34, item 6: the cluster's
+epoch floor taken back to a grant it was raised past (the cluster's
 host rotates a Space's token for every lease, durable_spaces/cluster/host.py)."""
 
 from __future__ import annotations

@@ -108,7 +108,7 @@ def test_missing_session_module_is_a_clear_error(
 def test_report_command(tmp_path: Path) -> None:
     assert runner.invoke(cli.app, ["report", str(tmp_path)]).exit_code == 2
     (tmp_path / "runs").mkdir()
-    r = runner.invoke(cli.app, ["report", str(tmp_path)])  # no record: no report (issue 34)
+    r = runner.invoke(cli.app, ["report", str(tmp_path)])  # no record: no report
     assert r.exit_code == 1 and not (tmp_path / "report.html").exists()
     RunRecord("run-0000", "s-0", "transactional", "local", 2).save(tmp_path / "runs")
     r = runner.invoke(cli.app, ["report", str(tmp_path)])

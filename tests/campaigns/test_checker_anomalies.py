@@ -255,7 +255,7 @@ def test_a_call_missing_from_its_own_image_is_named_though_the_end_agrees(
 def test_a_call_missing_from_its_own_checkpoint_is_named_though_the_end_agrees(
     tmp_path: Path,
 ) -> None:
-    """Checkpoint mode's blind spot (issue 34): B1's checkpoint missed its own append (a
+    """Checkpoint mode's blind spot: B1's checkpoint missed its own append (a
     listing that trusted a stale look); B3's checkpoint looked again and holds it, so the
     last checkpoint equals the workspace. Only ``checkpoint_follows_calls`` sees it: a
     crash of B3 restoring B1's checkpoint would have lost the line."""

@@ -1,6 +1,6 @@
 """The lab must catch a checkpoint that misses its call's change though the next one
 heals it (``DS_MUTANTS=checkpoint_misses_call``: every other checkpoint holds the files
-as the one before did): checkpoint mode's blind spot of issue 34. With no fault the
+as the one before did): checkpoint mode's blind spot. With no fault the
 last checkpoint agrees with the workspace and the workspace with the log, so only
 ``checkpoint_follows_calls`` (every call's checkpoint, read from the store) fails; the
 same campaign on the correct build passes with every call checked."""

@@ -61,7 +61,7 @@ def test_a_log_loss_run_is_caught_up_by_the_witness(
     tmp_path: Path, mode: str, seed: str, kept: str
 ) -> None:
     """Seeds whose cuts leave the log behind the Space: ``ll-tx-13`` keeps an older
-    prefix of the log (the case of issue 34), ``ll-try-5`` loses every commit."""
+    prefix of the log (the case the boot id cannot see), ``ll-try-5`` loses every commit."""
     from durable_spaces.campaigns.run import run_one
 
     rec = asyncio.run(run_one(_run(tmp_path, mode, seed)))

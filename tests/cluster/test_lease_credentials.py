@@ -1,4 +1,4 @@
-"""A Space's daemon token per lease (issue 34, item 6): once session s2 took sp1's lease,
+"""A Space's daemon token per lease (docs/cluster-security.md): once session s2 took sp1's lease,
 the token s1's driver was given controls nothing (no command, no epoch advance), and s2's
 drivers go on (tests/backends/test_spacesd_token.py: a floor raised past the grant is
 taken back at the next lease)."""
@@ -18,7 +18,7 @@ from durable_spaces.cluster.records import SpaceConnection
 
 
 async def _attack(conn: SpaceConnection, root: str, sdk_home: str) -> list[str]:
-    """What a holder of ``conn``'s token tries, as the issue's attacker did: the error
+    """What a holder of ``conn``'s token tries, as an attacker with a stale token would: the error
     each attempt met (an empty string where it succeeded)."""
     addr = parse_address(conn.address)
     assert isinstance(addr, SpacesdAddress)

@@ -57,7 +57,7 @@ def test_a_queued_run_the_flags_would_refuse_is_finished_as_a_lab_error(
 ) -> None:
     """A spec read back from the queue is checked as a campaign's flags are: ``calls``
     of 10**9 is refused (the flag's cap is 10000), the run finished as a lab error that
-    says so, nothing started, and the worker goes on (issue 34, item 8)."""
+    says so, nothing started, and the worker goes on."""
     from durable_spaces.campaigns.cluster.workers import ClusterWorker
     from durable_spaces.cluster.store import ClusterStore
 

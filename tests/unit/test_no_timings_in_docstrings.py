@@ -13,13 +13,11 @@ default timeout, a heartbeat's period, a bound) says none of that and passes.
 
 from __future__ import annotations
 
-import ast
-import io
 import re
-import tokenize
 from pathlib import Path
 
 import pytest
+from doc_texts import code_texts
 
 import durable_spaces
 
@@ -54,67 +52,14 @@ def figures(text: str) -> list[str]:
     return found
 
 
-def _texts_py(source: str) -> list[tuple[int, str]]:
-    """Every docstring (a string standing as a statement: modules', classes', functions'
-    and attributes') and every block of comment lines, with its first line."""
-    out: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(source)):
-        if (
-            isinstance(node, ast.Expr)
-            and isinstance(node.value, ast.Constant)
-            and isinstance(node.value.value, str)
-        ):
-            out.append((node.lineno, node.value.value))
-    block: list[str] = []
-    start = last = 0
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type != tokenize.COMMENT:
-            continue
-        line = tok.start[0]
-        if block and line != last + 1:
-            out.append((start, "\n".join(block)))
-            block = []
-        if not block:
-            start = line
-        block.append(tok.string.lstrip("#:").strip())
-        last = line
-    if block:
-        out.append((start, "\n".join(block)))
-    return out
-
-
-def _texts_script(source: str) -> list[tuple[int, str]]:
-    """The comment blocks of a shell or Perl script (``#`` to the end of a line that
-    holds nothing else)."""
-    out: list[tuple[int, str]] = []
-    block: list[str] = []
-    start = 0
-    for n, line in enumerate([*source.splitlines(), ""], 1):
-        text = line.strip()
-        if text.startswith("#") and not text.startswith("#!"):
-            if not block:
-                start = n
-            block.append(text.lstrip("#").strip())
-        elif block:
-            out.append((start, "\n".join(block)))
-            block = []
-    return out
-
-
 def scan(root: Path) -> list[str]:
     """``file:line: sentence`` for every timing in the docstrings and comments under
     ``root`` (Python modules, and the Perl and shell scripts shipped with them)."""
-    found = []
-    for path in sorted(root.rglob("*")):
-        if path.suffix == ".py":
-            texts = _texts_py(path.read_text())
-        elif path.suffix in (".pl", ".sh"):
-            texts = _texts_script(path.read_text())
-        else:
-            continue
-        for line, text in texts:
-            found += [f"{path.relative_to(root)}:{line}: {s}" for s in figures(text)]
-    return found
+    return [
+        f"{path.relative_to(root)}:{line}: {sentence}"
+        for path, line, text in code_texts(root)
+        for sentence in figures(text)
+    ]
 
 
 @pytest.mark.parametrize(

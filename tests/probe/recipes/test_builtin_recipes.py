@@ -1,5 +1,5 @@
-"""Every built-in recipe, read as the contract says (no harness needed): the names the
-issue gives, each in a directory of its name; only known placeholders; the programs its
+"""Every built-in recipe, read as the contract says (no harness needed): the names
+``BUILTIN`` lists, each in a directory of its name; only known placeholders; the programs its
 commands name exist; a one-line promise the report can show; a shell tool, and file tools
 with every argument named."""
 
