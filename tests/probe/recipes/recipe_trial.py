@@ -1,5 +1,5 @@
 """One built-in recipe tried end to end, without the probe core: its ``recipe.toml`` read
-as the contract (/work/wt/PROBE-CONTRACT.md, kept in docs/probe-recipes.md) says, its
+as the contract (kept in docs/probe-recipes.md) says, its
 launch and resume run in a session of their own with the run's workdir as cwd, against
 ``durable_spaces.testing``'s chat server answering from the request: step ``k`` is asked
 for when the request holds ``k - 1`` tool results, whatever they say (so a resent request
