@@ -233,17 +233,22 @@ def scripted(tmp: Path, seed: str, calls: int, interrupted: frozenset[int] = fro
     """A run of the real ScriptedModel (steps in ``interrupted`` end interrupted), with
     the workspace its transcript implies: consistent, including the replay."""
     model = ScriptedModel(seed, calls)
-    t = Transcript(tmp / "log.sqlite")
     files: dict[str, str] = {}
+    steps = []
     for step in range(calls):
         tc = model.call(step, dict(files))
         status = "interrupted" if step in interrupted else "ok"
-        t.call(tc.id, tc.name, tc.args, status=status)
+        steps.append((tc, status))
         if status == "ok":
             assert apply(files, tc.name, tc.args) is None
-    t.done()
+    # the workspace first, the log after: as a driver's run leaves them (a tree written
+    # after the last commit is what the stale-write check exists to find)
     root = tmp / "work"
     write_tree(root, files)
+    t = Transcript(tmp / "log.sqlite")
+    for tc, status in steps:
+        t.call(tc.id, tc.name, tc.args, status=status)
+    t.done()
     return Scene(tmp / "log.sqlite", root, t, workload=Workload(seed, calls))
 
 

@@ -59,8 +59,10 @@ def test_a_journal_that_misses_events_is_caught_and_the_real_one_passes(
         ": env DS_HOST_SCAN=0 DS_MUTANTS=journal_miss durable-spaces repro " in ln for ln in repro
     ), repro
     fixed = _campaign(tmp_path / "fixed", mutant=False, backend=backend)
-    assert fixed.returncode == 0, fixed.stdout[-2000:]
-    assert " failed=0 " in fixed.stdout.splitlines()[-1]
+    # no run failed; whether the seeds' kills landed (exit 4, ``campaigns/earned.py``) is
+    # the machine's timing on spacesd under load, and not what this test is about
+    assert fixed.returncode in (0, 4), fixed.stdout[-2000:]
+    assert " failed=0 lab_errors=0 " in fixed.stdout.splitlines()[-1]
 
 
 def test_journaled_checkpoints_that_miss_events_are_caught_and_the_real_ones_pass(
