@@ -214,6 +214,33 @@ CALLS: tuple[CallAB, ...] = (
         env_toggle("DS_LOCAL_FORKSERVER"),
     ),
     CallAB(
+        "inode-pool-spacesd",
+        "checkpoint call (spacesd)",
+        "spacesd",
+        "checkpoint",
+        100,
+        _inode_pool(),
+    ),
+    CallAB(
+        "copy-behind-spacesd",
+        "checkpoint call (spacesd)",
+        "spacesd",
+        "checkpoint",
+        100,
+        env_toggle("DS_COPY_BEHIND"),
+    ),
+    CallAB(
+        "carriers-spacesd", "checkpoint call (spacesd)", "spacesd", "checkpoint", 100, _carriers()
+    ),
+    CallAB(
+        "checkpoint-early-spacesd",
+        "checkpoint call (spacesd)",
+        "spacesd",
+        "checkpoint",
+        100,
+        env_toggle("DS_CHECKPOINT_EARLY"),
+    ),
+    CallAB(
         "host-journal-scan",
         "transactional call's scan (local, inotify journal)",
         "local",
@@ -275,10 +302,14 @@ def saving(on: float, off: float) -> float:
 
 
 def line(name: str, serves: str, on: list[float], off: list[float], unit: float) -> str:
+    """The medians of each side, and the saving as the median of each repetition's own
+    (its two sides ran back to back: a change of the machine's load between repetitions
+    moves both)."""
     a, b = statistics.median(on) * unit, statistics.median(off) * unit
+    pairs = statistics.median(saving(x, y) for x, y in zip(on, off, strict=True))
     return (
         f"MECH name={name} serves={serves.replace(' ', '_')} on_ms={a:.2f} off_ms={b:.2f} "
-        f"saving_pct={saving(a, b):.1f} n={len(on)}"
+        f"saving_pct={pairs:.1f} n={len(on)}"
     )
 
 
