@@ -139,29 +139,6 @@ def _inode_pool() -> Toggle:
     return toggle
 
 
-def _carriers() -> Toggle:
-    from durable_spaces.adapter.checkpoints import batch
-
-    @contextlib.contextmanager
-    def toggle(on: bool) -> Iterator[None]:
-        if on:
-            yield
-            return
-        init = batch.Batch.__init__
-
-        def no_carry(self: batch.Batch, *a: object, **kw: object) -> None:
-            init(self, *a, **kw)  # type: ignore[arg-type]
-            self._carry_ok = False  # every blob synced on its own, as before carriers
-
-        batch.Batch.__init__ = no_carry  # type: ignore[method-assign]
-        try:
-            yield
-        finally:
-            batch.Batch.__init__ = init  # type: ignore[method-assign]
-
-    return toggle
-
-
 CALLS: tuple[CallAB, ...] = (
     CallAB(
         "inode-pool",
@@ -178,15 +155,6 @@ CALLS: tuple[CallAB, ...] = (
         "checkpoint",
         100,
         env_toggle("DS_COPY_BEHIND"),
-    ),
-    CallAB("carriers", "checkpoint call (local)", "local", "checkpoint", 100, _carriers()),
-    CallAB(
-        "checkpoint-early",
-        "checkpoint call (local)",
-        "local",
-        "checkpoint",
-        100,
-        env_toggle("DS_CHECKPOINT_EARLY"),
     ),
     CallAB(
         "procmap-query",
@@ -228,17 +196,6 @@ CALLS: tuple[CallAB, ...] = (
         "checkpoint",
         100,
         env_toggle("DS_COPY_BEHIND"),
-    ),
-    CallAB(
-        "carriers-spacesd", "checkpoint call (spacesd)", "spacesd", "checkpoint", 100, _carriers()
-    ),
-    CallAB(
-        "checkpoint-early-spacesd",
-        "checkpoint call (spacesd)",
-        "spacesd",
-        "checkpoint",
-        100,
-        env_toggle("DS_CHECKPOINT_EARLY"),
     ),
     CallAB(
         "host-journal-scan",
@@ -292,7 +249,6 @@ ALL_SWITCHES = (
     "DS_FAST_EXIT",
     "DS_INODE_POOL",
     "DS_COPY_BEHIND",
-    "DS_CHECKPOINT_EARLY",
     "DS_ZYGOTE",
 )
 
