@@ -139,6 +139,29 @@ def _inode_pool() -> Toggle:
     return toggle
 
 
+def _carriers() -> Toggle:
+    from durable_spaces.adapter.checkpoints import batch
+
+    @contextlib.contextmanager
+    def toggle(on: bool) -> Iterator[None]:
+        if on:
+            yield
+            return
+        init = batch.Batch.__init__
+
+        def no_carry(self: batch.Batch, *a: object, **kw: object) -> None:
+            init(self, *a, **kw)  # type: ignore[arg-type]
+            self._carry_ok = False  # every blob synced on its own, as before carriers
+
+        batch.Batch.__init__ = no_carry  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            batch.Batch.__init__ = init  # type: ignore[method-assign]
+
+    return toggle
+
+
 CALLS: tuple[CallAB, ...] = (
     CallAB(
         "inode-pool",
@@ -156,6 +179,7 @@ CALLS: tuple[CallAB, ...] = (
         100,
         env_toggle("DS_COPY_BEHIND"),
     ),
+    CallAB("carriers", "checkpoint call (local)", "local", "checkpoint", 100, _carriers()),
     CallAB(
         "procmap-query",
         "checkpoint call (local; the holders look)",
@@ -196,6 +220,9 @@ CALLS: tuple[CallAB, ...] = (
         "checkpoint",
         100,
         env_toggle("DS_COPY_BEHIND"),
+    ),
+    CallAB(
+        "carriers-spacesd", "checkpoint call (spacesd)", "spacesd", "checkpoint", 100, _carriers()
     ),
     CallAB(
         "host-journal-scan",

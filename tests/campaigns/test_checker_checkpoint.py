@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+from durable_spaces.adapter.checkpoints import carry
 from durable_spaces.adapter.checkpoints import manifest as mf
 from durable_spaces.adapter.checkpoints.ids import CheckpointId
 from durable_spaces.adapter.checkpoints.manifest_build import build
@@ -160,6 +161,35 @@ def test_a_space_placed_again_from_the_store_is_checked_against_the_store(
     assert v["valid"] is False and "No such file" in str(v["anomalies"])
 
 
+def test_a_store_file_that_carries_blobs_is_read_as_its_manifest(tmp_path: Path) -> None:
+    """The store's manifest file carries the small blobs it added after the manifest
+    (``adapter/checkpoints/carry.py``): the checker reads the manifest before them, and
+    still refuses one whose manifest part is not the one the id names."""
+    s = scene(tmp_path)
+    cid = _checkpoint(s)
+    copy = s.root.parent / ".ds-checkpoints" / f"{cid}.manifest"
+    data = copy.read_bytes()
+    store = tmp_path / "store"
+    store.mkdir()
+    blob = b"carried\n"
+    (store / copy.name).write_bytes(
+        data + carry.trailer(len(data), [(hashlib.sha256(blob).hexdigest(), blob)])
+    )
+    copy.unlink()
+    space = cast(Space, SimpleNamespace(root=str(s.root)))
+
+    def verdict() -> dict[str, Any]:
+        inputs = s.inputs()
+        inputs.checkpoint = asyncio.run(read_last(space, "local", inputs.history, store))
+        return check_all(inputs)["checkpoint_equals_workspace"]
+
+    assert verdict()["valid"] is True
+    other = data.replace(b"f0.txt", b"f1.txt")
+    (store / copy.name).write_bytes(other + carry.trailer(len(other), []))
+    v = verdict()
+    assert v["valid"] is False and "not the manifest the id names" in str(v["anomalies"])
+
+
 def test_a_time_the_checkpoint_missed_is_named(tmp_path: Path) -> None:
     """A restore sets the times the manifest holds: a checkpoint that missed a ``touch``
     would restore a wrong one."""
@@ -178,7 +208,7 @@ def test_every_call_s_manifest_is_read_from_the_store_or_the_copy_and_kept(
     tmp_path: Path,
 ) -> None:
     """``checkpoint_follows_calls`` reads each recorded checkpoint's manifest from the
-    store, else the Space's copy; a kept run re-checks the
+    store (a carrier's blobs cut off), else the Space's copy; a kept run re-checks the
     same offline, and a manifest tampered with there is named."""
     from durable_spaces.campaigns.checks.call_checkpoints import read_all
 
@@ -191,8 +221,9 @@ def test_every_call_s_manifest_is_read_from_the_store_or_the_copy_and_kept(
     copies = s.root.parent / ".ds-checkpoints"
     copies.mkdir()
     for k, (cid, data) in enumerate(sorted(want.items())):
-        if k % 2:
-            (store / f"{cid}.manifest").write_bytes(data)
+        if k % 2:  # in the store, carrying a blob after it (checkpoint_carry's footer)
+            blob = [(hashlib.sha256(b"x").hexdigest(), b"x")]
+            (store / f"{cid}.manifest").write_bytes(data + carry.trailer(len(data), blob))
         else:
             (copies / f"{cid}.manifest").write_bytes(data)
     inputs = s.inputs()

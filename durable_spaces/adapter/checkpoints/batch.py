@@ -2,10 +2,15 @@
 and a manifest, made durable together.
 
 Every file is written to a temporary (made ahead where it can be, ``inode_pool``).
-When the batch is synced, every new blob is fsynced with the manifest (``fsync_all``, at
-once), renamed into ``blobs/`` and that directory fsynced *before* the manifest is
-renamed into place, so a manifest on disk never names a blob that has no durable copy.
-Leaving the batch by an exception writes nothing.
+When the batch is synced and ends with a manifest, the manifest's file also carries the
+bytes of its small new blobs (``checkpoints.carry``): the commit fsyncs the manifest's
+file, renames it into place and fsyncs the directory, and only then renames those blobs
+into ``blobs/``, unsynced (their carrier is their durable copy). Every other blob (a
+large one, one past ``CARRY_MAX``, any in a batch without a manifest) is fsynced with
+the manifest (``fsync_all``, at once), renamed into ``blobs/`` and that directory fsynced
+*before* the manifest is renamed into place. Either way a manifest on disk never names a
+blob that has no durable copy, and a blob file in ``blobs/`` always has one. Leaving the
+batch by an exception writes nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import logging
 import os
 import stat
 import threading
@@ -23,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from durable_spaces.adapter.checkpoints import carry
 from durable_spaces.adapter.checkpoints import manifest as mf
 from durable_spaces.adapter.checkpoints.ids import CheckpointId
 from durable_spaces.errors import CheckpointCopyError
@@ -32,6 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CLONE_MIN", "Batch", "fsync_all", "read_all", "write_all"]
 
+logger = logging.getLogger(__name__)
 
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 _FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
@@ -58,6 +66,10 @@ class _Store(Protocol):
     def _tmp(self, dfd: int) -> tuple[int, str]: ...
 
     def _install(self, sfd: int, tmp: str, dfd: int, name: str) -> None: ...
+
+    def _retire(
+        self, dfd: int, bfd: int, names: list[str], needed: set[str] | None = None
+    ) -> None: ...
 
 
 class Batch:
@@ -93,6 +105,12 @@ class Batch:
         self.added: set[str] = set()
         self.generation = 0
         self._pooled = 0  # files taken from the pool (``inode_pool``)
+        #: Small new blobs the manifest will carry (``checkpoints.carry``): a synced batch
+        #: of a store of its own (a Space's copy is read by commands that know no carrier).
+        self._carry_ok = sync and not store.in_space
+        self._small: dict[str, bytes] = {}
+        self._small_bytes = 0
+        self._carried: frozenset[str] = frozenset()  # what the manifest's file carries
 
     def __enter__(self) -> Batch:
         self._dfd, self._bfd = self.store._open_dirs()
@@ -130,6 +148,14 @@ class Batch:
         self._pending.append((fd, tmp, sha))
         write_all(fd, data)
         self.added.add(sha)
+        if (
+            self._carry_ok
+            and self._manifest is None
+            and len(data) < CLONE_MIN
+            and self._small_bytes + len(data) <= carry.CARRY_MAX
+        ):
+            self._small[sha] = data
+            self._small_bytes += len(data)
         return sha
 
     def add_from(self, src: int, size: int) -> tuple[str, bytes | None]:
@@ -172,6 +198,10 @@ class Batch:
         fd, tmp = self._new_file()
         self._manifest = (fd, tmp, f"{cid}{cid.suffix}")
         write_all(fd, data)
+        if self._small:
+            write_all(fd, carry.trailer(len(data), self._small.items()))
+            self._carried = frozenset(self._small)
+            self._small = {}
 
     def __exit__(self, typ: object, exc: object, tb: object) -> None:
         try:
@@ -219,17 +249,28 @@ class Batch:
 
     def _commit(self) -> None:
         files = [*self._pending, *([self._manifest] if self._manifest else [])]
+        own = [p for p in self._pending if p[2] not in self._carried]
         if self.sync:
-            fsync_all([fd for fd, _, _ in files])
-        for _, tmp, name in self._pending:
+            fsync_all([fd for fd, _, _ in own] + ([self._manifest[0]] if self._manifest else []))
+        for _, tmp, name in own:
             self.store._install(self._dfd, tmp, self._bfd, name)
-        if self._pending and self.sync:
+        if own and self.sync:
             os.fsync(self._bfd)
         if self._manifest is not None:
             _, tmp, name = self._manifest
+            if self._carry_ok:  # a carrier it replaces gives up nothing it carries
+                self.store._retire(self._dfd, self._bfd, [name])
             self.store._install(self._dfd, tmp, self._dfd, name)
         if self.sync:
             os.fsync(self._dfd)
+        # The carried blobs' own files, now that their carrier is durable (a file in
+        # ``blobs/`` a later batch finds, and does not carry again, always has one).
+        for _, tmp, name in self._pending:
+            if name in self._carried:
+                try:
+                    self.store._install(self._dfd, tmp, self._bfd, name)
+                except OSError as e:  # still carried: readers find it there
+                    logger.warning("blob %s stays only in its carrier: %s", name, e)
         # For the next batch here: as many files made ahead as this one made.
         refill = functools.partial(
             self.store.pool.top_up,

@@ -10,10 +10,15 @@ names are checkpoint ids that parse (``checkpoints.ids``) or sha256 digests, eve
 opened relative to the store's directory without following symlinks, and anything but a
 regular file is a bad copy, not a crash. Callers verify bytes against their names.
 
-Writes go in batches (``batch``, ``checkpoints.batch``): every new blob and the manifest
-are written to temporaries, fsynced together, the blobs renamed into place and their
-directory fsynced *before* the manifest is renamed into place, so a manifest on disk
-never names a blob that has no durable copy.
+Writes go in batches (``batch``, ``checkpoints.batch``): a manifest's file also
+carries the bytes of the small blobs it adds (``checkpoints.carry``), so one fsync makes
+the checkpoint durable; those blobs' own files are renamed into ``blobs/`` after it,
+unsynced. Other blobs are fsynced and their directory too *before* the manifest is
+renamed into place. So a manifest on disk never names a blob that has no durable copy,
+and a file in ``blobs/`` always has one (itself, or a carrier). ``get_blob`` reads a
+small blob whose file is missing or damaged from a manifest that carries it, and mends
+the file. A carrier is removed (``prune``, ``delete``) or replaced only after the blobs
+it carries are synced in ``blobs/`` (``_retire``).
 
 ``prune`` deletes manifests not kept and then blobs no remaining manifest names, under
 the store's exclusive lock (a batch holds it shared from its first look at what is
@@ -31,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import logging
 import os
 import stat
@@ -38,10 +44,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from durable_spaces.adapter.checkpoints import carry
 from durable_spaces.adapter.checkpoints import manifest as mf
 from durable_spaces.adapter.checkpoints.batch import (
+    CLONE_MIN,
     NOFOLLOW,
     Batch,
+    fsync_all,
     read_all,
     write_all,
 )
@@ -153,17 +162,60 @@ class DirectoryCheckpointStore:
             b.manifest(cid, data)
 
     def get(self, checkpoint_id: str) -> bytes | None:
+        """The checkpoint's bytes (a manifest without the blobs its file carries)."""
         _, name = self._path(checkpoint_id)
-        return self._read(name, self.location(checkpoint_id), blob=False)
+        data = self._read(name, self.location(checkpoint_id), blob=False)
+        return None if data is None else carry.split(data)
 
     def get_blob(self, sha: str) -> bytes | None:
-        """The blob's bytes as found (callers verify)."""
-        return self._read(_blob_name(sha), self.blob_location(sha), blob=True)
+        """The blob's bytes: its file's, or where that is missing or not these bytes
+        (a power cut took what was never synced), a carrier's, the file then mended.
+        Large blobs (never carried) are returned as found: callers verify."""
+        where = self.blob_location(sha)
+        problem: CheckpointCopyError | None = None
+        try:
+            data = self._read(_blob_name(sha), where, blob=True)
+        except CheckpointCopyError as e:
+            data, problem = None, e
+        if data is not None and (len(data) >= CLONE_MIN or hashlib.sha256(data).hexdigest() == sha):
+            return data
+        found = None if self.in_space else self._from_carrier(sha)
+        if found is None:
+            if problem is not None:
+                raise problem
+            return data
+        logger.warning(
+            "%s is %s; read from the manifest %s that carries it, and mended",
+            where,
+            "missing" if data is None and problem is None else "damaged",
+            found[1],
+        )
+        try:
+            with self.batch() as b:
+                b.add(found[0], replace=True)
+        except (OSError, CheckpointCopyError) as e:
+            logger.warning("could not mend %s: %s", where, e)
+        return found[0]
 
     def delete(self, checkpoint_id: str) -> None:
+        """Delete a checkpoint (the blobs its file carries synced in ``blobs/`` first)."""
         _, name = self._path(checkpoint_id)
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-            os.unlink(self.dir / name)
+        try:
+            dfd, bfd = self._open_dirs()
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        try:
+            lock = None if self.in_space else self._lock(dfd, fcntl.LOCK_EX)
+            try:
+                self._retire(dfd, bfd, [name])
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                    os.unlink(name, dir_fd=dfd)
+            finally:
+                if lock is not None:
+                    os.close(lock)
+        finally:
+            os.close(bfd)
+            os.close(dfd)
 
     def batch(self, sync: bool = True, *, refill_now: bool = True) -> Batch:
         """A batch of writes (``sync`` False: not fsynced, for a copy that is only a
@@ -186,6 +238,8 @@ class DirectoryCheckpointStore:
             keep_ids = None if keep is None else {str(CheckpointId.parse(k)) for k in keep}
             gone = [c for c in self.ids() if keep_ids is not None and str(c) not in keep_ids]
             needed = self._needed([c for c in self.ids() if c not in gone])
+            # What the manifests going carry, and the rest still need, synced first.
+            self._retire(dfd, bfd, [f"{c}{c.suffix}" for c in gone], needed)
             for cid in gone:
                 os.unlink(f"{cid}{cid.suffix}", dir_fd=dfd)
                 removed.append(str(cid))
@@ -227,6 +281,69 @@ class DirectoryCheckpointStore:
                 logger.warning("prune of %s keeps every blob: %s: %s", self.dir, cid, e)
                 return None
         return needed
+
+    # --- carried blobs (``checkpoints.carry``) ----------------------------------------
+
+    def _retire(self, dfd: int, bfd: int, names: list[str], needed: set[str] | None = None) -> None:
+        """Before the manifest files ``names`` go (or are replaced): each blob they carry
+        intact (and ``needed`` names, when given) synced in ``blobs/``, its file written
+        again from the carrier where it is missing or not those bytes."""
+        fds: list[int] = []
+        try:
+            for name in names:
+                try:
+                    st = os.lstat(name, dir_fd=dfd)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                if not stat.S_ISREG(st.st_mode) or st.st_size < carry.FOOTER.size:
+                    continue
+                try:
+                    data = self._read(name, str(self.dir / name), blob=False)
+                except CheckpointCopyError:
+                    continue  # nothing can be saved from it
+                for sha, blob in (carry.intact(data) if data is not None else {}).items():
+                    if needed is None or sha in needed:
+                        fds.append(self._blob_file(dfd, bfd, sha, blob))
+            if fds:
+                fsync_all(fds)
+                os.fsync(bfd)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _blob_file(self, dfd: int, bfd: int, sha: str, blob: bytes) -> int:
+        """An open descriptor of ``blobs/<sha>`` holding ``blob`` (written again through a
+        temporary when it does not), for its fsync."""
+        with contextlib.suppress(OSError):
+            fd = os.open(sha, os.O_RDONLY | NOFOLLOW | os.O_NONBLOCK, dir_fd=bfd)
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode) and read_all(fd) == blob:
+                    return fd
+            except OSError:
+                pass
+            os.close(fd)
+        fd, tmp = self._tmp(dfd)
+        try:
+            write_all(fd, blob)
+            self._install(dfd, tmp, bfd, sha)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+        return fd
+
+    def _from_carrier(self, sha: str) -> tuple[bytes, str] | None:
+        """Blob ``sha`` intact from a manifest file that carries it, and that file's name."""
+        try:
+            dfd = os.open(self.dir, _DIR)
+        except OSError:
+            return None
+        try:
+            names = [f"{c}{c.suffix}" for c in sorted(self.ids(), reverse=True)]
+            return carry.find(dfd, names, sha)
+        finally:
+            os.close(dfd)
 
     # --- the directory -------------------------------------------------------------------
 

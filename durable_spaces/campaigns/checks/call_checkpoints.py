@@ -40,6 +40,7 @@ from durable_spaces.campaigns.checks.checkpoint import (
     MANIFEST_ID,
     ServerWorkload,
     _entries,
+    _manifest_part,
     _read_host,
 )
 from durable_spaces.campaigns.checks.history import History
@@ -126,7 +127,7 @@ async def read_all(
         if store is not None:
             raw, why = _read_host(os.path.join(os.fspath(store), name))
             if raw is not None:
-                data[cid] = raw
+                data[cid] = _manifest_part(raw)
                 continue
         if host:
             raw, why_copy = _read_host(posixpath.join(copies, name))

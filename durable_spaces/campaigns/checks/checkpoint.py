@@ -113,9 +113,27 @@ async def read_last(
     if data is None and store is not None:
         data, why_store = _read_host(os.path.join(os.fspath(store), name))
         why = f"{why}; {why_store}" if data is None else ""
+        data = data if data is None else _manifest_part(data)
     elif data is None:
         why = f"{why}; no store was given to look in"
     return LastCheckpoint(cid, data, why)
+
+
+#: The footer of a store's manifest file that carries blobs after the manifest
+#: (``adapter/checkpoints/carry.py``): magic, the manifest's length, the entries' count.
+_CARRY_MAGIC = b"DS-CARRY"
+_CARRY_FOOTER = 24
+
+
+def _manifest_part(data: bytes) -> bytes:
+    """The manifest of a store's file: the bytes before the carried blobs when it ends
+    in their footer (read here, not through the adapter's parser: the digest check
+    that follows says whether it is the manifest the id names)."""
+    if len(data) >= _CARRY_FOOTER and data[-_CARRY_FOOTER:-16] == _CARRY_MAGIC:
+        length = int.from_bytes(data[-16:-8], "big")
+        if length <= len(data) - _CARRY_FOOTER:
+            return data[:length]
+    return data
 
 
 def _read_host(path: str) -> tuple[bytes | None, str]:

@@ -33,6 +33,7 @@ import pytest
 from drive import AGENT, cleanup, driver_env, setup
 from needs import need
 
+from durable_spaces.adapter.checkpoints import carry
 from durable_spaces.adapter.checkpoints import manifest as mf
 from durable_spaces.adapter.checkpoints.ids import CheckpointId
 from durable_spaces.adapter.checkpoints.snapshots import (
@@ -279,9 +280,9 @@ def _other_tar() -> bytes:
 
 def tamper(path: Path, how: str) -> None:
     """Damage one copy the way a crash, a bug or an agent could."""
-    if how == "flip":
+    if how == "flip":  # in a manifest file, its manifest (not the blobs it carries)
         data = bytearray(path.read_bytes())
-        data[len(data) // 3] ^= 0x01
+        data[len(carry.split(bytes(data))) // 3] ^= 0x01
         path.write_bytes(bytes(data))
     elif how == "truncate":
         data = path.read_bytes()
@@ -318,7 +319,7 @@ async def test_a_bad_store_copy_restores_the_intact_one_in_the_space(
         assert str(x.store_copy()) in caplog.text  # the bad copy is named
         if how != "directory":  # a file in its place again, intact
             assert x.store.get(x.cid) is not None
-            assert x.cid.matches(x.store_copy().read_bytes())
+            assert x.cid.matches(carry.split(x.store_copy().read_bytes()))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -619,7 +620,9 @@ def test_driver_restores_the_intact_copy_when_the_store_is_tampered(
         assert '"kind": "restored"' in p.stdout
         verdicts = asyncio.run(check(tmp_path, backend))
         assert all(v.get("valid") is True for v in verdicts.values()), verdicts
-        assert CheckpointId.parse(cid).matches((tmp_path / "store" / fname(cid)).read_bytes())
+        assert CheckpointId.parse(cid).matches(
+            carry.split((tmp_path / "store" / fname(cid)).read_bytes())
+        )
     finally:
         asyncio.run(cleanup(tmp_path, backend))
 

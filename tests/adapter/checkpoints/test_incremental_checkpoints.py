@@ -38,7 +38,7 @@ import pytest
 from needs import need
 
 from durable_spaces.adapter.checkpoints import batch as checkpoint_batch
-from durable_spaces.adapter.checkpoints import inode_pool
+from durable_spaces.adapter.checkpoints import carry, inode_pool
 from durable_spaces.adapter.checkpoints import manifest as mf
 from durable_spaces.adapter.checkpoints import store as checkpoint_store
 from durable_spaces.adapter.checkpoints.ids import CheckpointId
@@ -121,9 +121,26 @@ def blob_of(data: bytes) -> str:
 
 
 def flip(path: Path) -> None:
+    """Flip a byte of a blob file, or of a manifest file's manifest (not of the blobs
+    it carries, ``checkpoints.carry``)."""
     data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
+    data[len(carry.split(bytes(data))) // 2] ^= 0x01
     path.write_bytes(bytes(data))
+
+
+def flip_carried(store: Path, sha: str) -> int:
+    """Flip a byte of blob ``sha`` in every manifest file of ``store`` that carries it;
+    how many did."""
+    n = 0
+    for path in store.glob("*.manifest"):
+        data = bytearray(path.read_bytes())
+        parsed = carry.entries(bytes(data))
+        if parsed is not None and sha in parsed[1]:
+            at, length = parsed[1][sha]
+            data[at + length // 2] ^= 0x01
+            path.write_bytes(bytes(data))
+            n += 1
+    return n
 
 
 # --- cost follows the change -------------------------------------------------------------
@@ -163,6 +180,7 @@ async def test_a_tampered_blob_is_refused_named_and_the_intact_copy_restored(
         sha = blob_of(FILES["d2/f002.txt"])
         store_blob = tmp_path / "store" / "blobs" / sha
         flip(store_blob)
+        assert flip_carried(tmp_path / "store", sha) == 1  # its carrier too
         await x.write({"d2/f002.txt": b"changed\n"})
         with caplog.at_level(logging.WARNING, "durable_spaces.adapter.checkpoints.snapshots"):
             await x.snaps.restore(x.space, cid, 1)
@@ -187,6 +205,8 @@ async def test_no_intact_blob_or_manifest_is_a_clear_error_and_changes_nothing(
                 (d / "blobs" / sha).unlink()
             else:
                 flip(d / f"{cid}.manifest")
+        if how != "manifest-flip-both":
+            assert flip_carried(tmp_path / "store", sha) == 1  # the store's carrier too
         await x.write({"d3/f003.txt": b"changed\n"})
         before = x.workspace()
         with pytest.raises(CheckpointCorruptError) as e:
