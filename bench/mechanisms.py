@@ -5,19 +5,23 @@
 A mechanism stays only if it saves at least 5 % of the call or the campaign it serves
 (``docs/mechanisms.md``). Each one is measured against itself switched off, in the same
 process (a call) or the same run of this bench (a campaign), the two sides interleaved
-(their order swapped every repetition, so drift hits both alike), and compared by median.
+(their order swapped every repetition, so drift hits both alike); the saving is the
+median of each repetition's own.
 
 Calls: two conversations of one ``durable_spaces`` adapter on the same backend, each on a
 Space holding the same tree (``bench.peers``), one with the mechanism on and one with it
 off; a wrapped ``bash`` call that changes ten files is timed from the tool's ``execute``
-through the harness's commit of its result (an early checkpoint moves work between the
-two), then the model's turn (``--think`` ms, as ``bench.adapter``) lets what a call leaves
-for later run outside the timed calls. Campaigns: ``durable-spaces campaign --backend
-local`` in a subprocess, all switches on against one switched off, the same seeds.
+through the harness's commit of its result (what a mechanism moves from the call to its
+result's commit is counted), then the model's turn (``--think`` ms, as ``bench.adapter``)
+lets what a call leaves for later run outside the timed calls. Campaigns:
+``durable-spaces campaign --backend local`` in a subprocess, all switches on against one
+switched off, the same seeds.
 
 It prints one line per mechanism (fields only ever appended)::
 
-    MECH name=<m> serves=<what> on_ms=<x> off_ms=<y> saving_pct=<(off-on)/off*100> n=<reps>
+    MECH name=<m> serves=<what> on_ms=<median> off_ms=<median> saving_pct=<p> n=<reps>
+
+``saving_pct`` is the median over repetitions of ``(off - on) / off * 100``.
     SKIP name=<m> reason=<why>
 """
 
@@ -44,7 +48,7 @@ os.environ.setdefault("CUA_TELEMETRY", "0")
 from bench.adapter import Setup, setup
 from bench.peers import change_command, tree_tar
 from durable_spaces.backends import open_backend, unavailable_reason
-from durable_spaces.space import space_name
+from durable_spaces.space import SpaceBackend, space_name
 
 #: A switch's on or off state, entered around each call of its side.
 Toggle = Callable[[bool], contextlib.AbstractContextManager[None]]
@@ -307,10 +311,7 @@ def line(name: str, serves: str, on: list[float], off: list[float], unit: float)
     )
 
 
-async def _side(backend: object, tmp: Path, mode: str, tree: bytes, tag: str) -> Setup:
-    from durable_spaces.space import SpaceBackend
-
-    assert isinstance(backend, SpaceBackend)
+async def _side(backend: SpaceBackend, tmp: Path, mode: str, tree: bytes, tag: str) -> Setup:
     plain = await backend.create(space_name(f"mech-plain-{tag}"))  # bench.adapter's twin
     await plain.advance_epoch(1)
     d = tmp / tag
@@ -421,8 +422,10 @@ async def main(argv: Sequence[str] | None = None) -> int:
     only = set(args.only.split(",")) if args.only else set(names) - opt_in
     if unknown := only - set(names):
         ap.error(f"--only: no mechanism {', '.join(sorted(unknown))}")
-    if args.reps < 1 or args.campaign_reps < 1:
-        ap.error("--reps and --campaign-reps: at least 1")
+    if min(args.reps, args.campaign_reps, args.runs, args.calls) < 1:
+        ap.error("--reps, --campaign-reps, --runs and --calls: at least 1")
+    if not 0 <= args.think <= 60_000:  # NaN fails this too
+        ap.error(f"--think {args.think:g}: milliseconds from 0 to 60000")
     base = Path(tempfile.mkdtemp(prefix="bench-mechanisms-"))
     t_start = time.monotonic()
     try:
