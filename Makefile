@@ -13,7 +13,8 @@ CRASH_SEED_BASE ?= ds
 export CRASH_MODE CRASH_BACKEND CRASH_RUNS CRASH_CALLS CRASH_SEED_BASE
 
 .PHONY: setup system-deps test campaign ci bench lint space-image microvm-image \
-        bench-log bench-spaces bench-adapter bench-docker bench-microvm bench-campaign
+        bench-log bench-spaces bench-adapter bench-docker bench-microvm bench-campaign \
+        bench-mechanisms
 
 # Python packages (PyPI only: the test tools and the harnesses the probe's built-in recipes
 # run), the project itself in editable mode, its bytecode compiled once: with PYTHONDONTWRITEBYTECODE set (as on these machines) every driver a campaign
@@ -59,7 +60,7 @@ space-image:
 microvm-image:
 	$(PYTHON) -m durable_spaces.backends.microvm.image
 
-bench: setup bench-log bench-spaces bench-adapter bench-campaign bench-docker bench-microvm
+bench: setup bench-log bench-spaces bench-adapter bench-campaign bench-docker bench-microvm bench-mechanisms
 
 bench-log:
 	$(PYTHON) -m bench.log
@@ -73,3 +74,5 @@ bench-docker:
 	$(PYTHON) -m bench.docker
 bench-microvm:
 	$(PYTHON) -m bench.microvm
+bench-mechanisms:
+	$(PYTHON) -m bench.mechanisms

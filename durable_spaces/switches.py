@@ -2,7 +2,7 @@
 
 Switches: ``DS_SPACE_JOURNAL``, ``DS_HOST_SCAN``, ``DS_LOCAL_FORKSERVER``, ``DS_WARM_DRIVERS``,
 ``DS_WARM_WORKERS``, ``DS_FAST_EXIT``, ``DS_INODE_POOL``, ``DS_COPY_BEHIND``,
-``DS_CHECKPOINT_EARLY``, ``DS_ZYGOTE``.
+``DS_ZYGOTE``.
 
 Why: each of them used to be read its own way, and most took anything but ``0`` as
 "on". A value such as ``off``, ``false`` or a typo then silently left the feature on,
@@ -42,7 +42,6 @@ NAMES = (
     "DS_FAST_EXIT",
     "DS_INODE_POOL",
     "DS_COPY_BEHIND",
-    "DS_CHECKPOINT_EARLY",
     "DS_ZYGOTE",
 )
 

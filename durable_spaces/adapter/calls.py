@@ -7,7 +7,6 @@ interrupted call"):
   effect (spawn / wait, or the file operation)               -> adapter.spawn/running/exit
   outcome (transactional: + the call's diff, one commit)     -> adapter.outcome_commit
   checkpoint mode: checkpoint                                 -> adapter.checkpoint
-    (begun while the outcome commits: the Space is the same either side of it)
   the harness commits the result entry                        -> harness.tool_returned/tool_result
     (checkpoint mode: with the checkpoint's record, in the same commit)
 
@@ -24,7 +23,6 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from durable_spaces import switches
 from durable_spaces.adapter import checkpointing, log_witness
 from durable_spaces.adapter import state as state_doc
 from durable_spaces.adapter.effects import Effect, name_issue, written_size
@@ -173,9 +171,8 @@ class CallPipeline:
 
     async def _commit_outcome(self, rec: CallRecord, space: Space) -> str | None:
         """Record the outcome (transactional: with the call's diff, in one commit); auto may
-        switch to checkpoint mode in the same commit; checkpoint mode then checkpoints
-        (begun while the outcome commits, ``CheckpointKeeper.begin``) and returns the
-        checkpoint's id, for the result's commit to record."""
+        switch to checkpoint mode in the same commit; checkpoint mode then checkpoints and
+        returns the checkpoint's id, for the result's commit to record."""
         state = state_doc.load(self.h, self.conv)
         state.calls[rec.call_id] = rec
         update: ImageUpdate | None = None
@@ -189,19 +186,12 @@ class CallPipeline:
                 rec.outcome = {**rec.outcome, "content": f"{content}\n{note}".lstrip("\n")}
         if switch is not None:
             state.mode, state.mode_reason = "checkpoint", switch
-        started = None
-        if state.mode == "checkpoint" and switch is None and switches.switch("DS_CHECKPOINT_EARLY"):
-            started = await self.d.cp.begin(space, rec.call_id)  # it overlaps the commit
-        try:
-            await self.p.commit(self.h, self.conv, state, update)
-            hit("adapter.outcome_commit")
-        except BaseException:
-            await self.d.cp.drop(started)  # nothing of it runs on after this call
-            raise
+        await self.p.commit(self.h, self.conv, state, update)
+        hit("adapter.outcome_commit")
         if switch is not None:
             self.p.emit("mode", self.conv, rec, reason=switch)
         if state.mode == "checkpoint":
-            return await self.d.cp.take(self.h, self.conv, rec, space, started, with_result=True)
+            return await self.d.cp.take(self.h, self.conv, rec, space, with_result=True)
         return None
 
     def _record_result_entry(self, call_id: str, checkpoint: str | None = None) -> None:

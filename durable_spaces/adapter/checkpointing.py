@@ -11,8 +11,6 @@ error of the model's call.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import tarfile
 from typing import TYPE_CHECKING
@@ -62,47 +60,21 @@ class CheckpointKeeper:
         await self.p.boot.require_same(space)
         return cid
 
-    async def begin(self, space: Space, call_id: str) -> asyncio.Task[str]:
-        """Start the checkpoint after ``call_id``'s effects while its outcome commits
-        (``take`` ends it). What it reads of the Space is the same either side of that
-        commit, since no effect runs in between; so its work (on the host, in a thread)
-        overlaps the log's fsync. A checkpoint whose outcome never commits is one nobody
-        records, as after a crash between a checkpoint and its commit: ``prune`` drops it.
-        ``DS_CHECKPOINT_EARLY=0`` starts it after the commit instead, to compare."""
-        task = asyncio.ensure_future(
-            self.snapshots.checkpoint(space, call_id, self.p.epoch_for(space.name))
-        )
-        await asyncio.sleep(0)  # it runs up to its first wait: on the host, its thread
-        return task
-
-    @staticmethod
-    async def drop(task: asyncio.Task[str] | None) -> None:
-        """Wait for a checkpoint ``begin`` started whose outcome did not commit: nothing
-        it wrote is recorded (``prune`` drops it), and nothing of it runs on after."""
-        if task is not None:
-            with contextlib.suppress(Exception):
-                await task
-
     async def take(
         self,
         harness: HarnessView,
         conv: str,
         rec: CallRecord,
         space: Space,
-        started: asyncio.Task[str] | None = None,
         *,
         with_result: bool = False,
     ) -> str:
-        """Checkpoint after ``rec``'s recorded outcome (``started``: begun while it
-        committed, ``begin``) and record it: in a commit of its own, or with
-        ``with_result`` in the call's result commit, which the caller arranges
+        """Checkpoint after ``rec``'s recorded outcome and record it: in a commit of its
+        own, or with ``with_result`` in the call's result commit, which the caller arranges
         (``calls.CallPipeline``, with ``record``): the checkpoint then becomes the log's
         with the result entry, one commit fewer per call. Returns its id."""
-        if started is not None:
-            cid = await started
-        else:
-            epoch = self.p.epoch_for(space.name)
-            cid = await self.snapshots.checkpoint(space, rec.call_id, epoch)
+        epoch = self.p.epoch_for(space.name)
+        cid = await self.snapshots.checkpoint(space, rec.call_id, epoch)
         await self.p.boot.require_same(space)  # the checkpoint holds this boot's state
         hit("adapter.checkpoint")
         rec.checkpoint = cid
