@@ -525,10 +525,10 @@ async def test_checkpoints_with_the_old_16_digit_ids_still_restore(
 
 async def test_review_reads_only_intact_copies(tmp_path: Path) -> None:
     """``workspace_at`` (and ``durable-spaces diff``) verify copies like a restore."""
-    from .test_workspace_checkpoint_pruning import session
-
     from durable_spaces.adapter.review import workspace_at
     from durable_spaces.errors import ReviewError
+
+    from .test_workspace_checkpoint_pruning import session
 
     async with session(tmp_path, store=True) as run:
         last = [e for e in run.root.entries() if e.kind == "tool_result"][-1]
