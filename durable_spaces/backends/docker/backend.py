@@ -61,6 +61,7 @@ from durable_spaces.errors import (
     SpaceUnavailableError,
 )
 from durable_spaces.host.ports import free_port
+from durable_spaces.settings import Settings
 
 OWNER_LABEL = "durable-spaces.owner"
 OWNER = "durable-spaces"
@@ -96,15 +97,16 @@ def _client() -> Any:
     return docker.from_env(timeout=60)
 
 
-def unavailable_reason(image: str | None = None) -> str | None:
-    """None when docker Spaces can run here; otherwise why not (for a test skip)."""
+def unavailable_reason(image: str | None = None, settings: Settings | None = None) -> str | None:
+    """None when docker Spaces can run here; otherwise why not (for a test skip).
+    ``settings``: read from the environment when not given (the registry's call)."""
     try:
         client = _client()
         client.ping()
     except Exception as e:  # the SDK raises several unrelated types here
         return f"Docker engine not running: {e}"
     try:
-        tag = image or _default_image()
+        tag = image or _default_image(Settings.from_env() if settings is None else settings)
         try:
             client.images.get(tag)
         except Exception:
@@ -116,10 +118,10 @@ def unavailable_reason(image: str | None = None) -> str | None:
     return None
 
 
-def _default_image() -> str:
+def _default_image(settings: Settings) -> str:
     from durable_spaces.backends.docker import image as docker_image
 
-    return docker_image.image_tag()
+    return docker_image.image_tag(settings)
 
 
 class DockerBackend:
@@ -127,7 +129,14 @@ class DockerBackend:
 
     kind = "container"
 
-    def __init__(self, state_dir: str | os.PathLike[str], image: str | None = None) -> None:
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str],
+        image: str | None = None,
+        settings: Settings | None = None,
+    ) -> None:
+        #: The product's settings (``durable_spaces/settings.py``): read now if not given.
+        self.settings = Settings.from_env() if settings is None else settings
         self.state_dir = Path(state_dir).resolve()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._image = image
@@ -142,7 +151,7 @@ class DockerBackend:
     @property
     def image(self) -> str:
         if self._image is None:
-            self._image = _default_image()
+            self._image = _default_image(self.settings)
         return self._image
 
     def engine(self) -> Any:
@@ -325,6 +334,7 @@ class DockerBackend:
             sdk_home=self._sdk_home(),
             view=WorkspaceView(merged, ROOT) if merged is not None else None,
             journal_dir=str(self._home(name) / "journal"),
+            settings=self.settings,
         )
         await space.require_exec_ledger()
         self._spaces[name] = space

@@ -34,9 +34,12 @@ from durable_spaces.backends.local import journal as jr
 from durable_spaces.chaos import mutants
 from durable_spaces.errors import SpaceError
 from durable_spaces.host.holders import Holders
+from durable_spaces.settings import Settings
 from durable_spaces.space import Space, space_name
 
-pytestmark = pytest.mark.skipif(not jr.enabled(), reason="DS_SPACE_JOURNAL=0 turns journals off")
+pytestmark = pytest.mark.skipif(
+    not Settings.from_env().space_journal, reason="DS_SPACE_JOURNAL=0 turns journals off"
+)
 
 BACKENDS = [
     pytest.param("local", id="local"),

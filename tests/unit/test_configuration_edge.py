@@ -1,0 +1,194 @@
+"""``DS_*`` variables are read only at the edge: ``settings.py`` (the product's ``Settings``)
+and ``campaigns/spec.py`` (the lab's ``LabSettings``). Every other module receives the
+value; this test walks each module's syntax tree and fails on a read of a ``DS_*`` name
+from an environment: ``os.environ[...]``, ``.get``/``.pop``/``.setdefault``, ``getenv``,
+``in``, whether the name is written out or held by a constant (of this module or imported,
+or an attribute of another module), and any call of a ``switch``.
+
+Not reads: writing a child's environment (``env["DS_FAILPOINTS"] = ...``), and another
+process's environment through psutil (``p.environ().get("DS_SPACE")``: the marks a local
+Space puts on its processes, looked for, not settings).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import durable_spaces
+
+PACKAGE = Path(durable_spaces.__file__).parent
+ROOT = PACKAGE.parent
+
+#: Where the environment is read: the two edges.
+EDGES = {
+    "durable_spaces.settings": "the product's Settings.from_env",
+    "durable_spaces.campaigns.spec": "the lab's LabSettings.from_env (and the records' env)",
+}
+#: Modules that read ``DS_*`` themselves, each for its reason.
+EXCEPTIONS = {
+    # The lab's process hooks: they arm themselves in every process from its own
+    # environment, the product's processes included, before any configuration exists;
+    # the local fork server loads failpoints.py alone (``python -I -S``), so it can
+    # import nothing of the package.
+    "durable_spaces.chaos.failpoints": "DS_FAILPOINTS, DS_FAILPOINT_TRACE, DS_MUTANTS",
+    "durable_spaces.chaos.mutants": "DS_MUTANTS",
+}
+#: Modules still reading ``DS_*`` (not converted yet): this list only shrinks.
+PENDING: dict[str, str] = {
+    "durable_spaces.switches": "the old reader, until its last caller is gone",
+    "durable_spaces.adapter.calls": "DS_CHECKPOINT_EARLY",
+    "durable_spaces.adapter.checkpoints.incremental": "DS_COPY_BEHIND, DS_SPACE_JOURNAL",
+    "durable_spaces.adapter.checkpoints.inode_pool": "DS_INODE_POOL",
+    "durable_spaces.campaigns.fast_exit": "DS_FAST_EXIT",
+    "durable_spaces.campaigns.replay": "DS_MUTANTS of a record",
+    "durable_spaces.campaigns.worker_spares": "DS_WARM_WORKERS, DS_ZYGOTE_SOCKET",
+    "durable_spaces.drive.spares": "DS_WARM_DRIVERS, DS_ZYGOTE_SOCKET",
+    "durable_spaces.drive.supervisor": "DS_FAILPOINT_TRACE of a launch",
+    "durable_spaces.drive.zygote": "DS_ZYGOTE, DS_WARM_DRIVERS, DS_ZYGOTE_SOCKET",
+}
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _is_ds(value: object) -> bool:
+    return isinstance(value, str) and value.startswith("DS_")
+
+
+def constants(tree: ast.Module) -> dict[str, str]:
+    """The module-level names bound to a ``DS_*`` string."""
+    out: dict[str, str] = {}
+    for node in tree.body:
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        if isinstance(value, ast.Constant) and _is_ds(value.value):
+            out.update({t.id: value.value for t in targets if isinstance(t, ast.Name)})
+    return out
+
+
+TREES = {m: ast.parse(p.read_text()) for m, p in MODULES.items()}
+#: Every module's ``DS_*`` constants by name (an attribute ``x.ENV`` of any of them counts).
+ALL_CONSTANTS = {name: v for t in TREES.values() for name, v in constants(t).items()}
+
+
+def _imported(tree: ast.Module) -> dict[str, str]:
+    """Names imported from a package module that hold a ``DS_*`` string there."""
+    out: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("durable_spaces"):
+            theirs = constants(TREES[node.module]) if node.module in TREES else {}
+            for a in node.names:
+                if a.name in theirs:
+                    out[a.asname or a.name] = theirs[a.name]
+    return out
+
+
+def _psutil_environ(node: ast.expr) -> bool:
+    """``<process>.environ()``: another process's environment (psutil)."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "environ"
+    )
+
+
+def reads(source: str, known: dict[str, str] | None = None) -> list[str]:
+    """Where ``source`` reads a ``DS_*`` name from an environment: ``"line: NAME"``."""
+    tree = ast.parse(source)
+    names = {**constants(tree), **_imported(tree), **(known or {})}
+    #: Names bound to ``<process>.environ()`` (``env = p.environ()``): another process's.
+    theirs = {
+        t.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and _psutil_environ(node.value)
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    }
+
+    def other_process(node: ast.expr) -> bool:
+        return _psutil_environ(node) or (isinstance(node, ast.Name) and node.id in theirs)
+
+    def ds(node: ast.expr | None) -> str | None:
+        if isinstance(node, ast.Constant) and _is_ds(node.value):
+            return str(node.value)
+        if isinstance(node, ast.Name):
+            return names.get(node.id)
+        if isinstance(node, ast.Attribute):
+            return ALL_CONSTANTS.get(node.attr)
+        return None
+
+    found: list[str] = []
+    for node in ast.walk(tree):
+        name: str | None = None
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+            if not other_process(node.value):
+                name = ds(node.slice)
+        elif isinstance(node, ast.Call):
+            f = node.func
+            attr = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if attr == "switch":
+                name = ds(node.args[0]) if node.args else None
+                name = name or "switch(...)"
+            elif attr in ("get", "pop", "setdefault", "getenv") and node.args:
+                receiver = f.value if isinstance(f, ast.Attribute) else None
+                if receiver is None or not other_process(receiver):
+                    name = ds(node.args[0])
+        elif isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.In | ast.NotIn):
+            name = ds(node.left)
+        if name is not None:
+            found.append(f"{getattr(node, 'lineno', 0)}: {name}")
+    return found
+
+
+def test_only_the_edges_read_ds_variables() -> None:
+    bad = {}
+    for m, p in sorted(MODULES.items()):
+        if m in EDGES or m in EXCEPTIONS or m in PENDING:
+            continue
+        found = reads(p.read_text())
+        if found:
+            bad[m] = found
+    assert not bad, f"DS_* read below the edge (give the value from Settings/LabSettings): {bad}"
+
+
+def test_the_lists_are_not_stale() -> None:
+    """Every exception and pending module exists and still reads (else it leaves the list)."""
+    for m in (*EXCEPTIONS, *PENDING):
+        assert m in MODULES, m
+        assert reads(MODULES[m].read_text()), f"{m} reads no DS_* any more: take it off the list"
+
+
+PLANTED = {
+    "subscript": 'import os\nx = os.environ["DS_PLANTED"]\n',
+    "get": 'import os\nx = os.environ.get("DS_PLANTED", "1")\n',
+    "getenv": 'import os\nx = os.getenv("DS_PLANTED")\n',
+    "constant": 'import os\nENV = "DS_PLANTED"\ndef f():\n    return os.environ.get(ENV)\n',
+    "in": 'import os\nx = "DS_PLANTED" in os.environ\n',
+    "switch": "from x import switch\ny = switch(NAME)\n",
+    "a mapping": 'def f(env):\n    return env.get("DS_PLANTED")\n',
+}
+
+
+def test_a_planted_read_is_found() -> None:
+    """The check can fail: each form of read, planted, is found."""
+    for form, source in PLANTED.items():
+        assert reads(source), form
+    imported = "from durable_spaces.settings import X\n"
+    assert reads(imported + "import os\ny = os.environ[X]\n", {"X": "DS_X"})
+
+
+def test_writes_and_other_processes_are_not_reads() -> None:
+    assert not reads('env = {}\nenv["DS_FAILPOINTS"] = "x"\n')
+    assert not reads('def f(p):\n    return p.environ().get("DS_SPACE")\n')
+    assert not reads('def f(p):\n    env = p.environ()\n    return env.get("DS_SPACE")\n')
