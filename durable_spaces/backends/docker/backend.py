@@ -23,9 +23,8 @@ Faults, as measured on Docker 20.10:
   ``docker restart`` would wait out the daemon's shutdown grace (about 5 s) while a client
   holds an output stream; SIGKILL has no grace, so the streams are not detached and
   their waiters see ``SpaceUnavailableError``, as the contract asks (a detach would end
-  them like an exit). Measured: 0.4-0.8 s to the first answer idle; about 0.9 s more
-  while a stream is held, because the new daemon's first /health answer waits for the
-  SDK's reconnecting stream (detaching first avoided it, at the cost above).
+  them like an exit). While a stream is held, the new daemon's first /health answer
+  waits for the SDK's reconnecting stream (detaching first avoided that, at that cost).
 - ``kill_daemon``: SIGKILL of the daemon inside the container (pid 1 stays). ``supervise``
   starts a new daemon at once; the container does not exit. The command that was running
   SURVIVES as an orphan of pid 1 and its record reads ``LOST``. The daemon's own
@@ -97,16 +96,17 @@ def _client() -> Any:
     return docker.from_env(timeout=60)
 
 
-def unavailable_reason(image: str | None = None, settings: Settings | None = None) -> str | None:
-    """None when docker Spaces can run here; otherwise why not (for a test skip).
-    ``settings``: read from the environment when not given (the registry's call)."""
+def unavailable_reason(image: str | None = None) -> str | None:
+    """None when docker Spaces can run here; otherwise why not (for a test skip)."""
     try:
         client = _client()
         client.ping()
     except Exception as e:  # the SDK raises several unrelated types here
         return f"Docker engine not running: {e}"
     try:
-        tag = image or _default_image(Settings.from_env() if settings is None else settings)
+        from durable_spaces.backends.docker.image import image_tag  # the build's, on use
+
+        tag = image or image_tag(Settings.from_env())  # the registry's call: an edge
         try:
             client.images.get(tag)
         except Exception:
@@ -118,24 +118,13 @@ def unavailable_reason(image: str | None = None, settings: Settings | None = Non
     return None
 
 
-def _default_image(settings: Settings) -> str:
-    from durable_spaces.backends.docker import image as docker_image
-
-    return docker_image.image_tag(settings)
-
-
 class DockerBackend:
     """Docker containers as Spaces. ``state_dir`` holds each Space's token and port."""
 
     kind = "container"
 
-    def __init__(
-        self,
-        state_dir: str | os.PathLike[str],
-        image: str | None = None,
-        settings: Settings | None = None,
-    ) -> None:
-        #: The product's settings (``durable_spaces/settings.py``): read now if not given.
+    def __init__(self, state_dir: str | os.PathLike[str], image: str | None = None,
+                 settings: Settings | None = None) -> None:  # fmt: skip
         self.settings = Settings.from_env() if settings is None else settings
         self.state_dir = Path(state_dir).resolve()
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -151,7 +140,9 @@ class DockerBackend:
     @property
     def image(self) -> str:
         if self._image is None:
-            self._image = _default_image(self.settings)
+            from durable_spaces.backends.docker.image import image_tag  # the build's, on use
+
+            self._image = image_tag(self.settings)
         return self._image
 
     def engine(self) -> Any:

@@ -210,7 +210,6 @@ class SpacesdBackend:
         if reason is not None:
             raise BackendUnavailableError(reason)
         self._checked = binary is not None
-        #: The product's settings (``durable_spaces/settings.py``): read now if not given.
         self.settings = Settings.from_env() if settings is None else settings
         self.state_dir = Path(state_dir).absolute()
         self.state_dir.mkdir(parents=True, exist_ok=True)
