@@ -77,7 +77,7 @@ def _url(name: str, raw: str) -> str:
 def _choice(*choices: str) -> Callable[[str, str], str]:
     def parse(name: str, raw: str) -> str:
         if raw not in choices:
-            raise ConfigError(f"{name}={raw!r}: one of {', '.join(choices)}")
+            raise ConfigError(f"{name}={raw!r}: {' or '.join(choices)}")
         return raw
 
     return parse
@@ -86,7 +86,7 @@ def _choice(*choices: str) -> Callable[[str, str], str]:
 def _upper_choice(*choices: str) -> Callable[[str, str], str]:
     def parse(name: str, raw: str) -> str:
         if raw.strip().upper() not in choices:
-            raise ConfigError(f"{name}={raw!r}: one of {', '.join(choices)}")
+            raise ConfigError(f"{name}={raw!r}: {' or '.join(choices)}")
         return raw.strip().upper()
 
     return parse
@@ -188,6 +188,11 @@ class Settings(EnvFields):
         "DS_WARM_DRIVERS", True, parse_switch,
         doc="a coordinator keeps a driver started before its epoch (drive/spares.py)",
     )  # fmt: skip
+    zygote_socket: Path | None = setting(
+        "DS_ZYGOTE_SOCKET", None, _path, recorded=False,
+        doc="the campaign's zygote (drive/zygote.py) that forks spare drivers: set by the "
+        "lab for its processes, not by hand",
+    )  # fmt: skip
     inode_pool: bool = setting(
         "DS_INODE_POOL", True, parse_switch,
         doc="a checkpoint batch's files are made ahead (O_TMPFILE)",
@@ -278,4 +283,18 @@ class Settings(EnvFields):
 #: The defaults, for a part made without settings (a test's, a helper's).
 DEFAULTS = Settings()
 
-__all__ = ["DEFAULTS", "MAX_SECONDS", "EnvFields", "Settings", "parse_switch", "setting"]
+
+def of(given: Settings | None, *owners: object) -> Settings:
+    """``given``, else the first ``owners``' ``settings`` (the backend a part works
+    with: one reading for both), else read from the environment now (a public part
+    built without settings is an edge)."""
+    if given is not None:
+        return given
+    for owner in owners:
+        found = getattr(owner, "settings", None)
+        if isinstance(found, Settings):
+            return found
+    return Settings.from_env()
+
+
+__all__ = ["DEFAULTS", "MAX_SECONDS", "EnvFields", "Settings", "of", "parse_switch", "setting"]

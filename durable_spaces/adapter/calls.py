@@ -23,7 +23,6 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from durable_spaces import switches
 from durable_spaces.adapter import checkpointing, log_witness
 from durable_spaces.adapter import state as state_doc
 from durable_spaces.adapter.effects import Effect, name_issue, written_size
@@ -189,7 +188,8 @@ class CallPipeline:
         if switch is not None:
             state.mode, state.mode_reason = "checkpoint", switch
         started = None
-        if state.mode == "checkpoint" and switch is None and switches.switch("DS_CHECKPOINT_EARLY"):
+        early = self.p.config.settings.checkpoint_early  # DS_CHECKPOINT_EARLY
+        if state.mode == "checkpoint" and switch is None and early:
             started = await self.d.cp.begin(space, rec.call_id)  # it overlaps the commit
         try:
             await self.p.commit(self.h, self.conv, state, update)

@@ -68,7 +68,8 @@ class CheckpointKeeper:
         commit, since no effect runs in between; so its work (on the host, in a thread)
         overlaps the log's fsync. A checkpoint whose outcome never commits is one nobody
         records, as after a crash between a checkpoint and its commit: ``prune`` drops it.
-        ``DS_CHECKPOINT_EARLY=0`` starts it after the commit instead, to compare."""
+        ``Settings.checkpoint_early`` off (``DS_CHECKPOINT_EARLY=0``) starts it after the
+        commit instead, to compare."""
         task = asyncio.ensure_future(
             self.snapshots.checkpoint(space, call_id, self.p.epoch_for(space.name))
         )

@@ -46,6 +46,7 @@ from durable_spaces.errors import (
 from durable_spaces.harness.log import Fence
 from durable_spaces.harness.tools import Extension, Tool, ToolContext, ToolResult
 from durable_spaces.settings import Settings
+from durable_spaces.settings import of as settings_of
 from durable_spaces.space import PathTable, Space, SpaceBackend
 
 if TYPE_CHECKING:
@@ -327,13 +328,11 @@ def durable_spaces(
     ``CUA_SESSION_EPOCH``); ``transactional`` the image's limits (or ``exclude``);
     ``settings`` the product's ``DS_*`` settings (default: the backend's, else read from
     the environment now: ``durable_spaces/settings.py``)."""
-    if settings is None:
-        found = getattr(spaces, "settings", None)  # one reading for the backend and us
-        settings = found if isinstance(found, Settings) else Settings.from_env()
+    settings = settings_of(settings, snapshots, spaces)
     return DurableSpaces(
         AdapterConfig(
             spaces=spaces,
-            snapshots=snapshots or WorkspaceSnapshots(spaces),
+            snapshots=snapshots or WorkspaceSnapshots(spaces, settings=settings),
             cwd=cwd,
             mode=mode,
             epoch=session_epoch(epoch),

@@ -5,7 +5,8 @@ from an environment: ``os.environ[...]``, ``.get``/``.pop``/``.setdefault``, ``g
 ``in``, whether the name is written out or held by a constant (of this module or imported,
 or an attribute of another module), and any call of a ``switch``.
 
-Not reads: writing a child's environment (``env["DS_FAILPOINTS"] = ...``), and another
+Not reads: writing a child's environment (``env["DS_FAILPOINTS"] = ...``) or removing a
+name from it (``env.pop(NAME, None)``, the value dropped), and another
 process's environment through psutil (``p.environ().get("DS_SPACE")``: the marks a local
 Space puts on its processes, looked for, not settings).
 """
@@ -35,18 +36,7 @@ EXCEPTIONS = {
     "durable_spaces.chaos.mutants": "DS_MUTANTS",
 }
 #: Modules still reading ``DS_*`` (not converted yet): this list only shrinks.
-PENDING: dict[str, str] = {
-    "durable_spaces.switches": "the old reader, until its last caller is gone",
-    "durable_spaces.adapter.calls": "DS_CHECKPOINT_EARLY",
-    "durable_spaces.adapter.checkpoints.incremental": "DS_COPY_BEHIND, DS_SPACE_JOURNAL",
-    "durable_spaces.adapter.checkpoints.inode_pool": "DS_INODE_POOL",
-    "durable_spaces.campaigns.fast_exit": "DS_FAST_EXIT",
-    "durable_spaces.campaigns.replay": "DS_MUTANTS of a record",
-    "durable_spaces.campaigns.worker_spares": "DS_WARM_WORKERS, DS_ZYGOTE_SOCKET",
-    "durable_spaces.drive.spares": "DS_WARM_DRIVERS, DS_ZYGOTE_SOCKET",
-    "durable_spaces.drive.supervisor": "DS_FAILPOINT_TRACE of a launch",
-    "durable_spaces.drive.zygote": "DS_ZYGOTE, DS_WARM_DRIVERS, DS_ZYGOTE_SOCKET",
-}
+PENDING: dict[str, str] = {}
 
 
 def _module(path: Path) -> str:
@@ -116,6 +106,9 @@ def reads(source: str, known: dict[str, str] | None = None) -> list[str]:
         if isinstance(t, ast.Name)
     }
 
+    #: Calls whose value is dropped (``env.pop(NAME, None)``: a removal, not a read).
+    dropped = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+
     def other_process(node: ast.expr) -> bool:
         return _psutil_environ(node) or (isinstance(node, ast.Name) and node.id in theirs)
 
@@ -141,6 +134,8 @@ def reads(source: str, known: dict[str, str] | None = None) -> list[str]:
                 name = ds(node.args[0]) if node.args else None
                 name = name or "switch(...)"
             elif attr in ("get", "pop", "setdefault", "getenv") and node.args:
+                if attr == "pop" and id(node) in dropped:
+                    continue
                 receiver = f.value if isinstance(f, ast.Attribute) else None
                 if receiver is None or not other_process(receiver):
                     name = ds(node.args[0])
@@ -190,5 +185,7 @@ def test_a_planted_read_is_found() -> None:
 
 def test_writes_and_other_processes_are_not_reads() -> None:
     assert not reads('env = {}\nenv["DS_FAILPOINTS"] = "x"\n')
+    assert not reads('import os\nos.environ.pop("DS_X", None)\n')
+    assert reads('import os\nx = os.environ.pop("DS_X", None)\n')
     assert not reads('def f(p):\n    return p.environ().get("DS_SPACE")\n')
     assert not reads('def f(p):\n    env = p.environ()\n    return env.get("DS_SPACE")\n')
