@@ -48,7 +48,12 @@ class _OneLineErrors(TyperGroup):
         **extra: Any,
     ) -> Any:
         try:
-            Settings.from_env()  # a malformed DS_* setting: one line, before any work
+            # A malformed DS_* setting, the product's or the lab's: one line, before any
+            # work (the lab's module is imported for it: a command is an edge of both).
+            Settings.from_env()
+            from durable_spaces.campaigns.spec import LabSettings
+
+            LabSettings.from_env()
             if (bad := mutants.problem()) is not None:  # DS_MUTANTS=nope, the same
                 raise ConfigError(bad)
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
