@@ -39,6 +39,47 @@ EXCEPTIONS = {
 PENDING: dict[str, str] = {}
 
 
+#: Where the settings are made from the environment (``Settings.from_env``,
+#: ``LabSettings.from_env``, ``settings.of`` without settings given): a process's or a
+#: command's start, and the public parts a user builds without settings (each takes the
+#: environment then, once; every part below them is given the value).
+MADE_AT = {
+    "durable_spaces.cli.app": "every command's start: a malformed one is one line",
+    "durable_spaces.cli.campaigns": "repro's zygote, after a record's environment was taken",
+    "durable_spaces.campaigns.spec": "a run record's environment, written and checked",
+    "durable_spaces.campaigns.runner": "the campaign's, once, for its workers and zygote",
+    "durable_spaces.campaigns.replay": "the mutants of a record's environment",
+    "durable_spaces.campaigns.worker": "a worker process's start (its exit)",
+    "durable_spaces.campaigns.agent": "the scripted driver's start",
+    "durable_spaces.probe.recipes.durable-spaces.ds_agent": "the probe recipe's driver",
+    "durable_spaces.adapter.durable": "durable_spaces(...) built without settings",
+    "durable_spaces.adapter.checkpoints.snapshots": "WorkspaceSnapshots built without them",
+    "durable_spaces.backends.local.backend": "LocalBackend(...) built without settings",
+    "durable_spaces.backends.spacesd.backend": "SpacesdBackend(...) likewise",
+    "durable_spaces.backends.docker.backend": "DockerBackend(...), unavailable_reason()",
+    "durable_spaces.backends.docker.image": "make space-image",
+    "durable_spaces.backends.microvm.backend": "MicrovmBackend(...), unavailable_reason()",
+    "durable_spaces.backends.microvm.image": "make microvm-image",
+    "durable_spaces.cluster.pgserver": "PgServer(...), unavailable_reason()",
+    "durable_spaces.cluster.remote": "RemoteBackend(...) built without settings",
+    "durable_spaces.drive.coordinator": "Coordinator(...) built without settings",
+}
+
+
+def makes(source: str) -> list[int]:
+    """Lines of ``source`` that make settings from the environment."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id
+            owner = f.value if isinstance(f, ast.Attribute) else None
+            on_settings = isinstance(owner, ast.Name) and owner.id.endswith("Settings")
+            if (name == "from_env" and on_settings) or name == "settings_of":
+                out.append(node.lineno)
+    return out
+
+
 def _module(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -155,6 +196,24 @@ def test_only_the_edges_read_ds_variables() -> None:
         if found:
             bad[m] = found
     assert not bad, f"DS_* read below the edge (give the value from Settings/LabSettings): {bad}"
+
+
+def test_settings_are_made_only_where_named() -> None:
+    bad = {
+        m: found
+        for m, p in sorted(MODULES.items())
+        if m not in MADE_AT and m not in EDGES and (found := makes(p.read_text()))
+    }
+    assert not bad, f"settings made from the environment below the edge: {bad}"
+    for m in MADE_AT:
+        assert makes(MODULES[m].read_text()), f"{m} makes no settings any more: off the list"
+
+
+def test_a_planted_making_is_found() -> None:
+    assert makes("from x import Settings\ns = Settings.from_env()\n")
+    assert makes("from x import LabSettings\ns = LabSettings.from_env({})\n")
+    assert makes("s = settings_of(None, backend)\n")
+    assert not makes("s = CampaignSpec.from_env()\n")
 
 
 def test_the_lists_are_not_stale() -> None:

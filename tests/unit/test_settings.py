@@ -140,3 +140,10 @@ def _pythonpath() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if k in ("PYTHONPATH", "HOME")}
+
+
+def test_docs_list_every_variable() -> None:
+    """``docs/configuration.md`` names every setting, the product's and the lab's."""
+    doc = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
+    missing = [n for n in (*Settings.names(), *LabSettings.names()) if f"`{n}`" not in doc]
+    assert not missing, f"docs/configuration.md does not list {missing}"
