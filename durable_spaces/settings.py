@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from durable_spaces.errors import ConfigError
 
@@ -123,7 +123,7 @@ class EnvFields:
     written back as one (``to_env``). ``campaigns/spec.py``'s ``LabSettings`` is one too."""
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **given: Any) -> Any:
+    def from_env(cls, env: Mapping[str, str] | None = None, **given: Any) -> Self:
         """From ``env`` (the process's by default): unset means the default (and so does
         empty, for a setting whose default is none); ``given`` fields win. ``ConfigError``
         of one line for the first bad value (an empty switch is one)."""
@@ -154,7 +154,7 @@ class EnvFields:
                 out[f.metadata["env"]] = _text(value)
         return out
 
-    def with_(self, **changes: Any) -> Any:
+    def with_(self, **changes: Any) -> Self:
         return replace(self, **changes)
 
 
