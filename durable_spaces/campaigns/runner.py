@@ -139,15 +139,18 @@ class RunExecutor(Protocol):
 class _Runs:
     """Starts worker processes and collects their records."""
 
-    def __init__(self, ref: str, out_dir: Path, run_timeout_s: float | None) -> None:
+    def __init__(
+        self, ref: str, out_dir: Path, run_timeout_s: float | None, lab: LabSettings
+    ) -> None:
         self.ref = ref
         self.out = out_dir
         self.timeout = run_timeout_s
-        self.env = _worker_env()
-        #: The product's and the lab's settings, read once here (a malformed one stops
-        #: the campaign); the workers inherit them through ``env``.
+        #: The lab's settings, the campaign's (``CampaignSpec.lab``), put into ``env``.
+        self.lab = lab
+        self.env = {**_worker_env(), **lab.to_env()}
+        #: The product's settings, read once here (a malformed one stops the campaign);
+        #: the workers inherit them through ``env``.
         self.settings = Settings.from_env(self.env)
-        self.lab = LabSettings.from_env(self.env)
         #: The socket of the campaign's zygote while ``zygote()`` is open.
         self._zygote: str | None = None
         #: Spare workers (``campaigns/worker_spares.py``) while ``warm()`` is open.
@@ -312,7 +315,7 @@ def run_campaign(
     for rs in specs:
         if rs.schedule is not None:
             sched_files[rs.run_id] = str(rs.schedule.save(out / "schedules" / f"{rs.run_id}.json"))
-    runs = _Runs(ref, out, run_timeout_s)
+    runs = _Runs(ref, out, run_timeout_s, spec.lab)
     first: RunExecutor = runs if executor is None else executor
     if executor is not None:
         jobs = len(specs) or 1  # all on the queue at once: the workers are the parallelism

@@ -327,6 +327,10 @@ class CampaignSpec:
     durable_mode: str | None = None
     profile: str = "default"
     scenario: str = ""
+    #: The lab's settings (``DS_WARM_WORKERS``, ``DS_FAST_EXIT``, ``DS_ZYGOTE``,
+    #: ``DS_MUTANTS``), this process's environment's unless given; put into the
+    #: environment of the campaign's workers (and so of their drivers).
+    lab: LabSettings = field(default_factory=LabSettings.from_env)
 
     def __post_init__(self) -> None:
         scenario, adapter, name = check_run(
@@ -365,6 +369,7 @@ class CampaignSpec:
             raw = e.get(var)
             if raw is not None and raw.strip() != "":
                 kw[key] = conv(raw.strip())
+        kw["lab"] = LabSettings.from_env(e)
         kw.update({k: v for k, v in overrides.items() if v is not None})
         return CampaignSpec(**kw)
 

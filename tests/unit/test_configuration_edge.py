@@ -47,7 +47,7 @@ MADE_AT = {
     "durable_spaces.cli.app": "every command's start: a malformed one is one line",
     "durable_spaces.cli.campaigns": "repro's zygote, after a record's environment was taken",
     "durable_spaces.campaigns.spec": "a run record's environment, written and checked",
-    "durable_spaces.campaigns.runner": "the campaign's, once, for its workers and zygote",
+    "durable_spaces.campaigns.runner": "the product's, once, for the workers and the zygote",
     "durable_spaces.campaigns.replay": "the mutants of a record's environment",
     "durable_spaces.campaigns.worker": "a worker process's start (its exit)",
     "durable_spaces.campaigns.agent": "the scripted driver's start",
