@@ -333,6 +333,8 @@ class CampaignSpec:
     lab: LabSettings = field(default_factory=LabSettings.from_env)
 
     def __post_init__(self) -> None:
+        if isinstance(self.lab, Mapping):  # as ``to_json`` wrote it: its variables, checked
+            object.__setattr__(self, "lab", LabSettings.from_env(self.lab))
         scenario, adapter, name = check_run(
             self.mode, self.scenario, self.durable_mode, self.backend, self.profile, self.calls
         )
@@ -397,7 +399,7 @@ class CampaignSpec:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "lab": self.lab.to_env()}  # the lab's as its variables
 
 
 @dataclass(frozen=True)
