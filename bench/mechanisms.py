@@ -322,14 +322,18 @@ async def _side(backend: SpaceBackend, tmp: Path, mode: str, tree: bytes, tag: s
 async def call_ab(ab: CallAB, base: Path, reps: int, think: float) -> str:
     if (why := unavailable_reason(ab.backend) or ab.unavailable()) is not None:
         return f"SKIP name={ab.name} reason={why.replace(' ', '_')}"
-    backend = open_backend(ab.backend, base / ab.name / "spaces")
     tree = tree_tar(ab.files)
     times: dict[bool, list[float]] = {True: [], False: []}
     sides: dict[bool, Setup] = {}
+    # One backend a side, opened inside its toggle: a backend and the adapter built on it
+    # take their settings (durable_spaces/settings.py) when they are made, so a switch
+    # the backend reads (the journals, the host scan, the fork server) is each side's own.
+    backends: dict[bool, SpaceBackend] = {}
     try:
         for on in (True, False):
             with ab.toggle(on):
-                sides[on] = await _side(backend, base / ab.name, ab.mode, tree, f"{on:d}")
+                backends[on] = open_backend(ab.backend, base / ab.name / f"spaces-{on:d}")
+                sides[on] = await _side(backends[on], base / ab.name, ab.mode, tree, f"{on:d}")
         for i in range(reps + 1):  # the first pair warms both sides up: not counted
             order = (True, False) if i % 2 == 0 else (False, True)
             for on in order:
@@ -346,9 +350,10 @@ async def call_ab(ab: CallAB, base: Path, reps: int, think: float) -> str:
         for s in sides.values():
             await s.harness.close()
             s.storage.close()
-        for name in await backend.names():
-            await backend.delete(name)
-        await backend.close()
+        for backend in backends.values():
+            for name in await backend.names():
+                await backend.delete(name)
+            await backend.close()
     return line(ab.name, ab.serves, times[True], times[False], 1000)
 
 

@@ -118,19 +118,16 @@ async def _scan(name: str, backend: SpaceBackend, space: Space) -> None:
 async def _local_direct(backend: SpaceBackend, space_name: str, plain_ms: float) -> None:
     """local's exec without its fork server (``DS_LOCAL_FORKSERVER=0``): a fresh
     interpreter per command's supervisor, the fallback path."""
-    before = os.environ.get("DS_LOCAL_FORKSERVER")
-    os.environ["DS_LOCAL_FORKSERVER"] = "0"
-    try:
-        direct = await backend.find(space_name)  # a new handle: no server state kept
-        assert direct is not None
-        for keyed in (False, True):
-            ms = await _exec_round_trip(direct, keyed)
-            what = "exec true (keyed, no server)" if keyed else "exec true (no fork server)"
-            _line("local", what, ms, 'subprocess.run(["true"])', plain_ms)
-    finally:
-        os.environ.pop("DS_LOCAL_FORKSERVER")
-        if before is not None:
-            os.environ["DS_LOCAL_FORKSERVER"] = before
+    from durable_spaces.backends.local.backend import LocalBackend
+
+    assert isinstance(backend, LocalBackend)
+    off = backend.settings.with_(local_forkserver=False)
+    direct = await LocalBackend(backend.state_dir, settings=off).find(space_name)
+    assert direct is not None  # a new handle: no server state kept
+    for keyed in (False, True):
+        ms = await _exec_round_trip(direct, keyed)
+        what = "exec true (keyed, no server)" if keyed else "exec true (no fork server)"
+        _line("local", what, ms, 'subprocess.run(["true"])', plain_ms)
 
 
 async def _advance(name: str, space: Space, plain_ms: float) -> None:

@@ -48,6 +48,8 @@ _EXPORTS: dict[str, str] = {
     "SpaceBackend": "durable_spaces.space",
     "open_backend": "durable_spaces.backends",
     "known_backends": "durable_spaces.backends",
+    # the DS_* settings (docs/configuration.md)
+    "Settings": "durable_spaces.settings",
     # errors
     "DurableSpacesError": "durable_spaces.errors",
     "StaleEpochError": "durable_spaces.errors",
@@ -75,6 +77,7 @@ __all__ = [
     "Registry",
     "SandboxSnapshots",
     "SessionHandle",
+    "Settings",
     "Space",
     "SpaceBackend",
     "StaleEpochError",
@@ -132,4 +135,5 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from durable_spaces.harness.scheduler import Harness
     from durable_spaces.harness.state import AgentConfig
     from durable_spaces.harness.tools import CodingTools, Extension, Registry, Tool, ToolResult
+    from durable_spaces.settings import Settings
     from durable_spaces.space import Space, SpaceBackend

@@ -19,6 +19,7 @@ from durable_spaces.adapter.recovery import RecoveryListener
 from durable_spaces.drive.protocol import EPOCH, parse_epoch
 from durable_spaces.errors import ConfigError, StaleEpochError
 from durable_spaces.harness.log import Fence, check_epoch
+from durable_spaces.settings import DEFAULTS, Settings
 from durable_spaces.space import SpaceBackend
 
 Mode = Literal["auto", "transactional", "checkpoint"]
@@ -59,6 +60,9 @@ class AdapterConfig:
     on_stale: StaleCallback | None = None
     on_recovery: RecoveryListener | None = None
     on_call: CallCallback | None = None
+    #: The product's ``DS_*`` settings (``durable_spaces/settings.py``), read once where
+    #: the adapter was built; the driver's log and the checkpoint engine take theirs here.
+    settings: Settings = DEFAULTS
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

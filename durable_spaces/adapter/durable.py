@@ -45,6 +45,8 @@ from durable_spaces.errors import (
 )
 from durable_spaces.harness.log import Fence
 from durable_spaces.harness.tools import Extension, Tool, ToolContext, ToolResult
+from durable_spaces.settings import Settings
+from durable_spaces.settings import of as settings_of
 from durable_spaces.space import PathTable, Space, SpaceBackend
 
 if TYPE_CHECKING:
@@ -318,15 +320,19 @@ def durable_spaces(
     exclude: Sequence[str] = (),
     namespace: str | None = None,
     name_for: Callable[[str], str] | None = None,
+    settings: Settings | None = None,
 ) -> DurableSpaces:
     """Build the adapter: ``mode`` auto (transactional while sound, checkpoint for good
     after), transactional or checkpoint; ``snapshots`` the checkpoint provider (default:
     incremental workspace checkpoints kept in the Space); ``epoch`` the session's (default
-    ``CUA_SESSION_EPOCH``); ``transactional`` the image's limits (or ``exclude``)."""
+    ``CUA_SESSION_EPOCH``); ``transactional`` the image's limits (or ``exclude``);
+    ``settings`` the product's ``DS_*`` settings (default: the backend's, else read from
+    the environment now: ``durable_spaces/settings.py``)."""
+    settings = settings_of(settings, snapshots, spaces)
     return DurableSpaces(
         AdapterConfig(
             spaces=spaces,
-            snapshots=snapshots or WorkspaceSnapshots(spaces),
+            snapshots=snapshots or WorkspaceSnapshots(spaces, settings=settings),
             cwd=cwd,
             mode=mode,
             epoch=session_epoch(epoch),
@@ -336,6 +342,7 @@ def durable_spaces(
             fence=fence,
             on_stale=on_stale,
             on_recovery=on_recovery,
+            settings=settings,
         )
     )
 

@@ -27,10 +27,10 @@ import time
 from collections.abc import Callable, Sequence
 
 from durable_spaces.backends.spacesd.backend import daemon_binary
+from durable_spaces.settings import Settings
 
 __all__ = [
     "INCLUDE",
-    "MIRROR",
     "SUITE",
     "TRIM",
     "USER_UID",
@@ -53,7 +53,6 @@ __all__ = [
 SUITE = "bookworm"
 VARIANT = "minbase"
 INCLUDE = ("procps", "git")
-MIRROR = os.environ.get("DS_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 
 USER_UID = 1000
 WORKSPACE = "/home/cua/work"
@@ -82,9 +81,9 @@ def recipe() -> str:
     return json.dumps([RECIPE_VERSION, TRIM, DIRS, USER_UID, WORKSPACE])
 
 
-def cache_dir() -> pathlib.Path:
-    """Where the debootstrap tarball is cached (``DS_CACHE_DIR``)."""
-    d = pathlib.Path(os.environ.get("DS_CACHE_DIR", "~/.cache/durable-spaces")).expanduser()
+def cache_dir(settings: Settings) -> pathlib.Path:
+    """Where the debootstrap tarball is cached (``Settings.cache_dir``)."""
+    d = settings.cache_dir
     d.mkdir(parents=True, exist_ok=True)
     return d
 
@@ -110,29 +109,31 @@ def file_sha256(path: pathlib.Path) -> str:
     return _sha_cache[k]
 
 
-def debootstrap_key() -> str:
-    return input_hash(SUITE, VARIANT, ",".join(INCLUDE), MIRROR)
+def debootstrap_key(settings: Settings) -> str:
+    """The tree's inputs: the suite, variant, packages and the mirror
+    (``Settings.debian_mirror``)."""
+    return input_hash(SUITE, VARIANT, ",".join(INCLUDE), settings.debian_mirror)
 
 
 def _stderr(msg: str) -> None:
     print(f"[guest-rootfs] {msg}", file=sys.stderr, flush=True)
 
 
-def rootfs_tarball(log: Callable[[str], None] = _stderr) -> pathlib.Path:
+def rootfs_tarball(settings: Settings, log: Callable[[str], None] = _stderr) -> pathlib.Path:
     """The raw debootstrap tree as a tarball, cached by its parameters (shared by both
     images); only its first build needs the Debian mirror."""
-    tar = cache_dir() / f"debootstrap-{SUITE}-{debootstrap_key()}.tar"
+    tar = cache_dir(settings) / f"debootstrap-{SUITE}-{debootstrap_key(settings)}.tar"
     if tar.exists():
         return tar
     if shutil.which("debootstrap") is None:
         raise SystemExit("debootstrap is not installed (apt-get install -y debootstrap)")
-    with tempfile.TemporaryDirectory(prefix="ds-debootstrap-", dir=cache_dir()) as tmp:
+    with tempfile.TemporaryDirectory(prefix="ds-debootstrap-", dir=cache_dir(settings)) as tmp:
         root = pathlib.Path(tmp) / "root"
         t0 = time.monotonic()
         cmd = ["debootstrap", f"--variant={VARIANT}"]
         if INCLUDE:
             cmd.append("--include=" + ",".join(INCLUDE))
-        cmd += [SUITE, str(root), MIRROR]
+        cmd += [SUITE, str(root), settings.debian_mirror]
         log(" ".join(cmd))
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         part = tar.with_suffix(f".tar.part{os.getpid()}")

@@ -24,6 +24,7 @@ from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
 from durable_spaces.adapter.image import ImageLimits
 from durable_spaces.backends import backend_class, open_backend
 from durable_spaces.campaigns.fast_exit import exit_now
+from durable_spaces.campaigns.spec import LabSettings
 from durable_spaces.drive.entry import (
     SessionHandle,
     StartContext,
@@ -36,6 +37,7 @@ from durable_spaces.harness.models import ScriptedModel
 from durable_spaces.harness.scheduler import AgentConfig, Harness
 from durable_spaces.harness.tools import CodingTools, Registry
 from durable_spaces.host import holders as host_holders
+from durable_spaces.settings import Settings
 
 CONFIG_FILE = "agent.json"
 REQUEST = "Do the scripted steps."
@@ -72,19 +74,25 @@ class AgentConfigFile:
 
 
 def build(cfg: AgentConfigFile) -> tuple[DurableSpaces, ScriptedModel]:
-    backend = open_backend(cfg.backend, cfg.backend_dir)
+    settings = Settings.from_env()  # the driver's edge: its product settings, read once
+    backend = open_backend(cfg.backend, cfg.backend_dir, settings=settings)
     snapshots: Snapshots
     if cfg.snapshots == "sandbox":
         snapshots = SandboxSnapshots(backend)
     else:
-        store = DirectoryCheckpointStore(cfg.store_dir) if cfg.store_dir else None
-        snapshots = WorkspaceSnapshots(backend, store=store)
+        store = (
+            DirectoryCheckpointStore(cfg.store_dir, make_ahead=settings.inode_pool)
+            if cfg.store_dir
+            else None
+        )
+        snapshots = WorkspaceSnapshots(backend, store=store, settings=settings)
     limits = ImageLimits(max_files=cfg.max_files) if cfg.max_files is not None else None
     durable = durable_spaces(
         backend,
         snapshots=snapshots,
         mode=cfg.mode,  # type: ignore[arg-type]
         transactional=limits,
+        settings=settings,
     )
     return durable, ScriptedModel(cfg.seed, cfg.calls, sleep=cfg.sleep, server=cfg.server)
 
@@ -134,4 +142,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    exit_now(main())  # campaigns/fast_exit.py: no teardown to wait for
+    lab = LabSettings.from_env()  # this process's edge (the campaign checked them first)
+    exit_now(main(), lab.fast_exit)  # campaigns/fast_exit.py: no teardown to wait for

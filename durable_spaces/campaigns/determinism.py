@@ -80,7 +80,7 @@ def run_determinism(
     out = _check_args(out_dir, jobs, run_timeout_s, 40)
     for sub in ("runs", "logs", "state"):
         (out / sub).mkdir(parents=True, exist_ok=True)
-    runs = _Runs(run_one_ref(run_one), out, run_timeout_s)
+    runs = _Runs(run_one_ref(run_one), out, run_timeout_s, spec.lab)
     state_root = str(out / "state")
     pairs = [
         [spec.run(i, state_root).with_(run_id=f"run-{i:04d}.{t}",

@@ -26,18 +26,15 @@ import sys
 import threading
 from typing import NoReturn
 
-#: Set to ``0`` to always exit the normal way (to compare, or to debug a teardown).
-ENV = "DS_FAST_EXIT"
 
-
-def exit_now(code: int) -> NoReturn:
-    """Exit with ``code`` (see the module doc)."""
+def exit_now(code: int, fast: bool = True) -> NoReturn:
+    """Exit with ``code`` (see the module doc); ``fast`` False (``LabSettings.fast_exit``:
+    ``DS_FAST_EXIT=0``) always the normal way (to compare, or to debug a teardown)."""
     # The callbacks first: one may end the threads it started (the checkpoint store's
     # fsync pool, adapter/checkpoints/batch.py), and they run once either way.
     atexit._run_exitfuncs()
     main = threading.main_thread()
     threads = any(t is not main and not t.daemon for t in threading.enumerate())
-    fast = os.environ.get(ENV, "1").strip() == "1"  # malformed: refused at the start (switches.py)
     if threads or not fast or "cua" in sys.modules:
         sys.exit(code)
     for stream in (sys.stdout, sys.stderr):

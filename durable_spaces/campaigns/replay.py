@@ -24,6 +24,7 @@ from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.spec import (
     BEHAVIOUR_ENV,
     MAX_ATTEMPTS,
+    LabSettings,
     RunSpec,
     check_env,
     check_schedule,
@@ -92,7 +93,7 @@ def check_interleaving(realized: Sequence[Any], where: str) -> None:
 
 
 def recorded_env(record: RunRecord) -> dict[str, str] | None:
-    """The ``behaviour_env`` ``record``'s run had (None: the record is older than that,
+    """The ``recorded_env`` ``record``'s run had (None: the record is older than that,
     and says nothing); ``ConfigError`` for one that is not what a run writes."""
     if "env" not in record.extra:
         return None
@@ -105,7 +106,7 @@ def take_env(env: Mapping[str, str]) -> None:
     for k in BEHAVIOUR_ENV:
         os.environ.pop(k, None)
     os.environ.update(env)
-    mutants.load(env.get("DS_MUTANTS"))
+    mutants.load(LabSettings.from_env(env).mutants)
 
 
 def _position(at: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -41,7 +41,7 @@ from durable_spaces.campaigns.power import HOST_DIR, PowerHost
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.scenarios import exhaustive
 from durable_spaces.campaigns.scenarios.base import KILL_POINTS, Script, get
-from durable_spaces.campaigns.spec import CampaignSpec, RunSpec, behaviour_env
+from durable_spaces.campaigns.spec import CampaignSpec, RunSpec, recorded_env
 from durable_spaces.chaos.journal_kill import JournalKiller
 from durable_spaces.chaos.nemesis import (
     Composed,
@@ -422,7 +422,7 @@ async def run_one(run: RunSpec) -> RunRecord:
         scenario=run.scenario,
     )
     record.extra["profile"] = run.profile  # what repro --exact replays it with (replay.py)
-    record.extra["env"] = behaviour_env()  # and the variables that chose its code paths
+    record.extra["env"] = recorded_env()  # and the whole configuration it ran with
     whole = getattr(scenario, "run_whole", None)
     if whole is not None:  # a scenario with a lab of its own (redrive: a whole cluster)
         filled: RunRecord = await whole(run, record)

@@ -37,7 +37,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -52,14 +52,14 @@ from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.replay import Reproduction, exact_spec, reproduction
 from durable_spaces.campaigns.scenarios import registration
 from durable_spaces.campaigns.shrink import ShrinkResult, shrink
-from durable_spaces.campaigns.spec import MAX_JOBS, CampaignSpec, RunSpec
+from durable_spaces.campaigns.spec import MAX_JOBS, CampaignSpec, LabSettings, RunSpec
 from durable_spaces.campaigns.summary import Summary, scenario_fields
 from durable_spaces.campaigns.worker import error_record
-from durable_spaces.campaigns.worker_spares import WorkerSpares, enabled_by_env
+from durable_spaces.campaigns.worker_spares import WorkerSpares
 from durable_spaces.chaos.schedule import Schedule
 from durable_spaces.drive import zygote
 from durable_spaces.errors import ConfigError
-from durable_spaces.switches import check_all
+from durable_spaces.settings import Settings
 
 __all__ = ["CampaignResult", "CampaignSpec", "RunSpec", "run_campaign", "run_one_ref"]
 
@@ -139,12 +139,20 @@ class RunExecutor(Protocol):
 class _Runs:
     """Starts worker processes and collects their records."""
 
-    def __init__(self, ref: str, out_dir: Path, run_timeout_s: float | None) -> None:
+    def __init__(
+        self, ref: str, out_dir: Path, run_timeout_s: float | None, lab: LabSettings
+    ) -> None:
         self.ref = ref
         self.out = out_dir
         self.timeout = run_timeout_s
-        check_all(_worker_env())  # a malformed DS_* switch stops the campaign here
-        self.env = _worker_env()
+        #: The lab's settings, the campaign's (``CampaignSpec.lab``), put into ``env``.
+        self.lab = lab
+        self.env = {**_worker_env(), **lab.to_env()}
+        #: The product's settings, read once here (a malformed one stops the campaign);
+        #: the workers inherit them through ``env``.
+        self.settings = Settings.from_env(self.env)
+        #: The socket of the campaign's zygote while ``zygote()`` is open.
+        self._zygote: str | None = None
         #: Spare workers (``campaigns/worker_spares.py``) while ``warm()`` is open.
         self.spares: WorkerSpares | None = None
 
@@ -152,10 +160,10 @@ class _Runs:
     async def warm(self, jobs: int, runs: int) -> AsyncIterator[None]:
         """Keep ``jobs`` spare workers for the ``runs`` runs started inside (one event
         loop)."""
-        if not enabled_by_env() or jobs < 1:
+        if not self.lab.warm_workers or jobs < 1:
             yield
             return
-        self.spares = WorkerSpares(self.ref, self.env, jobs, runs)
+        self.spares = WorkerSpares(self.ref, self.env, jobs, runs, self._zygote)
         self.spares.fill()
         try:
             yield
@@ -163,10 +171,18 @@ class _Runs:
             spares, self.spares = self.spares, None
             await spares.close()
 
-    def zygote(self) -> contextlib.AbstractContextManager[zygote.CampaignZygote | None]:
+    @contextlib.contextmanager
+    def zygote(self) -> Iterator[zygote.CampaignZygote | None]:
         """The campaign's zygote (``drive/zygote.py``) for every run inside, the
-        exact replays and shrinks included, so they start their drivers as the runs did."""
-        return zygote.serving(self.env, self.ref.split(":")[0])
+        exact replays and shrinks included, so they start their drivers as the runs did
+        (unless ``DS_ZYGOTE=0`` or ``DS_WARM_DRIVERS=0``)."""
+        on = self.lab.zygote and self.settings.warm_drivers
+        with zygote.serving(self.env, self.ref.split(":")[0], on) as z:
+            self._zygote = z.address if z is not None else None
+            try:
+                yield z
+            finally:
+                self._zygote = None
 
     def _paths(self, spec: RunSpec, tag: str) -> tuple[Path, Path, Path]:
         work = self.out / "work"
@@ -299,7 +315,7 @@ def run_campaign(
     for rs in specs:
         if rs.schedule is not None:
             sched_files[rs.run_id] = str(rs.schedule.save(out / "schedules" / f"{rs.run_id}.json"))
-    runs = _Runs(ref, out, run_timeout_s)
+    runs = _Runs(ref, out, run_timeout_s, spec.lab)
     first: RunExecutor = runs if executor is None else executor
     if executor is not None:
         jobs = len(specs) or 1  # all on the queue at once: the workers are the parallelism

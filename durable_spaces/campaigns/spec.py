@@ -25,13 +25,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from durable_spaces import switches
 from durable_spaces.backends import CLAIMS, known_backends
 from durable_spaces.campaigns.record import RUN_ID_RE
 from durable_spaces.campaigns.scenarios import DEFAULT, Tolerance, known_scenarios, registration
 from durable_spaces.chaos import mutants
 from durable_spaces.chaos.schedule import PROFILES, Schedule
 from durable_spaces.errors import ConfigError
+from durable_spaces.settings import EnvFields, Settings, parse_switch, setting
 from durable_spaces.space import Faults
 
 #: The adapter's modes (``durable_spaces.adapter.config.Mode``; a test holds them equal).
@@ -55,28 +55,69 @@ def _choice(var: str, value: str, choices: tuple[str, ...]) -> str:
     return value
 
 
+def _mutants(name: str, raw: str) -> str:
+    mutants.check(raw)  # ConfigError naming DS_MUTANTS and the unknown names
+    return raw
+
+
+@dataclass(frozen=True)
+class LabSettings(EnvFields):
+    """The lab's own ``DS_*`` variables (``docs/configuration.md``), read here once, at the
+    edge of each lab process (the campaign command, a worker, the scripted driver at its
+    exit). The product's are ``durable_spaces/settings.py``'s ``Settings``; a campaign's
+    processes inherit both through their environment, and every run record carries both
+    (``recorded_env``)."""
+
+    warm_workers: bool = setting(
+        "DS_WARM_WORKERS", True, parse_switch,
+        doc="the runner keeps a spare worker process started before its run",
+    )  # fmt: skip
+    fast_exit: bool = setting(
+        "DS_FAST_EXIT", True, parse_switch,
+        doc="a worker and the scripted driver end without the interpreter's teardown",
+    )  # fmt: skip
+    zygote: bool = setting(
+        "DS_ZYGOTE", True, parse_switch,
+        doc="the campaign's zygote forks spare drivers and workers (with DS_WARM_DRIVERS)",
+    )  # fmt: skip
+    mutants: str | None = setting(
+        "DS_MUTANTS", None, _mutants,
+        doc="deliberately broken adapters the lab must catch (chaos/mutants.py), "
+        "comma-separated; read by chaos/mutants.py in every process",
+    )  # fmt: skip
+
+
 #: The variables that change which code a run takes (the switches, the mutants, the
-#: log's durability): a run's repro command and record carry those set, since a seed
-#: replayed without them takes another path (CI's journal-in-space campaign runs with
-#: ``DS_HOST_SCAN=0``; its repro lines once named no such thing).
-BEHAVIOUR_ENV = (*switches.NAMES, "DS_MUTANTS", "DS_LOG_SYNCHRONOUS", "DS_LOG_FORMAT")
-#: What the driver's log takes (``drive/entry.py``'s ``_open_log``).
-LOG_FORMATS = ("sqlite", "jsonl")
+#: log's durability, the microvm's knobs): a run's record carries every one of them with
+#: its value (``recorded_env``: the whole configuration, defaults included) and its
+#: repro command those not at their default, since a seed replayed without them takes
+#: another path (CI's journal-in-space campaign runs with ``DS_HOST_SCAN=0``; its repro
+#: lines once named no such thing). Machine-local places (caches, binaries) are not.
+BEHAVIOUR_ENV = (*Settings.names(recorded_only=True), *LabSettings.names())
 _ENV_VALUE = re.compile(r"[A-Za-z0-9_.,:=+-]{0,200}", re.ASCII)
 
 
-def behaviour_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The ``BEHAVIOUR_ENV`` variables set in ``env`` (the process's by default)."""
+def recorded_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The whole recorded configuration of ``env`` (the process's by default): every
+    ``BEHAVIOUR_ENV`` variable with its value, defaults included (``ConfigError`` for a
+    malformed one)."""
     e = os.environ if env is None else env
-    return {k: e[k] for k in BEHAVIOUR_ENV if k in e}
+    return Settings.from_env(e).to_env(recorded_only=True) | LabSettings.from_env(e).to_env()
+
+
+def behaviour_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Those of ``recorded_env`` not at their default (what a repro line names)."""
+    defaults = Settings().to_env(recorded_only=True) | LabSettings().to_env()
+    return {k: v for k, v in recorded_env(env).items() if defaults.get(k) != v}
 
 
 def check_env(env: object, where: str) -> dict[str, str]:
-    """``env`` read back from a run record, as ``behaviour_env`` wrote it, or this
+    """``env`` read back from a run record, as ``recorded_env`` wrote it, or this
     process's own (``campaign`` and ``repro`` check it before any work, one way for
-    both): only those names, short plain values, each switch 0 or 1, known mutants, a
-    log format and level the driver takes (``drive/entry.py``); ``ConfigError`` in
-    one line otherwise (a record's is about to become this process's environment)."""
+    both): only those names, short plain values, each read as ``Settings`` and
+    ``LabSettings`` read them (switches 0 or 1, known mutants, a log format and level
+    the driver takes); ``ConfigError`` in one line otherwise (a record's is about to
+    become this process's environment). A name the record lacks takes its default."""
     if not isinstance(env, Mapping):
         raise ConfigError(f"{where}: the environment is not a mapping of names to values")
     out: dict[str, str] = {}
@@ -86,16 +127,11 @@ def check_env(env: object, where: str) -> dict[str, str]:
         if not isinstance(v, str) or not _ENV_VALUE.fullmatch(v):
             raise ConfigError(f"{where}: {k}={v!r} is not a plain value")
         out[k] = v
-    switches.check_all(out)
-    mutants.check(out.get("DS_MUTANTS"))
-    if (out.get("DS_LOG_FORMAT") or "sqlite") not in LOG_FORMATS:
-        raise ConfigError(f"{where}: DS_LOG_FORMAT={out['DS_LOG_FORMAT']!r}: sqlite or jsonl")
-    sync = out.get("DS_LOG_SYNCHRONOUS") or "NORMAL"
-    jsonl = out.get("DS_LOG_FORMAT") == "jsonl"
-    if not (sync in ("NORMAL", "FULL", "OFF") if jsonl else sync.upper() in ("NORMAL", "FULL")):
-        raise ConfigError(
-            f"{where}: DS_LOG_SYNCHRONOUS={sync!r}: NORMAL or FULL (or OFF for a JSONL log)"
-        )
+    try:
+        Settings.from_env(out)
+        LabSettings.from_env(out)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
     return out
 
 
@@ -291,8 +327,14 @@ class CampaignSpec:
     durable_mode: str | None = None
     profile: str = "default"
     scenario: str = ""
+    #: The lab's settings (``DS_WARM_WORKERS``, ``DS_FAST_EXIT``, ``DS_ZYGOTE``,
+    #: ``DS_MUTANTS``), this process's environment's unless given; put into the
+    #: environment of the campaign's workers (and so of their drivers).
+    lab: LabSettings = field(default_factory=LabSettings.from_env)
 
     def __post_init__(self) -> None:
+        if isinstance(self.lab, Mapping):  # as ``to_json`` wrote it: its variables, checked
+            object.__setattr__(self, "lab", LabSettings.from_env(self.lab))
         scenario, adapter, name = check_run(
             self.mode, self.scenario, self.durable_mode, self.backend, self.profile, self.calls
         )
@@ -329,6 +371,7 @@ class CampaignSpec:
             raw = e.get(var)
             if raw is not None and raw.strip() != "":
                 kw[key] = conv(raw.strip())
+        kw["lab"] = LabSettings.from_env(e)
         kw.update({k: v for k, v in overrides.items() if v is not None})
         return CampaignSpec(**kw)
 
@@ -356,7 +399,7 @@ class CampaignSpec:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "lab": self.lab.to_env()}  # the lab's as its variables
 
 
 @dataclass(frozen=True)

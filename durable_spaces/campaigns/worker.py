@@ -32,7 +32,7 @@ from typing import Any
 
 from durable_spaces.campaigns.fast_exit import exit_now
 from durable_spaces.campaigns.record import Check, RunRecord
-from durable_spaces.campaigns.spec import RunSpec
+from durable_spaces.campaigns.spec import LabSettings, RunSpec
 from durable_spaces.chaos import failpoints
 
 
@@ -125,4 +125,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_now(main())  # campaigns/fast_exit.py: no teardown to wait for
+    lab = LabSettings.from_env()  # this process's edge (the campaign checked them first)
+    exit_now(main(), lab.fast_exit)  # campaigns/fast_exit.py: no teardown to wait for

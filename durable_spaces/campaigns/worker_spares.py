@@ -29,14 +29,6 @@ from pathlib import Path
 
 from durable_spaces.drive import zygote as zy
 from durable_spaces.drive.zygote import DriverProcess
-from durable_spaces.switches import switch
-
-ENV = "DS_WARM_WORKERS"
-
-
-def enabled_by_env(env: Mapping[str, str] | None = None) -> bool:
-    """``DS_WARM_WORKERS``: ``0`` turns spare workers off; unset or ``1`` keeps them on."""
-    return switch(ENV, env)
 
 
 @dataclass
@@ -81,7 +73,9 @@ class WorkerSpares:
     """At most ``size`` spare workers of one ``ref`` (inside one event loop), and no
     more than ``total`` started in all (the runs there are to take them)."""
 
-    def __init__(self, ref: str, env: Mapping[str, str], size: int, total: int) -> None:
+    def __init__(
+        self, ref: str, env: Mapping[str, str], size: int, total: int, zygote: str | None = None
+    ) -> None:
         self.ref = ref
         self.env = dict(env)
         self.size = size
@@ -89,8 +83,8 @@ class WorkerSpares:
         self._ready: list[_Spare] = []
         self._starting: set[asyncio.Task[None]] = set()
         self.closed = False
-        #: The campaign's zygote (``drive/zygote.py``): spares forked there.
-        self.zygote = self.env.get(zy.SOCKET_ENV) or None
+        #: The campaign's zygote's socket (``drive/zygote.py``): spares forked there.
+        self.zygote = zygote
 
     def fill(self) -> None:
         """Start spares (in the background) until ``size`` are there or on their way."""

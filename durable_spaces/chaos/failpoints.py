@@ -35,6 +35,7 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Mapping
 
 ACTIONS = ("kill", "pause", "stop")
 ANY = "*"
@@ -108,6 +109,12 @@ def arm(
         _counts.clear()
         _logical = 0
         _trace_path = trace
+
+
+def trace_of(env: Mapping[str, str]) -> str | None:
+    """The trace file a process started with ``env`` writes (its ``DS_FAILPOINT_TRACE``,
+    which the lab sets per launch), or None."""
+    return env.get("DS_FAILPOINT_TRACE") or None
 
 
 def hit(point: str, *, timer: bool = False) -> None:

@@ -19,7 +19,7 @@ from typer.core import TyperGroup
 
 from durable_spaces.chaos import mutants
 from durable_spaces.errors import ConfigError, DurableSpacesError
-from durable_spaces.switches import check_all
+from durable_spaces.settings import Settings
 
 #: click's exceptions as this typer raises them (newer typers vendor their own click).
 _click_errors: Any = sys.modules[typer.BadParameter.__module__]
@@ -48,7 +48,12 @@ class _OneLineErrors(TyperGroup):
         **extra: Any,
     ) -> Any:
         try:
-            check_all()  # a malformed DS_* switch: one line, before any work
+            # A malformed DS_* setting, the product's or the lab's: one line, before any
+            # work (the lab's module is imported for it: a command is an edge of both).
+            Settings.from_env()
+            from durable_spaces.campaigns.spec import LabSettings
+
+            LabSettings.from_env()
             if (bad := mutants.problem()) is not None:  # DS_MUTANTS=nope, the same
                 raise ConfigError(bad)
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)

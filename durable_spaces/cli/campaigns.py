@@ -75,6 +75,16 @@ def _check_behaviour_env() -> None:
     check_env(behaviour_env(), "the environment")
 
 
+def _zygote_on() -> bool:
+    """Whether this process's runs get the campaign's zygote (``drive/zygote.py``): the
+    lab's ``DS_ZYGOTE`` and the product's ``DS_WARM_DRIVERS``, as this process has them
+    now (``repro --exact`` took a record's)."""
+    from durable_spaces.campaigns.spec import LabSettings
+    from durable_spaces.settings import Settings
+
+    return bool(LabSettings.from_env().zygote and Settings.from_env().warm_drivers)
+
+
 def _keep(keep: bool) -> None:
     """Runs read CRASH_KEEP (workers inherit this process's environment)."""
     if keep:
@@ -279,7 +289,7 @@ def repro(
     session = _session()
     from durable_spaces.drive.zygote import serving
 
-    with serving(os.environ, SESSION_MODULE):  # its drivers started as a campaign's are
+    with serving(os.environ, SESSION_MODULE, _zygote_on()):  # drivers as a campaign's are
         rec = asyncio.run(session.run_one(run))
     rec.save(state_dir)
     typer.echo(json.dumps(rec.to_json(), indent=2, sort_keys=True))
@@ -327,7 +337,7 @@ def _repro_exact(path: Path, tries: int, state_dir: Path | None) -> int:
 
     for spec in specs:
         Path(spec.state_dir).mkdir(parents=True, exist_ok=True)
-        with serving(os.environ, SESSION_MODULE):  # as the campaign started its drivers
+        with serving(os.environ, SESSION_MODULE, _zygote_on()):  # as the campaign's drivers
             rec = asyncio.run(session.run_one(spec))
         rec.save(state_dir)
         replays.append(rec)

@@ -39,6 +39,7 @@ from urllib.parse import quote
 
 from durable_spaces.errors import ConfigError, DatabaseServerError
 from durable_spaces.host.ports import free_port
+from durable_spaces.settings import Settings
 
 
 def _wait_gone(pid: int, timeout_s: float) -> None:
@@ -67,10 +68,11 @@ def _version_key(bindir: str) -> tuple[int, ...]:
     return tuple(int(x) for x in m.group(1).split(".")) if m else (0,)
 
 
-def find_binaries() -> tuple[str, str] | None:
-    """``(initdb, pg_ctl)``: ``$DS_PG_BINDIR``, else the newest
-    ``/usr/lib/postgresql/*/bin``, else ``PATH``; None when either is missing."""
-    dirs = [os.environ["DS_PG_BINDIR"]] if os.environ.get("DS_PG_BINDIR") else []
+def find_binaries(bindir: Path | None = None) -> tuple[str, str] | None:
+    """``(initdb, pg_ctl)``: in ``bindir`` (``Settings.pg_bindir``: ``DS_PG_BINDIR``),
+    else the newest ``/usr/lib/postgresql/*/bin``, else ``PATH``; None when either is
+    missing."""
+    dirs = [str(bindir)] if bindir is not None else []
     dirs += sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=_version_key, reverse=True)
     for d in dirs:
         initdb, pg_ctl = os.path.join(d, "initdb"), os.path.join(d, "pg_ctl")
@@ -96,9 +98,10 @@ def _run_as() -> str | None:
     )
 
 
-def unavailable_reason() -> str | None:
-    """Why a private PostgreSQL cannot run here, or None (tests skip with this)."""
-    if find_binaries() is None:
+def unavailable_reason(settings: Settings | None = None) -> str | None:
+    """Why a private PostgreSQL cannot run here, or None (tests skip with this);
+    ``settings`` read from the environment when not given."""
+    if find_binaries((Settings.from_env() if settings is None else settings).pg_bindir) is None:
         return (
             "PostgreSQL server binaries (initdb, pg_ctl) not found under "
             "/usr/lib/postgresql/*/bin or on PATH: install Debian's postgresql "
@@ -132,10 +135,13 @@ class PgServer:
         tcp: bool = False,
         durable: bool = False,
         user: str | None = None,
+        settings: Settings | None = None,
     ) -> None:
-        bins = find_binaries()
+        """``settings``: the product's (``DS_PG_BINDIR``), read now when not given."""
+        settings = Settings.from_env() if settings is None else settings
+        bins = find_binaries(settings.pg_bindir)
         if bins is None:
-            raise DatabaseServerError(unavailable_reason() or "PostgreSQL binaries missing")
+            raise DatabaseServerError(unavailable_reason(settings) or "PostgreSQL binaries missing")
         self._initdb, self._pg_ctl = bins
         self.tcp = tcp
         self.durable = durable

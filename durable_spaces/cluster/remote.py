@@ -71,6 +71,7 @@ from durable_spaces.errors import (
     SpaceUnavailableError,
     StaleEpochError,
 )
+from durable_spaces.settings import Settings
 from durable_spaces.space import Space
 
 POLL_SECS = 0.25
@@ -159,7 +160,13 @@ class RemoteContainerSpace(DockerSpace):
     container (only its host could: see the module doc)."""
 
     def __init__(
-        self, name: str, addr: SpacesdAddress, token: str, probe: RemoteProbe, sdk_home: str
+        self,
+        name: str,
+        addr: SpacesdAddress,
+        token: str,
+        probe: RemoteProbe,
+        sdk_home: str,
+        settings: Settings,
     ) -> None:
         # DockerSpace's own constructor wants the engine; this one only has an address.
         SpacesdSpace.__init__(
@@ -173,6 +180,7 @@ class RemoteContainerSpace(DockerSpace):
             kind="container",
             user=addr.user,
             sdk_home=sdk_home,
+            settings=settings,
         )
         self.container_id = addr.instance
         self.port = int(addr.daemon.rpartition(":")[2])
@@ -227,8 +235,11 @@ class RemoteBackend:
         session: str | None = None,
         lease_token: int | None = None,
         env: Mapping[str, str] | None = None,
+        settings: Settings | None = None,
     ) -> None:
         e = os.environ if env is None else env
+        #: The product's settings (``durable_spaces/settings.py``), read now if not given.
+        self.settings = Settings.from_env(e) if settings is None else settings
         self.state_dir = Path(state_dir).absolute()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         url = db or e.get(DB_ENV, "")
@@ -289,7 +300,8 @@ class RemoteBackend:
         home = self.state_dir / ".cua-sdk"
         home.mkdir(mode=0o700, exist_ok=True)
         if addr.user is not None:
-            return RemoteContainerSpace(name, addr, conn.token.reveal(), probe, str(home))
+            token = conn.token.reveal()
+            return RemoteContainerSpace(name, addr, token, probe, str(home), self.settings)
         return SpacesdSpace(
             name,
             addr.root,
@@ -298,6 +310,7 @@ class RemoteBackend:
             conn.token.reveal(),
             probe,
             sdk_home=str(home),
+            settings=self.settings,
         )
 
     async def find(self, name: str) -> Space | None:

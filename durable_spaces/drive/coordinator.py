@@ -65,9 +65,9 @@ from durable_spaces.drive.protocol import (
     EXIT_PERMANENT,
     driver_environment,
 )
-from durable_spaces.drive.spares import enabled_by_env
 from durable_spaces.drive.supervisor import EXIT_ABANDONED, Attempt, Launch, Supervisor, now_ms
 from durable_spaces.errors import PermanentFailure
+from durable_spaces.settings import Settings
 
 #: Variables a driver never inherits from the coordinator (set them per attempt).
 _SCRUBBED = ("DS_FAILPOINTS", "DS_FAILPOINT_TRACE")
@@ -148,7 +148,11 @@ class Coordinator:
         cwd: str | Path | None = None,
         epoch_source: Callable[[int], Awaitable[int]] | None = None,
         warm: bool | None = None,
+        settings: Settings | None = None,
     ) -> None:
+        # The product's settings (durable_spaces/settings.py), read now when not given:
+        # whether to keep a warm driver (``warm`` None), the campaign zygote's socket.
+        settings = Settings.from_env() if settings is None else settings
         self.argv = list(argv)
         self.state_dir = Path(state_dir)
         self.session_name = session_name
@@ -190,7 +194,8 @@ class Coordinator:
             kill=self.kill_current,
             on_event=self._driver_event,
             # A spare driver per coordinator (drive/spares.py): on unless turned off.
-            warm=enabled_by_env() if warm is None else warm,
+            warm=settings.warm_drivers if warm is None else warm,
+            zygote=str(settings.zygote_socket) if settings.zygote_socket else None,
         )
 
     # -- hooks for the runner ------------------------------------------------------------

@@ -59,10 +59,10 @@ from durable_spaces.errors import (
     StaleEpochError,
 )
 from durable_spaces.harness.log import Fence, Storage, open_fenced_jsonl, open_fenced_sqlite
+from durable_spaces.settings import Settings
 
 LOG_FILE = "log.sqlite"
 JSONL_LOG_FILE = "log.jsonl"
-LOG_FORMAT_ENV = "DS_LOG_FORMAT"
 
 
 @dataclass(frozen=True)
@@ -202,24 +202,19 @@ def run_durable_session(durable: DurableSpaces, start: Start) -> int:
             return EXIT_CRASHED
 
 
-def _open_log(session: Session) -> tuple[Storage, Fence]:
-    """The session's log as ``DS_LOG_FORMAT``/``DS_LOG_SYNCHRONOUS`` ask (module doc)."""
-    fmt = os.environ.get(LOG_FORMAT_ENV) or "sqlite"
-    sync = os.environ.get("DS_LOG_SYNCHRONOUS") or "NORMAL"
-    if fmt == "jsonl":
-        if sync not in ("NORMAL", "FULL", "OFF"):
-            raise ConfigError(f"DS_LOG_SYNCHRONOUS={sync!r} for a JSONL log: NORMAL, FULL or OFF")
+def _open_log(session: Session, settings: Settings) -> tuple[Storage, Fence]:
+    """The session's log as ``settings`` ask (``DS_LOG_FORMAT``/``DS_LOG_SYNCHRONOUS``,
+    checked when they were read: module doc)."""
+    sync = settings.log_synchronous
+    if settings.log_format == "jsonl":
         return open_fenced_jsonl(
             str(session.state_dir / JSONL_LOG_FILE), session.epoch, fsync=sync != "OFF"
         )
-    if fmt != "sqlite":
-        raise ConfigError(f"{LOG_FORMAT_ENV}={fmt!r}: sqlite or jsonl")
-    # a bad level: ConfigError
     return open_fenced_sqlite(str(session.state_dir / LOG_FILE), session.epoch, synchronous=sync)
 
 
 async def _drive(durable: DurableSpaces, start: Start, session: Session) -> int:
-    storage, fence = _open_log(session)
+    storage, fence = _open_log(session, durable.config.settings)
     fenced = asyncio.Event()
 
     def on_stale(err: StaleEpochError) -> None:

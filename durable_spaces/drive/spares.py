@@ -38,15 +38,8 @@ from typing import IO, Any
 
 from durable_spaces.drive import warm_launch as wl
 from durable_spaces.drive import zygote as zy
-from durable_spaces.switches import switch
 
-ENV = "DS_WARM_DRIVERS"
 MAX_LOSSES = 3
-
-
-def enabled_by_env(env: Mapping[str, str] | None = None) -> bool:
-    """``DS_WARM_DRIVERS``: ``0`` turns warm drivers off; unset or ``1`` keeps them on."""
-    return switch(ENV, env)
 
 
 @dataclass
@@ -67,12 +60,14 @@ class Spares:
         *,
         cwd: str | Path | None,
         emit: Callable[..., None],
+        zygote: str | None = None,
     ) -> None:
         self.spare_argv = wl.spare_argv(argv, state_dir)
         self.module_argv = list(argv[2:])
         self.state_dir = os.fspath(state_dir)
-        #: The campaign's zygote (``drive/zygote.py``): spares forked there, not spawned.
-        self.zygote = os.environ.get(zy.SOCKET_ENV) or None
+        #: The campaign's zygote's socket (``drive/zygote.py``; ``Settings.zygote_socket``):
+        #: spares forked there, not spawned.
+        self.zygote = zygote
         self.cwd = cwd
         self._emit = emit
         self._spare: Spare | None = None

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from durable_spaces.chaos import failpoints
 from durable_spaces.drive.protocol import EXIT_DONE, EXIT_PERMANENT, read_line
 from durable_spaces.drive.spares import Spares
 from durable_spaces.drive.zygote import DriverProcess
@@ -123,7 +124,10 @@ class Supervisor:
         kill: Callable[[str], int | None],
         on_event: Callable[[Attempt, dict[str, Any]], None],
         warm: bool = False,
+        zygote: str | None = None,
     ) -> None:
+        """``warm``: a spare driver (``drive/spares.py``), forked by the campaign's
+        ``zygote`` (its socket) when one is given."""
         self.argv = list(argv)
         self.drivers_dir = drivers_dir
         self.cwd = cwd
@@ -133,7 +137,9 @@ class Supervisor:
         self._on_event = on_event
         self._background: set[asyncio.Task[int]] = set()
         self.spares: Spares | None = (
-            Spares(self.argv, drivers_dir.parent, cwd=cwd, emit=emit) if warm else None
+            Spares(self.argv, drivers_dir.parent, cwd=cwd, emit=emit, zygote=zygote)
+            if warm
+            else None
         )
 
     async def spawn(self, launch: Launch, backoff_ms: float) -> Attempt:
@@ -169,7 +175,7 @@ class Supervisor:
             backoff_ms=backoff_ms,
             warm=warm,
             spare_env=launch.env if self.spares is not None else None,
-            trace=launch.env.get("DS_FAILPOINT_TRACE") or None,
+            trace=failpoints.trace_of(launch.env),
         )
 
     def _refill(self, a: Attempt) -> None:

@@ -13,7 +13,8 @@ old way (``drive/spares.py``).
 
 ``CampaignZygote`` is the runner's: one zygote per campaign, started with the spare
 environment its coordinators will ask for, its socket named to the workers by
-``DS_ZYGOTE_SOCKET``. ``DS_ZYGOTE=0`` turns it off (every spare a new interpreter).
+``DS_ZYGOTE_SOCKET`` (``Settings.zygote_socket``). The lab's ``DS_ZYGOTE=0``
+(``LabSettings.zygote``) turns it off (every spare a new interpreter).
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from typing import Any, Protocol
 
 from durable_spaces.drive import warm_launch as wl
 from durable_spaces.drive import warm_zygote as wz
-from durable_spaces.switches import switch
 
-ENV = "DS_ZYGOTE"
+#: The variable naming the zygote's socket to the processes it serves (written here, in
+#: the environment ``serving`` is given; read as ``Settings.zygote_socket``).
 SOCKET_ENV = "DS_ZYGOTE_SOCKET"
 UNKNOWN_EXIT = 255
 #: How long after the spare's end its code may take to come from the zygote.
@@ -61,11 +62,6 @@ class DriverProcess(Protocol):
     stdout: asyncio.StreamReader | None
 
     async def wait(self) -> int: ...
-
-
-def enabled_by_env(env: Mapping[str, str] | None = None) -> bool:
-    """``DS_ZYGOTE``: ``0`` turns the campaign's zygote off; unset or ``1`` keeps it."""
-    return switch(ENV, env)
 
 
 class ForkedProcess:
@@ -271,15 +267,17 @@ class CampaignZygote:
 
 
 @contextlib.contextmanager
-def serving(env: MutableMapping[str, str], run_one_module: str) -> Iterator[CampaignZygote | None]:
+def serving(
+    env: MutableMapping[str, str], run_one_module: str, on: bool = True
+) -> Iterator[CampaignZygote | None]:
     """A zygote while inside, named in ``env`` (the environment the coordinators and
     their drivers get: a runner's workers', or ``os.environ`` for a run in this process),
     preloading the ``DRIVER_MODULES`` of ``run_one_module``, that module and the
     campaign's worker (a spare worker is forked there too). Its own environment is the
     spares' a coordinator computes from ``env`` (``Coordinator._driver_env`` less what is
-    read at run time). Off with ``DS_ZYGOTE=0`` or ``DS_WARM_DRIVERS=0`` (then it
-    yields None)."""
-    if not (enabled_by_env(env) and switch("DS_WARM_DRIVERS", env)):
+    read at run time). Off unless ``on`` (the caller's settings: ``DS_ZYGOTE`` and
+    ``DS_WARM_DRIVERS``): then it yields None."""
+    if not on:
         yield None
         return
     drivers = getattr(importlib.import_module(run_one_module), "DRIVER_MODULES", ())

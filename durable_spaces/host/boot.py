@@ -38,10 +38,11 @@ class MachineBoot(Protocol):
     async def machine_boot_id(self) -> str | None: ...
 
 
-def read_host_boot_id() -> str | None:
-    """This host's boot id (``DS_HOST_BOOT_ID``'s file, else the kernel's); None when it
-    cannot be read. Only a short printable word is taken (it is compared, never a path)."""
-    path = os.environ.get(BOOT_ENV) or KERNEL_BOOT_ID
+def read_host_boot_id(path: str | os.PathLike[str] | None = None) -> str | None:
+    """This host's boot id (the file ``path``: ``Settings.host_boot_id``, from
+    ``DS_HOST_BOOT_ID``; else the kernel's); None when it cannot be read. Only a short
+    printable word is taken (it is compared, never a path)."""
+    path = path or KERNEL_BOOT_ID
     try:
         with open(path, "rb") as f:
             raw = f.read(_MAX + 1)

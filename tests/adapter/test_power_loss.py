@@ -25,6 +25,7 @@ from durable_spaces.harness.models import ScriptedModel
 from durable_spaces.harness.scheduler import AgentConfig, Harness
 from durable_spaces.harness.tools import CodingTools, Registry
 from durable_spaces.host.boot import BOOT_ENV, read_host_boot_id
+from durable_spaces.settings import Settings
 
 SEED = "power-3"  # steps 0-2 and 3-5 each hold a bash call
 
@@ -121,15 +122,14 @@ async def test_the_same_boot_is_not_a_crash(
     assert durable.events == []
 
 
-def test_boot_ids_are_validated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_boot_ids_are_validated(tmp_path: Path) -> None:
     f = tmp_path / "b"
-    monkeypatch.setenv(BOOT_ENV, str(f))
-    assert read_host_boot_id() is None  # missing
+    assert read_host_boot_id(f) is None  # missing
     f.write_text("two words\n")
-    assert read_host_boot_id() is None
+    assert read_host_boot_id(f) is None
     f.write_text("x" * 200)
-    assert read_host_boot_id() is None
+    assert read_host_boot_id(f) is None
     f.write_text("abc-123\n")
-    assert read_host_boot_id() == "abc-123"
-    monkeypatch.delenv(BOOT_ENV)
+    assert read_host_boot_id(f) == "abc-123"
+    assert Settings.from_env({BOOT_ENV: str(f)}).host_boot_id == f
     assert read_host_boot_id() == Path("/proc/sys/kernel/random/boot_id").read_text().strip()

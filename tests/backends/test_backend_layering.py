@@ -3,7 +3,7 @@
 Read from the source (every ``import``, at module level, inside functions and under
 ``TYPE_CHECKING`` alike, since a lazy or type-only import back is still a circle a
 reader must untangle): backends import ``durable_spaces.space``/``space_types``/``host.boot``,
-``errors``, ``host.mounts``, ``host.cgroup``, ``host.proc_start``, ``switches``,
+``errors``, ``host.mounts``, ``host.cgroup``, ``host.proc_start``, ``settings``,
 ``chaos.failpoints``/``chaos.mutants`` and each other, nothing of the adapter, the harness
 or the campaigns; the protocol modules import only ``errors``.
 A package ``__init__`` re-exporting its own submodules is not counted as an edge from
@@ -30,6 +30,7 @@ ALLOWED = (
     "durable_spaces.host.inotify",  # inotify_simple, its libc found without ldconfig, no deps
     "durable_spaces.host.cgroup",  # a cgroup v2 this process made, killed whole (imports errors)
     "durable_spaces.switches",  # the DS_* on/off switches, read one way (imports errors)
+    "durable_spaces.settings",  # the product's DS_* settings, one frozen value (imports errors)
     "durable_spaces.host.proc_start",  # a process's start since boot (its identity), no deps
     "durable_spaces.host.files",  # a mode's file type, a directory's fsync, no deps
     "durable_spaces.host.ports",  # a free TCP port, no deps

@@ -21,9 +21,10 @@ import pytest
 
 from durable_spaces.backends.local.backend import LocalBackend, LocalSpace
 from durable_spaces.backends.local.forkserver import MARK, META, SOCK, request
-from durable_spaces.backends.local.forkserver_client import FAILPOINTS_ENV, version
+from durable_spaces.backends.local.forkserver_client import version
 from durable_spaces.errors import ConfigError, StaleEpochError
 from durable_spaces.host.proc_start import started
+from durable_spaces.settings import Settings
 from durable_spaces.space import ExecState
 from tests.backends import test_local
 
@@ -109,7 +110,8 @@ async def test_server_killed_between_its_fork_and_the_answer(
 ) -> None:
     """The answer comes from the child: the server's death right after its fork costs that
     spawn nothing, and the next spawn starts a new server."""
-    monkeypatch.setenv(FAILPOINTS_ENV, "space.local.server_forked:1")
+    armed = Settings(local_forkserver_failpoints="space.local.server_forked:1")
+    space = LocalSpace(space.name, _d(space), space.instance_id, settings=armed)
     r = await space.exec(["sh", "-c", "echo one"], key="c:1:0@1", epoch=1)
     assert (r.exit_code, r.output) == (0, b"one\n")
     first = json.loads((_d(space) / META).read_text())["pid"]
@@ -252,8 +254,8 @@ async def test_falls_back_to_a_direct_supervisor(
     assert (await ex.wait()).output == b"direct\n"
     assert _marked(space) == []
     (_d(space) / SOCK).rmdir()
-    monkeypatch.setenv("DS_LOCAL_FORKSERVER", "0")
-    space2 = LocalSpace(space.name, _d(space), space.instance_id)  # no retry delay
+    off = Settings(local_forkserver=False)
+    space2 = LocalSpace(space.name, _d(space), space.instance_id, settings=off)  # no retry delay
     assert (await space2.exec(["sh", "-c", "echo off"], key=None, epoch=1)).output == b"off\n"
     assert not (_d(space) / META).exists() and _marked(space) == []
 
@@ -290,7 +292,9 @@ async def test_connections_from_another_uid_are_closed_unanswered(space: LocalSp
 async def test_an_idle_server_retires_under_the_lock_and_comes_back(
     space: LocalSpace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("DS_LOCAL_FORKSERVER_IDLE", "0.5")
+    space = LocalSpace(
+        space.name, _d(space), space.instance_id, settings=Settings(local_forkserver_idle=0.5)
+    )
     await space.exec(["true"], key=None, epoch=1)
     server = _server(space)
     lock = os.open(_d(space) / "lock", os.O_RDWR)
@@ -321,9 +325,10 @@ async def test_an_idle_server_retires_under_the_lock_and_comes_back(
 async def test_a_malformed_knob_fails_the_open_naming_it(
     space: LocalSpace, monkeypatch: pytest.MonkeyPatch, knob: str, value: str
 ) -> None:
-    """A malformed environment is an error that names the variable, raised when the Space
-    is opened (before any key is written to its ledger), not a silent default."""
+    """A malformed environment is an error that names the variable, raised when the
+    backend reads its settings (before any Space is opened or any key written to its
+    ledger), not a silent default."""
     with monkeypatch.context() as mp, pytest.raises(ConfigError, match=knob):
         mp.setenv(knob, value)
-        LocalSpace(space.name, _d(space), space.instance_id)
+        LocalBackend(_d(space).parent)
     assert not (_d(space) / META).exists()

@@ -22,8 +22,11 @@ from durable_spaces.backends.local import journal as jr
 from durable_spaces.backends.local.backend import LocalBackend
 from durable_spaces.backends.local.journaled import JournaledScanner
 from durable_spaces.chaos import mutants
+from durable_spaces.settings import Settings
 
-pytestmark = pytest.mark.skipif(not jr.enabled(), reason="DS_SPACE_JOURNAL=0 turns journals off")
+pytestmark = pytest.mark.skipif(
+    not Settings.from_env().space_journal, reason="DS_SPACE_JOURNAL=0 turns journals off"
+)
 
 
 @pytest.fixture

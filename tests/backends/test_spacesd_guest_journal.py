@@ -22,18 +22,20 @@ from pathlib import Path
 
 import pytest
 
-from durable_spaces.backends.local import journal as host_journal
 from durable_spaces.backends.spacesd import guest_journal as gj
 from durable_spaces.backends.spacesd.backend import SpacesdBackend
 from durable_spaces.backends.spacesd.space import SpacesdSpace
 from durable_spaces.chaos import mutants
 from durable_spaces.chaos.journal_kill import kill_journal
 from durable_spaces.errors import SpaceGoneError
+from durable_spaces.settings import Settings
 from durable_spaces.space import PathTable
 
 pytestmark = [
     pytest.mark.spacesd,
-    pytest.mark.skipif(not host_journal.enabled(), reason="DS_SPACE_JOURNAL=0 turns it off"),
+    pytest.mark.skipif(
+        not Settings.from_env().space_journal, reason="DS_SPACE_JOURNAL=0 turns it off"
+    ),
 ]
 
 EPOCH = 1

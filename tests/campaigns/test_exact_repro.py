@@ -18,7 +18,7 @@ from durable_spaces.campaigns.determinism import Determinism, run_determinism
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.replay import differences, exact_spec, reproduction, signature
 from durable_spaces.campaigns.run import POINTS, run_one
-from durable_spaces.campaigns.spec import BEHAVIOUR_ENV, CampaignSpec, RunSpec
+from durable_spaces.campaigns.spec import BEHAVIOUR_ENV, CampaignSpec, RunSpec, recorded_env
 from durable_spaces.campaigns.summary import Summary
 from durable_spaces.chaos.schedule import AttemptPlan, PointFault, Schedule, SpaceFault
 
@@ -141,7 +141,12 @@ def test_a_record_replays_with_the_switches_and_mutants_it_ran_with(
     monkeypatch.delenv("DS_MUTANTS")
     monkeypatch.delenv("DS_HOST_SCAN")
     assert original.outcome == "failed", original.checks
-    assert original.extra["env"] == {"DS_HOST_SCAN": "0", "DS_MUTANTS": "rerun_exited"}
+    # the whole recorded configuration, defaults included; the repro line what is not
+    ran_with = {"DS_HOST_SCAN": "0", "DS_MUTANTS": "rerun_exited"}
+    assert original.extra["env"] == recorded_env(ran_with)
+    assert original.extra["env"]["DS_SPACE_JOURNAL"] == "1" and set(BEHAVIOUR_ENV) - set(
+        original.extra["env"]
+    ) == {"DS_MICROVM_ACCEL"}  # unset: chosen on the machine
     assert original.repro.startswith(
         "env DS_HOST_SCAN=0 DS_MUTANTS=rerun_exited durable-spaces repro "
     )
@@ -157,7 +162,8 @@ def test_a_record_replays_with_the_switches_and_mutants_it_ran_with(
 
     again = _repro_exact(variant("as-run", original.extra["env"]), tmp_path)
     assert again.returncode == 1, again.stdout[-2000:] + again.stderr[-2000:]
-    assert "environment of the record: DS_HOST_SCAN=0 DS_MUTANTS=rerun_exited" in again.stderr
+    told = next(ln for ln in again.stderr.splitlines() if "environment of the record" in ln)
+    assert " DS_HOST_SCAN=0 " in told and told.endswith(" DS_MUTANTS=rerun_exited"), told
     assert "outcome=failed" in again.stdout
     fixed = _repro_exact(variant("without", {}), tmp_path)
     assert fixed.returncode == 0, fixed.stdout[-2000:] + fixed.stderr[-2000:]

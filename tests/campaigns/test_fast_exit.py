@@ -18,6 +18,7 @@ PROGRAM = textwrap.dedent(
     import atexit, sys, threading, time
     from pathlib import Path
     from durable_spaces.campaigns.fast_exit import exit_now
+    from durable_spaces.campaigns.spec import LabSettings
 
     out = Path(sys.argv[1])
 
@@ -47,7 +48,7 @@ PROGRAM = textwrap.dedent(
         for fd in fds:
             os.close(fd)
     sys.stdout.write("buffered, no newline")
-    exit_now(7)
+    exit_now(7, LabSettings.from_env().fast_exit)
     """
 )
 

@@ -10,16 +10,18 @@ import os
 import shlex
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 from tree_snapshot import tree
 from typer.testing import CliRunner
 
-from durable_spaces import cli, switches
+from durable_spaces import cli
 from durable_spaces.campaigns.record import RunRecord
-from durable_spaces.campaigns.spec import RunSpec
+from durable_spaces.campaigns.spec import LabSettings, RunSpec
 from durable_spaces.chaos.schedule import AttemptPlan, Failpoint, Schedule
+from durable_spaces.settings import Settings, parse_switch
 
 runner = CliRunner()
 
@@ -390,7 +392,16 @@ def test_a_repro_line_quotes_every_value_and_round_trips() -> None:
     assert shlex.quote(WEIRD["schedule"]) in line
 
 
-@pytest.mark.parametrize("name", switches.NAMES)
+#: Every on/off switch, the product's and the lab's.
+SWITCHES = [
+    f.metadata["env"]
+    for cls in (Settings, LabSettings)
+    for f in fields(cls)
+    if f.metadata["parse"] is parse_switch
+]
+
+
+@pytest.mark.parametrize("name", SWITCHES)
 @pytest.mark.parametrize("value", ["off", "true", "", "2"])
 def test_a_malformed_switch_is_refused_before_any_work(
     name: str, value: str, cwd: Path, tmp_path: Path
@@ -516,5 +527,5 @@ def test_repro_exact_of_a_good_record_gets_as_far_as_the_session(cwd: Path, tmp_
 def test_the_environment_is_checked_as_a_record_s_is(
     command: list[str], var: str, value: str, cwd: Path, tmp_path: Path
 ) -> None:
-    line = _refused(command, tmp_path, code=2, env={var: value})
+    line = _refused(command, tmp_path, code=1, env={var: value})  # as every DS_* setting
     assert var in line

@@ -56,6 +56,7 @@ class _Store(Protocol):
     in_space: bool
     owner: tuple[int, int] | None
     pool: InodePool
+    make_ahead: bool
 
     def _open_dirs(self) -> tuple[int, int]: ...
 
@@ -278,6 +279,8 @@ class Batch:
             os.fstat(self._dfd).st_dev,
             len(files),
         )
+        if not self.store.make_ahead:  # ``Settings.inode_pool`` off: none made ahead
+            return
         if self._refill_now:
             refill()
         else:

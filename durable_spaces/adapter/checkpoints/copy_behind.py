@@ -20,7 +20,8 @@ the blobs it needs.
 Order: one write per Space at a time, and nothing else of the Space's copy in between:
 the next effect on the Space, its next checkpoint, a prune, a restore and a read of the
 copies all wait for it first (``settle``). A write that fails is a warning: the copy is
-housekeeping. ``DS_COPY_BEHIND=0`` writes it on the call's path again, to compare.
+housekeeping. ``Settings.copy_behind`` off (``DS_COPY_BEHIND=0``) writes it on the call's
+path again, to compare.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class CopyWrite:
     #: The store's files made ahead again for the next checkpoint (``Batch.refill``):
     #: after the call, as this write, not beside its end.
     refill: Callable[[], None] | None = None
+    #: Whether the copy's store makes files ahead (``Settings.inode_pool``).
+    make_ahead: bool = True
 
     def write(self, store: CheckpointStore, names: BlobNames, read: Callable[[str], bytes]) -> None:
         """Write it (blobs first, the manifest last, not fsynced); ``names`` keeps the
@@ -69,7 +72,9 @@ class CopyWrite:
         lacks."""
         if self.refill is not None:
             self.refill()
-        copy = DirectoryCheckpointStore(self.directory, in_space=True, owner=self.owner)
+        copy = DirectoryCheckpointStore(
+            self.directory, in_space=True, owner=self.owner, make_ahead=self.make_ahead
+        )
         with copy.batch(sync=False) as cb:
             large = {s: n for s, n in self.blobs.items() if isinstance(n, int)}
             for blob in self.blobs.values():

@@ -68,6 +68,7 @@ from durable_spaces.adapter.image import blob_id
 from durable_spaces.chaos import mutants
 from durable_spaces.errors import SpaceError
 from durable_spaces.host.holders import Holders
+from durable_spaces.settings import DEFAULTS, Settings
 from durable_spaces.space import (
     HostView,
     HostWorkspace,
@@ -75,7 +76,6 @@ from durable_spaces.space import (
     ViewedSpace,
     WorkspaceChanges,
 )
-from durable_spaces.switches import switch
 
 #: Lists of a tree that keeps changing under them before a checkpoint gives up.
 ATTEMPTS = 3
@@ -96,9 +96,14 @@ class Taker:
     """Takes incremental checkpoints into ``store`` (optional) and each Space's copy."""
 
     def __init__(
-        self, store: CheckpointStore | None, needs: dict[str, frozenset[str]] | None = None
+        self,
+        store: CheckpointStore | None,
+        needs: dict[str, frozenset[str]] | None = None,
+        settings: Settings = DEFAULTS,
     ) -> None:
         self.store = store
+        #: The product's settings: ``copy_behind``, ``space_journal``, ``inode_pool``.
+        self.settings = settings
         self.seen: dict[tuple[str, str], Seen] = {}
         #: id -> the blobs its manifest names, for each checkpoint this process took (an
         #: id names its manifest's bytes, so this never goes stale): a prune need not
@@ -192,7 +197,7 @@ class Taker:
     ) -> tuple[CheckpointId, CopyWrite | None]:
         """The checkpoint, written to the store; and, with a store, what the Space's copy
         gets after it returns (``copy_behind``), else written to that copy here."""
-        behind = self.store is not None and switch("DS_COPY_BEHIND")
+        behind = self.store is not None and self.settings.copy_behind
         later: dict[str, bytes | int] = {}  # the copy's new blobs (int: clone, this size)
         outer = (
             self.store.batch(refill_now=not behind)  # the refill after the call with the copy
@@ -202,7 +207,9 @@ class Taker:
         inner = (
             contextlib.nullcontext()
             if behind
-            else DirectoryCheckpointStore(copy_dir(space), in_space=True).batch(
+            else DirectoryCheckpointStore(
+                copy_dir(space), in_space=True, make_ahead=self.settings.inode_pool
+            ).batch(
                 sync=self.store is None  # with a store, the copy is only a fast path
             )
         )
@@ -251,7 +258,8 @@ class Taker:
             return cid, None
         at, owner = where.copy()  # after the walk: where it found the workspace
         refill = sb.refill if sb is not None else None
-        return cid, CopyWrite(at, cid, data, m, need, later, owner, refill)
+        ahead = self.settings.inode_pool
+        return cid, CopyWrite(at, cid, data, m, need, later, owner, refill, ahead)
 
     # --- the workspace is read here at another path ---------------------------------------
 
@@ -270,7 +278,7 @@ class Taker:
         store and the copy written behind, so that the copy's place is found after the
         walk (a full walk finds the workspace again); else, or when the view is lost
         (``_NoView``), commands take over."""
-        if self.store is None or not switch("DS_COPY_BEHIND"):
+        if self.store is None or not self.settings.copy_behind:
             raise _NoView("a copy written on the call's path")
 
         def found() -> str:
@@ -305,7 +313,7 @@ class Taker:
             seen.holders = Holders(os.stat(where.root).st_dev, lazy=True)
         kept = seen.kept
         if kept is not None and (
-            kept.epoch != epoch or kept.listing is None or not switch("DS_SPACE_JOURNAL")
+            kept.epoch != epoch or kept.listing is None or not self.settings.space_journal
         ):
             seen.drop_kept()  # a new epoch trusts nothing seen before it; or turned off
             kept = None

@@ -21,7 +21,8 @@ Where it cannot: a filesystem without ``O_TMPFILE`` (FUSE, NFS, old kernels), a 
 on another mount than the file (``EXDEV``), no ``/proc`` to link through: the batch makes
 its file by name, as before, and the pool stops trying on that device. A forked child
 never takes its parent's pooled files (they would be the same open files).
-``DS_INODE_POOL=0`` makes no more files ahead, to compare.
+A store made with ``make_ahead`` False (``Settings.inode_pool``: ``DS_INODE_POOL=0``) makes
+no more files ahead, to compare.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ import threading
 from collections import deque
 
 from durable_spaces.host.holders import fd_limit, not_workspace
-from durable_spaces.switches import switch
 
 __all__ = ["POOL", "InodePool"]
 
@@ -104,7 +104,7 @@ class InodePool:
     def top_up(self, directory: str, dev: int, used: int) -> None:
         """After a batch that used ``used`` new files in ``directory`` (on ``dev``): make
         about as many again, in the background, for the next one."""
-        if os.getpid() != self._pid or not self.usable or not switch("DS_INODE_POOL"):
+        if os.getpid() != self._pid or not self.usable:
             return
         with self._lock:
             if dev in self._off:

@@ -51,6 +51,8 @@ from durable_spaces.errors import (
     SpaceGoneError,
     SpaceUnavailableError,
 )
+from durable_spaces.settings import Settings
+from durable_spaces.settings import of as settings_of
 from durable_spaces.space import MachineCheckpoints, Space, SpaceBackend
 
 logger = logging.getLogger(__name__)
@@ -106,8 +108,12 @@ class WorkspaceSnapshots:
         prune_every: int = 8,
         backlog: int = 32,
         backlog_bytes: int = 8 << 20,
+        settings: Settings | None = None,
     ) -> None:
+        """``settings``: the product's (``durable_spaces/settings.py``); by default the
+        backend's, else read from the environment now."""
         self.spaces = spaces
+        self.settings = settings_of(settings, spaces)
         self.root = root
         self.store = store
         #: With a store, the copies inside the Space are only a fast path for recovery:
@@ -126,7 +132,7 @@ class WorkspaceSnapshots:
         #: The blobs each manifest names (an id always names the same bytes), so a prune
         #: reads each recorded manifest once per process, not once per prune.
         self._needs: dict[str, frozenset[str]] = {}
-        self.taker = Taker(store, self._needs)  # fills it for the checkpoints it takes
+        self.taker = Taker(store, self._needs, self.settings)  # fills ``_needs`` as it takes
 
     def can_rebuild(self) -> bool:
         return self.store is not None

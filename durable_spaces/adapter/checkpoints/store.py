@@ -107,13 +107,16 @@ class DirectoryCheckpointStore:
         in_space: bool = False,
         pool: InodePool = POOL,
         owner: tuple[int, int] | None = None,
+        make_ahead: bool = True,
     ) -> None:
+        """``make_ahead``: files made ahead for the next batch (``Settings.inode_pool``)."""
         self.dir = Path(directory)
         self.in_space = in_space
         #: (uid, gid) given to every file and directory it makes (None: left as made):
         #: a container's copy, written from this host, pruned by the container's user.
         self.owner = owner
         self.pool = pool  # files made ahead for its batches (``inode_pool``)
+        self.make_ahead = make_ahead
         if not in_space:
             made = [p for p in (self.dir, *self.dir.parents) if not p.exists()]
             self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)

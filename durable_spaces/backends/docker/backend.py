@@ -23,9 +23,8 @@ Faults, as seen on Docker 20.10:
   ``docker restart`` would wait out the daemon's shutdown grace (about 5 s) while a client
   holds an output stream; SIGKILL has no grace, so the streams are not detached and
   their waiters see ``SpaceUnavailableError``, as the contract asks (a detach would end
-  them like an exit). The first answer comes later while a stream is held, because the
-  new daemon's first /health answer waits for the SDK's reconnecting stream (detaching
-  first avoided it, at the cost above; the figures: docs/performance.md).
+  them like an exit). While a stream is held, the new daemon's first /health answer
+  waits for the SDK's reconnecting stream (detaching first avoided that, at that cost).
 - ``kill_daemon``: SIGKILL of the daemon inside the container (pid 1 stays). ``supervise``
   starts a new daemon at once; the container does not exit. The command that was running
   SURVIVES as an orphan of pid 1 and its record reads ``LOST``. The daemon's own
@@ -61,6 +60,7 @@ from durable_spaces.errors import (
     SpaceUnavailableError,
 )
 from durable_spaces.host.ports import free_port
+from durable_spaces.settings import Settings
 
 OWNER_LABEL = "durable-spaces.owner"
 OWNER = "durable-spaces"
@@ -104,7 +104,9 @@ def unavailable_reason(image: str | None = None) -> str | None:
     except Exception as e:  # the SDK raises several unrelated types here
         return f"Docker engine not running: {e}"
     try:
-        tag = image or _default_image()
+        from durable_spaces.backends.docker.image import image_tag  # the build's, on use
+
+        tag = image or image_tag(Settings.from_env())  # the registry's call: an edge
         try:
             client.images.get(tag)
         except Exception:
@@ -116,18 +118,14 @@ def unavailable_reason(image: str | None = None) -> str | None:
     return None
 
 
-def _default_image() -> str:
-    from durable_spaces.backends.docker import image as docker_image
-
-    return docker_image.image_tag()
-
-
 class DockerBackend:
     """Docker containers as Spaces. ``state_dir`` holds each Space's token and port."""
 
     kind = "container"
 
-    def __init__(self, state_dir: str | os.PathLike[str], image: str | None = None) -> None:
+    def __init__(self, state_dir: str | os.PathLike[str], image: str | None = None,
+                 settings: Settings | None = None) -> None:  # fmt: skip
+        self.settings = Settings.from_env() if settings is None else settings
         self.state_dir = Path(state_dir).resolve()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._image = image
@@ -142,7 +140,9 @@ class DockerBackend:
     @property
     def image(self) -> str:
         if self._image is None:
-            self._image = _default_image()
+            from durable_spaces.backends.docker.image import image_tag  # the build's, on use
+
+            self._image = image_tag(self.settings)
         return self._image
 
     def engine(self) -> Any:
@@ -325,6 +325,7 @@ class DockerBackend:
             sdk_home=self._sdk_home(),
             view=WorkspaceView(merged, ROOT) if merged is not None else None,
             journal_dir=str(self._home(name) / "journal"),
+            settings=self.settings,
         )
         await space.require_exec_ledger()
         self._spaces[name] = space

@@ -26,6 +26,7 @@ import time
 
 from durable_spaces.backends import guest_rootfs
 from durable_spaces.backends.guest_rootfs import daemon_binary, file_sha256, input_hash
+from durable_spaces.settings import Settings
 
 BASE_REPO = "durable-spaces-base"
 IMAGE_REPO = "durable-spaces-space"
@@ -36,15 +37,15 @@ DOCKERFILE = REPO_ROOT / "Dockerfile"
 _DIRS = ("run/cua",)
 
 
-def base_tag() -> str:
-    recipe = (guest_rootfs.debootstrap_key(), guest_rootfs.recipe(), ",".join(_DIRS))
+def base_tag(settings: Settings) -> str:
+    recipe = (guest_rootfs.debootstrap_key(settings), guest_rootfs.recipe(), ",".join(_DIRS))
     return f"{BASE_REPO}:{input_hash(*recipe)}"
 
 
-def image_tag() -> str:
+def image_tag(settings: Settings) -> str:
     """``durable-spaces-space:<hash of base tag, Dockerfile, this module, daemon sha256>``."""
     return f"{IMAGE_REPO}:" + input_hash(
-        base_tag(),
+        base_tag(settings),
         DOCKERFILE.read_text(),
         pathlib.Path(__file__).read_text(),
         file_sha256(daemon_binary()),
@@ -60,11 +61,11 @@ def _log(msg: str) -> None:
     print(f"[space-image] {msg}", file=sys.stderr, flush=True)
 
 
-def build_base() -> str:
-    tag = base_tag()
+def build_base(settings: Settings) -> str:
+    tag = base_tag(settings)
     if _image_exists(tag):
         return tag
-    src = guest_rootfs.rootfs_tarball(_log)
+    src = guest_rootfs.rootfs_tarball(settings, _log)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ds-rootfs-") as tmp:
         root = pathlib.Path(tmp) / "root"
@@ -84,13 +85,13 @@ def build_base() -> str:
     return tag
 
 
-def build_image(force: bool = False) -> str:
+def build_image(settings: Settings, force: bool = False) -> str:
     """Build (or reuse) the Space image and return its tag."""
-    tag = image_tag()
+    tag = image_tag(settings)
     if not force and _image_exists(tag):
         _log(f"{tag} is up to date")
         return tag
-    base = build_base()
+    base = build_base(settings)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ds-context-") as ctx:
         c = pathlib.Path(ctx)
@@ -122,7 +123,7 @@ def prune_old(keep: str) -> None:
 
 def main() -> None:
     t0 = time.monotonic()
-    tag = build_image(force="--force" in sys.argv[1:])
+    tag = build_image(Settings.from_env(), force="--force" in sys.argv[1:])
     prune_old(tag)
     print(tag, flush=True)
     _log(f"total {time.monotonic() - t0:.1f}s")

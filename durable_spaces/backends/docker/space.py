@@ -25,10 +25,10 @@ import psutil
 
 from durable_spaces.backends.docker.host_view import WorkspaceView
 from durable_spaces.backends.local.journal import ChangeJournal, MountTable
-from durable_spaces.backends.local.journal import enabled as journal_enabled
 from durable_spaces.backends.spacesd.host_scan import HostScan, HostScannedSpace
 from durable_spaces.backends.spacesd.space import SweepWhen
 from durable_spaces.host.proc_start import started
+from durable_spaces.settings import DEFAULTS, Settings
 
 #: How often a wait for a daemon asks the engine whether its container was removed.
 REMOVED_POLL = 0.25
@@ -156,6 +156,7 @@ class DockerSpace(HostScannedSpace):
         sdk_home: str | None = None,
         view: WorkspaceView | None = None,
         journal_dir: str | None = None,
+        settings: Settings = DEFAULTS,
     ) -> None:
         super().__init__(
             name,
@@ -167,6 +168,7 @@ class DockerSpace(HostScannedSpace):
             kind="container",
             user=user,
             sdk_home=sdk_home,
+            settings=settings,
         )
         self._backend = backend
         self.container_id = container_id
@@ -174,8 +176,9 @@ class DockerSpace(HostScannedSpace):
         self._view = view
         self._journal_dir = journal_dir
         if view is not None and journal_dir is not None:
+            journal = self._journal if settings.space_journal else None
             self._host = HostScan(
-                root, "", self._journal, self._up, self._scans.stats, resolve_root=view.resolve
+                root, "", journal, self._up, self._scans.stats, resolve_root=view.resolve
             )
 
     def _up(self) -> bool:
@@ -242,7 +245,8 @@ class ContainerView:
         return self._view.resolve()
 
     def journal(self, root: str) -> ChangeJournal | None:
-        return self._space.journal_of(self._view, root) if journal_enabled() else None
+        on = self._space.settings.space_journal
+        return self._space.journal_of(self._view, root) if on else None
 
     def copy_at(self, directory: str) -> tuple[str, tuple[int, int]] | None:
         return self._view.beside(directory)

@@ -46,6 +46,7 @@ from durable_spaces.backends.local.disk import fsync_dir, write_atomic
 from durable_spaces.backends.local.procs import kill_space, reap, space_procs
 from durable_spaces.backends.local.space import MACHINE_PATIENCE_S, LocalSpace
 from durable_spaces.errors import ConfigError, SpaceGoneError, SpaceUnavailableError
+from durable_spaces.settings import Settings
 
 __all__ = ["LocalBackend", "LocalSpace", "unavailable_reason"]
 
@@ -64,9 +65,17 @@ class LocalBackend:
 
     kind = "local"
 
-    def __init__(self, state_dir: str | Path, cgroup_root: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        state_dir: str | Path,
+        cgroup_root: str | Path | None = None,
+        settings: Settings | None = None,
+    ) -> None:
         """``cgroup_root``: where the Spaces' epoch cgroups go (``cgroups.py``); by
-        default under this process's own cgroup v2, as the state dir recorded it."""
+        default under this process's own cgroup v2, as the state dir recorded it.
+        ``settings``: the product's (``durable_spaces/settings.py``), read from the
+        environment now when not given."""
+        self.settings = Settings.from_env() if settings is None else settings
         self.state_dir = Path(state_dir).resolve()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._cgroup_root = None if cgroup_root is None else Path(cgroup_root)
@@ -84,7 +93,7 @@ class LocalBackend:
             instance = (d / "instance").read_text().strip()
         except (FileNotFoundError, NotADirectoryError):
             return None
-        return LocalSpace(name, d, instance, self._cgroup_root)
+        return LocalSpace(name, d, instance, self._cgroup_root, self.settings)
 
     def _create_sync(self, name: str) -> LocalSpace:
         d = self._dir(name)

@@ -157,10 +157,11 @@ def _retire(space_dir: str) -> bool:
 
 def main(args: list[str]) -> int:
     space_dir, instance, _version, idle = args[1], args[2], args[3], float(args[4])
+    armed = args[5:6] == ["failpoints"]  # the client set DS_FAILPOINTS for them
     here = os.path.dirname(os.path.abspath(__file__))
     supervisor = _load("ds_local_supervisor", os.path.join(here, "supervisor.py"))
     failpoints = None  # unarmed, its ``hit`` does nothing: not loaded (``signal``, threads)
-    if os.environ.get("DS_FAILPOINTS"):
+    if armed:
         path = os.path.join(here, "..", "..", "chaos", "failpoints.py")
         failpoints = _load("ds_failpoints", path)
     if supervisor is None:

@@ -7,7 +7,8 @@ look at the server and its request when an idle server retires.
 Any failure (no server can start, it does not answer, it answers nonsense) answers None,
 and the caller starts the supervisor directly (``python -I -S supervisor.py``), as before
 the server existed; a server that failed to start is not tried again for ``RETRY_AFTER``
-seconds by this Space handle. ``DS_LOCAL_FORKSERVER=0`` turns the server off.
+seconds by this Space handle. ``Settings.local_forkserver`` off (``DS_LOCAL_FORKSERVER=0``)
+turns the server off.
 
 A server is trusted only when ``forkserver.json`` names this Space's instance and this
 code's version (a hash of the server's and the supervisor's sources and the interpreter)
@@ -22,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import select
 import socket
@@ -39,16 +39,9 @@ from durable_spaces.backends.local.disk import read_json, write_atomic
 from durable_spaces.backends.local.forkserver import LOG, MARK, META, SOCK, peer, request
 from durable_spaces.backends.local.procs import alive, dead, track
 from durable_spaces.chaos.failpoints import hit
-from durable_spaces.errors import ConfigError
 from durable_spaces.host.proc_start import started
-from durable_spaces.switches import switch
+from durable_spaces.settings import DEFAULTS, Settings
 
-ENV_KNOB = "DS_LOCAL_FORKSERVER"
-#: Failpoints armed in the server itself (its ``DS_FAILPOINTS``), for tests.
-FAILPOINTS_ENV = "DS_LOCAL_FORKSERVER_FAILPOINTS"
-#: Seconds a server waits for requests before it exits (``DS_LOCAL_FORKSERVER_IDLE``).
-IDLE = 30.0
-IDLE_ENV = "DS_LOCAL_FORKSERVER_IDLE"
 START_TIMEOUT = 10.0
 REPLY_TIMEOUT = 5.0
 RETRY_AFTER = 10.0
@@ -68,26 +61,6 @@ def version() -> str:
             h.update((_HERE / f).read_bytes())
         _version = h.hexdigest()[:16]
     return _version
-
-
-def enabled() -> bool:
-    """``DS_LOCAL_FORKSERVER``: unset or ``1`` on, ``0`` off; anything else is a mistake
-    the caller should hear of (``ConfigError``), not a silent choice."""
-    return switch(ENV_KNOB)
-
-
-def idle_seconds() -> float:
-    """``DS_LOCAL_FORKSERVER_IDLE``: a number of seconds in (0, 86400]."""
-    raw = os.environ.get(IDLE_ENV)
-    if raw is None:
-        return IDLE
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= 86400:  # NaN fails too
-        raise ConfigError(f"{IDLE_ENV}={raw!r}: seconds, more than 0 and at most 86400")
-    return value
 
 
 @dataclass
@@ -110,15 +83,15 @@ class Forked:
 class ForkServer:
     """The fork server of the Space in directory ``d`` (instance ``instance``)."""
 
-    def __init__(self, d: Path, instance: str) -> None:
+    def __init__(self, d: Path, instance: str, settings: Settings = DEFAULTS) -> None:
         self._d = d
         self._instance = instance
         self._retry_at = 0.0
-        enabled(), idle_seconds()  # a malformed knob fails the Space's open, not a spawn
+        self._settings = settings
 
     def fork(self, cmd_dir: Path) -> Forked | None:
         """A supervisor for ``cmd_dir``, or None (start one directly). Under the lock."""
-        if not enabled() or time.monotonic() < self._retry_at:
+        if not self._settings.local_forkserver or time.monotonic() < self._retry_at:
             return None
         for _ in range(2):  # the recorded server, else (or when it fails) a fresh one
             meta = self._current()
@@ -188,10 +161,12 @@ class ForkServer:
         env = {MARK: self._instance, "PATH": os.environ.get("PATH", os.defpath)}
         if "LD_LIBRARY_PATH" in os.environ:  # an interpreter that needs it to start
             env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
-        if FAILPOINTS_ENV in os.environ:
-            env["DS_FAILPOINTS"] = os.environ[FAILPOINTS_ENV]
-        idle = str(idle_seconds())
+        armed = self._settings.local_forkserver_failpoints
+        if armed is not None:  # the server's own failpoints (tests)
+            env["DS_FAILPOINTS"] = armed
+        idle = str(self._settings.local_forkserver_idle)
         argv = [sys.executable, "-I", "-S", _SERVER, str(self._d), self._instance, version(), idle]
+        argv.append("failpoints" if armed else "")  # whether to load them (``forkserver.py``)
         try:
             with open(self._d / LOG, "ab") as log:
                 popen = subprocess.Popen(

@@ -37,7 +37,8 @@ Soundness, point by point (a full scan is the answer whenever one fails):
   only at its last close; auto mode already leaves the image for checkpoints when a call
   leaves a process running in the workspace.
 
-``DS_SPACE_JOURNAL=0`` turns journals off (full scans every time), to compare.
+``Settings.space_journal`` off (``DS_SPACE_JOURNAL=0``) turns journals off (full scans every
+time), to compare: the Spaces that make journals hold their settings.
 The mutant ``journal_miss`` drops the events that say a file's contents changed.
 """
 
@@ -55,13 +56,6 @@ from durable_spaces.host.inotify import flags as F
 from durable_spaces.host.mounts import LOCAL_FILESYSTEMS as LOCAL_FILESYSTEMS  # re-exported
 from durable_spaces.host.mounts import mount_problem
 from durable_spaces.space_types import WorkspaceChanges
-from durable_spaces.switches import switch
-
-
-def enabled() -> bool:
-    """``DS_SPACE_JOURNAL``: unset or ``1`` on, ``0`` off (``switches.switch``)."""
-    return switch("DS_SPACE_JOURNAL")
-
 
 #: Watches one journal may hold (files + directories); a bigger tree is scanned in full.
 MAX_WATCHES = 50_000

@@ -95,7 +95,7 @@ class JournaledScanner:
         self.stats = self.scanner.stats
         self.stats.update(full=0, journal=0, relooked=0)
         self.why_full = "no scan yet"
-        self._make = make_journal if jr.enabled() else None
+        self._make = make_journal
         self._journal: jr.ChangeJournal | None = None
         self._table: PathTable | None = None
         self._excl: list[str] = []

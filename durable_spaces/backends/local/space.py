@@ -52,7 +52,6 @@ from durable_spaces.backends.local.disk import read_json, write_atomic
 from durable_spaces.backends.local.execution import LocalExecution
 from durable_spaces.backends.local.forkserver_client import ForkServer
 from durable_spaces.backends.local.journal import ChangeJournal
-from durable_spaces.backends.local.journal import enabled as journal_enabled
 from durable_spaces.backends.local.journaled import JournaledScanner, small_if_free
 from durable_spaces.backends.local.ledger import Ledger, record
 from durable_spaces.backends.local.procs import kill_space, reap, track
@@ -67,6 +66,7 @@ from durable_spaces.errors import (
 )
 from durable_spaces.host.boot import read_host_boot_id
 from durable_spaces.host.proc_start import started
+from durable_spaces.settings import DEFAULTS, Settings
 from durable_spaces.space import (
     CONTAINED_EPOCHS,
     EXEC_LEDGER,
@@ -129,19 +129,26 @@ class LocalSpace:
     """One ``local`` Space. Every call first checks the Space still is this instance."""
 
     def __init__(
-        self, name: str, directory: Path, instance_id: str, cgroup_root: Path | None = None
+        self,
+        name: str,
+        directory: Path,
+        instance_id: str,
+        cgroup_root: Path | None = None,
+        settings: Settings = DEFAULTS,
     ) -> None:
         self.name = name
+        self.settings = settings
         self.instance_id = instance_id
         self._d = directory
         parent, why = parent_for(Path(os.path.realpath(directory.parent)), cgroup_root)
         #: The cgroups of its epochs (``cgroups.py``), or why there are none.
         self.cgroups = SpaceCgroups(parent, why, instance_id)
         self.root = str(directory / "work")
-        self._scanner = JournaledScanner(self.root, self._journal)
+        journal = self._journal if settings.space_journal else None
+        self._scanner = JournaledScanner(self.root, journal)
         self._scan_lock = threading.Lock()
         self._ledger = Ledger(directory / "ledger.jsonl", self._check)
-        self._server = ForkServer(directory, instance_id)
+        self._server = ForkServer(directory, instance_id, settings)
 
     @property
     def scan_stats(self) -> dict[str, int]:
@@ -167,8 +174,8 @@ class LocalSpace:
 
     def workspace_journal(self) -> ChangeJournal | None:
         """A journal of the workspace of its own (``space.JournaledSpace``), for a
-        checkpoint's walk; None when ``DS_SPACE_JOURNAL=0``."""
-        return self._journal(self.root) if journal_enabled() else None
+        checkpoint's walk; None when ``settings.space_journal`` is off."""
+        return self._journal(self.root) if self.settings.space_journal else None
 
     def host_workspace(self) -> bool:
         """``space.HostWorkspace``: the workspace is this host's directory (the stand-in
@@ -558,7 +565,7 @@ class LocalSpace:
     async def host_boot_id(self) -> str | None:
         """The boot id of the host this directory is on (``durable_spaces/host/boot.py``):
         a power loss drops the workspace's unsynced writes with the log's."""
-        return read_host_boot_id()
+        return read_host_boot_id(self.settings.host_boot_id)
 
     async def close(self) -> None:
         with self._scan_lock:

@@ -39,11 +39,10 @@ KVM_PROBE_TIMEOUT = 20.0
 _accel: Accel | None = None
 
 
-def choose_accel(img: GuestImage) -> Accel:
+def choose_accel(img: GuestImage, forced: str | None = None) -> Accel:
     """KVM when a real boot reaches the daemon under it, else TCG; cached in the image dir.
-    ``DS_MICROVM_ACCEL=tcg|kvm`` forces one."""
+    ``forced`` (``Settings.microvm_accel``: ``DS_MICROVM_ACCEL=tcg|kvm``) forces one."""
     global _accel
-    forced = os.environ.get("DS_MICROVM_ACCEL")
     if forced in ("tcg", "kvm"):
         return Accel(forced, "forced by DS_MICROVM_ACCEL")
     if _accel is not None:

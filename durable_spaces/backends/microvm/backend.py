@@ -97,16 +97,21 @@ from durable_spaces.errors import (
     SpaceUnavailableError,
 )
 from durable_spaces.host.ports import free_port
+from durable_spaces.settings import Settings
 
 __all__ = ["MicrovmBackend", "MicrovmSpace", "unavailable_reason"]
 
 
-def unavailable_reason(image_dir: str | os.PathLike[str] | None = None) -> str | None:
-    """None when microvm Spaces can run here; otherwise why not (for a test skip)."""
+def unavailable_reason(
+    image_dir: str | os.PathLike[str] | None = None, settings: Settings | None = None
+) -> str | None:
+    """None when microvm Spaces can run here; otherwise why not (for a test skip).
+    ``settings``: read from the environment when not given (the registry's call)."""
     for tool in ("qemu-system-x86_64", "qemu-img"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed (images/microvm/ci-setup.sh)"
-    img = load_image(pathlib.Path(image_dir) if image_dir else None)
+    cache = (Settings.from_env() if settings is None else settings).microvm_cache
+    img = load_image(pathlib.Path(image_dir) if image_dir else None, cache)
     if img is None:
         return "the microvm image is not built: run make microvm-image"
     if not any(img.dir.glob("base-*m/done")):
@@ -120,12 +125,12 @@ class MicrovmBackend:
     ``image_dir``: a built image (default ``~/.cache/durable-spaces-microvm/current``);
     ``memory_mb``: guest memory (a base checkpoint must exist for it);
     ``keep_checkpoints``: keep only this many newest checkpoints per Space, plus the one
-    the Space was last restored from (``DS_MICROVM_KEEP_CHECKPOINTS``, default 0: keep
+    the Space was last restored from (``Settings.microvm_keep_checkpoints``, default 0: keep
     all until pruned). The adapter prunes by its log (``prune_space``), which is exact: an
     age bound could drop a checkpoint a fork's log still needs. Set it only when driving
     the backend without the adapter.
-    ``compress``: zstd the memory files (``DS_MICROVM_COMPRESS``, default on): a third of
-    the disk, for a longer pause of the guest (docs/performance.md, "Other figures").
+    ``compress``: zstd the memory files (``Settings.microvm_compress``, default on): a
+    third of the disk, for a longer pause of the guest (docs/performance.md).
     """
 
     kind = "microvm"
@@ -138,9 +143,14 @@ class MicrovmBackend:
         keep_checkpoints: int | None = None,
         compress: bool | None = None,
         sweep_orphans: bool | None = None,
+        settings: Settings | None = None,
     ) -> None:
+        """Options left None take ``settings`` (``durable_spaces/settings.py``: the
+        ``DS_MICROVM_*`` variables), read from the environment now when not given."""
+        #: The product's settings.
+        self.settings = settings = Settings.from_env() if settings is None else settings
         if sweep_orphans is None:
-            sweep_orphans = os.environ.get("DS_MICROVM_SWEEP_ORPHANS", "") not in ("", "0")
+            sweep_orphans = settings.microvm_sweep_orphans
         #: Kill processes the daemon does not track when the epoch rises. Off by default:
         #: on a machine-checkpointed Space a process left running (a server) is state that
         #: checkpoints keep and restores bring back, and a restore replaces the whole
@@ -148,16 +158,16 @@ class MicrovmBackend:
         #: stray writer from an older epoch could change the workspace after a revert.
         self.sweep_orphans = sweep_orphans
         if compress is None:
-            compress = os.environ.get("DS_MICROVM_COMPRESS", "1") not in ("", "0")
+            compress = settings.microvm_compress
         #: zstd the memory files (about a quarter of the size, a longer pause).
         self.compress = compress
         if keep_checkpoints is None:
-            keep_checkpoints = int(os.environ.get("DS_MICROVM_KEEP_CHECKPOINTS", "0"))
+            keep_checkpoints = settings.microvm_keep_checkpoints
         self.keep_checkpoints = keep_checkpoints
-        reason = unavailable_reason(image_dir)
+        reason = unavailable_reason(image_dir, settings)
         if reason is not None:
             raise BackendUnavailableError(reason)
-        img = load_image(pathlib.Path(image_dir) if image_dir else None)
+        img = load_image(pathlib.Path(image_dir) if image_dir else None, settings.microvm_cache)
         assert img is not None
         self.image: GuestImage = img
         self.memory_mb = memory_mb
@@ -171,7 +181,7 @@ class MicrovmBackend:
         self.state_dir = pathlib.Path(state_dir).absolute()
         self.files = StateFiles(self.state_dir)
         self.store = CheckpointFiles(self.files)
-        self.accel = choose_accel(img)
+        self.accel = choose_accel(img, settings.microvm_accel)
         spec = json.loads((img.base_dir(memory_mb) / "spec.json").read_text())
         if spec.get("accel") != self.accel.name:
             raise BackendUnavailableError(

@@ -20,7 +20,6 @@ import time
 from durable_spaces.backends.microvm.accel import choose_accel
 from durable_spaces.backends.microvm.guest import DEFAULT_MEMORY_MB, GuestImage, log
 from durable_spaces.backends.microvm.qemu import (
-    BOOT_TIMEOUT,
     VmSpec,
     create_overlay,
     kill,
@@ -30,23 +29,30 @@ from durable_spaces.backends.microvm.qemu import (
     wait_health,
 )
 from durable_spaces.host.ports import free_port
+from durable_spaces.settings import DEFAULTS, Settings
 
 
-async def ensure_base_checkpoint(img: GuestImage, memory_mb: int = DEFAULT_MEMORY_MB) -> None:
+async def ensure_base_checkpoint(
+    img: GuestImage, memory_mb: int = DEFAULT_MEMORY_MB, settings: Settings = DEFAULTS
+) -> None:
     """Boot the image once and checkpoint the booted machine (what every Space forks)."""
-    choose_accel(img)  # probed (and cached) here, not in the first Space's create
+    choose_accel(
+        img, settings.microvm_accel
+    )  # probed (and cached) here, not in the first Space's create
     if img.base_checkpoint(memory_mb) is not None:
         log(f"base checkpoint for {memory_mb} MiB is up to date")
         return
     t0 = time.monotonic()
-    await make_base_checkpoint(img, memory_mb)
+    await make_base_checkpoint(img, memory_mb, settings)
     log(f"booted and checkpointed the base ({memory_mb} MiB) in {time.monotonic() - t0:.1f}s")
 
 
-async def make_base_checkpoint(img: GuestImage, memory_mb: int) -> None:
+async def make_base_checkpoint(
+    img: GuestImage, memory_mb: int, settings: Settings = DEFAULTS
+) -> None:
     """Boot the image once, wait for the daemon, and checkpoint the machine into
     ``img.base_dir(memory_mb)`` (memory + frozen disk), for Spaces to fork."""
-    accel = choose_accel(img)
+    accel = choose_accel(img, settings.microvm_accel)
     spec = VmSpec(img, memory_mb, accel)
     final = img.base_dir(memory_mb)
     work = final.with_name(final.name + f".tmp{os.getpid()}")
@@ -59,7 +65,7 @@ async def make_base_checkpoint(img: GuestImage, memory_mb: int) -> None:
     t0 = time.monotonic()
     vm = launch(argv, work)
     try:
-        booted = await wait_health(port, BOOT_TIMEOUT, vm, work)
+        booted = await wait_health(port, settings.microvm_boot_timeout, vm, work)
         log(f"base booted to the daemon's first answer in {booted:.1f}s ({accel.name})")
         # Let the guest settle (daemon start-up writes) so forks start quiet.
         await asyncio.sleep(1.0)

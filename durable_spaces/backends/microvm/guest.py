@@ -71,16 +71,18 @@ def _user_home() -> pathlib.Path:
     return pathlib.Path(pwd.getpwuid(os.getuid()).pw_dir)
 
 
-def image_root() -> pathlib.Path:
-    env = os.environ.get("DS_MICROVM_CACHE")
-    d = pathlib.Path(env) if env else _user_home() / ".cache/durable-spaces-microvm"
+def image_root(cache: pathlib.Path | None = None) -> pathlib.Path:
+    """Where images are: ``cache`` (``Settings.microvm_cache``), else the user's cache."""
+    d = cache if cache is not None else _user_home() / ".cache/durable-spaces-microvm"
     d.mkdir(parents=True, exist_ok=True)
     return d
 
 
-def load_image(image_dir: pathlib.Path | None = None) -> GuestImage | None:
-    """The built image in ``image_dir`` (default: ``<image_root>/current``), or None."""
-    d = image_dir or image_root() / "current"
+def load_image(
+    image_dir: pathlib.Path | None = None, cache: pathlib.Path | None = None
+) -> GuestImage | None:
+    """The built image in ``image_dir`` (default: ``<image_root(cache)>/current``), or None."""
+    d = image_dir or image_root(cache) / "current"
     if not (d / "done").exists():
         return None
     d = d.resolve()

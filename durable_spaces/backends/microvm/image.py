@@ -40,7 +40,6 @@ from durable_spaces.backends import guest_rootfs
 from durable_spaces.backends.guest_rootfs import daemon_binary, file_sha256, input_hash
 from durable_spaces.backends.microvm.base import ensure_base_checkpoint
 from durable_spaces.backends.microvm.guest import (
-    DEFAULT_MEMORY_MB,
     GUEST_PORT,
     KERNEL_CMDLINE,
     GuestImage,
@@ -48,6 +47,7 @@ from durable_spaces.backends.microvm.guest import (
     load_image,
 )
 from durable_spaces.backends.microvm.guest import log as _log
+from durable_spaces.settings import Settings
 
 KERNEL_META = "linux-image-cloud-amd64"
 #: Virtio modules the initramfs loads (their dependencies are resolved from the .ko files).
@@ -145,14 +145,13 @@ def kernel_package() -> str:
     return m.group(1)
 
 
-def kernel_deb() -> pathlib.Path:
-    """The kernel .deb: ``DS_MICROVM_KERNEL_DEB``, apt's archive cache, our cache, or
-    ``apt-get download`` from the Debian mirror."""
-    env = os.environ.get("DS_MICROVM_KERNEL_DEB")
-    if env:
-        return pathlib.Path(env)
+def kernel_deb(settings: Settings) -> pathlib.Path:
+    """The kernel .deb: ``Settings.microvm_kernel_deb``, apt's archive cache, our cache,
+    or ``apt-get download`` from the Debian mirror."""
+    if settings.microvm_kernel_deb is not None:
+        return settings.microvm_kernel_deb
     pkg = kernel_package()
-    debs = image_root() / "debs"
+    debs = image_root(settings.microvm_cache) / "debs"
     for d in (debs, pathlib.Path("/var/cache/apt/archives")):
         hits = sorted(d.glob(f"{pkg}_*_amd64.deb"))
         if hits:
@@ -187,14 +186,14 @@ def recipe() -> str:
     )
 
 
-def image_key(kdeb: pathlib.Path) -> str:
+def image_key(kdeb: pathlib.Path, settings: Settings) -> str:
     return input_hash(
         recipe(),
         kdeb.name,
         file_sha256(busybox_static()),
         file_sha256(daemon_binary()),
         qemu_version(),
-        guest_rootfs.debootstrap_key(),
+        guest_rootfs.debootstrap_key(settings),
     )
 
 
@@ -273,22 +272,23 @@ def _build_rootfs(tarball: pathlib.Path, out_qcow2: pathlib.Path, tmpdir: pathli
     )
 
 
-def build_image(force: bool = False) -> GuestImage:
+def build_image(settings: Settings, force: bool = False) -> GuestImage:
     """Build (or reuse) the guest image for the current inputs."""
     for tool in ("qemu-system-x86_64", "qemu-img", "mkfs.ext4", "dpkg-deb"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is missing (images/microvm/ci-setup.sh installs it)")
-    kdeb = kernel_deb()
-    key = image_key(kdeb)
-    out = image_root() / key
-    current = image_root() / "current"
+    kdeb = kernel_deb(settings)
+    key = image_key(kdeb, settings)
+    root = image_root(settings.microvm_cache)
+    out = root / key
+    current = root / "current"
     if not force and (out / "done").exists():
         _log(f"{out} is up to date")
     else:
         t0 = time.monotonic()
-        tarball = guest_rootfs.rootfs_tarball(_log)
+        tarball = guest_rootfs.rootfs_tarball(settings, _log)
         out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="ds-microvm-", dir=image_root()) as tmp:
+        with tempfile.TemporaryDirectory(prefix="ds-microvm-", dir=root) as tmp:
             t = pathlib.Path(tmp)
             kroot = t / "kernel"
             subprocess.run(["dpkg-deb", "-x", str(kdeb), str(kroot)], check=True)
@@ -309,14 +309,14 @@ def build_image(force: bool = False) -> GuestImage:
                     "kernel_deb": kdeb.name,
                     "daemon_sha256": file_sha256(daemon_binary()),
                     "qemu": qemu_version(),
-                    "debootstrap": guest_rootfs.debootstrap_key(),
+                    "debootstrap": guest_rootfs.debootstrap_key(settings),
                 },
                 indent=1,
             )
         )
         (out / "done").write_text(f"{time.time()}\n")
         _log(f"built {out} in {time.monotonic() - t0:.1f}s")
-    tmp_link = image_root() / f".current.{os.getpid()}"
+    tmp_link = root / f".current.{os.getpid()}"
     tmp_link.unlink(missing_ok=True)
     tmp_link.symlink_to(key)
     tmp_link.replace(current)
@@ -327,9 +327,9 @@ def build_image(force: bool = False) -> GuestImage:
 
 def main() -> None:
     t0 = time.monotonic()
-    img = build_image(force="--force" in sys.argv[1:])
-    mem = int(os.environ.get("DS_MICROVM_MEMORY_MB", DEFAULT_MEMORY_MB))
-    asyncio.run(ensure_base_checkpoint(img, mem))
+    settings = Settings.from_env()  # this command's edge: the DS_* variables, checked
+    img = build_image(settings, force="--force" in sys.argv[1:])
+    asyncio.run(ensure_base_checkpoint(img, settings.microvm_memory_mb, settings))
     print(img.dir)
     _log(f"total {time.monotonic() - t0:.1f}s")
 

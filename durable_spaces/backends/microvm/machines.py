@@ -91,7 +91,8 @@ class Machines:
             st.booted = time.time()
             st.pending = str(source.token_file) if source is not None else ""
             self.files.write(name, st)
-            timeout = qemu.RESTORE_TIMEOUT if source else qemu.BOOT_TIMEOUT
+            settings = self._host.settings
+            timeout = settings.microvm_restore_timeout if source else settings.microvm_boot_timeout
             hit("microvm.start.launched")
             try:
                 if source is not None:
@@ -202,7 +203,7 @@ class Machines:
             self.files.write(name, st)
         if st.pending:
             old = pathlib.Path(st.pending).read_text().strip()
-            await qemu.wait_health(st.port, qemu.RESTORE_TIMEOUT)
+            await qemu.wait_health(st.port, self._host.settings.microvm_restore_timeout)
             self.spaces[name] = await self._after_restore(name, st, old)
             st.pending = ""
             self.files.write(name, st)

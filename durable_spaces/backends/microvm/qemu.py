@@ -49,10 +49,6 @@ from durable_spaces.host.proc_start import started
 
 log = logging.getLogger(__name__)
 
-#: Cold boot to the daemon's first answer is slow under TCG on a loaded host
-#: (docs/performance.md): the bound is far above it.
-BOOT_TIMEOUT = float(os.environ.get("DS_MICROVM_BOOT_TIMEOUT", "120"))
-RESTORE_TIMEOUT = float(os.environ.get("DS_MICROVM_RESTORE_TIMEOUT", "60"))
 _popens: list[subprocess.Popen[bytes]] = []  # ours to reap
 
 

@@ -26,6 +26,7 @@ from durable_spaces.backends.microvm.state import SpaceState, StateFiles
 from durable_spaces.backends.spacesd.machine import orphan_sweep_script
 from durable_spaces.backends.spacesd.space import SpacesdSpace, SweepWhen
 from durable_spaces.errors import SpaceError
+from durable_spaces.settings import Settings
 from durable_spaces.space import Capabilities
 
 USER = "cua"
@@ -45,6 +46,8 @@ class Host(Protocol):
     files: StateFiles
     #: Read at each advance: a caller may switch it on a living backend.
     sweep_orphans: bool
+    #: The product's settings (``durable_spaces/settings.py``).
+    settings: Settings
 
     def sdk_home(self) -> str:
         """The cua SDK's state for this backend (its sandbox registry), not ~/.cua."""
@@ -87,6 +90,7 @@ class MicrovmSpace(SpacesdSpace):
             kind="microvm",
             user=USER,
             sdk_home=host.sdk_home(),
+            settings=host.settings,
         )
         self._host = host
         self.port = st.port

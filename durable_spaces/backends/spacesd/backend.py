@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from durable_spaces.backends.local.journal import ChangeJournal
-from durable_spaces.backends.local.journal import enabled as journal_enabled
 from durable_spaces.backends.spacesd.daemon import (
     PIDNS,
     TOKEN_POLL_MS,
@@ -63,6 +62,7 @@ from durable_spaces.errors import (
 )
 from durable_spaces.host.boot import read_host_boot_id
 from durable_spaces.host.ports import free_port
+from durable_spaces.settings import Settings
 
 __all__ = ["SpacesdBackend", "daemon_binary", "unavailable_reason", "unshare_reason"]
 
@@ -138,9 +138,8 @@ class NamespacedSpace(HostScannedSpace):
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
-        self._host = HostScan(
-            self.root, self.root, self._journal, self._up, stats=self._scans.stats
-        )
+        journal = self._journal if self.settings.space_journal else None
+        self._host = HostScan(self.root, self.root, journal, self._up, stats=self._scans.stats)
 
     def _up(self) -> bool:
         return self._probe.boot_id() is not None
@@ -161,15 +160,15 @@ class NamespacedSpace(HostScannedSpace):
 
     def workspace_journal(self) -> ChangeJournal | None:
         """A journal of the workspace of its own (``space.JournaledSpace``), for a
-        checkpoint's walk; None when ``DS_SPACE_JOURNAL=0`` or the daemon is down."""
-        if not journal_enabled() or self._probe.boot_id() is None:
+        checkpoint's walk; None when ``settings.space_journal`` is off or the daemon is down."""
+        if not self.settings.space_journal or self._probe.boot_id() is None:
             return None
         return self._journal(self.root)
 
     async def host_boot_id(self) -> str | None:
         """The boot id of the host the daemon's data dir and workspace are on
         (``durable_spaces/host/boot.py``): a power loss drops their unsynced writes."""
-        return read_host_boot_id()
+        return read_host_boot_id(self.settings.host_boot_id)
 
     def _sweep_when(self) -> SweepWhen:
         # The process-group fallback has no sweep: the weaker, documented guarantee.
@@ -201,6 +200,7 @@ class SpacesdBackend:
         binary: str | os.PathLike[str] | None = None,
         start_timeout: float = 20.0,
         listen_host: str = "127.0.0.1",
+        settings: Settings | None = None,
     ) -> None:
         if isolation not in ("auto", "pidns", "pgroup"):
             raise ValueError(f"isolation must be auto, pidns or pgroup, not {isolation!r}")
@@ -210,6 +210,7 @@ class SpacesdBackend:
         if reason is not None:
             raise BackendUnavailableError(reason)
         self._checked = binary is not None
+        self.settings = Settings.from_env() if settings is None else settings
         self.state_dir = Path(state_dir).absolute()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.binary = Path(binary) if binary is not None else daemon_binary()
@@ -337,6 +338,7 @@ class SpacesdBackend:
             d.token(),
             _Probe(d, st.instance_id),
             sdk_home=self._sdk_home(),
+            settings=self.settings,
         )
         sp.daemon_pid = st.daemon_pid if st.isolation == PIDNS else 0
         self._spaces[name] = sp

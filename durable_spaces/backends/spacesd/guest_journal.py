@@ -32,7 +32,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from importlib import resources
 from typing import Any
 
-from durable_spaces.backends.local import journal as host_journal
 from durable_spaces.backends.spacesd.scan import unrepresentable
 from durable_spaces.chaos import mutants
 from durable_spaces.errors import SpaceUnavailableError
@@ -136,8 +135,11 @@ class GuestJournal:
         keep_total: int,
         stats: dict[str, int] | None = None,
         user: str = "",
+        journal: bool = True,
     ) -> None:
         self._root = root
+        #: ``Settings.space_journal``: off, no helper runs and the caller scans its way.
+        self._on = journal
         #: The Space's user, whose effective ids the helper takes ("": none, it runs as
         #: it was started).
         self._user = user
@@ -286,7 +288,7 @@ class GuestJournal:
         started for it if none runs (its first scan is still a walk): checkpoint mode reads the
         id twice a call and scans never. None when it gives no good answer (dropped then): the
         caller reads the id its own way."""
-        if self.unavailable is not None or not host_journal.enabled():
+        if self.unavailable is not None or not self._on:
             return None
         async with self._lock:
             try:
@@ -385,7 +387,7 @@ class GuestJournal:
     async def scan(self) -> dict[str, PathEntry] | None:
         """The whole workspace (files with sha256, symlinks) as of now, or None: the
         caller scans its own way (``why_full`` says why)."""
-        if self.unavailable is not None or not host_journal.enabled():
+        if self.unavailable is not None or not self._on:
             return None
         async with self._lock:
             walk = not self._walked  # a helper's first scan answer is a walk

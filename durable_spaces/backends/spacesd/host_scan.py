@@ -26,7 +26,6 @@ from durable_spaces.backends.local.journal import ChangeJournal
 from durable_spaces.backends.local.journaled import JournaledScanner, small_if_free
 from durable_spaces.backends.spacesd.space import SpacesdSpace
 from durable_spaces.space import PathTable, confine
-from durable_spaces.switches import switch
 
 __all__ = ["HostScan", "HostScannedSpace"]
 
@@ -41,7 +40,7 @@ class HostScan:
         self,
         space_root: str,
         root: str,
-        make_journal: Callable[[str], ChangeJournal],
+        make_journal: Callable[[str], ChangeJournal] | None,
         up: Callable[[], bool],
         stats: dict[str, int],
         resolve_root: Callable[[], str] | None = None,
@@ -100,13 +99,6 @@ class HostScan:
         await asyncio.to_thread(self._reset, why)
 
 
-def enabled() -> bool:
-    """``DS_HOST_SCAN``: unset or ``1``, a Space whose workspace this host sees is
-    scanned here; ``0``, through its daemon (the journal in the Space, as a microvm's:
-    to compare, and to run that path on a Space of this host)."""
-    return switch("DS_HOST_SCAN")
-
-
 class HostScannedSpace(SpacesdSpace):
     """A daemon's Space that scans here when its ``_host`` can (set by the subclass once
     it knows where this host sees the workspace), and through the daemon otherwise."""
@@ -115,7 +107,10 @@ class HostScannedSpace(SpacesdSpace):
 
     @property
     def _here(self) -> HostScan | None:
-        return self._host if enabled() else None
+        """``Settings.host_scan``: on, a Space whose workspace this host sees is scanned
+        here; off, through its daemon (the journal in the Space, as a microvm's: to
+        compare, and to run that path on a Space of this host)."""
+        return self._host if self.settings.host_scan else None
 
     async def scan(self, root: str = ".", exclude: Sequence[str] = ()) -> PathTable:
         host = self._here

@@ -84,6 +84,7 @@ from durable_spaces.errors import (
     SpaceUnavailableError,
     StaleEpochError,
 )
+from durable_spaces.settings import DEFAULTS, Settings
 from durable_spaces.space import (
     EXEC_LEDGER,
     Capabilities,
@@ -126,8 +127,11 @@ class SpacesdSpace:
         kind: str = "process",
         user: str | None = None,
         sdk_home: str | None = None,
+        settings: Settings = DEFAULTS,
     ) -> None:
         self.name = name
+        #: The product's settings (``durable_spaces/settings.py``), its backend's.
+        self.settings = settings
         self.root = posixpath.normpath(root)
         self.instance_id = instance_id
         self.kind = kind
@@ -154,6 +158,7 @@ class SpacesdSpace:
             KEEP_TOTAL,
             self._scans.stats,
             user=user or "",
+            journal=settings.space_journal,
         )
         #: The epoch this object last advanced the Space to: its helper commands run
         #: under it, so a driver's next successor kills one its death left waiting (an

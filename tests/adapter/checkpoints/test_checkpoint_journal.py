@@ -34,9 +34,12 @@ from durable_spaces.backends.local import journal as jr
 from durable_spaces.chaos import mutants
 from durable_spaces.errors import SpaceError
 from durable_spaces.host.holders import Holders
+from durable_spaces.settings import Settings
 from durable_spaces.space import Space, space_name
 
-pytestmark = pytest.mark.skipif(not jr.enabled(), reason="DS_SPACE_JOURNAL=0 turns journals off")
+pytestmark = pytest.mark.skipif(
+    not Settings.from_env().space_journal, reason="DS_SPACE_JOURNAL=0 turns journals off"
+)
 
 BACKENDS = [
     pytest.param("local", id="local"),
@@ -418,14 +421,18 @@ def _link(path: str) -> str:
         return ""
 
 
-async def test_turning_the_journal_off_stops_the_one_running(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_taker_with_the_journal_off_walks_every_time(tmp_path: Path) -> None:
+    """``Settings.space_journal`` off (``DS_SPACE_JOURNAL=0``) is the taker's own: it
+    walks the whole tree at every checkpoint, even of a Space whose backend keeps a
+    journal (the settings are read once, where the taker is made, never under it)."""
     async with _space(tmp_path, "local") as space:
-        taker = Taker(DirectoryCheckpointStore(tmp_path / "store"))
-        await _manifest(taker, space, "c0")
-        await _checked(tmp_path, taker, space, "c1")
-        assert taker.stats == {"full": 1, "journal": 1}
-        monkeypatch.setenv("DS_SPACE_JOURNAL", "0")
-        await _checked(tmp_path, taker, space, "c2")
-        assert taker.stats == {"full": 2, "journal": 1}
+        on = Taker(DirectoryCheckpointStore(tmp_path / "store"))
+        await _manifest(on, space, "c0")
+        await _checked(tmp_path, on, space, "c1")
+        assert on.stats == {"full": 1, "journal": 1}
+        off = Taker(
+            DirectoryCheckpointStore(tmp_path / "store"), settings=Settings(space_journal=False)
+        )
+        await _manifest(off, space, "c2")
+        await _checked(tmp_path, off, space, "c3")
+        assert off.stats == {"full": 2, "journal": 0}

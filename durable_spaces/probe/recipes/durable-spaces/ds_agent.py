@@ -32,6 +32,7 @@ from durable_spaces.adapter.durable import durable_spaces
 from durable_spaces.backends.local.backend import LocalBackend
 from durable_spaces.backends.local.disk import write_atomic
 from durable_spaces.campaigns.fast_exit import exit_now
+from durable_spaces.campaigns.spec import LabSettings
 from durable_spaces.drive.entry import SessionHandle, StartContext, run_durable_session
 from durable_spaces.harness.models import OpenAIModel
 from durable_spaces.harness.scheduler import AgentConfig, Harness
@@ -114,4 +115,5 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.stdout.flush()
-    exit_now(main())  # campaigns/fast_exit.py: no teardown to wait for
+    lab = LabSettings.from_env()  # this process's edge (the campaign checked them first)
+    exit_now(main(), lab.fast_exit)  # campaigns/fast_exit.py: no teardown to wait for
