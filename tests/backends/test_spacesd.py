@@ -535,6 +535,7 @@ async def test_a_daemon_scan_keeps_the_small_files_it_read_for_read_files(
     one is hashed in the Space and read by a command. Every hash is the file's."""
     import hashlib
 
+    from durable_spaces.backends.spacesd import bulk
     from durable_spaces.backends.spacesd import space as sd
 
     space = await backend.create("kept")
@@ -542,7 +543,7 @@ async def test_a_daemon_scan_keeps_the_small_files_it_read_for_read_files(
     await space.write_file("old.txt", b"old", epoch=1)
     await space.scan()
     files = {f"d/f{i}.txt": f"small {i}\n".encode() * (i + 1) for i in range(3)}
-    files["big.bin"] = os.urandom(sd.KEEP_MAX + 1)
+    files["big.bin"] = os.urandom(bulk.KEEP_MAX + 1)
     for path, data in files.items():
         await space.write_file(path, data, epoch=1)
     table = await space.scan()

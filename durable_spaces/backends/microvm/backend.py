@@ -282,14 +282,14 @@ class MicrovmBackend:
                     before.strip().decode(),
                     timeout=10,
                 )
-            sp._client = None
+            sp.disconnect()
             deadline = time.monotonic() + 30
             while True:
                 with contextlib.suppress(SpaceUnavailableError, TimeoutError):
                     code, now = await sp.root_run(f"cat {DAEMON_PID}", timeout=10)
                     if code == 0 and now.strip() and now.strip() != before.strip():
                         break
-                sp._client = None
+                sp.disconnect()
                 if time.monotonic() > deadline:
                     raise SpaceUnavailableError(f"the daemon of {name!r} did not come back")
                 await asyncio.sleep(0.05)

@@ -145,7 +145,7 @@ class Machines:
             except SpaceUnavailableError:
                 if time.monotonic() > deadline:
                     raise
-                sp._client = None
+                sp.disconnect()
                 await asyncio.sleep(0.02)
 
     def space(self, name: str, st: SpaceState) -> MicrovmSpace:
@@ -160,7 +160,7 @@ class Machines:
     def drop(self, name: str) -> None:
         sp = self.spaces.pop(name, None)
         if sp is not None:
-            sp._client = None
+            sp.disconnect()
 
     def kill(self, name: str) -> None:
         st = self.files.read(name)

@@ -303,7 +303,7 @@ class SpacesdBackend:
                 except SpaceUnavailableError:
                     if d.exited(st) or time.monotonic() > deadline:
                         break
-                    space._client = None
+                    space.disconnect()
                     await asyncio.sleep(0.01)
             if caps is None:
                 tail = d.log_tail()
@@ -413,7 +413,7 @@ class SpacesdBackend:
                         await asyncio.to_thread(d.kill, st)
                         await self._boot(d, st)
                         return token
-                    space._client = None
+                    space.disconnect()
                     await asyncio.sleep(TOKEN_POLL_MS / 1000)
 
     async def kill_daemon(self, name: str) -> None:
