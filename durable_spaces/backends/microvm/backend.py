@@ -418,10 +418,10 @@ class MicrovmBackend:
 
 
 if TYPE_CHECKING:  # what mypy checks this backend against (durable_spaces.space)
-    from durable_spaces.backends.microvm.space import Host
+    from durable_spaces.backends.microvm.space import MicrovmHost
     from durable_spaces.space import Faults, MachineCheckpoints, Space, SpaceBackend
 
     def _conforms(
         b: MicrovmBackend, s: MicrovmSpace
-    ) -> tuple[SpaceBackend, Faults, MachineCheckpoints, Host, Space]:
+    ) -> tuple[SpaceBackend, Faults, MachineCheckpoints, MicrovmHost, Space]:
         return b, b, b, b, s

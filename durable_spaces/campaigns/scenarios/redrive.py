@@ -29,7 +29,7 @@ from typing import Any
 
 from durable_spaces.campaigns.checker import History, check_all
 from durable_spaces.campaigns.checks.effects import diagnose
-from durable_spaces.campaigns.checks.leases import Tally, tally
+from durable_spaces.campaigns.checks.leases import LeaseTally, tally
 from durable_spaces.campaigns.checks.verdict import Anomaly, Verdict, anomaly
 from durable_spaces.campaigns.checks.workload import interpret
 from durable_spaces.campaigns.record import RunRecord
@@ -390,7 +390,7 @@ def probe_superseded(store: Any, space: str) -> list[Anomaly]:
 def fill(record: RunRecord, play: Play, cluster: Any, sessions: list[str]) -> None:
     stale = probe_superseded(cluster.store, play.space)
     events = cluster.events()
-    t: Tally = tally(events)
+    t: LeaseTally = tally(events)
     t.lease.extend(stale)
     checks: dict[str, Any] = {}
     for s in sessions:
