@@ -70,13 +70,13 @@ def _poll_exit(procs: RunProcs, pid: int, limit_s: float) -> None:
 class _Run:
     def __init__(self, spec: ProbeRun) -> None:
         self.spec = spec
-        self.q: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.landed_at: float | None = None
         self.gate: Gate | None = None
         self.escaped: int | None = None
 
     def reached(self, p: GatePoint) -> None:
-        self.q.put(("point", p))
+        self.events.put(("point", p))
 
     def fault(self, procs: RunProcs, server: ModelServer, a: HarnessProcess, p: GatePoint) -> None:
         self.landed_at = time.monotonic()
@@ -102,7 +102,7 @@ class _Run:
         a = procs.start(argv, cwd, env)
 
         def wait() -> None:
-            self.q.put(("exit", (a, a.wait())))
+            self.events.put(("exit", (a, a.wait())))
 
         threading.Thread(target=wait, daemon=True).start()
         deadline: float | None = time.monotonic() + s.recipe.timeout_s
@@ -110,7 +110,7 @@ class _Run:
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                what, val = self.q.get(timeout=left)
+                what, val = self.events.get(timeout=left)
             except queue.Empty:
                 info["timed_out"] = True
                 procs.kill("process", a)
