@@ -51,8 +51,8 @@ TIMED = (
     ("durable_spaces.adapter.checkpoints.space_copy", "prune", "copy_prune"),
     ("durable_spaces.adapter.checkpoints.copies", "Copies.manifest", "read_manifest"),
     ("durable_spaces.adapter.image_log", "update", "image_update"),
-    ("durable_spaces.adapter.state", "load", "state_load"),
-    ("durable_spaces.adapter.state", "commit", "state_commit"),
+    ("durable_spaces.adapter.space_state", "load", "state_load"),
+    ("durable_spaces.adapter.space_state", "commit", "state_commit"),
     ("durable_spaces.adapter.modes", "ModeDecider.decide", "decide"),
     ("durable_spaces.adapter.durable", "DurableSpaces.space_for", "space_for"),
 )

@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from durable_spaces import switches
 from durable_spaces.adapter import checkpointing, log_witness
-from durable_spaces.adapter import state as state_doc
+from durable_spaces.adapter import space_state as state_doc
 from durable_spaces.adapter.effects import Effect, name_issue, written_size
 from durable_spaces.adapter.image_log import ImageUpdate
 from durable_spaces.adapter.recovery import Decision, RecoveryKind, decide
-from durable_spaces.adapter.state import CallRecord, SpaceState
+from durable_spaces.adapter.space_state import CallRecord, SpaceState
 from durable_spaces.adapter.tool_args import ToolArgs
 from durable_spaces.chaos import mutants
 from durable_spaces.chaos.failpoints import hit

@@ -17,11 +17,11 @@ import logging
 import tarfile
 from typing import TYPE_CHECKING
 
-from durable_spaces.adapter import state as state_doc
+from durable_spaces.adapter import space_state as state_doc
 from durable_spaces.adapter.checkpoints.snapshots import CheckpointMissing, Snapshots
 from durable_spaces.adapter.log_witness import RESTORED_WALK
 from durable_spaces.adapter.parts import Parts
-from durable_spaces.adapter.state import DOC, CallRecord, SpaceState
+from durable_spaces.adapter.space_state import DOC, CallRecord, SpaceState
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import (
     CheckpointCorruptError,

@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from durable_spaces.adapter import state as state_doc
+from durable_spaces.adapter import space_state as state_doc
 from durable_spaces.adapter.image import ImageLimits
-from durable_spaces.adapter.state import SpaceState
+from durable_spaces.adapter.space_state import SpaceState
 from durable_spaces.space import Capabilities, PathTable, Space
 
 if TYPE_CHECKING:

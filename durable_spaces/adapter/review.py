@@ -37,7 +37,7 @@ from durable_spaces.adapter.checkpoints.snapshots import (
     WorkspaceSnapshots,
     check_archive,
 )
-from durable_spaces.adapter.state import DOC, IMAGE_DOC, SpaceState
+from durable_spaces.adapter.space_state import DOC, IMAGE_DOC, SpaceState
 from durable_spaces.errors import PermanentFailure, ReviewError
 from durable_spaces.space import PathTable, Space
 

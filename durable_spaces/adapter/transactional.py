@@ -24,7 +24,7 @@ from durable_spaces.adapter.image import ImageLimits, apply
 from durable_spaces.adapter.image_log import ImageUpdate
 from durable_spaces.adapter.leftovers import Leftovers, look, merged, reread
 from durable_spaces.adapter.parts import Parts
-from durable_spaces.adapter.state import SpaceState
+from durable_spaces.adapter.space_state import SpaceState
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.space import PathTable, Space
 

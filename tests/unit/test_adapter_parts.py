@@ -17,7 +17,7 @@ from durable_spaces.adapter.checkpoints.snapshots import check_archive
 from durable_spaces.adapter.checkpoints.workspace_tree import TreeListing, TreeNode
 from durable_spaces.adapter.durable import session_epoch
 from durable_spaces.adapter.effects import Effect
-from durable_spaces.adapter.state import KEEP_CALLS, CallRecord, SpaceState
+from durable_spaces.adapter.space_state import KEEP_CALLS, CallRecord, SpaceState
 from durable_spaces.adapter.tool_args import BashArgs
 from durable_spaces.errors import ConfigError, PathEscapeError
 from durable_spaces.harness.log import MemoryFence

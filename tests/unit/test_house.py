@@ -68,7 +68,7 @@ def test_the_graph_is_read_type_only_imports_included() -> None:
     """Guards the reading itself: a type-only import must be an edge, or the test below
     would pass over the very circles it exists for."""
     assert len(MODULES) > 100
-    assert "durable_spaces.harness.handles" in GRAPH["durable_spaces.adapter.state"]
+    assert "durable_spaces.harness.handles" in GRAPH["durable_spaces.adapter.space_state"]
 
 
 def test_circles_finds_a_type_only_circle() -> None:
