@@ -34,7 +34,7 @@ TIMED = (
     ("durable_spaces.adapter.effects", "Effect.command", "effect"),
     ("durable_spaces.adapter.effects", "Effect.file_op", "effect"),
     ("durable_spaces.backends.spacesd.backend", "NamespacedSpace.scan", "scan"),
-    ("durable_spaces.backends.local.space", "LocalSpace.scan", "scan"),
+    ("durable_spaces.backends.local.local_space", "LocalSpace.scan", "scan"),
     ("durable_spaces.adapter.checkpointing", "CheckpointKeeper.take", "checkpoint"),
     ("durable_spaces.adapter.checkpoints.incremental", "walk_host", "walk"),
     ("durable_spaces.adapter.checkpoints.kept_tree", "KeptTree.relook", "walk"),
@@ -179,7 +179,8 @@ class Phases:
 
     def _wrap_rpc(self) -> None:
         try:
-            from durable_spaces.backends.spacesd import execution, space
+            from durable_spaces.backends.spacesd import execution
+            from durable_spaces.backends.spacesd import spacesd_space as space
         except ImportError:
             return
         me = self

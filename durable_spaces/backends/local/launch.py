@@ -1,6 +1,6 @@
 """Starting one command of a ``local`` Space: its environment, its directory and its
 supervisor, born in its epoch's cgroup. ``LocalSpace.spawn`` calls it under the Space's
-lock, after the ledger line (see ``space`` for the order and what a death at each step
+lock, after the ledger line (see ``local_space`` for the order and what a death at each step
 leaves).
 
 A supervisor is forked by the Space's fork server (``forkserver.py``, one per Space,

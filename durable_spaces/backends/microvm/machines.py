@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 
 from durable_spaces.backends.microvm import qemu
-from durable_spaces.backends.microvm.space import TOKEN_PATH, MicrovmHost, MicrovmSpace
+from durable_spaces.backends.microvm.microvm_space import TOKEN_PATH, MicrovmHost, MicrovmSpace
 from durable_spaces.backends.microvm.state import MicrovmState
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import SpaceError, SpaceUnavailableError

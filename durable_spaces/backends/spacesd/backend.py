@@ -54,7 +54,7 @@ from durable_spaces.backends.spacesd.daemon import (
 from durable_spaces.backends.spacesd.host_scan import HostScan, HostScannedSpace
 from durable_spaces.backends.spacesd.procs import sweep_untracked
 from durable_spaces.backends.spacesd.runtime import start_runtime
-from durable_spaces.backends.spacesd.space import SpacesdSpace, SweepWhen
+from durable_spaces.backends.spacesd.spacesd_space import SpacesdSpace, SweepWhen
 from durable_spaces.errors import (
     BackendUnavailableError,
     ConfigError,

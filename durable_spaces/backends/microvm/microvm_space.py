@@ -24,7 +24,7 @@ from durable_spaces.backends.microvm import qemu
 from durable_spaces.backends.microvm.guest import WORKSPACE
 from durable_spaces.backends.microvm.state import MicrovmState, StateFiles
 from durable_spaces.backends.spacesd.machine import orphan_sweep_script
-from durable_spaces.backends.spacesd.space import SpacesdSpace, SweepWhen
+from durable_spaces.backends.spacesd.spacesd_space import SpacesdSpace, SweepWhen
 from durable_spaces.errors import SpaceError
 from durable_spaces.space import Capabilities
 

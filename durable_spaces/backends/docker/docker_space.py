@@ -27,7 +27,7 @@ from durable_spaces.backends.docker.host_view import WorkspaceView
 from durable_spaces.backends.local.journal import ChangeJournal, MountTable
 from durable_spaces.backends.local.journal import enabled as journal_enabled
 from durable_spaces.backends.spacesd.host_scan import HostScan, HostScannedSpace
-from durable_spaces.backends.spacesd.space import SweepWhen
+from durable_spaces.backends.spacesd.spacesd_space import SweepWhen
 from durable_spaces.host.proc_start import started
 
 #: How often a wait for a daemon asks the engine whether its container was removed.
