@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from durable_spaces.campaigns.power import PowerHost, _compare, killed_in_commit, look
-from durable_spaces.harness.log_files import fsync_dir
+from durable_spaces.host.files import fsync_dir
 
 if TYPE_CHECKING:
     from durable_spaces.drive.coordinator import Launch

@@ -58,7 +58,7 @@ from durable_spaces.chaos.profiles import profile_named
 from durable_spaces.chaos.schedule import Schedule
 from durable_spaces.drive.coordinator import Coordinator, CoordinatorResult
 from durable_spaces.errors import SpaceUnavailableError
-from durable_spaces.harness.log_files import fsync_dir
+from durable_spaces.host.files import fsync_dir
 from durable_spaces.space import space_name
 
 #: The failpoints the campaign kills at (``scenarios.base.KILL_POINTS``).

@@ -42,11 +42,12 @@ from typing import TYPE_CHECKING
 import psutil
 
 from durable_spaces.backends.local.cgroups import recorded_parent, sweep
-from durable_spaces.backends.local.disk import fsync_dir, write_atomic
+from durable_spaces.backends.local.disk import write_atomic
 from durable_spaces.backends.local.local_space import LocalSpace
 from durable_spaces.backends.local.lock import MACHINE_PATIENCE_S
 from durable_spaces.backends.local.procs import kill_space, reap, space_procs
 from durable_spaces.errors import ConfigError, SpaceGoneError, SpaceUnavailableError
+from durable_spaces.host.files import fsync_dir
 
 __all__ = ["LocalBackend", "LocalSpace", "unavailable_reason"]
 
