@@ -30,22 +30,22 @@ CONTAINER_LIKE = frozenset({"local", "process", "container", "gvisor"})
 
 
 @dataclass(frozen=True)
-class Verdict:
+class ModeVerdict:
     """Whether transactional mode may continue, and if not why."""
 
     transactional: bool
     reason: str | None = None
 
 
-def kind_allows(caps: Capabilities, whole_machine_snapshots: bool) -> Verdict:
+def kind_allows(caps: Capabilities, whole_machine_snapshots: bool) -> ModeVerdict:
     if caps.kind in CONTAINER_LIKE or not whole_machine_snapshots:
-        return Verdict(True)
-    return Verdict(False, f"Space kind {caps.kind!r} with whole-machine checkpoints")
+        return ModeVerdict(True)
+    return ModeVerdict(False, f"Space kind {caps.kind!r} with whole-machine checkpoints")
 
 
-def limits_allow(table: PathTable, limits: ImageLimits) -> Verdict:
+def limits_allow(table: PathTable, limits: ImageLimits) -> ModeVerdict:
     why = limits.violation(table)
-    return Verdict(why is None, why)
+    return ModeVerdict(why is None, why)
 
 
 class ModeDecider:
