@@ -100,9 +100,9 @@ def finished(inputs: Inputs) -> Verdict:
     return judge([anomaly("unfinished", "the submission never reached done", witness=[last])], "")
 
 
-Check = Callable[[Inputs], Verdict]
+CheckFn = Callable[[Inputs], Verdict]
 
-CHECKS: dict[str, Check] = {
+CHECKS: dict[str, CheckFn] = {
     "log_intact": log_intact,
     "workspace_equals_log": effects.workspace_equals_log,
     "exactly_once": effects.exactly_once,

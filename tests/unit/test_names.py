@@ -1,8 +1,9 @@
 """Names that explain themselves, read from the package's source (``ast``): no two classes
-share a name (a reader who meets ``Host`` must not have to ask which of four); no
-``self.<one letter>`` attribute is set (``self.d.tx.outcome_update(self.h, ...)`` makes
-the reader keep a table in their head); and no module imports another of the same file
-name (``harness/state.py`` importing ``adapter/state.py`` reads as importing itself).
+share a name, nor a class and a type alias (a reader who meets ``Host`` must not have to
+ask which of four); no ``self.<one letter>`` attribute is set
+(``self.d.tx.outcome_update(self.h, ...)`` makes the reader keep a table in their head);
+and no module imports another of the same file name (``harness/state.py`` importing
+``adapter/state.py`` reads as importing itself).
 Each check is proved able to fail on a planted case, as ``test_house.py``'s are."""
 
 from __future__ import annotations
@@ -20,21 +21,51 @@ def _tree(module: str) -> ast.Module:
 TREES = {m: _tree(m) for m in MODULES}
 
 
+def _alias(node: ast.stmt) -> str | None:
+    """The name a module-level type alias binds (``Workspace = dict[str, bytes]``, or
+    annotated ``TypeAlias``), else None."""
+    if (
+        isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and isinstance(node.annotation, ast.Name)
+        and node.annotation.id == "TypeAlias"
+    ):
+        return node.target.id
+    if isinstance(node, ast.Assign) and len(node.targets) == 1:
+        target = node.targets[0]
+        if isinstance(target, ast.Name) and isinstance(node.value, ast.Subscript):
+            name = target.id
+            return name if name[:1].isupper() and not name.isupper() else None
+    return None
+
+
 def shared_class_names(trees: dict[str, ast.Module]) -> dict[str, list[str]]:
-    """Each class name defined in more than one place (nested classes included) -> the
-    modules that define it."""
-    where: dict[str, list[str]] = defaultdict(list)
+    """Each class name defined in more than one place (nested classes included), or
+    given to a module-level type alias too (``Verdict``, a check's result, was also the
+    adapter's mode verdict) -> the modules that define it."""
+    classes: dict[str, list[str]] = defaultdict(list)
+    aliases: dict[str, list[str]] = defaultdict(list)
     for module, tree in trees.items():
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
-                where[node.name].append(module)
-    return {name: sorted(ms) for name, ms in where.items() if len(ms) > 1}
+                classes[node.name].append(module)
+        for stmt in tree.body:
+            if (name := _alias(stmt)) is not None:
+                aliases[name].append(module)
+    return {
+        name: sorted(ms + aliases.get(name, []))
+        for name, ms in classes.items()
+        if len(ms) + len(aliases.get(name, [])) > 1
+    }
 
 
 def test_the_class_check_finds_a_shared_name() -> None:
     """The check can fail: a second ``Host``, as four modules had."""
     assert "HostRecord" not in shared_class_names(TREES)
     planted = {**TREES, "planted": ast.parse("class HostRecord:\n    pass\n")}
+    found = shared_class_names(planted)
+    assert found["HostRecord"] == ["durable_spaces.cluster.records", "planted"]
+    planted = {**TREES, "planted": ast.parse("HostRecord = dict[str, int]\n")}
     found = shared_class_names(planted)
     assert found["HostRecord"] == ["durable_spaces.cluster.records", "planted"]
 
