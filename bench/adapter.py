@@ -70,7 +70,7 @@ from durable_spaces.adapter.checkpoints.snapshots import (
 from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
 from durable_spaces.adapter.image import ImageLimits
 from durable_spaces.backends import open_backend, unavailable_reason
-from durable_spaces.harness.log import Commit, Op, SqliteStorage
+from durable_spaces.harness.log import Commit, LogOp, SqliteStorage
 from durable_spaces.harness.scheduler import AgentConfig, Harness
 from durable_spaces.harness.tool_tasks import record_result
 from durable_spaces.harness.tools import CodingTools, Registry, ToolContext
@@ -109,7 +109,7 @@ class CountingStorage:
     def __init__(self, inner: SqliteStorage) -> None:
         self.inner = inner
         self._counted = 0
-        self._pending: list[Sequence[Op]] = []
+        self._pending: list[Sequence[LogOp]] = []
 
     @property
     def total(self) -> int:
@@ -121,7 +121,7 @@ class CountingStorage:
     def load(self) -> list[Commit]:
         return self.inner.load()
 
-    def append(self, ops: Sequence[Op]) -> int:
+    def append(self, ops: Sequence[LogOp]) -> int:
         seq = self.inner.append(ops)
         self._pending.append(ops)  # committed ops are never changed afterwards
         return seq

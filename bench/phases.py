@@ -34,7 +34,7 @@ TIMED = (
     ("durable_spaces.adapter.effects", "Effect.command", "effect"),
     ("durable_spaces.adapter.effects", "Effect.file_op", "effect"),
     ("durable_spaces.backends.spacesd.backend", "NamespacedSpace.scan", "scan"),
-    ("durable_spaces.backends.local.space", "LocalSpace.scan", "scan"),
+    ("durable_spaces.backends.local.local_space", "LocalSpace.scan", "scan"),
     ("durable_spaces.adapter.checkpointing", "CheckpointKeeper.take", "checkpoint"),
     ("durable_spaces.adapter.checkpoints.incremental", "walk_host", "walk"),
     ("durable_spaces.adapter.checkpoints.kept_tree", "KeptTree.relook", "walk"),
@@ -51,8 +51,8 @@ TIMED = (
     ("durable_spaces.adapter.checkpoints.space_copy", "prune", "copy_prune"),
     ("durable_spaces.adapter.checkpoints.copies", "Copies.manifest", "read_manifest"),
     ("durable_spaces.adapter.image_log", "update", "image_update"),
-    ("durable_spaces.adapter.state", "load", "state_load"),
-    ("durable_spaces.adapter.state", "commit", "state_commit"),
+    ("durable_spaces.adapter.space_state", "load", "state_load"),
+    ("durable_spaces.adapter.space_state", "commit", "state_commit"),
     ("durable_spaces.adapter.modes", "ModeDecider.decide", "decide"),
     ("durable_spaces.adapter.durable", "DurableSpaces.space_for", "space_for"),
 )
@@ -179,7 +179,8 @@ class Phases:
 
     def _wrap_rpc(self) -> None:
         try:
-            from durable_spaces.backends.spacesd import execution, space
+            from durable_spaces.backends.spacesd import execution
+            from durable_spaces.backends.spacesd import spacesd_space as space
         except ImportError:
             return
         me = self

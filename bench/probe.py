@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from durable_spaces.campaigns.summary import percentile
-from durable_spaces.probe.probe import ProbeSpec, run_probe
 from durable_spaces.probe.recipe import load
+from durable_spaces.probe.whole_probe import ProbeSpec, run_probe
 
 AGENT = Path(__file__).resolve().parent / "probe_agent.py"
 

@@ -16,7 +16,7 @@ from needs import MissingCapability, need
 from durable_spaces.campaigns.capabilities import CAPABILITIES, required
 
 if TYPE_CHECKING:
-    from durable_spaces.backends.docker.space import DockerSpace
+    from durable_spaces.backends.docker.docker_space import DockerSpace
 
 # Before anything imports cua (at collection time too): no telemetry from any process.
 os.environ["DO_NOT_TRACK"] = "1"

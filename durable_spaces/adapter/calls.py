@@ -24,11 +24,11 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from durable_spaces.adapter import checkpointing, log_witness
-from durable_spaces.adapter import state as state_doc
+from durable_spaces.adapter import space_state as state_doc
 from durable_spaces.adapter.effects import Effect, name_issue, written_size
 from durable_spaces.adapter.image_log import ImageUpdate
 from durable_spaces.adapter.recovery import Decision, RecoveryKind, decide
-from durable_spaces.adapter.state import CallRecord, SpaceState
+from durable_spaces.adapter.space_state import CallRecord, SpaceState
 from durable_spaces.adapter.tool_args import ToolArgs
 from durable_spaces.chaos import mutants
 from durable_spaces.chaos.failpoints import hit
@@ -66,21 +66,23 @@ class CallPipeline:
     ``args`` are already checked (``tool_args.parse``)."""
 
     def __init__(self, durable: _Durable, tool: str, args: ToolArgs, ctx: ToolContext):
-        self.d = durable
-        self.p = durable.parts
+        self.durable = durable
+        self.parts = durable.parts
         self.tool = tool
         self.args = args
         self.ctx = ctx
-        self.h = ctx.harness
+        self.harness = ctx.harness
         self.conv = ctx.conversation_id
-        self.effect = Effect(args, ctx, self.p.config.fence, self.p.config.cwd)
+        self.effect = Effect(args, ctx, self.parts.config.fence, self.parts.config.cwd)
         self._position = ""  # the ledger key of the current start mark's position
 
     # --- entry ----------------------------------------------------------------------------
 
     async def run(self) -> ToolResult:
-        space = await self.d.space_for(self.h, self.conv, state_doc.load(self.h, self.conv))
-        state = state_doc.load(self.h, self.conv)
+        space = await self.durable.space_for(
+            self.harness, self.conv, state_doc.load(self.harness, self.conv)
+        )
+        state = state_doc.load(self.harness, self.conv)
         rec = state.calls.get(self.ctx.call_id)
         if rec is None:
             hit("adapter.call")
@@ -92,8 +94,10 @@ class CallPipeline:
 
     async def _fresh(self, state: SpaceState, space: Space) -> ToolResult:
         issue = name_issue(self.args, space)
-        mode = await self.d.modes.decide(self.h, self.conv, state, space, checkpoint_for=issue)
-        state = state_doc.load(self.h, self.conv)
+        mode = await self.durable.modes.decide(
+            self.harness, self.conv, state, space, checkpoint_for=issue
+        )
+        state = state_doc.load(self.harness, self.conv)
         if mode == "transactional" and issue is not None:
             return ToolResult.error(
                 f"refused before the call: {issue}; the transactional image cannot "
@@ -112,15 +116,15 @@ class CallPipeline:
             instance=space.instance_id,
         )
         if mode == "transactional":
-            table = await self.d.tx.start_table(space)
-            why = self.p.config.limits.violation(table)
-            if why is None and self.p.config.mode == "transactional":
+            table = await self.durable.tx.start_table(space)
+            why = self.parts.config.limits.violation(table)
+            if why is None and self.parts.config.mode == "transactional":
                 # A write's size is known before its effect: refused here, as a name the
                 # image cannot hold is, not written and then the image marked stale (auto
                 # mode takes it and switches to checkpoints instead).
                 will = written_size(self.args, space, table)
                 if will is not None:
-                    why = self.p.config.limits.violation_after_write(table, *will)
+                    why = self.parts.config.limits.violation_after_write(table, *will)
             if why is not None:
                 return ToolResult.error(
                     f"refused before the call: {why}; transactional mode cannot keep this "
@@ -129,7 +133,7 @@ class CallPipeline:
             await self._start_mark(state, rec, space, table)
         else:
             if state.last_checkpoint is None:
-                state.last_checkpoint = await self.d.cp.first(space, self.ctx.call_id)
+                state.last_checkpoint = await self.durable.cp.first(space, self.ctx.call_id)
             rec.before = state.last_checkpoint
             await self._start_mark(state, rec, space, None)
         hit("adapter.start_mark")
@@ -139,11 +143,11 @@ class CallPipeline:
 
     def _mark(self, state: SpaceState, rec: CallRecord, space: Space) -> None:
         rec.n += 1
-        rec.epoch = self.p.epoch_for(space.name)
+        rec.epoch = self.parts.epoch_for(space.name)
         rec.instance = space.instance_id
         # The key names the log's next position (log_witness.py): what the Space's
         # ledger is asked when a driver binds, and never used twice, whatever the log lost.
-        self._position = self.p.witness.next_position(self.conv, state, rec)
+        self._position = self.parts.witness.next_position(self.conv, state, rec)
         if mutants.active("log_behind_blind"):
             self._position += f"@{rec.epoch}"  # the defect: keys as before the witness
         rec.key = self._position if rec.tool == "bash" else None
@@ -158,46 +162,46 @@ class CallPipeline:
         state.space = space.name
         update: ImageUpdate | None = None
         if table is not None:
-            update = await self.d.tx.start_update(self.h, self.conv, space, table)
-        await self.p.commit(self.h, self.conv, state, update)
+            update = await self.durable.tx.start_update(self.harness, self.conv, space, table)
+        await self.parts.commit(self.harness, self.conv, state, update)
 
     async def _restart_mark(self, rec: CallRecord, space: Space) -> None:
         """A new start mark for a call that runs again (a new key, never the old one)."""
-        state = state_doc.load(self.h, self.conv)
+        state = state_doc.load(self.harness, self.conv)
         self._mark(state, rec, space)
         rec.outcome = None
         state.calls[rec.call_id] = rec
-        await self.p.commit(self.h, self.conv, state)
+        await self.parts.commit(self.harness, self.conv, state)
 
     async def _commit_outcome(self, rec: CallRecord, space: Space) -> str | None:
         """Record the outcome (transactional: with the call's diff, in one commit); auto may
         switch to checkpoint mode in the same commit; checkpoint mode then checkpoints and
         returns the checkpoint's id, for the result's commit to record."""
-        state = state_doc.load(self.h, self.conv)
+        state = state_doc.load(self.harness, self.conv)
         state.calls[rec.call_id] = rec
         update: ImageUpdate | None = None
         switch: str | None = None
         if state.mode == "transactional":
-            update, switch, note = await self.d.tx.outcome_update(
-                self.h, self.conv, state, space, self.tool, self.effect.written
+            update, switch, note = await self.durable.tx.outcome_update(
+                self.harness, self.conv, state, space, self.tool, self.effect.written
             )
             if note is not None and rec.outcome is not None:  # the model reads it there
                 content = str(rec.outcome.get("content", ""))
                 rec.outcome = {**rec.outcome, "content": f"{content}\n{note}".lstrip("\n")}
         if switch is not None:
             state.mode, state.mode_reason = "checkpoint", switch
-        await self.p.commit(self.h, self.conv, state, update)
+        await self.parts.commit(self.harness, self.conv, state, update)
         hit("adapter.outcome_commit")
         if switch is not None:
-            self.p.emit("mode", self.conv, rec, reason=switch)
+            self.parts.emit("mode", self.conv, rec, reason=switch)
         if state.mode == "checkpoint":
-            return await self.d.cp.take(self.h, self.conv, rec, space, with_result=True)
+            return await self.durable.cp.take(self.harness, self.conv, rec, space, with_result=True)
         return None
 
     def _record_result_entry(self, call_id: str, checkpoint: str | None = None) -> None:
         """Add the result entry's id to the call's record, and the ``checkpoint`` taken
         after it (``CheckpointKeeper.take``), in the result's own commit."""
-        conv, h = self.conv, self.h
+        conv, h = self.conv, self.harness
 
         def build(tx: Any, entry_id: str) -> None:
             state = state_doc.load(h, conv)
@@ -214,7 +218,7 @@ class CallPipeline:
         rec.outcome = outcome
         checkpoint = await self._commit_outcome(rec, space)
         self._record_result_entry(rec.call_id, checkpoint)
-        release = getattr(self.p.config.snapshots, "release", None)
+        release = getattr(self.parts.config.snapshots, "release", None)
         if checkpoint is not None and release is not None:
             name = space.name
             self.ctx.after_result(lambda: release(name))  # its Space copy (``copy_behind``)
@@ -225,8 +229,8 @@ class CallPipeline:
     async def _effect_and_finish(
         self, space: Space, rec: CallRecord, event: RecoveryKind | None
     ) -> ToolResult:
-        epoch = self.p.epoch_for(space.name)
-        settle = getattr(self.p.config.snapshots, "settle", None)
+        epoch = self.parts.epoch_for(space.name)
+        settle = getattr(self.parts.config.snapshots, "settle", None)
         if settle is not None:
             # The last checkpoint's Space copy is written (``copy_behind``) before the
             # Space changes again: the checkpoint a recovery of this call may restore
@@ -246,7 +250,7 @@ class CallPipeline:
             hit("adapter.file_op")
             hit("adapter.mid_call")
         if event is not None:
-            self.p.emit(event, self.conv, rec, tool=self.tool)
+            self.parts.emit(event, self.conv, rec, tool=self.tool)
         return await self._finish(space, rec, outcome)
 
     # --- recovery ---------------------------------------------------------------------------
@@ -257,7 +261,7 @@ class CallPipeline:
         if self.tool != "bash" or rec.key is None or rec.instance != space.instance_id:
             return None, False
         record = await space.exec_record(rec.key)
-        older = (rec.epoch or 0) < self.p.epoch_for(space.name)
+        older = (rec.epoch or 0) < self.parts.epoch_for(space.name)
         if older and record.state is ExecState.RUNNING:
             # Raising the epoch kills it; never reattach to a command being fenced.
             record = await _settled_record(space, rec.key)
@@ -278,21 +282,23 @@ class CallPipeline:
             assert rec.outcome is not None
             taken = None
             if state.mode == "checkpoint" and rec.checkpoint is None:
-                taken = await self.d.cp.take(self.h, self.conv, rec, space, with_result=True)
-            self.p.emit("adopted", self.conv, rec, tool=self.tool)
+                taken = await self.durable.cp.take(
+                    self.harness, self.conv, rec, space, with_result=True
+                )
+            self.parts.emit("adopted", self.conv, rec, tool=self.tool)
             self._record_result_entry(rec.call_id, taken)
             return _result(rec.outcome)
         if decision is Decision.REATTACH:
             assert rec.key is not None
-            res = await self.effect.command(space, rec.key, self.p.epoch_for(space.name))
-            self.p.emit("reattached", self.conv, rec, tool=self.tool)
+            res = await self.effect.command(space, rec.key, self.parts.epoch_for(space.name))
+            self.parts.emit("reattached", self.conv, rec, tool=self.tool)
             return await self._finish(space, rec, self.effect.outcome(res))
         if decision is Decision.REPLAY:
             assert ledger is not None
             res = ExecResult(
                 rec.key, ledger.exit_code, ledger.signal, ledger.output_tail, replayed=True
             )
-            self.p.emit("replayed", self.conv, rec, tool=self.tool)
+            self.parts.emit("replayed", self.conv, rec, tool=self.tool)
             return await self._finish(space, rec, self.effect.outcome(res))
         if decision is Decision.RUN:
             await self._restart_mark(rec, space)
@@ -304,24 +310,24 @@ class CallPipeline:
         """Unknown: lost with the daemon, cut off by a newer epoch, a file tool cut
         mid-write, or effects that lived only in a lost Space."""
         if (state.mode or rec.mode) == "transactional":
-            await self.d.tx.revert(self.h, self.conv, space)
-            self.p.emit("reverted", self.conv, rec)
+            await self.durable.tx.revert(self.harness, self.conv, space)
+            self.parts.emit("reverted", self.conv, rec)
             hit("recovery.reverted")
             await self._restart_mark(rec, space)
             return await self._effect_and_finish(space, rec, "ran")
-        space = await self.d.cp.restore_before(self.h, self.conv, state, rec, space)
+        space = await self.durable.cp.restore_before(self.harness, self.conv, state, rec, space)
         hit("recovery.restored")
         if self.tool in ("write", "edit"):
             await self._restart_mark(rec, space)
             return await self._effect_and_finish(space, rec, "ran")
         rec.outcome = {"status": "interrupted", "content": INTERRUPTED}
         rec.checkpoint = rec.before
-        state = state_doc.load(self.h, self.conv)
+        state = state_doc.load(self.harness, self.conv)
         state.calls[rec.call_id] = rec
         if rec.checkpoint is not None:
             state.last_checkpoint = rec.checkpoint
-        await self.p.commit(self.h, self.conv, state)
-        self.p.emit("interrupted", self.conv, rec, tool=self.tool)
+        await self.parts.commit(self.harness, self.conv, state)
+        self.parts.emit("interrupted", self.conv, rec, tool=self.tool)
         self._record_result_entry(rec.call_id)
         return _result(rec.outcome)
 

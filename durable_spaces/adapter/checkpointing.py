@@ -15,11 +15,11 @@ import logging
 import tarfile
 from typing import TYPE_CHECKING
 
-from durable_spaces.adapter import state as state_doc
+from durable_spaces.adapter import space_state as state_doc
 from durable_spaces.adapter.checkpoints.snapshots import CheckpointMissing, Snapshots
 from durable_spaces.adapter.log_witness import RESTORED_WALK
 from durable_spaces.adapter.parts import Parts
-from durable_spaces.adapter.state import DOC, CallRecord, SpaceState
+from durable_spaces.adapter.space_state import DOC, CallRecord, SpaceState
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import (
     CheckpointCorruptError,
@@ -47,17 +47,17 @@ def record(state: SpaceState, call_id: str, cid: str) -> None:
 
 class CheckpointKeeper:
     def __init__(self, parts: Parts) -> None:
-        self.p = parts
+        self.parts = parts
 
     @property
     def snapshots(self) -> Snapshots:
-        return self.p.config.snapshots
+        return self.parts.config.snapshots
 
     async def first(self, space: Space, call_id: str) -> str:
         """The checkpoint before a conversation's first checkpointed call."""
-        epoch = self.p.epoch_for(space.name)
+        epoch = self.parts.epoch_for(space.name)
         cid = await self.snapshots.checkpoint(space, f"{call_id}-before", epoch)
-        await self.p.boot.require_same(space)
+        await self.parts.boot.require_same(space)
         return cid
 
     async def take(
@@ -73,16 +73,16 @@ class CheckpointKeeper:
         own, or with ``with_result`` in the call's result commit, which the caller arranges
         (``calls.CallPipeline``, with ``record``): the checkpoint then becomes the log's
         with the result entry, one commit fewer per call. Returns its id."""
-        epoch = self.p.epoch_for(space.name)
+        epoch = self.parts.epoch_for(space.name)
         cid = await self.snapshots.checkpoint(space, rec.call_id, epoch)
-        await self.p.boot.require_same(space)  # the checkpoint holds this boot's state
+        await self.parts.boot.require_same(space)  # the checkpoint holds this boot's state
         hit("adapter.checkpoint")
         rec.checkpoint = cid
         if not with_result:
             state = state_doc.load(harness, conv)
             state.calls[rec.call_id] = rec
             state.last_checkpoint = cid
-            await self.p.commit(harness, conv, state)
+            await self.parts.commit(harness, conv, state)
         await self.prune(harness, space, taken=cid)
         return cid
 
@@ -104,7 +104,7 @@ class CheckpointKeeper:
             return ids
 
         try:
-            removed = await prune(space, recorded, self.p.epoch_for(space.name))
+            removed = await prune(space, recorded, self.parts.epoch_for(space.name))
         except SpaceUnavailableError:
             raise  # the Space went away: a halt, as anywhere else
         except (OSError, SpaceError) as e:  # housekeeping: the call's result stands
@@ -123,7 +123,7 @@ class CheckpointKeeper:
         ``SpaceError`` (a halt; the next driver retries)."""
         try:
             space = await self.snapshots.restore(
-                space, cid, self.p.epoch_for(space.name), source=source
+                space, cid, self.parts.epoch_for(space.name), source=source
             )
         except CheckpointMissing as e:
             raise PermanentFailure(gone.replace("{e}", str(e))) from e
@@ -131,7 +131,7 @@ class CheckpointKeeper:
             if isinstance(e, PermanentFailure):
                 raise
             raise CheckpointCorruptError(cid, [f"{type(e).__name__}: {e}"]) from e
-        self.p.spaces.open[space.name] = space
+        self.parts.spaces.open[space.name] = space
         return space
 
     async def restore_before(
@@ -141,33 +141,33 @@ class CheckpointKeeper:
         cid = rec.before or state.last_checkpoint
         if cid is None:
             raise PermanentFailure(f"call {rec.call_id} has no checkpoint before it")
-        await self.p.spaces.raise_epoch_of(space)
+        await self.parts.spaces.raise_epoch_of(space)
         space = await self.restore(
             space,
             cid,
             gone=f"the checkpoint before call {rec.call_id} is gone ({{e}}); use a "
             "CheckpointStore or mode transactional",
         )
-        if self.p.boot.watched(space.name):
-            await self.p.boot.bind(space)
+        if self.parts.boot.watched(space.name):
+            await self.parts.boot.bind(space)
         # a whole machine's ledger went back too: the log's positions since, filled in
-        epoch = self.p.epoch_for(space.name)
-        await self.p.witness.fill(conv, state, space, epoch, walk=RESTORED_WALK)
-        self.p.emit("restored", conv, rec, checkpoint=cid)
+        epoch = self.parts.epoch_for(space.name)
+        await self.parts.witness.fill(conv, state, space, epoch, walk=RESTORED_WALK)
+        self.parts.emit("restored", conv, rec, checkpoint=cid)
         return space
 
     async def restore_newest(self, conv: str, state: SpaceState, space: Space) -> Space:
         """After the machine crashed and booted again: back to the newest checkpoint."""
         assert state.last_checkpoint is not None
-        await self.p.spaces.raise_epoch_of(space)
+        await self.parts.spaces.raise_epoch_of(space)
         space = await self.restore(
             space,
             state.last_checkpoint,
             gone=f"the machine restarted and its checkpoint {state.last_checkpoint} is "
             "gone ({e})",
         )
-        await self.p.boot.bind(space)
-        self.p.emit("restored", conv, None, mode="checkpoint", reason="machine restarted")
+        await self.parts.boot.bind(space)
+        self.parts.emit("restored", conv, None, mode="checkpoint", reason="machine restarted")
         return space
 
     async def rebuild(self, conv: str, state: SpaceState, space: Space) -> Space:
@@ -180,7 +180,7 @@ class CheckpointKeeper:
             raise PermanentFailure("the Space was lost and the log records no checkpoint")
         source = None
         if state.space is not None and state.space != space.name:
-            source = await self.p.config.spaces.find(state.space)  # a fork's parent Space
+            source = await self.parts.config.spaces.find(state.space)  # a fork's parent Space
         space = await self.restore(
             space,
             cid,
@@ -189,5 +189,5 @@ class CheckpointKeeper:
             "gone with the old Space ({e}); use a CheckpointStore or mode transactional",
         )
         hit("recovery.restored")
-        self.p.emit("restored", conv, None, mode="checkpoint", checkpoint=cid, rebuilt=True)
+        self.parts.emit("restored", conv, None, mode="checkpoint", checkpoint=cid, rebuilt=True)
         return space

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from durable_spaces.adapter import image_log, tool_args
-from durable_spaces.adapter import state as state_doc
+from durable_spaces.adapter import space_state as state_doc
 from durable_spaces.adapter.calls import CallPipeline
 from durable_spaces.adapter.checkpointing import CheckpointKeeper
 from durable_spaces.adapter.checkpoints.snapshots import Snapshots, WorkspaceSnapshots
@@ -33,7 +33,7 @@ from durable_spaces.adapter.modes import ModeDecider
 from durable_spaces.adapter.parts import Parts
 from durable_spaces.adapter.recovery import RecoveryEvent, RecoveryListener
 from durable_spaces.adapter.space_env import SpaceExecutionEnv
-from durable_spaces.adapter.state import CallRecord, SpaceState
+from durable_spaces.adapter.space_state import CallRecord, SpaceState
 from durable_spaces.adapter.transactional import TransactionalKeeper
 from durable_spaces.errors import (
     HaltError,

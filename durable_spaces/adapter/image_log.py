@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from durable_spaces.adapter.image import Delta, diff, read_new_blobs
-from durable_spaces.adapter.state import BLOB_DOC_PREFIX, IMAGE_DOC
+from durable_spaces.adapter.space_state import BLOB_DOC_PREFIX, IMAGE_DOC
 from durable_spaces.errors import PermanentFailure
 from durable_spaces.space import PathEntry, PathTable, Space
 

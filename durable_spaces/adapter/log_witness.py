@@ -64,7 +64,7 @@ the boot id's case, ``machine.py``).
 
 from __future__ import annotations
 
-from durable_spaces.adapter.state import CallRecord, SpaceState
+from durable_spaces.adapter.space_state import CallRecord, SpaceState
 from durable_spaces.chaos import mutants
 from durable_spaces.space import ExecState, Space
 

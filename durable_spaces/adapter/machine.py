@@ -21,8 +21,8 @@ the log *and* of the workspace (the Space may then be ahead of the log, or behin
 
 from __future__ import annotations
 
+from durable_spaces.adapter.space_state import SpaceState
 from durable_spaces.adapter.spaces import SpaceKeeper
-from durable_spaces.adapter.state import SpaceState
 from durable_spaces.errors import SpaceUnavailableError
 from durable_spaces.host.boot import HostBoot, MachineBoot
 from durable_spaces.space import Space

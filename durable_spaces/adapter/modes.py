@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from durable_spaces.adapter import state as state_doc
+from durable_spaces.adapter import space_state as state_doc
 from durable_spaces.adapter.image import ImageLimits
-from durable_spaces.adapter.state import SpaceState
+from durable_spaces.adapter.space_state import SpaceState
 from durable_spaces.space import Capabilities, PathTable, Space
 
 if TYPE_CHECKING:
@@ -30,29 +30,29 @@ CONTAINER_LIKE = frozenset({"local", "process", "container", "gvisor"})
 
 
 @dataclass(frozen=True)
-class Verdict:
+class ModeVerdict:
     """Whether transactional mode may continue, and if not why."""
 
     transactional: bool
     reason: str | None = None
 
 
-def kind_allows(caps: Capabilities, whole_machine_snapshots: bool) -> Verdict:
+def kind_allows(caps: Capabilities, whole_machine_snapshots: bool) -> ModeVerdict:
     if caps.kind in CONTAINER_LIKE or not whole_machine_snapshots:
-        return Verdict(True)
-    return Verdict(False, f"Space kind {caps.kind!r} with whole-machine checkpoints")
+        return ModeVerdict(True)
+    return ModeVerdict(False, f"Space kind {caps.kind!r} with whole-machine checkpoints")
 
 
-def limits_allow(table: PathTable, limits: ImageLimits) -> Verdict:
+def limits_allow(table: PathTable, limits: ImageLimits) -> ModeVerdict:
     why = limits.violation(table)
-    return Verdict(why is None, why)
+    return ModeVerdict(why is None, why)
 
 
 class ModeDecider:
     """The mode of each call: asked for, or (auto) decided at every call boundary."""
 
     def __init__(self, parts: Parts, tx: TransactionalKeeper) -> None:
-        self.p = parts
+        self.parts = parts
         self.tx = tx
 
     async def decide(
@@ -66,7 +66,7 @@ class ModeDecider:
         """The mode of the next call (auto checks every condition at the call boundary;
         ``checkpoint_for`` is a reason the next call itself gives, e.g. a file name the
         image cannot hold). A change of the conversation's mode is committed."""
-        asked = self.p.config.mode
+        asked = self.parts.config.mode
         self.tx.new_boundary(space)
         committed = state_doc.load(harness, conv).mode
         if state.mode is None:
@@ -79,25 +79,25 @@ class ModeDecider:
             state.mode, state.mode_reason = chosen, why
         if asked != "auto" or state.mode == "checkpoint":
             if state.mode != committed:
-                await self.p.commit(harness, conv, state)
+                await self.parts.commit(harness, conv, state)
             return state.mode
         reason = checkpoint_for or await self._violation(space)
         if reason is None:
             if committed != "transactional":
-                await self.p.commit(harness, conv, state)
+                await self.parts.commit(harness, conv, state)
             return "transactional"
         state.mode, state.mode_reason = "checkpoint", reason
-        await self.p.commit(harness, conv, state)
-        self.p.emit("mode", conv, None, mode="transactional", reason=reason)
+        await self.parts.commit(harness, conv, state)
+        self.parts.emit("mode", conv, None, mode="transactional", reason=reason)
         return "checkpoint"
 
     async def _violation(self, space: Space) -> str | None:
-        caps = await self.p.spaces.capabilities(space)
-        v = kind_allows(caps, self.p.config.snapshots.whole_machine)
+        caps = await self.parts.spaces.capabilities(space)
+        v = kind_allows(caps, self.parts.config.snapshots.whole_machine)
         if not v.transactional:
             return v.reason
-        missing = await self.p.spaces.tooling(space)
+        missing = await self.parts.spaces.tooling(space)
         if missing is not None:
             return missing
         table = await self.tx.boundary_scan(space)  # the call's start mark reuses it
-        return limits_allow(table, self.p.config.limits).reason
+        return limits_allow(table, self.parts.config.limits).reason

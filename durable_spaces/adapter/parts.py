@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from durable_spaces.adapter import image_log
-from durable_spaces.adapter import state as state_doc
+from durable_spaces.adapter import space_state as state_doc
 from durable_spaces.adapter.config import AdapterConfig
 from durable_spaces.adapter.log_witness import LogWitness
 from durable_spaces.adapter.machine import BootWatch
 from durable_spaces.adapter.recovery import RecoveryEvent, RecoveryKind
+from durable_spaces.adapter.space_state import CallRecord, SpaceState
 from durable_spaces.adapter.spaces import SpaceKeeper
-from durable_spaces.adapter.state import CallRecord, SpaceState
 
 if TYPE_CHECKING:
     from durable_spaces.adapter.image_log import ImageUpdate

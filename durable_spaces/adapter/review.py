@@ -37,7 +37,7 @@ from durable_spaces.adapter.checkpoints.snapshots import (
     WorkspaceSnapshots,
     check_archive,
 )
-from durable_spaces.adapter.state import DOC, IMAGE_DOC, SpaceState
+from durable_spaces.adapter.space_state import DOC, IMAGE_DOC, SpaceState
 from durable_spaces.errors import PermanentFailure, ReviewError
 from durable_spaces.space import PathTable, Space
 
@@ -46,9 +46,9 @@ if TYPE_CHECKING:
     from durable_spaces.harness.scheduler import AgentConfig, Conversation, Harness
 
 #: A workspace: workspace-relative path -> file bytes (``SYMLINK + target`` for a link).
-Workspace = dict[str, bytes]
+WorkspaceFiles = dict[str, bytes]
 
-#: Prefix of a symlink's value in a ``Workspace`` (no text file starts with a NUL byte).
+#: Prefix of a symlink's value in a ``WorkspaceFiles`` (no text file starts with a NUL byte).
 SYMLINK = b"\x00symlink\x00"
 
 Status = Literal["added", "removed", "modified"]
@@ -57,7 +57,7 @@ __all__ = [
     "SYMLINK",
     "FileDiff",
     "ReviewError",
-    "Workspace",
+    "WorkspaceFiles",
     "diff_entries",
     "diff_workspaces",
     "entry_before",
@@ -83,7 +83,7 @@ class FileDiff(NamedTuple):
 
 async def workspace_at(
     harness: Harness, durable: DurableSpaces, conversation_id: str, entry_id: str
-) -> Workspace:
+) -> WorkspaceFiles:
     """The workspace the committed log implies right after entry ``entry_id`` (an entry
     visible in ``conversation_id``: its own or one inherited from a parent)."""
     try:
@@ -115,8 +115,8 @@ def _workspace_from_image(
     durable: DurableSpaces,
     conversation_id: str,
     table: PathTable,
-) -> Workspace:
-    out: Workspace = {}
+) -> WorkspaceFiles:
+    out: WorkspaceFiles = {}
     for path, entry in sorted(table.items()):
         if entry.kind == "symlink":
             out[path] = SYMLINK + (entry.target or "").encode()
@@ -129,10 +129,10 @@ def _workspace_from_image(
     return out
 
 
-def workspace_from_tar(data: bytes) -> Workspace:
+def workspace_from_tar(data: bytes) -> WorkspaceFiles:
     """The files and symlinks of a workspace checkpoint (checked like a restore would)."""
     check_archive(data)
-    out: Workspace = {}
+    out: WorkspaceFiles = {}
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
         for m in tar.getmembers():
             path = posixpath.normpath(m.name)
@@ -260,7 +260,7 @@ def entry_before(harness: Harness, conversation_id: str, entry_id: str) -> str |
 
 async def state_before(
     harness: Harness, durable: DurableSpaces, conversation_id: str, entry_id: str
-) -> Workspace:
+) -> WorkspaceFiles:
     """The workspace the agent saw when it made decision ``entry_id`` (an assistant
     entry): the workspace as of the entry before it."""
     prev = entry_before(harness, conversation_id, entry_id)

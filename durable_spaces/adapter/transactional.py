@@ -24,7 +24,7 @@ from durable_spaces.adapter.image import ImageLimits, apply
 from durable_spaces.adapter.image_log import ImageUpdate
 from durable_spaces.adapter.leftovers import Leftovers, look, merged, reread
 from durable_spaces.adapter.parts import Parts
-from durable_spaces.adapter.state import SpaceState
+from durable_spaces.adapter.space_state import SpaceState
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.space import PathTable, Space
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 class TransactionalKeeper:
     def __init__(self, parts: Parts) -> None:
-        self.p = parts
+        self.parts = parts
         self._scans: dict[str, PathTable] = {}  # auto's scan at this call's boundary
         #: Per Space, what the last look for leftover processes found (``leftovers``);
         #: none yet: the next scan looks (a process an earlier driver's call left).
@@ -44,7 +44,7 @@ class TransactionalKeeper:
 
     @property
     def limits(self) -> ImageLimits:
-        return self.p.config.limits
+        return self.parts.config.limits
 
     # --- a call's boundary ------------------------------------------------------------------
 
@@ -57,7 +57,7 @@ class TransactionalKeeper:
         look, or when this keeper has not looked yet; else the last look's answer."""
         last = self._left.get(space.name)
         if always or last is None or last:
-            last = self._left[space.name] = await look(space, self.p.epoch_for(space.name))
+            last = self._left[space.name] = await look(space, self.parts.epoch_for(space.name))
         return last
 
     async def _start_scan(self, space: Space) -> PathTable:
@@ -85,7 +85,7 @@ class TransactionalKeeper:
         self, harness: HarnessView, conv: str, space: Space, table: PathTable
     ) -> ImageUpdate | None:
         """What the start mark's commit adds: the changes made outside the calls."""
-        await self.p.boot.require_same(space)  # the scan saw this machine's disk
+        await self.parts.boot.require_same(space)  # the scan saw this machine's disk
         fresh = self._fresh.pop(space.name, None)
         return await image_log.update(harness, conv, space, table, fresh)
 
@@ -110,7 +110,7 @@ class TransactionalKeeper:
         while they live, and the call that left them says so in its result."""
         table = await space.scan(".", self.limits.exclude)
         why = self.limits.violation(table)
-        auto = self.p.config.mode == "auto"
+        auto = self.parts.config.mode == "auto"
         before = self._left.get(space.name, Leftovers())
         left = await self._look(space, always=tool == "bash")
         new = tuple(p for p in left.pids if p not in before.pids) if tool == "bash" else ()
@@ -126,7 +126,7 @@ class TransactionalKeeper:
         if left.held:
             table, fresh = await reread(space, table, left.held)
             written = merged(written, fresh)
-        await self.p.boot.require_same(space)
+        await self.parts.boot.require_same(space)
         return await image_log.update(harness, conv, space, table, written), None, note
 
     # --- bringing the workspace back ------------------------------------------------------
@@ -138,12 +138,12 @@ class TransactionalKeeper:
             image_log.table(harness, conv),
             image_log.need_blob(harness, conv),
             self.limits.exclude,
-            epoch=self.p.epoch_for(space.name),
+            epoch=self.parts.epoch_for(space.name),
         )
 
     async def rebuild(self, harness: HarnessView, conv: str, space: Space) -> Space:
         """A Space placed again from scratch (or a fork's new one): rebuilt from the log."""
         await self.revert(harness, conv, space)
         hit("recovery.reimaged")
-        self.p.emit("reimaged", conv, None, mode="transactional", instance=space.instance_id)
+        self.parts.emit("reimaged", conv, None, mode="transactional", instance=space.instance_id)
         return space

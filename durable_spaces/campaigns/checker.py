@@ -31,7 +31,7 @@ from durable_spaces.campaigns.checks import (
     image,
     processes,
     replay,
-    server,
+    server_survives,
 )
 from durable_spaces.campaigns.checks.history import History
 from durable_spaces.campaigns.checks.inputs import Inputs, LaunchRecord, Workload
@@ -100,9 +100,9 @@ def finished(inputs: Inputs) -> Verdict:
     return judge([anomaly("unfinished", "the submission never reached done", witness=[last])], "")
 
 
-Check = Callable[[Inputs], Verdict]
+CheckFn = Callable[[Inputs], Verdict]
 
-CHECKS: dict[str, Check] = {
+CHECKS: dict[str, CheckFn] = {
     "log_intact": log_intact,
     "workspace_equals_log": effects.workspace_equals_log,
     "exactly_once": effects.exactly_once,
@@ -180,7 +180,7 @@ async def collect(
         processes=procs,
         host_clock=kind in HOST_CLOCK_KINDS,
         kind=kind,
-        server=await server.probe(space) if serves else None,
+        server=await server_survives.probe(space) if serves else None,
         checkpoint=await checkpoint.read_last(space, kind, history, store),
         manifests=await call_checkpoints.read_all(space, kind, history, store),
     )

@@ -25,7 +25,7 @@ none of the failpoint kills does. So the rule asks, per scenario
   not, so they cannot stand in for them. But a random-time kill that comes first (a loaded
   machine) pre-empts every failpoint of its attempt, and a failpoint whose n-th hit lies
   past where its attempt ended had no chance: a fault is *reached* when its attempt's
-  trace (``extra.trace``, ``campaigns/coverage.py``) counts its point's n-th hit. Reached
+  trace (``extra.trace``, ``campaigns/trace_coverage.py``) counts its point's n-th hit. Reached
   and not landed is a failpoint that did not fire; a campaign whose traces count no hit
   at all while it planned faults at failpoints has silent failpoints (the mutant
   ``failpoints_off`` silences the trace too). A record without a trace counts every

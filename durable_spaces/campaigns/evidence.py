@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from durable_spaces.campaigns.checker import CHECKS, Check, Inputs, compose
+from durable_spaces.campaigns.checker import CHECKS, CheckFn, Inputs, compose
 from durable_spaces.campaigns.checks.verdict import Verdict, passed, unknown
 
 
@@ -41,7 +41,7 @@ class Evidence:
 RunCheck = Callable[[Evidence], Verdict]
 
 
-def on_inputs(check: Check) -> RunCheck:
+def on_inputs(check: CheckFn) -> RunCheck:
     """A checker check as a check of the run: unknown when the inputs are missing."""
 
     def run(ev: Evidence) -> Verdict:

@@ -34,8 +34,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from durable_spaces.campaigns.power import PowerHost, _compare, killed_in_commit, look
-from durable_spaces.harness.log_files import fsync_dir
+from durable_spaces.campaigns.power import (
+    PowerHost,
+    _compare,
+    killed_in_commit,
+    ledger_files,
+    look,
+)
+from durable_spaces.host.files import fsync_dir
 
 if TYPE_CHECKING:
     from durable_spaces.drive.coordinator import Launch
@@ -135,12 +141,7 @@ class LogHost(PowerHost):
         return cut
 
     def _look(self) -> dict[str, Any]:
-        space = self.spaces / self._space
-        data = space / "data"  # a spacesd daemon's (backends/spacesd/daemon.py)
-        if data.is_dir():
-            ledger, epoch = data / "exec-ledger.jsonl", data / "exec-epoch"
-        else:
-            ledger, epoch = space / "ledger.jsonl", space / "epoch"
+        ledger, epoch = ledger_files(self.spaces / self._space)
         return look(self.mountpoint / "session" / self._log_name(), ledger, epoch)
 
 

@@ -248,12 +248,7 @@ class PowerHost:
 
     def _look(self) -> dict[str, Any]:
         """The host's state as a reader sees it now (every process on it is dead)."""
-        space = self.mountpoint / "spaces" / self._space
-        data = space / "data"  # a spacesd daemon's (backends/spacesd/daemon.py)
-        if data.is_dir():
-            ledger, epoch = data / "exec-ledger.jsonl", data / "exec-epoch"
-        else:
-            ledger, epoch = space / "ledger.jsonl", space / "epoch"
+        ledger, epoch = ledger_files(self.mountpoint / "spaces" / self._space)
         return look(self.mountpoint / "session" / self._log_name(), ledger, epoch)
 
     def _log_name(self) -> str:
@@ -278,6 +273,15 @@ def killed_in_commit(attempts: Sequence[Attempt]) -> int:
 
 def _ended_since(a: Attempt, ms: float) -> bool:
     return a.ended_ms is not None and a.ended_ms >= ms
+
+
+def ledger_files(space: Path) -> tuple[Path, Path]:
+    """The exec ledger and the epoch file of the Space whose directory is ``space``: a
+    spacesd daemon's (its ``data``, ``backends/spacesd/daemon.py``) or a local one's."""
+    data = space / "data"
+    if data.is_dir():
+        return data / "exec-ledger.jsonl", data / "exec-epoch"
+    return space / "ledger.jsonl", space / "epoch"
 
 
 def look(log: Path, ledger: Path, epoch_file: Path) -> dict[str, Any]:

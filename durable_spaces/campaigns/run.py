@@ -33,7 +33,6 @@ from durable_spaces.campaigns.checker import LaunchRecord, Workload, collect
 from durable_spaces.campaigns.checks.kept import keep
 from durable_spaces.campaigns.checks.power import power_losses
 from durable_spaces.campaigns.checks.verdict import Verdict
-from durable_spaces.campaigns.coverage import attempt_stories
 from durable_spaces.campaigns.evidence import Evidence, RunCheck, judge
 from durable_spaces.campaigns.inject import Injector
 from durable_spaces.campaigns.log_loss import LogHost
@@ -42,6 +41,7 @@ from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.scenarios import exhaustive
 from durable_spaces.campaigns.scenarios.base import KILL_POINTS, Script, get
 from durable_spaces.campaigns.spec import CampaignSpec, RunSpec, recorded_env
+from durable_spaces.campaigns.trace_coverage import attempt_stories
 from durable_spaces.chaos.journal_kill import JournalKiller
 from durable_spaces.chaos.nemesis import (
     Composed,
@@ -58,7 +58,7 @@ from durable_spaces.chaos.profiles import profile_named
 from durable_spaces.chaos.schedule import Schedule
 from durable_spaces.drive.coordinator import Coordinator, CoordinatorResult
 from durable_spaces.errors import SpaceUnavailableError
-from durable_spaces.harness.log_files import fsync_dir
+from durable_spaces.host.files import fsync_dir
 from durable_spaces.space import space_name
 
 #: The failpoints the campaign kills at (``scenarios.base.KILL_POINTS``).

@@ -47,13 +47,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from durable_spaces.campaigns import earned
-from durable_spaces.campaigns.coverage import coverage_of
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.replay import Reproduction, exact_spec, reproduction
 from durable_spaces.campaigns.scenarios import registration
 from durable_spaces.campaigns.shrink import ShrinkResult, shrink
 from durable_spaces.campaigns.spec import MAX_JOBS, CampaignSpec, LabSettings, RunSpec
 from durable_spaces.campaigns.summary import Summary, scenario_fields
+from durable_spaces.campaigns.trace_coverage import coverage_of
 from durable_spaces.campaigns.worker import error_record
 from durable_spaces.campaigns.worker_spares import WorkerSpares
 from durable_spaces.chaos.schedule import Schedule

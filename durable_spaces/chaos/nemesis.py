@@ -8,7 +8,7 @@ times in the composed nemesis's ``history``, which is what a run record counts.
 
 Kinds: ``kill`` (SIGKILL the current driver), ``pause`` (SIGSTOP it, maybe let a newer
 driver take over, SIGCONT it later), ``daemon_kill``, ``space_restart``, ``space_remove``
-and ``space_pause`` (through a ``SpaceBackend``), ``power_loss`` (through a ``Host``),
+and ``space_pause`` (through a ``SpaceBackend``), ``power_loss`` (through a ``LosesPower``),
 ``log_loss`` (through a ``LogStorage``),
 ``disk_stall`` (through a ``StallableDisk``: the driver stuck inside a durability call,
 maybe taken over meanwhile, as a pause is), ``journal_kill`` (a command in the Space,
@@ -261,7 +261,7 @@ class SpaceNemesis:
         return _done(op, "ok", value=op.value if op.kind == "space_pause" else self.name)
 
 
-class Host(Protocol):
+class LosesPower(Protocol):
     """A machine that can lose power (``campaigns/power.py``): every process on it killed,
     its unsynced writes dropped, booted again. Returns what the cut dropped."""
 
@@ -269,12 +269,12 @@ class Host(Protocol):
 
 
 class PowerLoss:
-    """``power_loss`` of a ``Host``. ``ok`` with the cut's report; ``info`` on an error
+    """``power_loss`` of a ``LosesPower``. ``ok`` with the cut's report; ``info`` on an error
     (the power may have gone, or only some processes)."""
 
     kinds = frozenset({"power_loss"})
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: LosesPower) -> None:
         self.host = host
 
     async def invoke(self, op: Op) -> Op:

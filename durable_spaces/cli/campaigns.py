@@ -52,10 +52,10 @@ def _session() -> ModuleType:
         raise
 
 
-Mode = Annotated[str | None, typer.Option(
+ModeOption = Annotated[str | None, typer.Option(
     help="CRASH_MODE: the adapter's mode (transactional, auto, checkpoint); stale, exhaustive "
          "and server are still taken, as aliases of --scenario")]  # fmt: skip
-Scenario = Annotated[str | None, typer.Option(
+ScenarioOption = Annotated[str | None, typer.Option(
     help=f"CRASH_SCENARIO: how runs are driven ({', '.join(known_scenarios())})")]  # fmt: skip
 Backend = Annotated[str | None, typer.Option(
     help=f"CRASH_BACKEND: {', '.join(BACKENDS)}")]  # fmt: skip
@@ -63,7 +63,7 @@ DurableMode = Annotated[str | None, typer.Option(
     help="CRASH_DURABLE_MODE: the adapter's mode (an alias of --mode that wins over "
          "it)")]  # fmt: skip
 Calls = Annotated[int | None, typer.Option(help="CRASH_CALLS: scripted calls per run")]
-Profile = Annotated[str | None, typer.Option(help="fault profile (CRASH_PROFILE)")]
+ProfileOption = Annotated[str | None, typer.Option(help="fault profile (CRASH_PROFILE)")]
 Keep = Annotated[bool, typer.Option(help="keep each run's workspace tar and raw log (CRASH_KEEP)")]
 
 
@@ -93,15 +93,15 @@ def _keep(keep: bool) -> None:
 
 @app.command()
 def campaign(
-    mode: Mode = None,
-    scenario: Scenario = None,
+    mode: ModeOption = None,
+    scenario: ScenarioOption = None,
     backend: Backend = None,
     seed_base: Annotated[str | None, typer.Option(help="CRASH_SEED_BASE")] = None,
     runs: Annotated[int | None, typer.Option(help="CRASH_RUNS")] = None,
     calls: Calls = None,
     jobs: Annotated[int | None, typer.Option(help="CRASH_JOBS: runs in parallel")] = None,
     durable_mode: DurableMode = None,
-    profile: Profile = None,
+    profile: ProfileOption = None,
     out: Annotated[Path | None, typer.Option(help="campaign directory")] = None,
     force: Annotated[bool, typer.Option(help="reuse a non-empty --out")] = False,
     shrink: Annotated[bool, typer.Option(help="shrink every failed run")] = False,
@@ -226,12 +226,12 @@ def repro(
         typer.Option(help="a run record (runs/<id>.json): replay its realized interleaving"),
     ] = None,
     tries: Annotated[int, typer.Option(help="with --exact: replay this many times")] = 1,
-    mode: Mode = None,
-    scenario: Scenario = None,
+    mode: ModeOption = None,
+    scenario: ScenarioOption = None,
     backend: Backend = None,
     calls: Calls = None,
     durable_mode: DurableMode = None,
-    profile: Profile = None,
+    profile: ProfileOption = None,
     schedule: Annotated[Path | None, typer.Option(help="an explicit schedule JSON")] = None,
     state_dir: Annotated[Path | None, typer.Option(help="where the run keeps its state")] = None,
     keep: Keep = False,

@@ -61,8 +61,8 @@ def probe(
         raise fail(f"unexpected argument {dirs[0]} (directories go with --compare)")
     if harness is None:
         raise fail("give --harness NAME_OR_RECIPE (or --compare DIR...)")
-    from durable_spaces.probe.probe import ProbeSpec, run_probe
     from durable_spaces.probe.recipe import load
+    from durable_spaces.probe.whole_probe import ProbeSpec, run_probe
 
     try:
         recipe = load(harness)
@@ -97,7 +97,7 @@ def probe(
 
 def repro_probe(path: Path, state_dir: Path | None) -> int:
     """``durable-spaces repro RECORD`` for a probe run's record: the same run again."""
-    from durable_spaces.probe.probe import replay
+    from durable_spaces.probe.whole_probe import replay
 
     if state_dir is None:
         state_dir = Path("probe-out") / "repro" / f"{path.stem}-{time.strftime('%Y%m%d-%H%M%S')}"

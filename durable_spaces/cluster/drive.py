@@ -47,7 +47,7 @@ from typing import Any, Protocol
 
 from durable_spaces.cluster.leases import LEASE_SECS
 from durable_spaces.cluster.placer import Placer
-from durable_spaces.cluster.records import Session, check_name
+from durable_spaces.cluster.records import SessionRecord, check_name
 from durable_spaces.cluster.remote import DB_ENV, connection_env
 from durable_spaces.cluster.store import ClusterStore
 from durable_spaces.drive import protocol
@@ -188,7 +188,7 @@ class ClusterCoordinator:
 
         return done
 
-    async def drive(self, session: Session) -> str:
+    async def drive(self, session: SessionRecord) -> str:
         """Drive one claimed session to its end (or until its claim is lost)."""
         name, s = session.name, self.settings
         store = ClusterStore(self.db_url)

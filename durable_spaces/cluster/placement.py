@@ -14,7 +14,7 @@ Guarantees:
   lost host, ``HostLostError``.
 - A Space's token is written only by ``place_space`` and ``set_space_token`` (a host's
   rotation for a new lease) and read only by ``connect``
-  (``durable_spaces/cluster/leases.py``); ``Space`` records never carry it. Each token is
+  (``durable_spaces/cluster/leases.py``); ``SpaceRecord``s never carry it. Each token is
   bound to the lease token current when it was minted (``token_lease``).
 - The host API's secret (``durable_spaces/cluster/hostauth.py``): one is made with the
   schema; ``rotate_host_secret`` adds a newer version; ``host_secrets`` reads the newest.
@@ -28,9 +28,9 @@ from durable_spaces.backends import known_backends
 from durable_spaces.cluster.database import Conn
 from durable_spaces.cluster.hostauth import ACCEPTED, HostSecret
 from durable_spaces.cluster.records import (
-    Host,
+    HostRecord,
     Secret,
-    Space,
+    SpaceRecord,
     check_int,
     check_name,
     check_printable,
@@ -82,7 +82,9 @@ class PlacementStatements(Statements):
 
     # -- hosts ---------------------------------------------------------------------------
 
-    def _register_host_txn(self, conn: Conn, host_id: str, address: str, backend: str) -> Host:
+    def _register_host_txn(
+        self, conn: Conn, host_id: str, address: str, backend: str
+    ) -> HostRecord:
         row = one(
             conn.execute(
                 "INSERT INTO ds.hosts (id, address, backend) VALUES (%s, %s, %s)"
@@ -92,9 +94,9 @@ class PlacementStatements(Statements):
             )
         )
         self._event_txn(conn, "host_registered", host=host_id, address=address, backend=backend)
-        return record(Host, row)
+        return record(HostRecord, row)
 
-    def register_host(self, host_id: str, address: str, backend: str) -> Host:
+    def register_host(self, host_id: str, address: str, backend: str) -> HostRecord:
         """Register (or, after it was lost, re-register) a host that provides Spaces of
         ``backend``, a name from ``durable_spaces.backends``."""
         check_name("host id", host_id)
@@ -103,18 +105,18 @@ class PlacementStatements(Statements):
             raise ConfigError(f"backend {backend!r}: known are {', '.join(known_backends())}")
         return self._call(self._register_host_txn, host_id, address, backend)
 
-    def _heartbeat_host_txn(self, conn: Conn, host_id: str) -> Host | Exception:
+    def _heartbeat_host_txn(self, conn: Conn, host_id: str) -> HostRecord | Exception:
         row = conn.execute(
             "UPDATE ds.hosts SET heartbeat_at = now() WHERE id = %s AND state = 'up' RETURNING *",
             (host_id,),
         ).fetchone()
         if row is not None:
-            return record(Host, row)
+            return record(HostRecord, row)
         if conn.execute("SELECT 1 FROM ds.hosts WHERE id = %s", (host_id,)).fetchone() is None:
             return UnknownRecordError(f"no host {host_id!r}")
         return HostLostError(f"host {host_id} was declared lost: drop its Spaces, register again")
 
-    def heartbeat_host(self, host_id: str) -> Host:
+    def heartbeat_host(self, host_id: str) -> HostRecord:
         return self._call(self._heartbeat_host_txn, check_name("host id", host_id))
 
     def _mark_lost_hosts_txn(self, conn: Conn, bound_secs: float) -> list[str]:
@@ -149,15 +151,15 @@ class PlacementStatements(Statements):
         check_ttl("lost-host bound", bound_secs)
         return list(self._call(self._mark_lost_hosts_txn, bound_secs, serializable=True))
 
-    def _hosts_txn(self, conn: Conn) -> list[Host]:
-        return [record(Host, r) for r in conn.execute("SELECT * FROM ds.hosts ORDER BY id")]
+    def _hosts_txn(self, conn: Conn) -> list[HostRecord]:
+        return [record(HostRecord, r) for r in conn.execute("SELECT * FROM ds.hosts ORDER BY id")]
 
-    def hosts(self) -> list[Host]:
+    def hosts(self) -> list[HostRecord]:
         return list(self._call(self._hosts_txn))
 
     # -- durable Spaces ------------------------------------------------------------------
 
-    def _create_space_txn(self, conn: Conn, name: str) -> Space | Exception:
+    def _create_space_txn(self, conn: Conn, name: str) -> SpaceRecord | Exception:
         new = conn.execute(
             "INSERT INTO ds.spaces (name) VALUES (%s) ON CONFLICT DO NOTHING RETURNING name",
             (name,),
@@ -167,34 +169,38 @@ class PlacementStatements(Statements):
             self._event_txn(conn, "space_created", space=name)
         return self._space_txn(conn, name)
 
-    def create_space(self, name: str) -> Space:
+    def create_space(self, name: str) -> SpaceRecord:
         """A durable Space waiting for its first placement (generation 1); idempotent."""
         return self._call(self._create_space_txn, check_name("space", name))
 
-    def _space_txn(self, conn: Conn, name: str) -> Space | Exception:
+    def _space_txn(self, conn: Conn, name: str) -> SpaceRecord | Exception:
         found = conn.execute(
             f"SELECT {SPACE_COLUMNS} FROM ds.spaces WHERE name = %s", (name,)
         ).fetchone()
-        return record(Space, found) if found else UnknownRecordError(f"no durable space {name!r}")
+        return (
+            record(SpaceRecord, found)
+            if found
+            else UnknownRecordError(f"no durable space {name!r}")
+        )
 
-    def space(self, name: str) -> Space:
+    def space(self, name: str) -> SpaceRecord:
         return self._call(self._space_txn, check_name("space", name))
 
-    def _spaces_txn(self, conn: Conn, state: str | None) -> list[Space]:
+    def _spaces_txn(self, conn: Conn, state: str | None) -> list[SpaceRecord]:
         rows = conn.execute(
             f"SELECT {SPACE_COLUMNS} FROM ds.spaces"
             " WHERE %(s)s::text IS NULL OR state = %(s)s ORDER BY name",
             {"s": state},
         )
-        return [record(Space, r) for r in rows]
+        return [record(SpaceRecord, r) for r in rows]
 
-    def spaces(self, state: str | None = None) -> list[Space]:
+    def spaces(self, state: str | None = None) -> list[SpaceRecord]:
         """Every durable Space; ``state="unplaced"``: those waiting for placement."""
         return list(self._call(self._spaces_txn, state))
 
     def _place_space_txn(
         self, conn: Conn, name: str, generation: int, host_id: str, address: str, token: str
-    ) -> Space | Exception:
+    ) -> SpaceRecord | Exception:
         host = conn.execute("SELECT state FROM ds.hosts WHERE id = %s", (host_id,)).fetchone()
         if host is None:
             return UnknownRecordError(f"no host {host_id!r}")
@@ -229,11 +235,11 @@ class PlacementStatements(Statements):
             restored_from=row["restored_from"],
             address=address,
         )
-        return record(Space, row)
+        return record(SpaceRecord, row)
 
     def place_space(
         self, name: str, generation: int, host_id: str, address: str, token: str | Secret
-    ) -> Space:
+    ) -> SpaceRecord:
         """``generation`` of Space ``name`` now runs on ``host_id`` at ``address`` with
         access ``token``. A second placement of one generation raises
         ``ClusterConflictError`` (its placer should remove its copy). SERIALIZABLE: see
@@ -280,7 +286,7 @@ class PlacementStatements(Statements):
             )
         return [r["name"] for r in rows]
 
-    def space_lost(self, name: str, generation: int, reason: str) -> Space:
+    def space_lost(self, name: str, generation: int, reason: str) -> SpaceRecord:
         """A host reports ``generation`` of ``name`` gone (its sandbox was removed): it
         waits for placement again from scratch. A no-op for any other generation."""
         check_name("space", name)

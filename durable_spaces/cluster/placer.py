@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from durable_spaces.cluster.hostapi import HostClient
-from durable_spaces.cluster.records import Space
+from durable_spaces.cluster.records import SpaceRecord
 from durable_spaces.cluster.store import ClusterStore
 from durable_spaces.errors import (
     ClusterConflictError,
@@ -53,7 +53,7 @@ class Placer:
         #: Placements this placer made (generation, host), for the lab's figures.
         self.placed: list[tuple[str, int, str]] = []
 
-    def ensure(self, name: str) -> Space:
+    def ensure(self, name: str) -> SpaceRecord:
         """The Space, ready on a host that answered ``up`` (see the module doc)."""
         for _ in range(4):
             sp = self.store.space(name)
@@ -66,7 +66,7 @@ class Placer:
                     return placed
         raise SpaceUnavailableError(f"space {name} could not be made ready")
 
-    def rotate(self, sp: Space, lease: int) -> None:
+    def rotate(self, sp: SpaceRecord, lease: int) -> None:
         """Have ``sp``'s host give its daemon a token of lease ``lease`` (the drive's, the
         current one): the previous holders' token is refused from then on, and
         ``ClusterStore.connect`` hands the new one to this lease's driver only."""
@@ -80,7 +80,7 @@ class Placer:
         except (ClusterConflictError, HostApiError, UnknownRecordError) as e:
             raise SpaceUnavailableError(f"space {sp.name}: rotating its token: {e}") from e
 
-    def _still_there(self, sp: Space) -> bool:
+    def _still_there(self, sp: SpaceRecord) -> bool:
         """True when its host says it is up; False when it was moved to placement."""
         hosts = {h.id: h for h in self.store.hosts()}
         host = hosts.get(sp.host_id or "")
@@ -112,7 +112,7 @@ class Placer:
             self.store.space_lost(sp.name, sp.generation, why)
         return False  # gone: the host reported it, it waits for placement
 
-    def _place(self, sp: Space) -> Space | None:
+    def _place(self, sp: SpaceRecord) -> SpaceRecord | None:
         self.store.mark_lost_hosts(self.lost_host_secs)
         ready = Counter(s.host_id for s in self.store.spaces("ready"))
         hosts = [

@@ -3,7 +3,7 @@
 Guarantees:
 
 - A Space's access token is a ``Secret``: its ``repr``/``str`` are ``***``; only
-  ``reveal()`` gives the value. ``Space`` carries no token at all; the only record that
+  ``reveal()`` gives the value. ``SpaceRecord`` carries no token at all; the only record that
   does is ``SpaceConnection``, handed out to the holder of the current lease.
 - Every name the store writes (host, space, session, coordinator, worker, run, campaign)
   matches ``NAME`` (it may later become a path or a shell word); addresses and tokens
@@ -102,7 +102,7 @@ class Grant:
 
 
 @dataclass(frozen=True)
-class Host:
+class HostRecord:
     id: str
     address: str
     backend: str
@@ -112,7 +112,7 @@ class Host:
 
 
 @dataclass(frozen=True)
-class Space:
+class SpaceRecord:
     """A durable Space. ``generation`` counts placements from scratch (1 = the first);
     ``restored_from`` is ``new`` or ``from-scratch``; no token here."""
 
@@ -160,7 +160,7 @@ class Acquisition:
 
 
 @dataclass(frozen=True)
-class Session:
+class SessionRecord:
     name: str
     space: str | None
     state: str

@@ -51,9 +51,9 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from durable_spaces.backends.docker.space import DockerSpace
+from durable_spaces.backends.docker.docker_space import DockerSpace
 from durable_spaces.backends.local import LocalSpace
-from durable_spaces.backends.spacesd.space import SpacesdSpace, SweepWhen
+from durable_spaces.backends.spacesd.spacesd_space import SpacesdSpace, SweepWhen
 from durable_spaces.cluster.address import LocalAddress, SpacesdAddress, parse_address
 from durable_spaces.cluster.hostapi import HostClient
 from durable_spaces.cluster.hostauth import HostSecret

@@ -27,7 +27,7 @@ from typing import Any
 
 from durable_spaces.cluster.database import Conn
 from durable_spaces.cluster.leases import LEASE_SECS, LeaseStatements
-from durable_spaces.cluster.records import Drive, Session, check_int, check_name, check_ttl
+from durable_spaces.cluster.records import Drive, SessionRecord, check_int, check_name, check_ttl
 from durable_spaces.cluster.statements import one, record
 from durable_spaces.errors import (
     ClaimLostError,
@@ -41,7 +41,9 @@ _ENDS = ("done", "failed")
 
 
 class SessionStatements(LeaseStatements):
-    def _create_session_txn(self, conn: Conn, name: str, space: str | None) -> Session | Exception:
+    def _create_session_txn(
+        self, conn: Conn, name: str, space: str | None
+    ) -> SessionRecord | Exception:
         if (
             space is not None
             and not conn.execute("SELECT 1 FROM ds.spaces WHERE name = %s", (space,)).fetchone()
@@ -54,13 +56,13 @@ class SessionStatements(LeaseStatements):
         ).fetchone()
         if row is not None:
             self._event_txn(conn, "session_created", session=name, space=space)
-            return record(Session, row)
+            return record(SessionRecord, row)
         row = one(conn.execute("SELECT * FROM ds.sessions WHERE name = %s", (name,)))
         if row["space"] != space:
             return ClusterConflictError(f"session {name} exists with space {row['space']!r}")
-        return record(Session, row)
+        return record(SessionRecord, row)
 
-    def create_session(self, name: str, space: str | None = None) -> Session:
+    def create_session(self, name: str, space: str | None = None) -> SessionRecord:
         """A pending session, driving durable Space ``space`` (created first with
         ``create_space``) or none; idempotent for the same space."""
         check_name("session", name)
@@ -68,16 +70,16 @@ class SessionStatements(LeaseStatements):
             check_name("space", space)
         return self._call(self._create_session_txn, name, space)
 
-    def _session_txn(self, conn: Conn, name: str) -> Session | Exception:
+    def _session_txn(self, conn: Conn, name: str) -> SessionRecord | Exception:
         row = conn.execute("SELECT * FROM ds.sessions WHERE name = %s", (name,)).fetchone()
-        return record(Session, row) if row else UnknownRecordError(f"no session {name!r}")
+        return record(SessionRecord, row) if row else UnknownRecordError(f"no session {name!r}")
 
-    def session(self, name: str) -> Session:
+    def session(self, name: str) -> SessionRecord:
         return self._call(self._session_txn, check_name("session", name))
 
     def _claim_session_txn(
         self, conn: Conn, coordinator: str, ttl: float, name: str | None
-    ) -> Session | None:
+    ) -> SessionRecord | None:
         # SKIP LOCKED: a session another coordinator is claiming right now is passed
         # over, not waited for. FOR UPDATE re-checks the WHERE on the row's newest version
         # (READ COMMITTED), so a claim committed meanwhile is never taken a second time.
@@ -107,11 +109,11 @@ class SessionStatements(LeaseStatements):
                 coordinator=coordinator,
                 previous=previous,
             )
-        return record(Session, claimed)
+        return record(SessionRecord, claimed)
 
     def claim_session(
         self, coordinator: str, ttl: float, name: str | None = None
-    ) -> Session | None:
+    ) -> SessionRecord | None:
         """Claim session ``name`` (or the oldest claimable one) for ``ttl`` seconds;
         None when it is (or all are) claimed by others or finished."""
         check_name("coordinator", coordinator)
@@ -147,7 +149,7 @@ class SessionStatements(LeaseStatements):
 
     def _renew_claim_txn(
         self, conn: Conn, name: str, coordinator: str, ttl: float
-    ) -> Session | Exception:
+    ) -> SessionRecord | Exception:
         refused = self._claimed_txn(conn, "renew", name, coordinator)
         if isinstance(refused, Exception):
             return refused
@@ -158,9 +160,9 @@ class SessionStatements(LeaseStatements):
                 (ttl, name),
             )
         )
-        return record(Session, row)
+        return record(SessionRecord, row)
 
-    def renew_session_claim(self, name: str, coordinator: str, ttl: float) -> Session:
+    def renew_session_claim(self, name: str, coordinator: str, ttl: float) -> SessionRecord:
         args = check_name("session", name), check_name("coordinator", coordinator)
         return self._call(self._renew_claim_txn, *args, check_ttl("ttl", ttl))
 
@@ -208,7 +210,7 @@ class SessionStatements(LeaseStatements):
 
     def _raise_epoch_floor_txn(
         self, conn: Conn, name: str, coordinator: str, floor: int
-    ) -> Session | Exception:
+    ) -> SessionRecord | Exception:
         row = self._claimed_txn(conn, "raise_epoch_floor", name, coordinator)
         if isinstance(row, Exception):
             return row
@@ -220,9 +222,9 @@ class SessionStatements(LeaseStatements):
             )
         )
         self._event_txn(conn, "epoch_floor", session=name, floor=floor, previous=row["epoch"])
-        return record(Session, raised)
+        return record(SessionRecord, raised)
 
-    def raise_epoch_floor(self, name: str, coordinator: str, floor: int) -> Session:
+    def raise_epoch_floor(self, name: str, coordinator: str, floor: int) -> SessionRecord:
         """A driver was fenced (exit 75) by a Space whose epoch is ``floor``: the next
         drive's epoch goes past it (the file coordinator's ``_floor_seen``)."""
         args = check_name("session", name), check_name("coordinator", coordinator)
@@ -230,12 +232,12 @@ class SessionStatements(LeaseStatements):
 
     def _finish_session_txn(
         self, conn: Conn, name: str, coordinator: str, state: str, reason: str
-    ) -> Session | Exception:
+    ) -> SessionRecord | Exception:
         row = self._claimed_txn(conn, "finish", name, coordinator, ended=state)
         if isinstance(row, Exception):
             return row
         if row["state"] == state:  # a retry of this same finish: stored once
-            return record(Session, row)
+            return record(SessionRecord, row)
         released = None
         if row["space"] is not None:
             got = conn.execute(
@@ -262,18 +264,20 @@ class SessionStatements(LeaseStatements):
             released_token=released,
             coordinator=coordinator,
         )
-        return record(Session, done)
+        return record(SessionRecord, done)
 
-    def finish_session(self, name: str, coordinator: str, state: str, reason: str = "") -> Session:
+    def finish_session(
+        self, name: str, coordinator: str, state: str, reason: str = ""
+    ) -> SessionRecord:
         """End the session ``done`` or ``failed`` and release its lease."""
         if state not in _ENDS:
             raise ConfigError(f"session end state {state!r}: use done or failed")
         args = check_name("session", name), check_name("coordinator", coordinator)
         return self._call(self._finish_session_txn, *args, state, str(reason))
 
-    def _sessions_txn(self, conn: Conn) -> list[Session]:
+    def _sessions_txn(self, conn: Conn) -> list[SessionRecord]:
         rows = conn.execute("SELECT * FROM ds.sessions ORDER BY created_at, name")
-        return [record(Session, r) for r in rows]
+        return [record(SessionRecord, r) for r in rows]
 
-    def sessions(self) -> list[Session]:
+    def sessions(self) -> list[SessionRecord]:
         return list(self._call(self._sessions_txn))

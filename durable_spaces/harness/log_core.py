@@ -12,7 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from durable_spaces.errors import ConfigError, FenceHaltedError, StaleEpochError
 
-Op = dict[str, Any]
+LogOp = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class Commit:
     """One stored commit: its position in the line, the epoch that wrote it, its ops."""
 
     seq: int
-    ops: list[Op]
+    ops: list[LogOp]
     epoch: int | None = None
 
 
@@ -54,7 +54,7 @@ class Storage(Protocol):
         """Every stored commit, in order."""
         ...
 
-    def append(self, ops: Sequence[Op]) -> int:
+    def append(self, ops: Sequence[LogOp]) -> int:
         """Store one commit atomically and durably (per the storage's sync level);
         return its seq. A fenced storage raises ``StaleEpochError`` and stores nothing."""
         ...
@@ -104,7 +104,7 @@ class MemoryStorage:
         with self._lock:
             return list(self._commits)
 
-    def append(self, ops: Sequence[Op]) -> int:
+    def append(self, ops: Sequence[LogOp]) -> int:
         with self._lock:
             if self.fence is not None:
                 self.fence.check()
@@ -130,7 +130,7 @@ def check_epoch(epoch: object, what: str = "epoch") -> int:
     return epoch
 
 
-class EncodedOps(list[Op]):
+class EncodedOps(list[LogOp]):
     """Plain-JSON ops with the JSON text they were read from (``encoded``). Why: the
     harness turns every commit's ops into plain JSON by a round trip through text, and a
     file storage would then encode the same ops again (a transactional call's commit of
@@ -140,7 +140,7 @@ class EncodedOps(list[Op]):
     text: str = ""
 
 
-def encoded(ops: Sequence[Op]) -> EncodedOps:
+def encoded(ops: Sequence[LogOp]) -> EncodedOps:
     """``ops`` as plain JSON (tuples become lists, keys strings), with their text."""
     text = json.dumps(list(ops), separators=(",", ":"))
     out = EncodedOps(json.loads(text))
@@ -148,7 +148,7 @@ def encoded(ops: Sequence[Op]) -> EncodedOps:
     return out
 
 
-def dumps_ops(ops: Sequence[Op]) -> str:
+def dumps_ops(ops: Sequence[LogOp]) -> str:
     """Serialize ops *before* anything is stored (a bad op stores nothing); the text an
     ``EncodedOps`` already has."""
     if type(ops) is EncodedOps:

@@ -22,7 +22,7 @@ from durable_spaces.errors import (
     StaleEpochError,
     TornTailWarning,
 )
-from durable_spaces.harness.log_core import Commit, Fence, Op, check_epoch, dumps_ops
+from durable_spaces.harness.log_core import Commit, Fence, LogOp, check_epoch, dumps_ops
 from durable_spaces.harness.log_files import (
     FILE_MODE,
     OwnerLock,
@@ -194,7 +194,7 @@ class JsonlStorage:
             self._catch_up_locked(repair=False)
             return list(self._commits)
 
-    def append(self, ops: Sequence[Op]) -> int:
+    def append(self, ops: Sequence[LogOp]) -> int:
         text = dumps_ops(ops)
         if len(text) > MAX_LINE_BYTES:  # characters <= bytes: surely over (exact check below)
             self._over_limit(len(text))

@@ -25,7 +25,7 @@ from durable_spaces.errors import (
     LogError,
     StaleEpochError,
 )
-from durable_spaces.harness.log_core import Commit, Fence, Op, check_epoch, dumps_ops
+from durable_spaces.harness.log_core import Commit, Fence, LogOp, check_epoch, dumps_ops
 from durable_spaces.harness.log_files import (
     OwnerLock,
     adopt,
@@ -341,7 +341,7 @@ class SqliteStorage:
                 raise CorruptLogError(f"{self.path} is damaged: {e}") from e
             return commits
 
-    def _ops(self, seq: object, epoch: object, text: object) -> list[Op]:
+    def _ops(self, seq: object, epoch: object, text: object) -> list[LogOp]:
         if epoch is not None and type(epoch) is not int:
             raise CorruptLogError(f"{self.path}: commit {seq} has epoch {epoch!r}, not an integer")
         try:
@@ -352,7 +352,7 @@ class SqliteStorage:
             raise CorruptLogError(f"{self.path}: commit {seq} is not a list of JSON objects")
         return ops
 
-    def append(self, ops: Sequence[Op]) -> int:
+    def append(self, ops: Sequence[LogOp]) -> int:
         text = dumps_ops(ops)
         with self._mutex:
             conn = self._db

@@ -37,7 +37,7 @@ from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import PermanentFailure
 from durable_spaces.harness.env import ExecutionEnv, LocalDirEnv
 from durable_spaces.harness.handles import Conversation, Settled, Submission
-from durable_spaces.harness.log import Op, Storage
+from durable_spaces.harness.log import LogOp, Storage
 from durable_spaces.harness.log_core import encoded
 from durable_spaces.harness.models import Model
 from durable_spaces.harness.state import AgentConfig, Entry, LogState, Tx
@@ -210,7 +210,7 @@ class Harness:
             self._apply(seq, ops)
         return result
 
-    def _apply(self, seq: int, ops: list[Op]) -> None:
+    def _apply(self, seq: int, ops: list[LogOp]) -> None:
         """Materialize one committed commit; wake the waiters of what it settled."""
         for sid in self.state.apply(seq, ops):
             for fut in self._waiters.pop(sid, []):

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from durable_spaces.harness.log import Op
+from durable_spaces.harness.log import LogOp
 
 
 def json_copy(value: Any) -> Any:
@@ -85,7 +85,7 @@ class Tx:
 
     def __init__(self, state: LogState) -> None:
         self._state = state
-        self.ops: list[Op] = []
+        self.ops: list[LogOp] = []
         self._next = dict(state.counters)
         self._new_convs: set[str] = set()
 
@@ -168,7 +168,7 @@ class LogState:
         self.counters: dict[str, int] = {}  # id prefix -> highest number committed
         self.last_seq = 0
 
-    def apply(self, seq: int, ops: list[Op]) -> list[str]:
+    def apply(self, seq: int, ops: list[LogOp]) -> list[str]:
         """Materialize one committed commit (on open and after each append); returns the
         submissions it settled."""
         self.last_seq = max(self.last_seq, seq)

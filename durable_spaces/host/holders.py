@@ -49,7 +49,7 @@ class Holders:
         self.dev = dev
         #: Who was blind at the start (None: no look yet, ``lazy``).
         self._blind: frozenset[tuple[str, float]] | None = None
-        self._mapped: Seen = {}  # the last look's shared mappings (``_maps``)
+        self._mapped: MappingFiles = {}  # the last look's shared mappings (``_maps``)
         self._unsure = _fstype(dev) not in _SAME_DEV
         #: Why no look can be trusted at all (None: it can).
         self.problem: str | None = _hidden()
@@ -107,7 +107,7 @@ class Holders:
         held |= kernel_held(self.dev)
         return held, blind
 
-    def _threads(self, pid: str, held: set[int], seen: Seen) -> None:
+    def _threads(self, pid: str, held: set[int], seen: MappingFiles) -> None:
         """A process whose main thread exited shows no mappings or descriptors of its
         own while its other threads still hold them: look through one of those."""
         for tid in os.listdir(f"/proc/{pid}/task"):
@@ -353,7 +353,7 @@ def not_workspace(fds: Callable[[], Iterable[int]]) -> None:
 
 #: What a shared mapping's file is as ``stat`` sees it, by (process directory, and the
 #: mapping as ``host.maps`` tells it: range, device, inode); None: it could not be looked up.
-Seen = dict[tuple[str, str, int, int], "tuple[int, int] | None"]
+MappingFiles = dict[tuple[str, str, int, int], "tuple[int, int] | None"]
 
 
 def _mapped_file(base: str, mapping: Mapping, dev: int, unsure: bool) -> tuple[int, int] | None:
@@ -380,7 +380,9 @@ class _Unsure(Exception):
     ``map_files``, on a filesystem whose ``maps`` device is not the one ``stat`` shows."""
 
 
-def _maps(base: str, dev: int, held: set[int], seen: Seen, now: Seen, unsure: bool = True) -> bool:
+def _maps(
+    base: str, dev: int, held: set[int], seen: MappingFiles, now: MappingFiles, unsure: bool = True
+) -> bool:
     """The shared mappings of the process at ``base`` (``now`` gets what ``seen`` knew,
     and what it learns, of each); whether it has memory of its own at all (``maps``
     reads empty otherwise). ``unsure``: the workspace's filesystem may show ``maps``

@@ -9,5 +9,5 @@ recipe.py (a harness's recipe), task.py (the steps and their commands), model_se
 scripted model), gates.py (kill points held exactly), faults.py (the kills and the run's
 processes), runner.py (one run), plan.py (which runs, from seeds or the uninterrupted run),
 checker.py (each step's class), grade.py (a harness's grade), record.py (run records, the
-SUMMARY line), probe.py (a whole probe), report.py (report.md/html, --compare).
+SUMMARY line), whole_probe.py (a whole probe), report.py (report.md/html, --compare).
 """

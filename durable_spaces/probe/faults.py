@@ -28,7 +28,7 @@ from pathlib import Path
 from durable_spaces.host.cgroup import Cgroup, cgroup_root, unavailable
 
 __all__ = [
-    "KILL_FAULTS", "MODEL_FAULTS", "Attempt", "RunProcs", "machine_unavailable", "sweep",
+    "KILL_FAULTS", "MODEL_FAULTS", "HarnessProcess", "RunProcs", "machine_unavailable", "sweep",
 ]  # fmt: skip
 
 KILL_FAULTS = ("process", "machine")
@@ -43,7 +43,7 @@ def machine_unavailable() -> str | None:
     return None if why is None else f"the machine fault needs a cgroup v2: {why}"
 
 
-class Attempt:
+class HarnessProcess:
     """One started harness process, its capped output and its exit."""
 
     def __init__(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str],
@@ -171,14 +171,14 @@ class RunProcs:
         if root is not None:  # the probe asked unavailable() once, before its runs
             (root / name).mkdir()
             self.cgroup = Cgroup(root / name)
-        self.attempts: list[Attempt] = []
+        self.attempts: list[HarnessProcess] = []
 
-    def start(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str]) -> Attempt:
-        a = Attempt(argv, cwd, {**env, "PROBE_RUN_TOKEN": self.token}, self.cgroup)
+    def start(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str]) -> HarnessProcess:
+        a = HarnessProcess(argv, cwd, {**env, "PROBE_RUN_TOKEN": self.token}, self.cgroup)
         self.attempts.append(a)
         return a
 
-    def kill(self, fault: str, attempt: Attempt) -> None:
+    def kill(self, fault: str, attempt: HarnessProcess) -> None:
         """The fault: the attempt's process group, or everything the run started."""
         if fault == "machine" and self.cgroup is not None:
             _kill_and_wait(self.cgroup)
@@ -186,7 +186,7 @@ class RunProcs:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(attempt.pgid, signal.SIGKILL)
 
-    def stop_all_but(self, fault: str, attempt: Attempt, keep: int) -> None:
+    def stop_all_but(self, fault: str, attempt: HarnessProcess, keep: int) -> None:
         """SIGSTOP what the kill will reach, except ``keep`` (a command about to exit):
         the harness then cannot see that command's exit before the kill."""
         pids = self.cgroup.pids() if fault == "machine" and self.cgroup else _members(attempt.pgid)

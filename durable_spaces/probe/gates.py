@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["COMMAND_WHERE", "MODEL_WHERE", "Gate", "Point"]
+__all__ = ["COMMAND_WHERE", "MODEL_WHERE", "Gate", "GatePoint"]
 
 #: Points held by the model server, and by a step's command.
 MODEL_WHERE = ("request", "stream")
@@ -33,7 +33,7 @@ COMMAND_WHERE = ("started", "effect", "exited")
 
 
 @dataclass(frozen=True, order=True)
-class Point:
+class GatePoint:
     step: int  # 1..K, and K+1 for the final answer (model points only)
     where: str  # one of MODEL_WHERE + COMMAND_WHERE
 
@@ -41,7 +41,7 @@ class Point:
         return f"{self.where}@{self.step}"
 
     @classmethod
-    def parse(cls, text: str) -> Point:
+    def parse(cls, text: str) -> GatePoint:
         where, _, step = text.partition("@")
         if where not in MODEL_WHERE + COMMAND_WHERE or not step.isdigit() or len(step) > 6:
             raise ValueError(f"not a kill point: {text!r} (where@step, e.g. started@3)")
@@ -52,7 +52,9 @@ class Gate:
     """One command point's FIFO: ``wait`` in a thread until the command reaches it,
     then ``open(word)`` lets it go on."""
 
-    def __init__(self, gates_dir: Path, point: Point, reached: Callable[[Point], None]) -> None:
+    def __init__(
+        self, gates_dir: Path, point: GatePoint, reached: Callable[[GatePoint], None]
+    ) -> None:
         self.point = point
         self.path = gates_dir / f"{point.step}.{point.where}"
         self.pid_path = gates_dir / f"{point.step}.pid"

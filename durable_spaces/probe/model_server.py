@@ -29,7 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from durable_spaces.probe.gates import Point
+from durable_spaces.probe.gates import GatePoint
 from durable_spaces.probe.recipe import Recipe
 from durable_spaces.probe.task import Step
 
@@ -96,7 +96,7 @@ def tool_names(body: Any) -> list[str]:
     return out
 
 
-class _Server(ThreadingHTTPServer):
+class _ModelServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def server_bind(self) -> None:
@@ -114,19 +114,19 @@ class ModelServer:
         self.nonce = self.steps[0].nonce if self.steps else "00000000"
         self.requests: list[dict[str, Any]] = []
         self.problems: list[str] = []
-        self.point: Point | None = None
+        self.point: GatePoint | None = None
         self.fault = ""
-        self.reached: Callable[[Point], None] = lambda p: None
+        self.reached: Callable[[GatePoint], None] = lambda p: None
         self.hit_at: float | None = None
         self._release = threading.Event()
         self._lock = threading.Lock()
         self._t0 = time.monotonic()
         server = self
 
-        class Handler(_Handler):
+        class ServedHandler(_ModelHandler):
             model = server
 
-        self._httpd = _Server(("127.0.0.1", 0), Handler)
+        self._httpd = _ModelServer(("127.0.0.1", 0), ServedHandler)
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True,
                                         kwargs={"poll_interval": 0.01})  # fmt: skip
         self._thread.start()
@@ -135,7 +135,9 @@ class ModelServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
 
-    def arm(self, point: Point | None, fault: str, reached: Callable[[Point], None]) -> None:
+    def arm(
+        self, point: GatePoint | None, fault: str, reached: Callable[[GatePoint], None]
+    ) -> None:
         self.point, self.fault, self.reached = point, fault, reached
 
     def release(self) -> None:
@@ -158,7 +160,7 @@ class ModelServer:
             if text not in self.problems:
                 self.problems.append(text)
 
-    def take(self, point: Point) -> bool:
+    def take(self, point: GatePoint) -> bool:
         """True once: when ``point`` is the armed one (the first time it is reached)."""
         with self._lock:
             if self.point != point or self.hit_at is not None:
@@ -216,7 +218,7 @@ class ModelServer:
         return whole, events
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _ModelHandler(BaseHTTPRequestHandler):
     model: ModelServer
     protocol_version = "HTTP/1.1"
 
@@ -293,7 +295,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._error(400, f"tool {want} not offered")
                 return
         m.record(entry)
-        if m.take(Point(k, "request")):
+        if m.take(GatePoint(k, "request")):
             entry["answer"] = f"fault:{m.fault}"
             if m.fault == "model-5xx":
                 self._error(500, "injected server error")
@@ -306,7 +308,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
         whole, events = m.answer(k, stream)
         entry.setdefault("answer", "final" if k > len(m.steps) else "tool")
-        point = Point(k, "stream")
+        point = GatePoint(k, "stream")
         if not stream:
             data = json.dumps(whole).encode()
             self.send_response(200)

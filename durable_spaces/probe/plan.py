@@ -14,7 +14,7 @@ import random
 from collections.abc import Sequence
 
 from durable_spaces.probe.faults import KILL_FAULTS
-from durable_spaces.probe.gates import Point
+from durable_spaces.probe.gates import GatePoint
 
 __all__ = ["SCENARIOS", "applicable", "draw", "run_seed"]
 
@@ -25,7 +25,7 @@ def run_seed(seed_base: str, i: int) -> str:
     return f"{seed_base}-{i}"
 
 
-def applicable(points: Sequence[Point], fault: str, at: Sequence[str] = ()) -> list[Point]:
+def applicable(points: Sequence[GatePoint], fault: str, at: Sequence[str] = ()) -> list[GatePoint]:
     """The reached points where ``fault`` can be put (only the kinds ``at`` names, when
     it names any)."""
     if fault in KILL_FAULTS:
@@ -36,7 +36,7 @@ def applicable(points: Sequence[Point], fault: str, at: Sequence[str] = ()) -> l
     return sorted(p for p in fits if not at or p.where in at)
 
 
-def draw(points: Sequence[Point], scenario: str, runs: int, seed_base: str) -> list[Point]:
+def draw(points: Sequence[GatePoint], scenario: str, runs: int, seed_base: str) -> list[GatePoint]:
     """The planned point of runs r1, r2, ...: every point once (``exhaustive``), or
     ``runs`` points drawn, each from its run's seed (``random``)."""
     if scenario == "exhaustive" or not points:

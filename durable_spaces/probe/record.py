@@ -21,10 +21,10 @@ from typing import Any
 
 from durable_spaces.errors import RecordError
 from durable_spaces.probe.checker import CLASSES, StepResult
-from durable_spaces.probe.gates import Point
+from durable_spaces.probe.gates import GatePoint
 from durable_spaces.probe.grade import grade_of
 
-__all__ = ["KIND", "OUTCOMES", "RunRecord", "short_of_plan", "summary_line"]
+__all__ = ["KIND", "OUTCOMES", "ProbeRecord", "short_of_plan", "summary_line"]
 
 KIND = "probe"
 OUTCOMES = ("ok", "stuck", "refused", "lab_error")
@@ -35,7 +35,7 @@ MAX_RECORD_BYTES = 16 << 20
 
 
 @dataclass
-class RunRecord:
+class ProbeRecord:
     harness: str
     recipe: str  # the recipe.toml's absolute path
     run_id: str
@@ -43,7 +43,7 @@ class RunRecord:
     scenario: str
     fault: str
     steps: int
-    point: Point | None
+    point: GatePoint | None
     landed: bool = False
     outcome: str = "ok"
     reason: str = ""
@@ -88,15 +88,15 @@ class RunRecord:
         }  # fmt: skip
 
     @staticmethod
-    def from_json(d: Any) -> RunRecord:
+    def from_json(d: Any) -> ProbeRecord:
         try:
             if not isinstance(d, dict) or d.get("kind") != KIND:
                 raise RecordError("not a probe run record (kind is not 'probe')")
-            rec = RunRecord(
+            rec = ProbeRecord(
                 harness=str(d["harness"]), recipe=str(d["recipe"]), run_id=str(d["run_id"]),
                 seed=str(d["seed"]), scenario=str(d["scenario"]), fault=str(d["fault"]),
                 steps=int(d["steps"]),
-                point=None if d["point"] is None else Point.parse(str(d["point"])),
+                point=None if d["point"] is None else GatePoint.parse(str(d["point"])),
                 landed=bool(d["landed"]), outcome=str(d["outcome"]), reason=str(d["reason"]),
                 results=[StepResult.from_json(x) for x in d["results"]],
                 attempts=list(d["attempts"]), requests=int(d["requests"]),
@@ -122,17 +122,17 @@ class RunRecord:
         return path
 
     @staticmethod
-    def load(path: Path) -> RunRecord:
+    def load(path: Path) -> ProbeRecord:
         try:
             if path.stat().st_size > MAX_RECORD_BYTES:
                 raise RecordError(f"{path}: larger than a run record")
             data = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise RecordError(f"{path} cannot be read as JSON: {e}") from None
-        return RunRecord.from_json(data)
+        return ProbeRecord.from_json(data)
 
 
-def counts(records: Sequence[RunRecord]) -> Counter[str]:
+def counts(records: Sequence[ProbeRecord]) -> Counter[str]:
     c: Counter[str] = Counter()
     for r in records:
         if r.outcome == "lab_error":
@@ -145,11 +145,11 @@ def counts(records: Sequence[RunRecord]) -> Counter[str]:
     return c
 
 
-def grade_all(records: Sequence[RunRecord]) -> str:
+def grade_all(records: Sequence[ProbeRecord]) -> str:
     return grade_of(c for r in records if r.outcome != "lab_error" for c in r.classes)
 
 
-def summary_line(harness: str, records: Sequence[RunRecord], seed_base: str) -> str:
+def summary_line(harness: str, records: Sequence[ProbeRecord], seed_base: str) -> str:
     c = counts(records)
     fields = [f"harness={harness}", f"runs={len(records)}", f"steps={c['steps']}"]
     fields += [f"{k}={c[k]}" for k in (*CLASSES, "stuck", "lab_errors", "kills")]
@@ -157,7 +157,7 @@ def summary_line(harness: str, records: Sequence[RunRecord], seed_base: str) -> 
     return "SUMMARY probe " + " ".join(fields)
 
 
-def short_of_plan(records: Sequence[RunRecord]) -> str | None:
+def short_of_plan(records: Sequence[ProbeRecord]) -> str | None:
     """Why these runs do not test what they planned, in one line, or None. A run whose
     drawn fault never landed is not a test of it. (One small rule, meant to be swapped for
     the campaigns' own when it lands.)"""

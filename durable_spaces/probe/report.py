@@ -21,7 +21,7 @@ from durable_spaces.errors import RecordError
 from durable_spaces.probe.checker import CLASSES
 from durable_spaces.probe.gates import COMMAND_WHERE, MODEL_WHERE
 from durable_spaces.probe.grade import grade_of
-from durable_spaces.probe.record import MAX_RECORD_BYTES, RunRecord, counts
+from durable_spaces.probe.record import MAX_RECORD_BYTES, ProbeRecord, counts
 
 __all__ = ["compare", "find", "render", "tables"]
 
@@ -41,12 +41,12 @@ def _meta(out: Path) -> dict[str, Any]:
     return meta
 
 
-def _records(out: Path) -> list[RunRecord]:
+def _records(out: Path) -> list[ProbeRecord]:
     paths = sorted((out / "runs").glob("r*.json"), key=lambda p: (len(p.name), p.name))
-    return [RunRecord.load(p) for p in paths if not p.name.endswith(".requests.json")]
+    return [ProbeRecord.load(p) for p in paths if not p.name.endswith(".requests.json")]
 
 
-def tables(records: Sequence[RunRecord]) -> list[list[str]]:
+def tables(records: Sequence[ProbeRecord]) -> list[list[str]]:
     """The grade table: a header, then one row per kill point kind."""
     rows: dict[str, Counter[str]] = {}
     classes: dict[str, list[str]] = {}

@@ -25,12 +25,12 @@ from typing import Any
 
 from durable_spaces.probe import checker, task
 from durable_spaces.probe import recipe as recipes
-from durable_spaces.probe.faults import KILL_FAULTS, Attempt, RunProcs
-from durable_spaces.probe.gates import COMMAND_WHERE, Gate, Point
+from durable_spaces.probe.faults import KILL_FAULTS, HarnessProcess, RunProcs
+from durable_spaces.probe.gates import COMMAND_WHERE, Gate, GatePoint
 from durable_spaces.probe.model_server import ModelServer
-from durable_spaces.probe.record import RunRecord
+from durable_spaces.probe.record import ProbeRecord
 
-__all__ = ["RunSpec", "run_one"]
+__all__ = ["ProbeRun", "run_one"]
 
 #: What the lab sets for every harness (then the recipe's [env]).
 LAB_ENV = {
@@ -42,14 +42,14 @@ LAB_ENV = {
 
 
 @dataclass(frozen=True)
-class RunSpec:
+class ProbeRun:
     recipe: recipes.Recipe
     run_id: str
     seed: str
     scenario: str
     fault: str
     steps: int
-    point: Point | None
+    point: GatePoint | None
     work: Path  # this run's directory (made afresh)
     runs_dir: Path  # where its record and requests go
     use_cgroup: bool = True
@@ -68,17 +68,17 @@ def _poll_exit(procs: RunProcs, pid: int, limit_s: float) -> None:
 
 
 class _Run:
-    def __init__(self, spec: RunSpec) -> None:
+    def __init__(self, spec: ProbeRun) -> None:
         self.spec = spec
-        self.q: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.landed_at: float | None = None
         self.gate: Gate | None = None
         self.escaped: int | None = None
 
-    def reached(self, p: Point) -> None:
-        self.q.put(("point", p))
+    def reached(self, p: GatePoint) -> None:
+        self.events.put(("point", p))
 
-    def fault(self, procs: RunProcs, server: ModelServer, a: Attempt, p: Point) -> None:
+    def fault(self, procs: RunProcs, server: ModelServer, a: HarnessProcess, p: GatePoint) -> None:
         self.landed_at = time.monotonic()
         s = self.spec
         if s.fault not in KILL_FAULTS:
@@ -96,12 +96,13 @@ class _Run:
         server.release()
 
     def attempt(self, procs: RunProcs, server: ModelServer, label: str, argv: list[str],
-                cwd: Path, env: dict[str, str]) -> tuple[dict[str, Any], Attempt]:  # fmt: skip
+                cwd: Path, env: dict[str, str],
+                ) -> tuple[dict[str, Any], HarnessProcess]:  # fmt: skip
         s = self.spec
         a = procs.start(argv, cwd, env)
 
         def wait() -> None:
-            self.q.put(("exit", (a, a.wait())))
+            self.events.put(("exit", (a, a.wait())))
 
         threading.Thread(target=wait, daemon=True).start()
         deadline: float | None = time.monotonic() + s.recipe.timeout_s
@@ -109,7 +110,7 @@ class _Run:
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                what, val = self.q.get(timeout=left)
+                what, val = self.events.get(timeout=left)
             except queue.Empty:
                 info["timed_out"] = True
                 procs.kill("process", a)
@@ -125,7 +126,7 @@ class _Run:
         info.update(rc=rc, ms=round(a.duration_s * 1000, 1))
         return info, a
 
-    def run(self) -> RunRecord:
+    def run(self) -> ProbeRecord:
         s, r = self.spec, self.spec.recipe
         t0 = time.monotonic()
         if s.work.exists():
@@ -134,14 +135,14 @@ class _Run:
         for d in (workdir, state, gates):
             d.mkdir(parents=True)
         steps = task.plan(s.steps, r, task.nonce_of(s.seed))
-        rec = RunRecord(
+        rec = ProbeRecord(
             harness=r.name, recipe=str(r.path), run_id=s.run_id, seed=s.seed,
             scenario=s.scenario, fault=s.fault, steps=s.steps, point=s.point,
         )  # fmt: skip
         server = ModelServer(steps, r, gates)
         procs = RunProcs(f"{cgroup_prefix()}{s.run_id}-{task.nonce_of(s.seed)}",
                          task.nonce_of(s.seed) + s.run_id, s.use_cgroup)  # fmt: skip
-        attempts: list[Attempt] = []
+        attempts: list[HarnessProcess] = []
         try:
             if s.point is not None and s.point.where in COMMAND_WHERE:
                 self.gate = Gate(gates, s.point, self.reached)
@@ -202,26 +203,26 @@ def _stuck_reason(attempts: list[dict[str, Any]], requests: int) -> str:
 
 
 def reached_points(steps: list[task.Step], requests: list[dict[str, Any]],
-                   results: list[checker.StepResult]) -> list[Point]:  # fmt: skip
+                   results: list[checker.StepResult]) -> list[GatePoint]:  # fmt: skip
     """The points an uninterrupted run went through: every request's, and the command
     points of every shell step that had its effect."""
-    out: set[Point] = set()
+    out: set[GatePoint] = set()
     for q in requests:
         k = q.get("step")
         if isinstance(k, int) and q.get("answer") in ("tool", "final"):
-            out.update((Point(k, "request"), Point(k, "stream")))
+            out.update((GatePoint(k, "request"), GatePoint(k, "stream")))
     for res in results:
         if res.effects and steps[res.step - 1].shell:
-            out.update(Point(res.step, w) for w in COMMAND_WHERE)
+            out.update(GatePoint(res.step, w) for w in COMMAND_WHERE)
     return sorted(out)
 
 
-def run_one(spec: RunSpec) -> RunRecord:
+def run_one(spec: ProbeRun) -> ProbeRecord:
     """The run ``spec`` describes, as a record (a lab failure becomes ``lab_error``)."""
     try:
         return _Run(spec).run()
     except Exception as e:  # the lab broke, not the harness: say so, keep going
-        return RunRecord(harness=spec.recipe.name, recipe=str(spec.recipe.path),
+        return ProbeRecord(harness=spec.recipe.name, recipe=str(spec.recipe.path),
                          run_id=spec.run_id, seed=spec.seed, scenario=spec.scenario,
                          fault=spec.fault, steps=spec.steps, point=spec.point,
                          outcome="lab_error", reason=f"{type(e).__name__}: {e}")  # fmt: skip

@@ -16,8 +16,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from durable_spaces.campaigns.coverage import Coverage, coverage_of
 from durable_spaces.campaigns.record import RunRecord
+from durable_spaces.campaigns.trace_coverage import Coverage, coverage_of
 from durable_spaces.reports.plots import save_figure
 
 

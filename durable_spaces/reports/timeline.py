@@ -14,8 +14,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from durable_spaces.campaigns.coverage import call_kind, call_step
 from durable_spaces.campaigns.record import RunRecord
+from durable_spaces.campaigns.trace_coverage import call_kind, call_step
 from durable_spaces.reports.plots import save_figure
 
 #: Exit codes with a meaning of their own on a lane (drive/protocol.py's contract).

@@ -20,7 +20,7 @@ from needs import need
 from wrapped_harness import wrapped_harness
 
 from durable_spaces.adapter import image_log
-from durable_spaces.backends.local.space import LocalSpace
+from durable_spaces.backends.local.local_space import LocalSpace
 from durable_spaces.testing import run_call_list
 
 BACKENDS = [

@@ -19,7 +19,7 @@ from wrapped_harness import wrapped_harness
 
 from durable_spaces.adapter import image_log
 from durable_spaces.backends import unavailable_reason
-from durable_spaces.backends.spacesd.space import SpacesdSpace
+from durable_spaces.backends.spacesd.spacesd_space import SpacesdSpace
 from durable_spaces.space import PathTable
 from durable_spaces.testing import run_call_list
 

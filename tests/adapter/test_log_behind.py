@@ -24,7 +24,7 @@ from durable_spaces.adapter.checkpoints.snapshots import (
 )
 from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
 from durable_spaces.adapter.log_witness import LogWitness
-from durable_spaces.adapter.state import DOC, CallRecord, SpaceState
+from durable_spaces.adapter.space_state import DOC, CallRecord, SpaceState
 from durable_spaces.backends import open_backend, unavailable_reason
 from durable_spaces.errors import PermanentFailure
 from durable_spaces.harness.log import SqliteStorage

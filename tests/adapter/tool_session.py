@@ -15,7 +15,7 @@ from durable_spaces.adapter.checkpoints.snapshots import (
     WorkspaceSnapshots,
 )
 from durable_spaces.adapter.durable import durable_spaces
-from durable_spaces.adapter.state import DOC, SpaceState
+from durable_spaces.adapter.space_state import DOC, SpaceState
 from durable_spaces.backends import open_backend
 from durable_spaces.harness.log import SqliteStorage
 from durable_spaces.harness.scheduler import AgentConfig, Harness

@@ -24,7 +24,7 @@ from durable_spaces.backends.docker.backend import (
     TOKEN_PATH,
     DockerBackend,
 )
-from durable_spaces.backends.docker.space import DockerSpace
+from durable_spaces.backends.docker.docker_space import DockerSpace
 from durable_spaces.errors import SpaceGoneError, SpaceUnavailableError
 from durable_spaces.space import ExecState
 

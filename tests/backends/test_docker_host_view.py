@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from durable_spaces.backends.docker.backend import DockerBackend
+from durable_spaces.backends.docker.docker_space import DockerSpace
 from durable_spaces.backends.docker.host_view import WorkspaceView, merged_dir, open_beneath
-from durable_spaces.backends.docker.space import DockerSpace
-from durable_spaces.backends.spacesd.space import SpacesdSpace
+from durable_spaces.backends.spacesd.spacesd_space import SpacesdSpace
 from durable_spaces.space import PathTable
 
 pytestmark = pytest.mark.docker

@@ -403,7 +403,7 @@ async def test_the_journal_in_the_guest_answers_scans_as_the_daemon_would(
     (``spacesd/guest_journal.pl``): one walk, then each scan the paths the events named,
     each table the one ``find`` through the daemon gives. A restore is a new machine:
     the journal is not trusted across it (a new walk)."""
-    from durable_spaces.backends.microvm.space import MicrovmSpace
+    from durable_spaces.backends.microvm.microvm_space import MicrovmSpace
 
     name = _name()
     sp: Any = await backend.create(name)

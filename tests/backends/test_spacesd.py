@@ -483,7 +483,7 @@ async def test_advance_epoch_kills_orphans_of_older_commands(tmp_path: Path) -> 
 async def test_a_write_cut_short_never_lands(backend: SpacesdBackend) -> None:
     """A write's bytes stream into a command; a stream cut short (the caller killed
     mid-upload) ends ``cat`` early, and that prefix must never be renamed into place."""
-    from durable_spaces.backends.spacesd.space import MUTATE
+    from durable_spaces.backends.spacesd.spacesd_space import MUTATE
 
     space = await backend.create("cut")
     await space.write_file("f.txt", b"old", epoch=1)
@@ -508,7 +508,7 @@ async def test_a_write_killed_by_an_advance_never_lands(backend: SpacesdBackend)
         await asyncio.sleep(0.3)
         await other.advance_epoch(2)
 
-    from durable_spaces.backends.spacesd import space as spacesd_space
+    from durable_spaces.backends.spacesd import spacesd_space
 
     real_feed = spacesd_space.SpacesdSpace._feed
 
@@ -535,14 +535,15 @@ async def test_a_daemon_scan_keeps_the_small_files_it_read_for_read_files(
     one is hashed in the Space and read by a command. Every hash is the file's."""
     import hashlib
 
-    from durable_spaces.backends.spacesd import space as sd
+    from durable_spaces.backends.spacesd import bulk
+    from durable_spaces.backends.spacesd import spacesd_space as sd
 
     space = await backend.create("kept")
     space._host = None  # type: ignore[attr-defined]  # the daemon's scan, as microvm's
     await space.write_file("old.txt", b"old", epoch=1)
     await space.scan()
     files = {f"d/f{i}.txt": f"small {i}\n".encode() * (i + 1) for i in range(3)}
-    files["big.bin"] = os.urandom(sd.KEEP_MAX + 1)
+    files["big.bin"] = os.urandom(bulk.KEEP_MAX + 1)
     for path, data in files.items():
         await space.write_file(path, data, epoch=1)
     table = await space.scan()

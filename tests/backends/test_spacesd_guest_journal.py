@@ -24,7 +24,7 @@ import pytest
 
 from durable_spaces.backends.spacesd import guest_journal as gj
 from durable_spaces.backends.spacesd.backend import SpacesdBackend
-from durable_spaces.backends.spacesd.space import SpacesdSpace
+from durable_spaces.backends.spacesd.spacesd_space import SpacesdSpace
 from durable_spaces.chaos import mutants
 from durable_spaces.chaos.journal_kill import kill_journal
 from durable_spaces.errors import SpaceGoneError

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.spacesd]  # skipped without cua-spacesd (tests/needs.p
 DRIVER = r"""
 import asyncio, os, signal, sys
 from durable_spaces.backends.spacesd.backend import SpacesdBackend
-from durable_spaces.backends.spacesd.space import SpacesdSpace
+from durable_spaces.backends.spacesd.spacesd_space import SpacesdSpace
 
 async def die(self, ex, data):
     os.kill(os.getpid(), signal.SIGKILL)

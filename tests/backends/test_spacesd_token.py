@@ -39,7 +39,7 @@ def test_a_daemon_floor_past_the_grant_is_taken_back_and_the_old_token_refused(
             again = await backend.find("sp")
             assert again is not None and again._probe.boot_id() == boot
             assert await again.current_epoch() == 8
-            space._client = None  # the first object still holds the first token
+            space.disconnect()  # the first object still holds the first token
             with pytest.raises(SpaceUnavailableError, match="invalid bearer token"):
                 await space.current_epoch()
         finally:

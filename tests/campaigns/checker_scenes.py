@@ -179,12 +179,12 @@ def checkpoint_manifest(files: Mapping[str, str], root: Path) -> tuple[str, byte
     """A workspace checkpoint of ``files`` (its id and manifest, the adapter's format:
     durable_spaces/adapter/checkpoints/manifest.py), with the times and modes ``root`` has where it
     holds the same file (so the last one can equal the workspace)."""
-    m = {".": mf.Entry("d", os.stat(root).st_mode & 0o7777 if root.exists() else 0o755)}
+    m = {".": mf.ManifestEntry("d", os.stat(root).st_mode & 0o7777 if root.exists() else 0o755)}
     for p, text in files.items():
         data = text.encode()
         st = os.stat(root / p) if (root / p).exists() else None
         same = st is not None and (root / p).read_bytes() == data
-        m[p] = mf.Entry("f", 0o644, len(data), hashlib.sha256(data).hexdigest(),
+        m[p] = mf.ManifestEntry("f", 0o644, len(data), hashlib.sha256(data).hexdigest(),
                         st.st_mtime_ns if same and st is not None else 0)  # fmt: skip
     data = mf.encode(m)
     return f"cp-m{hashlib.sha256(data).hexdigest()}", data

@@ -37,7 +37,7 @@ def test_all_ok_writes_records_and_summary(tmp_path: Path) -> None:
 
 
 def test_the_summary_says_how_many_registered_failpoints_the_runs_passed(tmp_path: Path) -> None:
-    from durable_spaces.campaigns.coverage import registered_points
+    from durable_spaces.campaigns.trace_coverage import registered_points
 
     out = io.StringIO()
     spec = CampaignSpec(mode="auto", backend="local", seed_base="t2", runs=2, calls=2, jobs=1)

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from durable_spaces import cli
-from durable_spaces.probe.record import RunRecord
+from durable_spaces.probe.record import ProbeRecord
 
 FAKES = Path(__file__).parent / "fakes"
 
@@ -30,8 +30,8 @@ class Probed:
         assert last.startswith("SUMMARY probe "), self.stdout
         return dict(f.split("=", 1) for f in last.split()[2:])
 
-    def records(self) -> list[RunRecord]:
-        return [RunRecord.load(p) for p in sorted((self.out / "runs").glob("r*.json"))
+    def records(self) -> list[ProbeRecord]:
+        return [ProbeRecord.load(p) for p in sorted((self.out / "runs").glob("r*.json"))
                 if not p.name.endswith(".requests.json")]  # fmt: skip
 
 

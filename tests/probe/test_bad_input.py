@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from durable_spaces.probe.faults import KEEP_BYTES, Attempt
+from durable_spaces.probe.faults import KEEP_BYTES, HarnessProcess
 from durable_spaces.probe.recipe import load
-from durable_spaces.probe.runner import RunSpec, run_one
+from durable_spaces.probe.runner import ProbeRun, run_one
 from tests.probe.helpers import probe, write_recipe
 
 
@@ -45,8 +45,8 @@ def test_a_harness_not_installed(tmp_path: Path) -> None:
 
 
 def test_a_flood_of_output_is_capped(tmp_path: Path) -> None:
-    a = Attempt(["sh", "-c", "head -c 30000000 /dev/zero | tr '\\0' x; echo; echo last words"],
-                tmp_path, {"PATH": "/usr/bin:/bin"}, None)  # fmt: skip
+    flood = "head -c 30000000 /dev/zero | tr '\\0' x; echo; echo last words"
+    a = HarnessProcess(["sh", "-c", flood], tmp_path, {"PATH": "/usr/bin:/bin"}, None)
     assert a.wait() == 0
     out = a.output()
     assert len(out) < 3 * KEEP_BYTES and "bytes left out" in out
@@ -55,7 +55,7 @@ def test_a_flood_of_output_is_capped(tmp_path: Path) -> None:
 
 def test_a_flooding_harness_still_runs(tmp_path: Path) -> None:
     r = load(str(write_recipe(tmp_path / "r", "flood")))
-    rec = run_one(RunSpec(recipe=r, run_id="r0", seed="t-0", scenario="random",
+    rec = run_one(ProbeRun(recipe=r, run_id="r0", seed="t-0", scenario="random",
                           fault="process", steps=1, point=None, work=tmp_path / "w",
                           runs_dir=tmp_path / "runs", use_cgroup=False))  # fmt: skip
     assert rec.outcome == "ok" and [x.cls for x in rec.results] == ["once"]

@@ -9,13 +9,13 @@ import pytest
 
 from durable_spaces.errors import RecordError
 from durable_spaces.probe.checker import StepResult
-from durable_spaces.probe.gates import Point
-from durable_spaces.probe.record import RunRecord, short_of_plan, summary_line
+from durable_spaces.probe.gates import GatePoint
+from durable_spaces.probe.record import ProbeRecord, short_of_plan, summary_line
 
 
-def _rec(run_id: str, point: Point | None, landed: bool, *classes: str,
-         outcome: str = "ok") -> RunRecord:  # fmt: skip
-    return RunRecord(
+def _rec(run_id: str, point: GatePoint | None, landed: bool, *classes: str,
+         outcome: str = "ok") -> ProbeRecord:  # fmt: skip
+    return ProbeRecord(
         harness="h", recipe="/r/recipe.toml", run_id=run_id, seed=f"s-{run_id}",
         scenario="random", fault="process", steps=len(classes), point=point, landed=landed,
         outcome=outcome,
@@ -25,18 +25,18 @@ def _rec(run_id: str, point: Point | None, landed: bool, *classes: str,
 
 def test_summary_and_the_rule(tmp_path: Path) -> None:
     recs = [_rec("r0", None, False, "once", "once"),
-            _rec("r1", Point(1, "effect"), True, "duplicate", "once"),
-            _rec("r2", Point(2, "started"), True, "reported", outcome="stuck")]  # fmt: skip
+            _rec("r1", GatePoint(1, "effect"), True, "duplicate", "once"),
+            _rec("r2", GatePoint(2, "started"), True, "reported", outcome="stuck")]  # fmt: skip
     assert summary_line("h", recs, "sb") == (
         "SUMMARY probe harness=h runs=3 steps=5 once=3 duplicate=1 lost=0 phantom=0 "
         "reported=1 orphan=0 stuck=1 lab_errors=0 kills=2 grade=unsafe seed_base=sb"
     )
     assert short_of_plan(recs) is None
-    recs.append(_rec("r3", Point(1, "exited"), False, "once"))
+    recs.append(_rec("r3", GatePoint(1, "exited"), False, "once"))
     assert short_of_plan(recs) == "1 of 3 planned faults never landed (r3:exited@1)"
     assert short_of_plan(recs[:1]).startswith("no run with a fault")  # type: ignore[union-attr]
     path = recs[1].save(tmp_path)
-    back = RunRecord.load(path)
+    back = ProbeRecord.load(path)
     assert back.to_json() == recs[1].to_json()
 
 
@@ -47,7 +47,7 @@ def test_summary_and_the_rule(tmp_path: Path) -> None:
      ({"steps": "many"}, "malformed probe run record")],
 )  # fmt: skip
 def test_a_bad_record_is_refused(tmp_path: Path, change: dict[str, str], says: str) -> None:
-    data = _rec("r1", Point(1, "effect"), True, "once").to_json() | change
+    data = _rec("r1", GatePoint(1, "effect"), True, "once").to_json() | change
     (tmp_path / "r1.json").write_text(json.dumps(data))
     with pytest.raises(RecordError, match=says):
-        RunRecord.load(tmp_path / "r1.json")
+        ProbeRecord.load(tmp_path / "r1.json")

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from durable_spaces.host.cgroup import cgroup_root
-from durable_spaces.probe.record import RunRecord
+from durable_spaces.probe.record import ProbeRecord
 from tests.probe.helpers import fake, run_processes
 
 
@@ -29,7 +29,7 @@ def test_interrupted_probe_leaves_nothing(tmp_path: Path) -> None:
     assert proc.wait() != 0
     assert run_processes(tmp_path) == []
     # the runs under way were stopped, not resumed to their end
-    planned = [RunRecord.load(p) for p in (out / "runs").glob("r*.json")
+    planned = [ProbeRecord.load(p) for p in (out / "runs").glob("r*.json")
                if p.name != "r0.json" and not p.name.endswith(".requests.json")]  # fmt: skip
     assert any(r.outcome == "stuck" for r in planned), [r.outcome for r in planned]
     root = cgroup_root()

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from durable_spaces.campaigns.coverage import (
+from durable_spaces.campaigns.record import Check, RunRecord
+from durable_spaces.campaigns.trace_coverage import (
     attempt_story,
     coverage_of,
     read_hits,
     registered_points,
 )
-from durable_spaces.campaigns.record import Check, RunRecord
 from durable_spaces.chaos import failpoints
 from durable_spaces.reports.coverage import checks_table, coverage_table, never_hit_table
 

@@ -14,10 +14,10 @@ from durable_spaces.adapter import image_log as img
 from durable_spaces.adapter.checkpoints import manifest as mf
 from durable_spaces.adapter.checkpoints.manifest_build import Builder, build
 from durable_spaces.adapter.checkpoints.snapshots import check_archive
-from durable_spaces.adapter.checkpoints.workspace_tree import Listing, Node
+from durable_spaces.adapter.checkpoints.workspace_tree import TreeListing, TreeNode
 from durable_spaces.adapter.durable import session_epoch
 from durable_spaces.adapter.effects import Effect
-from durable_spaces.adapter.state import KEEP_CALLS, CallRecord, SpaceState
+from durable_spaces.adapter.space_state import KEEP_CALLS, CallRecord, SpaceState
 from durable_spaces.adapter.tool_args import BashArgs
 from durable_spaces.errors import ConfigError, PathEscapeError
 from durable_spaces.harness.log import MemoryFence
@@ -159,21 +159,21 @@ def test_session_epoch_from_a_malformed_environment_is_a_clear_error(
 def test_the_manifest_encoder_is_encode_byte_for_byte_as_a_workspace_changes() -> None:
     """A checkpoint's id is the digest of these bytes: the cached rows must never differ
     from ``encode``, whatever changed (content, mode, mtime, kind) or went."""
-    m: mf.Manifest = {".": mf.Entry(mf.DIR, 0o755, 0, None, 1)}
+    m: mf.Manifest = {".": mf.ManifestEntry(mf.DIR, 0o755, 0, None, 1)}
     for i in range(50):
-        m[f"d/f{i}"] = mf.Entry(mf.FILE, 0o644, i, f"{i:064x}", 10 + i)
-    m["d"] = mf.Entry(mf.DIR, 0o755, 0, None, 2)
-    m["\udcff-bad-byte é"] = mf.Entry(mf.SYMLINK, 0o777, 0, "d/f1", 3)
-    m["d/hard"] = mf.Entry(mf.HARDLINK, 0, 0, "d/f0", 0)
+        m[f"d/f{i}"] = mf.ManifestEntry(mf.FILE, 0o644, i, f"{i:064x}", 10 + i)
+    m["d"] = mf.ManifestEntry(mf.DIR, 0o755, 0, None, 2)
+    m["\udcff-bad-byte é"] = mf.ManifestEntry(mf.SYMLINK, 0o777, 0, "d/f1", 3)
+    m["d/hard"] = mf.ManifestEntry(mf.HARDLINK, 0, 0, "d/f0", 0)
     enc = mf.Encoder()
     steps = [
         lambda: None,
-        lambda: m.__setitem__("d/f3", mf.Entry(mf.FILE, 0o644, 3, "e" * 64, 13)),
-        lambda: m.__setitem__("d/f4", mf.Entry(mf.FILE, 0o600, 4, f"{4:064x}", 14)),
-        lambda: m.__setitem__("d/f5", mf.Entry(mf.FILE, 0o644, 5, f"{5:064x}", 99)),
-        lambda: m.__setitem__("d/f6", mf.Entry(mf.SYMLINK, 0o777, 0, "elsewhere", 16)),
+        lambda: m.__setitem__("d/f3", mf.ManifestEntry(mf.FILE, 0o644, 3, "e" * 64, 13)),
+        lambda: m.__setitem__("d/f4", mf.ManifestEntry(mf.FILE, 0o600, 4, f"{4:064x}", 14)),
+        lambda: m.__setitem__("d/f5", mf.ManifestEntry(mf.FILE, 0o644, 5, f"{5:064x}", 99)),
+        lambda: m.__setitem__("d/f6", mf.ManifestEntry(mf.SYMLINK, 0o777, 0, "elsewhere", 16)),
         lambda: m.pop("d/f7"),
-        lambda: m.__setitem__("d/new", mf.Entry(mf.FILE, 0o644, 1, "a" * 64, 1)),
+        lambda: m.__setitem__("d/new", mf.ManifestEntry(mf.FILE, 0o644, 1, "a" * 64, 1)),
     ]
     for step in steps:
         step()
@@ -186,16 +186,19 @@ def test_the_manifest_builder_is_build_entry_for_entry_as_a_workspace_changes() 
     """What ``Builder`` kept (the order, each path's entry) never shows: every step's
     manifest equals a fresh ``build``, whether a file's node, its blob only, a link's
     target, a directory's mode, the hard links or the set of paths changed."""
-    nodes: dict[str, Node] = {".": Node(mf.DIR, 0o755, 0, 1, 2, 1, 1), "d": Node(mf.DIR, 0o755)}
+    nodes: dict[str, TreeNode] = {
+        ".": TreeNode(mf.DIR, 0o755, 0, 1, 2, 1, 1),
+        "d": TreeNode(mf.DIR, 0o755),
+    }
     shas: dict[str, str] = {}
     for i in range(30):
-        nodes[f"d/f{i}"] = Node(mf.FILE, 0o644, i, 100 + i, 1, 10 + i, 10 + i)
+        nodes[f"d/f{i}"] = TreeNode(mf.FILE, 0o644, i, 100 + i, 1, 10 + i, 10 + i)
         shas[f"d/f{i}"] = f"{i:064x}"
-    nodes["l"] = Node(mf.SYMLINK, 0o777, 0, 7, 1, 5, 5, "d/f1")
+    nodes["l"] = TreeNode(mf.SYMLINK, 0o777, 0, 7, 1, 5, 5, "d/f1")
 
     touched: set[str] = set()
 
-    def put(path: str, node: Node, sha: str | None = None) -> None:
+    def put(path: str, node: TreeNode, sha: str | None = None) -> None:
         nodes[path] = node
         touched.add(path)
         if sha is not None:
@@ -213,14 +216,17 @@ def test_the_manifest_builder_is_build_entry_for_entry_as_a_workspace_changes() 
             put("d/a-link", nodes["d/f6"]._replace(nlink=2), shas["d/f6"]),
         ),
         lambda: put("d/a-link", nodes["d/a-link"]._replace(ino=555, nlink=1)),
-        lambda: (nodes.pop("d/f7"), put("d/f70", Node(mf.FILE, 0o644, 1, 900, 1, 1, 1), "a" * 64)),
+        lambda: (
+            nodes.pop("d/f7"),
+            put("d/f70", TreeNode(mf.FILE, 0o644, 1, 900, 1, 1, 1), "a" * 64),
+        ),
     ]
     b, enc = Builder(), mf.Encoder()
     told, told_enc = Builder(), mf.Encoder()  # told which paths changed (a journal's)
     for step in steps:
         touched.clear()
         step()
-        listing = Listing(0, dict(nodes))
+        listing = TreeListing(0, dict(nodes))
         got = b.build(listing, shas.__getitem__)
         assert got == build(listing, shas.__getitem__)
         assert list(got) == list(build(listing, shas.__getitem__))  # the manifest's order

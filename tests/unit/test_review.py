@@ -20,7 +20,7 @@ from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
 from durable_spaces.adapter.image import ImageLimits
 from durable_spaces.adapter.review import (
     SYMLINK,
-    Workspace,
+    WorkspaceFiles,
     diff_entries,
     diff_workspaces,
     entry_before,
@@ -83,7 +83,7 @@ async def drive(
     return Run(h, durable, backend, root)
 
 
-def encoded(files: dict[str, str]) -> Workspace:
+def encoded(files: dict[str, str]) -> WorkspaceFiles:
     return {p: t.encode() for p, t in sorted(files.items())}
 
 
@@ -92,7 +92,7 @@ def upto(entries: list[Entry], entry_id: str) -> list[Entry]:
     return entries[: ids.index(entry_id) + 1]
 
 
-async def space_files(space: Space) -> Workspace:
+async def space_files(space: Space) -> WorkspaceFiles:
     table = await space.scan()
     return {p: await space.read_file(p) for p in sorted(table) if table[p].kind == "file"}
 

@@ -54,10 +54,10 @@ from durable_spaces.adapter.checkpoints.workspace_seen import (
 from durable_spaces.adapter.checkpoints.workspace_tree import (
     FETCH_ARGV,
     RACY_NS,
-    Listing,
-    Node,
     Take,
     TreeChanged,
+    TreeListing,
+    TreeNode,
     fetch_input,
     list_script,
     parse_files,
@@ -215,11 +215,11 @@ class Taker:
         )
         with outer as sb, inner as cb:
             self._check_generation(seen, sb)
-            fresh: dict[str, tuple[Node, str]] = {}
+            fresh: dict[str, tuple[TreeNode, str]] = {}
             first = sb if sb is not None else cb
             assert first is not None
 
-            def take(path: str, node: Node, fd: int) -> None:
+            def take(path: str, node: TreeNode, fd: int) -> None:
                 sha, data = first.add_from(fd, node.size)
                 if behind:
                     later[sha] = data if data is not None else node.size
@@ -302,7 +302,7 @@ class Taker:
 
     def _list_host(
         self, where: Where, seen: Seen, epoch: int, take: Take
-    ) -> tuple[Listing, KeptTree | None, set[str] | None]:
+    ) -> tuple[TreeListing, KeptTree | None, set[str] | None]:
         """The listing: what the kept tree's journal names when it vouches, else a full
         walk (which starts a new journal where the Space has one); the kept tree to
         keep it in once the checkpoint is written; and the paths whose node may differ
@@ -344,7 +344,7 @@ class Taker:
         held = seen.holders.now() if kept is None else kept.held()
         files, trusted_ns = seen.files, seen.clock_ns
 
-        def want(path: str, node: Node) -> bool:
+        def want(path: str, node: TreeNode) -> bool:
             known = files.get(path)
             return (
                 known is None
@@ -385,7 +385,9 @@ class Taker:
             seen.generation = gen
 
     @staticmethod
-    def _remember(seen: Seen, listing: Listing, shas: Mapping[str, tuple[Node, str]]) -> None:
+    def _remember(
+        seen: Seen, listing: TreeListing, shas: Mapping[str, tuple[TreeNode, str]]
+    ) -> None:
         seen.files = {
             p: (n, shas[p][1])
             for p, n in listing.nodes.items()
@@ -460,7 +462,7 @@ def _most(changes: WorkspaceChanges, listed: int) -> bool:
     return len(changes.paths) + 8 * len(changes.trees) > max(MOST_PATHS, listed // 4)
 
 
-def _stale(seen: Seen, path: str, node: Node) -> bool:
+def _stale(seen: Seen, path: str, node: TreeNode) -> bool:
     known = seen.files.get(path)
     return known is None or known[0] != node
 

@@ -25,10 +25,10 @@ import stat
 from durable_spaces.adapter.checkpoints.manifest import DIR, FILE, ROOT
 from durable_spaces.adapter.checkpoints.workspace_tree import (
     DIR_FLAGS,
-    Listing,
-    Node,
     Take,
     TreeChanged,
+    TreeListing,
+    TreeNode,
     dir_node,
     host_dir,
     link_node,
@@ -57,7 +57,7 @@ class KeptTree:
         self.holders = holders
         #: The last listing, set by the caller once the checkpoint that made it is
         #: written (None meanwhile: a listing that lost the events it took is no base).
-        self.listing: Listing | None = None
+        self.listing: TreeListing | None = None
         #: The paths the last ``relook`` looked at again.
         self.touched: set[str] = set()
         self._walked: list[str] = []  # directories a ``relook`` walks whole
@@ -85,17 +85,17 @@ class KeptTree:
     def relook(
         self,
         root: str,
-        last: Listing,
+        last: TreeListing,
         clock_ns: int,
         changes: WorkspaceChanges,
         held: set[int],
         take: Take,
-    ) -> Listing:
+    ) -> TreeListing:
         """The listing a full walk would give now, from the ``last`` one and ``changes``
         (taken after ``clock_ns``); every file it looks at again is read (``take``), and
         so is every file whose inode is in ``held``."""
         prev = last.nodes
-        listing = Listing(clock_ns, dict(prev))
+        listing = TreeListing(clock_ns, dict(prev))
         self._walked = []
         trees: list[str] = []
         for t in sorted(changes.trees):  # a tree inside another is walked with it
@@ -110,7 +110,7 @@ class KeptTree:
         for p in paths:
             self._relook(root, listing.nodes, p, False, take)
         for d in sorted(dirs - {p for p in paths if p in listing.nodes}):
-            if listing.nodes.get(d, Node(FILE, 0)).kind == DIR:
+            if listing.nodes.get(d, TreeNode(FILE, 0)).kind == DIR:
                 self._restat_dir(root, listing.nodes, d)
         # What a manifest built from ``last`` must build again: where the paths stayed
         # the same (a tree walked again, a path gone or new, changes the set).
@@ -123,7 +123,7 @@ class KeptTree:
 
     # --- one path ------------------------------------------------------------------------
 
-    def _drop(self, nodes: dict[str, Node], rel: str) -> None:
+    def _drop(self, nodes: dict[str, TreeNode], rel: str) -> None:
         was = nodes.pop(rel, None)
         tree = was is not None and was.kind == DIR  # only a directory has entries below
         if tree:
@@ -132,7 +132,9 @@ class KeptTree:
                 del nodes[k]
         self.journal.forget(rel, tree=tree)
 
-    def _relook(self, root: str, nodes: dict[str, Node], rel: str, tree: bool, take: Take) -> None:
+    def _relook(
+        self, root: str, nodes: dict[str, TreeNode], rel: str, tree: bool, take: Take
+    ) -> None:
         """Make ``nodes`` at ``rel`` (and below it, with ``tree``) what a walk finds now."""
         if rel == ROOT:
             raise TreeChanged("the workspace root itself was named")  # a full walk
@@ -144,7 +146,7 @@ class KeptTree:
             self._drop(nodes, rel)  # a parent is gone: its own event drops the rest
 
     def _relook_in(
-        self, nodes: dict[str, Node], dfd: int, name: str, rel: str, tree: bool, take: Take
+        self, nodes: dict[str, TreeNode], dfd: int, name: str, rel: str, tree: bool, take: Take
     ) -> None:
         try:
             s = os.lstat(name, dir_fd=dfd)
@@ -189,7 +191,7 @@ class KeptTree:
         else:
             self._drop(nodes, rel)  # FIFOs, sockets, devices: never in a checkpoint
 
-    def _restat_dir(self, root: str, nodes: dict[str, Node], rel: str) -> None:
+    def _restat_dir(self, root: str, nodes: dict[str, TreeNode], rel: str) -> None:
         parts = [] if rel == ROOT else rel.split("/")
         try:
             with host_dir(root, parts) as fd:
@@ -198,5 +200,5 @@ class KeptTree:
             self._drop(nodes, rel)
 
 
-def _always(path: str, node: Node) -> bool:
+def _always(path: str, node: TreeNode) -> bool:
     return True

@@ -53,7 +53,7 @@ class ManifestError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Entry:
+class ManifestEntry:
     """One path: ``ref`` is the blob's sha256 (files), the target (symlinks) or the
     earlier path it is a hard link of; ``mode`` is the permission bits (0o7777)."""
 
@@ -65,7 +65,7 @@ class Entry:
 
 
 #: A manifest: path -> entry (``ROOT`` is the workspace directory itself).
-Manifest = dict[str, Entry]
+Manifest = dict[str, ManifestEntry]
 
 
 def path_key(path: str) -> bytes:
@@ -74,7 +74,7 @@ def path_key(path: str) -> bytes:
     return path.encode("utf-8", "surrogateescape")
 
 
-def encode(m: Mapping[str, Entry]) -> bytes:
+def encode(m: Mapping[str, ManifestEntry]) -> bytes:
     """The canonical bytes of ``m`` (what its id's digest is taken of)."""
     rows = [
         [p, e.kind, e.mode, e.size, e.ref, e.mtime_ns]
@@ -94,13 +94,15 @@ class Encoder:
     _HEAD = f'{{"format":{json.dumps(FORMAT)},"version":{json.dumps(VERSION)},"entries":['
 
     def __init__(self) -> None:
-        self._rows: dict[str, tuple[Entry, str]] = {}
+        self._rows: dict[str, tuple[ManifestEntry, str]] = {}
         self._paths: frozenset[str] = frozenset()
         self._order: list[str] = []
         self._index: dict[str, int] = {}
         self._out: list[str] | None = None
 
-    def encode(self, m: Mapping[str, Entry], changed: AbstractSet[str] | None = None) -> bytes:
+    def encode(
+        self, m: Mapping[str, ManifestEntry], changed: AbstractSet[str] | None = None
+    ) -> bytes:
         out = self._out
         if changed is not None and out is not None and m.keys() == self._paths:
             for p in changed:
@@ -114,7 +116,9 @@ class Encoder:
         out = self._out = [self._row(p, m[p], rows) for p in self._order]
         return (self._HEAD + ",".join(out) + "]}").encode("ascii")
 
-    def _row(self, p: str, e: Entry, rows: dict[str, tuple[Entry, str]] | None = None) -> str:
+    def _row(
+        self, p: str, e: ManifestEntry, rows: dict[str, tuple[ManifestEntry, str]] | None = None
+    ) -> str:
         known = (self._rows if rows is None else rows).get(p)
         if known is None or (known[0] is not e and known[0] != e):
             row = [p, e.kind, e.mode, e.size, e.ref, e.mtime_ns]
@@ -123,7 +127,7 @@ class Encoder:
         return known[1]
 
 
-def blobs(m: Mapping[str, Entry]) -> set[str]:
+def blobs(m: Mapping[str, ManifestEntry]) -> set[str]:
     """The blobs a restore of ``m`` needs."""
     return {e.ref for e in m.values() if e.kind == FILE and e.ref is not None}
 
@@ -156,7 +160,7 @@ def decode(data: bytes) -> Manifest:
     return out
 
 
-def _row(row: object) -> tuple[str, Entry]:
+def _row(row: object) -> tuple[str, ManifestEntry]:
     if not isinstance(row, list) or len(row) != 6:
         raise ManifestError(f"manifest entry is not a 6-item list: {str(row)[:120]}")
     path, kind, mode, size, ref, mtime = row
@@ -177,7 +181,7 @@ def _row(row: object) -> tuple[str, Entry]:
             raise ManifestError(f"manifest entry {path[:200]!r}: bad target {str(ref)[:80]!r}")
     elif ref is not None:
         raise ManifestError(f"manifest entry {path[:200]!r}: a directory with a reference")
-    return path, Entry(kind, mode, size, ref, mtime)
+    return path, ManifestEntry(kind, mode, size, ref, mtime)
 
 
 def _check_path(path: str) -> None:
@@ -197,7 +201,7 @@ def _check_path(path: str) -> None:
         raise ManifestError(f"manifest path is not a file name: {path[:200]!r}") from None
 
 
-def _check_place(seen: Manifest, path: str, e: Entry) -> None:
+def _check_place(seen: Manifest, path: str, e: ManifestEntry) -> None:
     """Where ``path`` lands must be a directory of the manifest; a hard link's target an
     earlier file."""
     if path == ROOT:
@@ -205,7 +209,7 @@ def _check_place(seen: Manifest, path: str, e: Entry) -> None:
             raise ManifestError("the workspace entry of a manifest is not a directory")
         return
     parent = path.rpartition("/")[0] or ROOT
-    if seen.get(parent, Entry(FILE)).kind != DIR:
+    if seen.get(parent, ManifestEntry(FILE)).kind != DIR:
         raise ManifestError(f"manifest path {path[:200]!r} is not under a directory of it")
     if e.kind == HARDLINK:
         assert e.ref is not None
@@ -216,7 +220,7 @@ def _check_place(seen: Manifest, path: str, e: Entry) -> None:
             )
 
 
-def to_tar(m: Mapping[str, Entry], blob: Callable[[str], bytes]) -> bytes:
+def to_tar(m: Mapping[str, ManifestEntry], blob: Callable[[str], bytes]) -> bytes:
     """A tar of the workspace ``m`` describes (pax; the root as ``.``), for a restore to
     extract. ``blob(sha)`` gives a blob's verified bytes; a blob of the wrong length or
     digest is ``ManifestError`` (never archived)."""
@@ -244,7 +248,7 @@ def to_tar(m: Mapping[str, Entry], blob: Callable[[str], bytes]) -> bytes:
     return buf.getvalue()
 
 
-def summary(m: Mapping[str, Entry]) -> str:
+def summary(m: Mapping[str, ManifestEntry]) -> str:
     """How big ``m`` is, for messages."""
     files = sum(1 for e in m.values() if e.kind == FILE)
     return f"{len(m)} entries, {files} files, {len(blobs(m))} blobs"

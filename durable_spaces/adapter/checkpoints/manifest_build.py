@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable, Set
 
 from durable_spaces.adapter.checkpoints import manifest as mf
-from durable_spaces.adapter.checkpoints.workspace_tree import Listing, Node
+from durable_spaces.adapter.checkpoints.workspace_tree import TreeListing, TreeNode
 
 
-def build(listing: Listing, sha: Callable[[str], str]) -> mf.Manifest:
+def build(listing: TreeListing, sha: Callable[[str], str]) -> mf.Manifest:
     """The manifest of ``listing``; ``sha(path)`` gives a file's blob. Paths sharing an
     inode become hard links of the first of them (in manifest order)."""
     return Builder().build(listing, sha)
@@ -28,14 +28,14 @@ class Builder:
     def __init__(self) -> None:
         self._paths: frozenset[str] = frozenset()
         self._order: list[str] = []
-        self._entries: dict[str, tuple[Node, str | None, mf.Entry]] = {}
+        self._entries: dict[str, tuple[TreeNode, str | None, mf.ManifestEntry]] = {}
         self._out: mf.Manifest | None = None
         self._links = True  # the last build had hard links (or there was none)
         #: The paths whose entries the last build may have changed (None: any may).
         self.changed: Set[str] | None = None
 
     def build(
-        self, listing: Listing, sha: Callable[[str], str], changed: Set[str] | None = None
+        self, listing: TreeListing, sha: Callable[[str], str], changed: Set[str] | None = None
     ) -> mf.Manifest:
         nodes = listing.nodes
         if (
@@ -64,7 +64,7 @@ class Builder:
             if n.kind == mf.FILE and n.nlink > 1:
                 self._links = True
                 if n.ino in first:
-                    out[path] = mf.Entry(mf.HARDLINK, 0, 0, first[n.ino], 0)
+                    out[path] = mf.ManifestEntry(mf.HARDLINK, 0, 0, first[n.ino], 0)
                     continue
                 first[n.ino] = path
             out[path] = self._entry(path, n, sha, known)
@@ -74,10 +74,10 @@ class Builder:
     def _entry(
         self,
         path: str,
-        n: Node,
+        n: TreeNode,
         sha: Callable[[str], str],
-        known: dict[str, tuple[Node, str | None, mf.Entry]] | None = None,
-    ) -> mf.Entry:
+        known: dict[str, tuple[TreeNode, str | None, mf.ManifestEntry]] | None = None,
+    ) -> mf.ManifestEntry:
         ref: str | None = None
         if n.kind == mf.FILE:
             ref = sha(path)
@@ -87,11 +87,11 @@ class Builder:
         if k is not None and k[1] == ref and k[0] == n:
             e = k[2]
         elif n.kind == mf.FILE:
-            e = mf.Entry(mf.FILE, n.mode, n.size, ref, n.mtime_ns)
+            e = mf.ManifestEntry(mf.FILE, n.mode, n.size, ref, n.mtime_ns)
         elif n.kind == mf.SYMLINK:
-            e = mf.Entry(mf.SYMLINK, 0o777, 0, ref, n.mtime_ns)
+            e = mf.ManifestEntry(mf.SYMLINK, 0o777, 0, ref, n.mtime_ns)
         else:
-            e = mf.Entry(mf.DIR, n.mode, 0, None, n.mtime_ns)
+            e = mf.ManifestEntry(mf.DIR, n.mode, 0, None, n.mtime_ns)
         self._entries[path] = (n, ref, e)
         return e
 

@@ -17,7 +17,7 @@ from durable_spaces.adapter.checkpoints.batch import read_all
 from durable_spaces.adapter.checkpoints.copy_watch import BlobNames
 from durable_spaces.adapter.checkpoints.kept_tree import KeptTree
 from durable_spaces.adapter.checkpoints.manifest_build import Builder
-from durable_spaces.adapter.checkpoints.workspace_tree import Node, TreeChanged, host_dir
+from durable_spaces.adapter.checkpoints.workspace_tree import TreeChanged, TreeNode, host_dir
 from durable_spaces.host.holders import Holders
 from durable_spaces.space import HostView, JournaledSpace, Space, WorkspaceJournal
 
@@ -31,7 +31,7 @@ class Seen:
     host: bool | None = None  # the workspace is a directory here (None: not probed yet)
     #: path -> (node, sha): through commands, the files a stat key can vouch for; on the
     #: host, every file of the last listing (``clock_ns`` says which keys vouch).
-    files: dict[str, tuple[Node, str]] = field(default_factory=dict)
+    files: dict[str, tuple[TreeNode, str]] = field(default_factory=dict)
     generation: int | None = None  # of the store, when ``files`` was filled
     since_ns: int | None = None  # commands: the clock of the last listing, less RACY_NS
     clock_ns: int = 0  # host: the clock of the last listing

@@ -47,7 +47,7 @@ class TreeChanged(Exception):
     """The workspace changed under a listing in a way it cannot describe: list again."""
 
 
-class Node(NamedTuple):
+class TreeNode(NamedTuple):
     """One listed path: its kind (``manifest`` letters), permission bits, and stat key
     (equal nodes: the file did not change, see the module doc)."""
 
@@ -66,25 +66,29 @@ class Node(NamedTuple):
 
 
 @dataclass
-class Listing:
+class TreeListing:
     clock_ns: int  # the Space's clock when the listing began
-    nodes: dict[str, Node] = field(default_factory=dict)
+    nodes: dict[str, TreeNode] = field(default_factory=dict)
 
 
-def dir_node(st: os.stat_result) -> Node:
-    return Node(DIR, st.st_mode & 0o7777, 0, st.st_ino, st.st_nlink, st.st_mtime_ns, st.st_ctime_ns)
+def dir_node(st: os.stat_result) -> TreeNode:
+    return TreeNode(
+        DIR, st.st_mode & 0o7777, 0, st.st_ino, st.st_nlink, st.st_mtime_ns, st.st_ctime_ns
+    )
 
 
 #: ``take(path, node, fd)`` gets the open descriptor of a file ``want`` asked for.
-Take = Callable[[str, Node, int], None]
-Want = Callable[[str, Node], bool]
+Take = Callable[[str, TreeNode, int], None]
+Want = Callable[[str, TreeNode], bool]
 
 
-def walk_host(root: str, want: Want, take: Take, watch: WorkspaceJournal | None = None) -> Listing:
+def walk_host(
+    root: str, want: Want, take: Take, watch: WorkspaceJournal | None = None
+) -> TreeListing:
     """List the workspace at the host path ``root`` (module doc). With ``watch``, each
     directory is watched before it is listed and each regular file before its
     ``lstat``: a change after that is an event (``space.WorkspaceJournal``)."""
-    listing = Listing(time.time_ns())
+    listing = TreeListing(time.time_ns())
     top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     if watch is not None:
         watch.dir(ROOT, top)
@@ -100,7 +104,7 @@ def walk_host(root: str, want: Want, take: Take, watch: WorkspaceJournal | None 
 
 def walk_stack(
     stack: list[tuple[str, int]],
-    nodes: dict[str, Node],
+    nodes: dict[str, TreeNode],
     want: Want,
     take: Take,
     watch: WorkspaceJournal | None,
@@ -130,7 +134,7 @@ def walk_stack(
 def _walk_dir(
     prefix: str,
     dfd: int,
-    nodes: dict[str, Node],
+    nodes: dict[str, TreeNode],
     want: Want,
     take: Take,
     stack: list[tuple[str, int]],
@@ -166,18 +170,18 @@ def _walk_dir(
             nodes[rel] = node
 
 
-def file_node(st: os.stat_result) -> Node:
-    return Node(
+def file_node(st: os.stat_result) -> TreeNode:
+    return TreeNode(
         FILE, st.st_mode & 0o7777, st.st_size, st.st_ino, st.st_nlink, st.st_mtime_ns,
         st.st_ctime_ns,
     )  # fmt: skip
 
 
-def link_node(st: os.stat_result, target: str) -> Node:
-    return Node(SYMLINK, 0o777, 0, st.st_ino, 1, st.st_mtime_ns, st.st_ctime_ns, target)
+def link_node(st: os.stat_result, target: str) -> TreeNode:
+    return TreeNode(SYMLINK, 0o777, 0, st.st_ino, 1, st.st_mtime_ns, st.st_ctime_ns, target)
 
 
-def take_file(rel: str, name: str, dfd: int, take: Take) -> Node:
+def take_file(rel: str, name: str, dfd: int, take: Take) -> TreeNode:
     """Open the regular file ``name`` of ``dfd`` without following links or blocking,
     hand it to ``take``, and return its node as the open file says."""
     try:
@@ -251,11 +255,11 @@ def fetch_input(paths: list[str]) -> bytes:
     return b"".join(b"./" + p.encode("utf-8", "surrogateescape") + b"\0" for p in paths)
 
 
-def parse_listing(out: bytes) -> tuple[Listing, set[str], dict[str, bytes]]:
+def parse_listing(out: bytes) -> tuple[TreeListing, set[str], dict[str, bytes]]:
     """The output of ``list_script``: the listing, the blobs of the Space's copy, and
     the files its tar holds."""
     clock, _, rest = out.partition(b"\n")
-    listing = Listing(int(clock))
+    listing = TreeListing(int(clock))
     pos = 0
     while not rest.startswith(END, pos):
         fields = []
@@ -266,7 +270,7 @@ def parse_listing(out: bytes) -> tuple[Listing, set[str], dict[str, bytes]]:
         y, name, mode, size, ino, nlink, mtime, ctime, target = fields
         kind = {b"f": FILE, b"d": DIR, b"l": SYMLINK}[y]
         rel = name.decode("utf-8", "surrogateescape") or ROOT
-        listing.nodes[rel] = Node(
+        listing.nodes[rel] = TreeNode(
             kind,
             0o777 if kind == SYMLINK else int(mode, 8),
             int(size) if kind == FILE else 0,

@@ -50,8 +50,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from durable_spaces.backends.docker.docker_space import ContainerProbe, DockerSpace
 from durable_spaces.backends.docker.host_view import WorkspaceView, merged_dir
-from durable_spaces.backends.docker.space import ContainerProbe, DockerSpace
 from durable_spaces.backends.spacesd.machine import orphan_sweep_script, wait_http_health
 from durable_spaces.errors import (
     BackendUnavailableError,

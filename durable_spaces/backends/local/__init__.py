@@ -1,5 +1,5 @@
 """Backend ``local``: a Space that is a directory on this machine (the stand-in the design
-names). ``backend`` (the backend and the layout), ``space`` (the Space, its epochs and
+names). ``backend`` (the backend and the layout), ``local_space`` (the Space, its epochs and
 files), ``execution`` (following one command), ``ledger`` (the exec ledger and records),
 ``procs`` (the Space's processes: liveness, kill, reap), ``disk`` (atomic files),
 ``fs`` (confined file operations and the incremental scanner), ``supervisor`` (one

@@ -13,7 +13,7 @@ processes, for tests and for machines without the real daemon. Layout of a Space
         cmds/<id>/     meta.json (supervisor pid + create time, epoch), output, status
         forkserver.*   the Space's fork server: sock, json (pid, create time, version), log
 
-The Space (``space``) runs each command under ``supervisor.py`` in its own session and
+The Space (``local_space``) runs each command under ``supervisor.py`` in its own session and
 process group, forked by the Space's fork server (``forkserver.py``) or started
 directly. The supervisor does not depend on its caller: a SIGKILLed driver leaves it
 running, and the next driver reattaches by key (``execution``).
@@ -42,10 +42,12 @@ from typing import TYPE_CHECKING
 import psutil
 
 from durable_spaces.backends.local.cgroups import recorded_parent, sweep
-from durable_spaces.backends.local.disk import fsync_dir, write_atomic
+from durable_spaces.backends.local.disk import write_atomic
+from durable_spaces.backends.local.local_space import LocalSpace
+from durable_spaces.backends.local.lock import MACHINE_PATIENCE_S
 from durable_spaces.backends.local.procs import kill_space, reap, space_procs
-from durable_spaces.backends.local.space import MACHINE_PATIENCE_S, LocalSpace
 from durable_spaces.errors import ConfigError, SpaceGoneError, SpaceUnavailableError
+from durable_spaces.host.files import fsync_dir
 from durable_spaces.settings import Settings
 
 __all__ = ["LocalBackend", "LocalSpace", "unavailable_reason"]

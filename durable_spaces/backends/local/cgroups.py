@@ -7,7 +7,7 @@ lands after a newer driver took over. A process group, a session and an environm
 be left by its members, and its children are born in it.
 
 Every command's supervisor is moved into ``<parent>/<instance>/e<epoch>`` by its caller
-after the supervisor said its pid and before it is handed its command (``space.py``'s
+after the supervisor said its pid and before it is handed its command (``local_space.py``'s
 spawn), so the command and everything it starts are born in the cgroup of the epoch it
 was started under. ``advance_epoch(n)`` kills every ``e<k>`` with ``k < n`` whole
 (``cgroup.kill``), waits until each is empty and removes it, before it writes the new

@@ -1,6 +1,6 @@
 """How a driver gets a command's supervisor from its Space's fork server (``forkserver.py``):
 find the server and check it is this Space's and this code's, start it when it is not
-there, and ask it for a child. Everything here runs under the Space's lock (``space.py``'s
+there, and ask it for a child. Everything here runs under the Space's lock (``local_space.py``'s
 spawn), so two drivers never race to start a server, and no caller is ever between its
 look at the server and its request when an idle server retires.
 

@@ -6,7 +6,7 @@ The guest image and its booted base checkpoint come from ``make microvm-image``
 of accelerator in ``accel``. This module is the backend's face; its parts are ``state``
 (each Space's record, lock and host floor), ``machines`` (starting, finishing, forking
 and killing machines), ``checkpoints`` (checkpoint files and the disk pool) and
-``space`` (the client side: the spacesd backend's ``SpacesdSpace`` pointed at the
+``microvm_space`` (the client side: the spacesd backend's ``SpacesdSpace`` pointed at the
 forwarded loopback port, workspace ``/home/cua/work``, user ``cua``).
 
 Layout under ``state_dir``::
@@ -88,7 +88,7 @@ from durable_spaces.backends.microvm.checkpoints import (
 )
 from durable_spaces.backends.microvm.guest import DEFAULT_MEMORY_MB, GuestImage, load_image
 from durable_spaces.backends.microvm.machines import Machines, Source
-from durable_spaces.backends.microvm.space import DAEMON_PID, MicrovmSpace
+from durable_spaces.backends.microvm.microvm_space import DAEMON_PID, MicrovmSpace
 from durable_spaces.backends.microvm.state import StateFiles
 from durable_spaces.errors import (
     BackendUnavailableError,
@@ -292,14 +292,14 @@ class MicrovmBackend:
                     before.strip().decode(),
                     timeout=10,
                 )
-            sp._client = None
+            sp.disconnect()
             deadline = time.monotonic() + 30
             while True:
                 with contextlib.suppress(SpaceUnavailableError, TimeoutError):
                     code, now = await sp.root_run(f"cat {DAEMON_PID}", timeout=10)
                     if code == 0 and now.strip() and now.strip() != before.strip():
                         break
-                sp._client = None
+                sp.disconnect()
                 if time.monotonic() > deadline:
                     raise SpaceUnavailableError(f"the daemon of {name!r} did not come back")
                 await asyncio.sleep(0.05)
@@ -428,10 +428,10 @@ class MicrovmBackend:
 
 
 if TYPE_CHECKING:  # what mypy checks this backend against (durable_spaces.space)
-    from durable_spaces.backends.microvm.space import Host
+    from durable_spaces.backends.microvm.microvm_space import MicrovmHost
     from durable_spaces.space import Faults, MachineCheckpoints, Space, SpaceBackend
 
     def _conforms(
         b: MicrovmBackend, s: MicrovmSpace
-    ) -> tuple[SpaceBackend, Faults, MachineCheckpoints, Host, Space]:
+    ) -> tuple[SpaceBackend, Faults, MachineCheckpoints, MicrovmHost, Space]:
         return b, b, b, b, s

@@ -21,8 +21,8 @@ import uuid
 from dataclasses import dataclass
 
 from durable_spaces.backends.microvm import qemu
-from durable_spaces.backends.microvm.space import TOKEN_PATH, Host, MicrovmSpace
-from durable_spaces.backends.microvm.state import SpaceState
+from durable_spaces.backends.microvm.microvm_space import TOKEN_PATH, MicrovmHost, MicrovmSpace
+from durable_spaces.backends.microvm.state import MicrovmState
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import SpaceError, SpaceUnavailableError
 from durable_spaces.host.ports import free_port
@@ -51,7 +51,7 @@ class Source:
 class Machines:
     """The running machines of ``host``'s Spaces, and one Space object per instance."""
 
-    def __init__(self, host: Host, spec: qemu.VmSpec, last: dict[str, float]) -> None:
+    def __init__(self, host: MicrovmHost, spec: qemu.VmSpec, last: dict[str, float]) -> None:
         self._host = host
         self.files = host.files
         self.spec = spec
@@ -65,7 +65,7 @@ class Machines:
         qemu.create_overlay(path, pathlib.Path(backing))
         return str(path)
 
-    async def start(self, name: str, st: SpaceState, source: Source | None) -> SpaceState:
+    async def start(self, name: str, st: MicrovmState, source: Source | None) -> MicrovmState:
         """Start the Space's machine on ``st.chain``'s top: a restore of ``source`` (its
         memory; the top must be a fresh layer over ``source.chain``) or a cold boot.
         Caller holds the Space's lock; returns once the daemon answers with the Space's
@@ -116,7 +116,7 @@ class Machines:
         self.last[key + "_ready"] = time.monotonic() - t0
         return st
 
-    async def _after_restore(self, name: str, st: SpaceState, old_token: str) -> MicrovmSpace:
+    async def _after_restore(self, name: str, st: MicrovmState, old_token: str) -> MicrovmSpace:
         """Give the restored guest the Space's token, the host's clock and fresh randomness;
         returns the connected Space (its connection is reused)."""
         token = self.files.token(name)
@@ -146,10 +146,10 @@ class Machines:
             except SpaceUnavailableError:
                 if time.monotonic() > deadline:
                     raise
-                sp._client = None
+                sp.disconnect()
                 await asyncio.sleep(0.02)
 
-    def space(self, name: str, st: SpaceState) -> MicrovmSpace:
+    def space(self, name: str, st: MicrovmState) -> MicrovmSpace:
         """The Space object of ``st``'s instance and port (one per instance)."""
         sp = self.spaces.get(name)
         if sp is not None and sp.instance_id == st.instance_id and sp.port == st.port:
@@ -161,7 +161,7 @@ class Machines:
     def drop(self, name: str) -> None:
         sp = self.spaces.pop(name, None)
         if sp is not None:
-            sp._client = None
+            sp.disconnect()
 
     def kill(self, name: str) -> None:
         st = self.files.read(name)
@@ -184,7 +184,7 @@ class Machines:
             raise
         return self.space(name, st)
 
-    async def ensure_running(self, name: str, st: SpaceState) -> MicrovmSpace:
+    async def ensure_running(self, name: str, st: MicrovmState) -> MicrovmSpace:
         """The Space, running: a machine that is down (host reboot, QEMU crash) boots its
         disk, as a machine would; one left half-way by a killed driver is finished."""
         if not qemu.alive(st.pid, st.pid_start):

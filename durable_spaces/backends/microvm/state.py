@@ -30,7 +30,7 @@ NAME_OK = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
 
 @dataclass
-class SpaceState:
+class MicrovmState:
     """What ``spaces/<name>/state.json`` holds."""
 
     instance_id: str
@@ -74,13 +74,13 @@ class StateFiles:
         h = hashlib.sha256(str(self.home(name)).encode()).hexdigest()[:16]
         return pathlib.Path("/tmp") / f"ds-qmp-{h}.sock"
 
-    def read(self, name: str) -> SpaceState | None:
+    def read(self, name: str) -> MicrovmState | None:
         try:
-            return SpaceState(**json.loads((self.home(name) / "state.json").read_text()))
+            return MicrovmState(**json.loads((self.home(name) / "state.json").read_text()))
         except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
             return None
 
-    def write(self, name: str, st: SpaceState) -> None:
+    def write(self, name: str, st: MicrovmState) -> None:
         path = self.home(name) / "state.json"
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         with open(tmp, "w") as f:
@@ -99,7 +99,7 @@ class StateFiles:
             if NAME_OK.match(p.name) and (p / "state.json").exists()
         )
 
-    def states(self) -> list[SpaceState]:
+    def states(self) -> list[MicrovmState]:
         out = []
         for p in (self.state_dir / "spaces").iterdir():
             st = self.read(p.name) if NAME_OK.match(p.name) else None
@@ -107,16 +107,16 @@ class StateFiles:
                 out.append(st)
         return out
 
-    def init_space(self, name: str) -> SpaceState:
+    def init_space(self, name: str) -> MicrovmState:
         """A new Space's home with its own token, and its first state (not written yet)."""
         home = self.home(name)
         home.mkdir(parents=True, exist_ok=True)
         fd = os.open(home / "token", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_hex(32))  # the same length as every token: fw_cfg size
-        return SpaceState(instance_id=secrets.token_hex(8), port=free_port(), created=time.time())
+        return MicrovmState(instance_id=secrets.token_hex(8), port=free_port(), created=time.time())
 
-    def raise_floor(self, name: str, instance_id: str | None, epoch: int | None) -> SpaceState:
+    def raise_floor(self, name: str, instance_id: str | None, epoch: int | None) -> MicrovmState:
         """The host floor check of a mutation by ``epoch`` (caller holds the Space's lock):
         refused below the floor, raised above it. ``epoch`` None is the backend's own
         operation (placement, faults), which is not fenced."""

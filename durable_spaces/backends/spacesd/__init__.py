@@ -1,5 +1,5 @@
 """Backend ``spacesd``: the real cua-spacesd from the ``cua`` wheel as a local process.
-``space`` is the daemon-backed Space every daemon backend uses (docker and microvm
+``spacesd_space`` is the daemon-backed Space every daemon backend uses (docker and microvm
 subclass it), with ``execution`` (following and replaying commands), ``errormap`` (SDK
 errors as ours), ``mutate`` (workspace mutations as fenced commands) and ``scan`` (the
 incremental scan); ``machine`` is what a backend does around a daemon's machine (health,

@@ -53,7 +53,7 @@ from durable_spaces.backends.spacesd.daemon import (
 from durable_spaces.backends.spacesd.host_scan import HostScan, HostScannedSpace
 from durable_spaces.backends.spacesd.procs import sweep_untracked
 from durable_spaces.backends.spacesd.runtime import start_runtime
-from durable_spaces.backends.spacesd.space import SpacesdSpace, SweepWhen
+from durable_spaces.backends.spacesd.spacesd_space import SpacesdSpace, SweepWhen
 from durable_spaces.errors import (
     BackendUnavailableError,
     ConfigError,
@@ -304,7 +304,7 @@ class SpacesdBackend:
                 except SpaceUnavailableError:
                     if d.exited(st) or time.monotonic() > deadline:
                         break
-                    space._client = None
+                    space.disconnect()
                     await asyncio.sleep(0.01)
             if caps is None:
                 tail = d.log_tail()
@@ -415,7 +415,7 @@ class SpacesdBackend:
                         await asyncio.to_thread(d.kill, st)
                         await self._boot(d, st)
                         return token
-                    space._client = None
+                    space.disconnect()
                     await asyncio.sleep(TOKEN_POLL_MS / 1000)
 
     async def kill_daemon(self, name: str) -> None:

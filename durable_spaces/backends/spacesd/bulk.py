@@ -17,12 +17,18 @@ the caller reads those paths one by one.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from durable_spaces.errors import SpaceError
-from durable_spaces.space import confine, name_problem
+from durable_spaces.space import PathTable, confine, name_problem
+
+#: Stale files smaller than this are read whole by a scan and hashed here (``hash_stale``),
+#: at most ``KEEP_TOTAL`` bytes of them a scan; larger ones are hashed in the Space.
+KEEP_MAX = 64 * 1024
+KEEP_TOTAL = 8 << 20
 
 #: Run as ``bash -c READ ds-read <root>`` with the paths on stdin, NUL-separated.
 READ = r"""
@@ -89,3 +95,36 @@ def parse(stream: bytes, wanted: set[str]) -> dict[str, bytes]:
     except tarfile.TarError as e:
         raise SpaceError(f"the Space's file stream is not a tar archive: {e}") from None
     return out
+
+
+async def hash_stale(
+    stale: list[str],
+    table: PathTable,
+    tar: Callable[[list[str]], Awaitable[bytes | None]],
+    hash_files: Callable[[list[str]], Awaitable[dict[str, str]]],
+) -> tuple[dict[str, str], dict[str, bytes]]:
+    """The sha256 of each file in ``stale`` (gone ones left out), and the bytes of
+    those read whole: the small ones (under ``KEEP_MAX``, ``KEEP_TOTAL`` in all) come
+    in one ``tar`` (``tar``: the stream of ``read_argv``, None when it failed) and are
+    hashed here, so transactional mode's read of what a command changed is answered
+    from them (one command fewer per call); the rest, and any the stream left out or
+    could not give (changed while read, no longer a regular file), are hashed in the
+    Space by ``hash_files``."""
+    hashes: dict[str, str] = {}
+    kept: dict[str, bytes] = {}
+    small: list[str] = []
+    total = 0
+    for name in stale:
+        size = table[name].size or 0
+        if size < KEEP_MAX and total + size <= KEEP_TOTAL:
+            small.append(name)
+            total += size
+    if len(small) > 1:  # one file: hashing it in the Space is one command already
+        stream = await tar(small)
+        if stream is not None:
+            kept = parse(stream, set(small))
+            hashes = {n: hashlib.sha256(data).hexdigest() for n, data in kept.items()}
+    rest = [n for n in stale if n not in hashes]
+    if rest:
+        hashes.update(await hash_files(rest))
+    return hashes, kept

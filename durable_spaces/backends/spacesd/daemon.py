@@ -42,9 +42,9 @@ from pathlib import Path
 
 import psutil
 
-from durable_spaces.backends.local.disk import fsync_dir
 from durable_spaces.backends.spacesd import procs
 from durable_spaces.errors import SpaceError, SpaceUnavailableError
+from durable_spaces.host.files import fsync_dir
 from durable_spaces.host.ports import free_port
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 from durable_spaces.backends.local.journal import ChangeJournal
 from durable_spaces.backends.local.journaled import JournaledScanner, small_if_free
-from durable_spaces.backends.spacesd.space import SpacesdSpace
+from durable_spaces.backends.spacesd.spacesd_space import SpacesdSpace
 from durable_spaces.space import PathTable, confine
 
 __all__ = ["HostScan", "HostScannedSpace"]

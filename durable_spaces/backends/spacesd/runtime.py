@@ -1,6 +1,6 @@
 """The ``cua`` SDK's embedded runtime, one per state dir, and what a daemon must support.
 
-Apart from the Space (``space.py``) because a warm driver starts the runtime before it
+Apart from the Space (``spacesd_space.py``) because a warm driver starts the runtime before it
 has a Space (``start_runtime``), and the backend checks a daemon's capabilities before it
 makes one (``check_exec_ledger``).
 """

@@ -139,7 +139,7 @@ async def read_all(
     return Manifests(data, unread, store is not None)
 
 
-class _Inputs(Protocol):
+class _CallInputs(Protocol):
     """What this check reads of a run (``inputs.Inputs``): a protocol, so this module does
     not import the inputs that import it."""
 
@@ -156,7 +156,7 @@ class _Inputs(Protocol):
     def implied(self) -> Implied: ...
 
 
-def checkpoint_follows_calls(inputs: _Inputs) -> Verdict:
+def checkpoint_follows_calls(inputs: _CallInputs) -> Verdict:
     """Checkpoint runs: at each committed ``ok`` call's result, the checkpoint recorded
     for it holds every file the call changed as the interpreter says it left it
     (module doc), anomaly ``call_not_in_checkpoint``."""

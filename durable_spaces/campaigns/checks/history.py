@@ -20,7 +20,7 @@ SPACE_DOC = "cua.space"
 
 
 @dataclass(frozen=True)
-class Entry:
+class HistoryEntry:
     seq: int  # the commit that holds it
     id: str
     kind: str
@@ -33,7 +33,7 @@ class History:
 
     commits: list[RawCommit]
     conversation: str | None = None
-    entries: list[Entry] = field(default_factory=list)
+    entries: list[HistoryEntry] = field(default_factory=list)
     calls: dict[str, dict[str, Any]] = field(default_factory=dict)  # call id -> tool call
     call_seq: dict[str, int] = field(default_factory=dict)  # call id -> its assistant commit
     results: list[dict[str, Any]] = field(default_factory=list)  # tool_result data, in order
@@ -64,7 +64,7 @@ class History:
         if kind == "entry":
             raw = op.get("data")
             data: dict[str, Any] = raw if isinstance(raw, dict) else {}
-            e = Entry(seq, str(op.get("id")), str(op.get("kind")), data)
+            e = HistoryEntry(seq, str(op.get("id")), str(op.get("kind")), data)
             self.entries.append(e)
             if e.kind == "assistant":
                 for tc in data.get("tool_calls") or []:

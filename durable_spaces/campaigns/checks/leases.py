@@ -41,7 +41,7 @@ def _ms(e: Event) -> float:
 
 
 @dataclass
-class Tally:
+class LeaseTally:
     """What a run's events show: the counters and each violation found."""
 
     drives: int = 0
@@ -69,9 +69,9 @@ class Tally:
         }
 
 
-def tally(events: Iterable[Event]) -> Tally:
+def tally(events: Iterable[Event]) -> LeaseTally:
     evs = sorted(events, key=lambda e: e.id)
-    t = Tally()
+    t = LeaseTally()
     t.drives = sum(1 for e in evs if e.kind == "driver_launched")
     t.spaces_replaced = sum(
         1 for e in evs if e.kind == "space_placed" and int(e.detail.get("generation", 1)) > 1

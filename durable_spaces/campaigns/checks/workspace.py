@@ -25,7 +25,7 @@ from decimal import Decimal
 from typing import Any
 
 from durable_spaces.errors import SpaceError
-from durable_spaces.host.files import file_kind as _kind
+from durable_spaces.host.files import file_kind
 from durable_spaces.space import ExecResult, Space
 
 #: Space kinds whose workspace is a directory of this host (``Capabilities.kind``).
@@ -64,7 +64,7 @@ class Workspace:
 
 
 def _node(s: os.stat_result, **kw: Any) -> Node:
-    kind = _kind(s.st_mode)
+    kind = file_kind(s.st_mode)
     rdev = (os.major(s.st_rdev), os.minor(s.st_rdev)) if kind in ("chardev", "blockdev") else None
     return Node(
         kind,
@@ -101,7 +101,7 @@ def _walk(dfd: int, prefix: str, nodes: dict[str, Node]) -> None:
         rel = prefix + e.name
         try:
             s = os.lstat(e.name, dir_fd=dfd)
-            kind = _kind(s.st_mode)
+            kind = file_kind(s.st_mode)
             if kind == "symlink":
                 nodes[rel] = _node(s, target=os.readlink(e.name, dir_fd=dfd))
             elif kind == "file":

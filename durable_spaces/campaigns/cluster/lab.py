@@ -69,7 +69,7 @@ def wait_for(
 
 
 @dataclass
-class Host:
+class LabHost:
     id: str
     ip: str
     address: str  # its API, ip:port
@@ -95,7 +95,7 @@ class Cluster:
         self.lab = lab
         self.store = ClusterStore(url)
         self.sessions = SharedDirectory(root / "sessions")
-        self.hosts: dict[str, Host] = {}
+        self.hosts: dict[str, LabHost] = {}
         self.procs: list[subprocess.Popen[bytes]] = []
 
     # -- processes -----------------------------------------------------------------------
@@ -103,7 +103,7 @@ class Cluster:
     def _log(self, name: str) -> Any:
         return open(self.root / f"{name}.log", "ab")
 
-    def host(self, host_id: str, backend: str = "spacesd", *, root_ns: bool = False) -> Host:
+    def host(self, host_id: str, backend: str = "spacesd", *, root_ns: bool = False) -> LabHost:
         """A host agent in a new namespace; ``root_ns``: on this machine itself, on the
         bridge's address (docker publishes Spaces on the root namespace's loopback, which
         a namespace cannot reach). Only a namespaced host can be lost."""
@@ -120,7 +120,7 @@ class Cluster:
             else:
                 proc = ns.popen(argv, stdout=log, stderr=subprocess.STDOUT)
         self.procs.append(proc)
-        h = Host(host_id, ip, address, state, proc, backend, ns)
+        h = LabHost(host_id, ip, address, state, proc, backend, ns)
         self.hosts[host_id] = h
         wait_for(f"host {host_id} up", lambda: self._host_up(host_id), 60)
         return h

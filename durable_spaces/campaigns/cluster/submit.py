@@ -15,7 +15,7 @@ from pathlib import Path
 
 from durable_spaces.campaigns.agent import AgentConfigFile
 from durable_spaces.cluster.drive import SessionFiles
-from durable_spaces.cluster.records import Session, check_name
+from durable_spaces.cluster.records import SessionRecord, check_name
 from durable_spaces.cluster.store import ClusterStore
 from durable_spaces.drive import protocol
 from durable_spaces.drive.entry import LOG_FILE
@@ -57,7 +57,7 @@ def submit_session(
     config: AgentConfigFile,
     *,
     space: str | None = None,
-) -> Session:
+) -> SessionRecord:
     """Create session ``name`` (driving durable Space ``space``, created if new)."""
     check_name("session", name)
     if space is not None:  # drivers get it as CUA_SESSION_SPACE: the stricter rule

@@ -29,7 +29,7 @@ from typing import Any
 
 from durable_spaces.campaigns.checker import History, check_all
 from durable_spaces.campaigns.checks.effects import diagnose
-from durable_spaces.campaigns.checks.leases import Tally, tally
+from durable_spaces.campaigns.checks.leases import LeaseTally, tally
 from durable_spaces.campaigns.checks.verdict import Anomaly, Verdict, anomaly
 from durable_spaces.campaigns.checks.workload import interpret
 from durable_spaces.campaigns.record import RunRecord
@@ -156,7 +156,7 @@ class Play:
     def __init__(self, run: RunSpec, kind: str, cluster: Any, pg: Any) -> None:
         self.run_spec = run
         self.kind = kind
-        self.c = cluster
+        self.cluster = cluster
         self.pg = pg
         self.rng = random.Random(f"{run.seed}:play")
         self.space = "sp1"
@@ -168,23 +168,23 @@ class Play:
         self.coordinators: dict[str, Any] = {}
 
     def start(self) -> None:
-        self.c.host("h1", self.run_spec.backend)
-        self.c.host("h2", self.run_spec.backend)
+        self.cluster.host("h1", self.run_spec.backend)
+        self.cluster.host("h2", self.run_spec.backend)
         backoff = LONG_BACKOFF if self.kind == "coordinator_kill" else BACKOFF
         for cid in ("c1", "c2"):
-            self.coordinators[cid] = self.c.coordinator(cid, "--backoff", backoff)
+            self.coordinators[cid] = self.cluster.coordinator(cid, "--backoff", backoff)
 
     def end(self, name: str) -> None:
         try:
-            self.c.wait_session(name, SESSION_TIMEOUT_S)
+            self.cluster.wait_session(name, SESSION_TIMEOUT_S)
         except TimeoutError as e:
-            raise SessionStuck(f"{name}: {e} ({self.c.store.session(name)})") from None
+            raise SessionStuck(f"{name}: {e} ({self.cluster.store.session(name)})") from None
 
     def submit(self, name: str, calls: int, sleep: float) -> None:
         mode = self.run_spec.durable_mode or "transactional"
-        ckpt = self.c.root / "checkpoints" if mode != "transactional" else None
+        ckpt = self.cluster.root / "checkpoints" if mode != "transactional" else None
         seed = f"{self.run_spec.seed}-{name}"
-        self.c.submit(name, self.space, seed, calls=calls, sleep=sleep, mode=mode,
+        self.cluster.submit(name, self.space, seed, calls=calls, sleep=sleep, mode=mode,
                       checkpoint_dir=ckpt)  # fmt: skip
 
     def run(self) -> list[str]:
@@ -214,7 +214,7 @@ class Play:
     def _kill(self, session: str, epoch: int) -> float | None:
         """SIGKILL that driver if it still runs; when (unix ms), or None."""
         try:
-            t = float(self.c.kill_driver(session, epoch))
+            t = float(self.cluster.kill_driver(session, epoch))
         except Exception as e:  # it finished or died already
             self.notes.setdefault("kill_missed", []).append(f"{session}@{epoch}: {e}")
             return None
@@ -224,14 +224,14 @@ class Play:
     def _results(self, session: str, n: int) -> None:
         def enough() -> bool:
             try:
-                return len(self.c.history(session).results) >= n
+                return len(self.cluster.history(session).results) >= n
             except LogError:
                 return False
 
         _wait(f"{n} results in {session}'s log", enough)
 
     def driver_kill(self, s: str) -> None:
-        self.c.wait_first_step(s, 1)
+        self.cluster.wait_first_step(s, 1)
         time.sleep(self.rng.uniform(0.0, 0.5))
         killed = self._kill(s, 1)
         if killed is None:
@@ -239,8 +239,10 @@ class Play:
         self.faults["driver_kill"] += 1
 
         def resumed() -> Any:
-            steps = [e for e in self.c.events("driver_first_step", s) if e.detail["epoch"] == 2]
-            return steps or self.c.store.session(s).state in ("done", "failed")
+            steps = [
+                e for e in self.cluster.events("driver_first_step", s) if e.detail["epoch"] == 2
+            ]
+            return steps or self.cluster.store.session(s).state in ("done", "failed")
 
         nxt = _wait(f"{s} resumed", resumed)
         if nxt is True:  # killed as it finished: the next driver had no step left
@@ -253,8 +255,8 @@ class Play:
         """An operator removes the Space's sandbox on its (live) host."""
         from durable_spaces.cluster.host import local_name
 
-        sp = self.c.store.space(self.space)
-        host = self.c.hosts[sp.host_id]
+        sp = self.cluster.store.space(self.space)
+        host = self.cluster.hosts[sp.host_id]
         backend = _host_backend(host)
 
         async def remove() -> None:
@@ -278,23 +280,23 @@ class Play:
         self.faults["space_remove_live"] += 1
 
     def coordinator_kill(self, s: str) -> None:
-        self.c.wait_first_step(s, 1)
+        self.cluster.wait_first_step(s, 1)
         if self._kill(s, 1) is None:
             return
-        _wait("the killed driver reaped", lambda: self.c.events("driver_exited", s))
-        cid = self.c.store.session(s).claimed_by
+        _wait("the killed driver reaped", lambda: self.cluster.events("driver_exited", s))
+        cid = self.cluster.store.session(s).claimed_by
         proc = self.coordinators[cid]
-        in_backoff = len(self.c.events("epoch_issued", s)) == 1
+        in_backoff = len(self.cluster.events("epoch_issued", s)) == 1
         proc.kill()
         proc.wait(10)
         self.faults["coordinator_kill"] += 1
         self.notes["coordinator_killed"] = {"id": cid, "in_backoff": in_backoff}
-        self.coordinators[cid] = self.c.coordinator(cid, "--backoff", LONG_BACKOFF)  # same id
+        self.coordinators[cid] = self.cluster.coordinator(cid, "--backoff", LONG_BACKOFF)  # same id
 
     def host_loss(self, s: str) -> None:
         self._results(s, 1)
-        holder = self.c.store.space(self.space).host_id
-        self.c.lose(holder)
+        holder = self.cluster.store.space(self.space).host_id
+        self.cluster.lose(holder)
         self.faults["host_loss"] += 1
         self.notes["lost_host"] = holder
 
@@ -309,13 +311,13 @@ class Play:
 
     def race(self, calls: int, sleep: float) -> list[str]:
         self.submit("a", calls, max(sleep, 0.5))
-        self.c.wait_first_step("a", 1)
+        self.cluster.wait_first_step("a", 1)
         self.submit("b", max(2, calls // 2), sleep)
         _wait(
             "b pending",
             lambda: (
-                self.c.store.session("b").reason == "held by session:a"
-                or self.c.store.session("a").state == "done"
+                self.cluster.store.session("b").reason == "held by session:a"
+                or self.cluster.store.session("a").state == "done"
             ),
         )
         self.faults["race"] += 1
@@ -390,7 +392,7 @@ def probe_superseded(store: Any, space: str) -> list[Anomaly]:
 def fill(record: RunRecord, play: Play, cluster: Any, sessions: list[str]) -> None:
     stale = probe_superseded(cluster.store, play.space)
     events = cluster.events()
-    t: Tally = tally(events)
+    t: LeaseTally = tally(events)
     t.lease.extend(stale)
     checks: dict[str, Any] = {}
     for s in sessions:

@@ -4,7 +4,7 @@ The script's step 0 starts a heartbeat "server" outside the workspace, and every
 step sleeps 4 s so a command is still running when its driver is killed. The schedule
 kills a driver right after a machine checkpoint, then the next one in the middle of a
 call (its outcome unknown), so the one after restores that checkpoint; the server must
-come back with it: the same pid, still beating (``checks/server.py``).
+come back with it: the same pid, still beating (``checks/server_survives.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 
-from durable_spaces.campaigns.checks.server import server_survives
+from durable_spaces.campaigns.checks.server_survives import server_survives
 from durable_spaces.campaigns.evidence import RunCheck, on_inputs
 from durable_spaces.campaigns.scenarios.base import OneSession, Script
 from durable_spaces.campaigns.spec import RunSpec

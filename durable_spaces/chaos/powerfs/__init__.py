@@ -79,7 +79,7 @@ from durable_spaces.chaos.powerfs.api import (
     mount,
 )
 from durable_spaces.chaos.powerfs.api import unavailable as unavailable
-from durable_spaces.chaos.powerfs.errors import FuseUnavailableError, PowerFSError
+from durable_spaces.chaos.powerfs.powerfs_errors import FuseUnavailableError, PowerFSError
 
 __all__ = [
     "CutReport",

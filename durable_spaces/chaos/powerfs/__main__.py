@@ -9,7 +9,7 @@ import dataclasses
 import json
 import sys
 
-from durable_spaces.chaos.powerfs.errors import PowerFSError
+from durable_spaces.chaos.powerfs.powerfs_errors import PowerFSError
 from durable_spaces.errors import ConfigError
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from durable_spaces.chaos.powerfs.disk import MAX_LATENCY_MS, MAX_STALL_S, seconds
-from durable_spaces.chaos.powerfs.errors import FuseUnavailableError, PowerFSError
+from durable_spaces.chaos.powerfs.powerfs_errors import FuseUnavailableError, PowerFSError
 from durable_spaces.chaos.powerfs.supervisor import LOG, SOCKET
 from durable_spaces.errors import ConfigError
 

@@ -41,13 +41,13 @@ def kind_of(mode: int) -> Kind:
 
 
 @dataclass(eq=False)
-class Node:
+class ImageNode:
     """One durable inode: its kind, its durable names, and (a directory) its entries."""
 
     id: int
     kind: Kind
-    names: set[tuple[Node, str]] = field(default_factory=set)
-    children: dict[str, Node] = field(default_factory=dict)
+    names: set[tuple[ImageNode, str]] = field(default_factory=set)
+    children: dict[str, ImageNode] = field(default_factory=dict)
 
 
 class CycleError(Exception):
@@ -61,8 +61,8 @@ class Image:
     def __init__(self, backing: str) -> None:
         self.root = os.path.abspath(backing)
         self.area = os.path.join(self.root, AREA)
-        self.top = Node(0, "dir")
-        self.by_live: dict[int, Node] = {}
+        self.top = ImageNode(0, "dir")
+        self.by_live: dict[int, ImageNode] = {}
         self._next_id = 1
 
     # --- the index -------------------------------------------------------------------
@@ -70,8 +70,8 @@ class Image:
     def scan(self, live: str) -> None:
         """Index the backing tree; ``live`` is a fresh copy of it (same relative paths)."""
         self.by_live = {os.lstat(live).st_ino: self.top}
-        hard: dict[int, Node] = {}  # backing st_ino of non-directories: hard links
-        stack: list[tuple[Node, str]] = [(self.top, "")]
+        hard: dict[int, ImageNode] = {}  # backing st_ino of non-directories: hard links
+        stack: list[tuple[ImageNode, str]] = [(self.top, "")]
         while stack:
             parent, rel = stack.pop()
             with os.scandir(os.path.join(self.root, rel)) as entries:
@@ -91,23 +91,23 @@ class Image:
                     if kind == "dir":
                         stack.append((node, sub))
 
-    def _new(self, kind: Kind) -> Node:
-        node = Node(self._next_id, kind)
+    def _new(self, kind: Kind) -> ImageNode:
+        node = ImageNode(self._next_id, kind)
         self._next_id += 1
         return node
 
     @staticmethod
-    def _attach(parent: Node, name: str, node: Node) -> None:
+    def _attach(parent: ImageNode, name: str, node: ImageNode) -> None:
         parent.children[name] = node
         node.names.add((parent, name))
 
     @staticmethod
-    def _detach(parent: Node, name: str) -> Node:
+    def _detach(parent: ImageNode, name: str) -> ImageNode:
         node = parent.children.pop(name)
         node.names.discard((parent, name))
         return node
 
-    def path(self, node: Node) -> str:
+    def path(self, node: ImageNode) -> str:
         """Where the node is on disk now: under one of its names, or in the orphan area."""
         parts: list[str] = []
         while node is not self.top:
@@ -120,14 +120,14 @@ class Image:
             base = self.root
         return os.path.join(base, *reversed(parts))
 
-    def relpath(self, node: Node) -> str:
+    def relpath(self, node: ImageNode) -> str:
         return os.path.relpath(self.path(node), self.root)
 
-    def _orphan_path(self, node: Node) -> str:
+    def _orphan_path(self, node: ImageNode) -> str:
         os.makedirs(self.area, mode=0o700, exist_ok=True)
         return os.path.join(self.area, str(node.id))
 
-    def _is_ancestor(self, node: Node, of: Node) -> bool:
+    def _is_ancestor(self, node: ImageNode, of: ImageNode) -> bool:
         """Whether directory ``node`` contains ``of`` in the image (or is it)."""
         cur = of
         while True:
@@ -139,7 +139,9 @@ class Image:
 
     # --- file data -------------------------------------------------------------------
 
-    def sync_file(self, node: Node | None, live_fd: int, pending: Pending, *, meta: bool) -> Node:
+    def sync_file(
+        self, node: ImageNode | None, live_fd: int, pending: Pending, *, meta: bool
+    ) -> ImageNode:
         """fsync (``meta``) or fdatasync of a live file: copy what changed since the last
         sync (all of it for a file that had no durable inode) into the image."""
         st = os.fstat(live_fd)
@@ -164,7 +166,7 @@ class Image:
             _copy_meta(path, st)
         return node
 
-    def tear(self, node: Node, offset: int, data: bytes) -> None:
+    def tear(self, node: ImageNode, offset: int, data: bytes) -> None:
         """A power cut in the middle of a write: ``data`` (a prefix) reached the disk."""
         if data:
             fd = os.open(self.path(node), os.O_WRONLY)
@@ -175,7 +177,7 @@ class Image:
 
     # --- directory entries -----------------------------------------------------------
 
-    def sync_dir(self, node: Node | None, live_fd: int, *, meta: bool) -> Node:
+    def sync_dir(self, node: ImageNode | None, live_fd: int, *, meta: bool) -> ImageNode:
         """fsync of a live directory: make its durable entries equal to its live ones.
 
         Each entry is matched by inode: a name whose inode changed is unlinked (or, for
@@ -215,7 +217,7 @@ class Image:
             _copy_meta(dpath, os.fstat(live_fd))
         return node
 
-    def _unname(self, parent: Node, name: str, dpath: str) -> None:
+    def _unname(self, parent: ImageNode, name: str, dpath: str) -> None:
         child = self._detach(parent, name)
         where = os.path.join(dpath, name)
         if child.kind != "dir" and child.names:
@@ -223,7 +225,7 @@ class Image:
         else:  # its last name: keep the inode, a later directory fsync may name it again
             os.rename(where, self._orphan_path(child))
 
-    def _place(self, node: Node, target: str) -> None:
+    def _place(self, node: ImageNode, target: str) -> None:
         source = self.path(node)
         if node.kind == "dir":
             for parent, name in list(node.names):

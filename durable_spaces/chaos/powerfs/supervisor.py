@@ -55,7 +55,7 @@ class _BootError(Exception):
     pass
 
 
-class Supervisor:
+class PowerfsSupervisor:
     def __init__(
         self, backing: str, mountpoint: str, state_dir: str, seed: int | str, tear: bool
     ) -> None:
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tear", action="store_true")
     args = ap.parse_args(argv)
     seed: int | str = int(args.seed) if args.seed.lstrip("-").isdigit() else args.seed
-    sup = Supervisor(args.backing, args.mountpoint, args.state_dir, seed, args.tear)
+    sup = PowerfsSupervisor(args.backing, args.mountpoint, args.state_dir, seed, args.tear)
     signal.signal(signal.SIGTERM, _terminate)  # SIGTERM: power off (volatile state lost)
     done = False
     try:

@@ -37,9 +37,9 @@ def sha(data: bytes) -> str:
 
 def manifest_of(files: dict[str, bytes]) -> bytes:
     """A real manifest naming ``files`` (so a prune reads what it needs)."""
-    m: mf.Manifest = {".": mf.Entry(mf.DIR, 0o755, 0, None, 0)}
+    m: mf.Manifest = {".": mf.ManifestEntry(mf.DIR, 0o755, 0, None, 0)}
     for path, data in files.items():
-        m[path] = mf.Entry(mf.FILE, 0o644, len(data), sha(data), 0)
+        m[path] = mf.ManifestEntry(mf.FILE, 0o644, len(data), sha(data), 0)
     return mf.encode(m)
 
 

@@ -41,7 +41,7 @@ from durable_spaces.adapter.checkpoints.snapshots import (
     DirectoryCheckpointStore,
     WorkspaceSnapshots,
 )
-from durable_spaces.adapter.state import CallRecord, SpaceState
+from durable_spaces.adapter.space_state import CallRecord, SpaceState
 from durable_spaces.backends import open_backend
 from durable_spaces.backends.microvm.backend import MicrovmBackend
 from durable_spaces.errors import (

@@ -12,7 +12,7 @@ from typing import Any
 from tool_session import tool_session
 
 from durable_spaces.adapter.checkpoints.incremental import copy_dir
-from durable_spaces.adapter.state import DOC
+from durable_spaces.adapter.space_state import DOC
 
 
 def _doc_puts(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from needs import need
 
-from durable_spaces.adapter.state import DOC, SpaceState
+from durable_spaces.adapter.space_state import DOC, SpaceState
 from durable_spaces.backends import open_backend
 from durable_spaces.campaigns.checker import load_history
 from tests.adapter.drive import Attempt, drive, setup

@@ -473,7 +473,7 @@ async def test_an_unreadable_file_in_a_docker_space_is_a_clear_error(
     a ``tarfile`` error; now the checkpoint says what it could not read. Read here
     through the container's root filesystem (``HostView``) it is read, and restored."""
     _need("docker")
-    from durable_spaces.backends.docker.space import DockerSpace
+    from durable_spaces.backends.docker.docker_space import DockerSpace
 
     if not viewed:
         monkeypatch.setattr(DockerSpace, "host_view", lambda self: None)

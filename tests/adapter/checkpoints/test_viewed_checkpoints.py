@@ -15,7 +15,7 @@ import pytest
 from durable_spaces.adapter.checkpoints.incremental import copy_dir
 from durable_spaces.adapter.checkpoints.store import DirectoryCheckpointStore
 from durable_spaces.backends.docker.backend import DockerBackend
-from durable_spaces.backends.docker.space import DockerSpace
+from durable_spaces.backends.docker.docker_space import DockerSpace
 from tests.adapter.settled import SettledSnapshots
 
 pytestmark = pytest.mark.docker

@@ -23,7 +23,7 @@ from durable_spaces.adapter.checkpoints.snapshots import (
 )
 from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
 from durable_spaces.adapter.review import workspace_at
-from durable_spaces.adapter.state import DOC, SpaceState
+from durable_spaces.adapter.space_state import DOC, SpaceState
 from durable_spaces.backends import open_backend
 from durable_spaces.harness.log import MemoryStorage
 from durable_spaces.harness.models import ScriptedModel

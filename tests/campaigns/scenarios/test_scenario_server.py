@@ -1,4 +1,4 @@
-"""``server_survives`` (the server scenario's check, ``campaigns/checks/server.py``) on a
+"""``server_survives`` (the server scenario's check, ``campaigns/checks/server_survives.py``) on a
 real log whose step 0 started the server, against what the probe saw after the run."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from checker_scenes import Scene, scene
 
 from durable_spaces.campaigns.checks.inputs import ServerProbe
-from durable_spaces.campaigns.checks.server import server_survives
+from durable_spaces.campaigns.checks.server_survives import server_survives
 from durable_spaces.campaigns.evidence import Evidence, judge
 from durable_spaces.campaigns.scenarios.base import get
 from durable_spaces.campaigns.spec import RunSpec

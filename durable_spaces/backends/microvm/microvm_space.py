@@ -22,9 +22,9 @@ import cua
 
 from durable_spaces.backends.microvm import qemu
 from durable_spaces.backends.microvm.guest import WORKSPACE
-from durable_spaces.backends.microvm.state import SpaceState, StateFiles
+from durable_spaces.backends.microvm.state import MicrovmState, StateFiles
 from durable_spaces.backends.spacesd.machine import orphan_sweep_script
-from durable_spaces.backends.spacesd.space import SpacesdSpace, SweepWhen
+from durable_spaces.backends.spacesd.spacesd_space import SpacesdSpace, SweepWhen
 from durable_spaces.errors import SpaceError
 from durable_spaces.settings import Settings
 from durable_spaces.space import Capabilities
@@ -40,7 +40,7 @@ DAEMON_PID = "/run/cua/daemon.pid"
 _SWEEP = orphan_sweep_script(f"cat {DAEMON_PID} 2>/dev/null")
 
 
-class Host(Protocol):
+class MicrovmHost(Protocol):
     """What a microvm Space asks of its backend (``MicrovmBackend``)."""
 
     files: StateFiles
@@ -79,7 +79,7 @@ class VmProbe:
 class MicrovmSpace(SpacesdSpace):
     """A cua-spacesd Space inside a QEMU guest, reached on its forwarded port."""
 
-    def __init__(self, host: Host, name: str, st: SpaceState, token: str) -> None:
+    def __init__(self, host: MicrovmHost, name: str, st: MicrovmState, token: str) -> None:
         super().__init__(
             name,
             WORKSPACE,

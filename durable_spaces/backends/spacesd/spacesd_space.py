@@ -19,12 +19,8 @@ Decisions worth knowing:
   EXITED or LOST key's spawn answers with its old process, never a new run) is what
   keeps a wrongly vouched key from running twice. Following a command
   is ``execution``'s part; reading SDK errors, ``errormap``'s.
-- Paths: ``confine()`` lexically, then every existing component is ``lstat``-ed through
-  the daemon and a symlink among them is refused (``PathEscapeError``), as in
-  ``local_fs``. There is a TOCTOU window between the check and the daemon's operation (a
-  command running at the same moment could swap a directory for a symlink): the daemon
-  has no ``openat``-style confined API to close it, so confinement here holds against
-  paths the adapter is given, not against a concurrent hostile command.
+- Paths are confined lexically and checked through the daemon for symlinks on the
+  way (``files``).
 - The daemon treats a command whose epoch is above the floor as an ``AdvanceEpoch``
   first: the floor rises and processes of older epochs are killed. Newer writers fence
   older ones without an explicit ``advance_epoch``.
@@ -38,10 +34,7 @@ Decisions worth knowing:
 
 from __future__ import annotations
 
-import asyncio
 import errno
-import hashlib
-import json
 import os
 import posixpath
 from collections.abc import Mapping, Sequence
@@ -53,12 +46,14 @@ os.environ.setdefault("CUA_TELEMETRY", "0")
 import cua
 
 from durable_spaces.backends.spacesd import bulk
+from durable_spaces.backends.spacesd.connection import DaemonConnection
 from durable_spaces.backends.spacesd.errormap import DaemonProbe, ErrorMap
 from durable_spaces.backends.spacesd.execution import (
     RecordedExecution,
     SpacesdExecution,
     parse_record,
 )
+from durable_spaces.backends.spacesd.files import DaemonFiles
 from durable_spaces.backends.spacesd.guest_journal import GuestJournal
 from durable_spaces.backends.spacesd.mutate import (
     MUTATE,
@@ -66,7 +61,7 @@ from durable_spaces.backends.spacesd.mutate import (
     mutate_error,
     stopped_reading,
 )
-from durable_spaces.backends.spacesd.runtime import check_exec_ledger, runtime
+from durable_spaces.backends.spacesd.runtime import check_exec_ledger
 from durable_spaces.backends.spacesd.scan import (
     HASH_ARGV,
     LIST_ARGV,
@@ -100,16 +95,9 @@ from durable_spaces.space import (
 __all__ = ["MUTATE", "DaemonProbe", "SpacesdSpace", "check_exec_ledger"]
 
 _EPOCH_PROBE_KEY = "durable-spaces:epoch-probe"
-#: Daemon file operations that take ``user=`` (``upload`` takes it in its options).
-_FILE_OPS = frozenset({"download", "make_dir", "remove", "stat", "list_dir", "move_path"})
 
 #: When ``advance_epoch`` sweeps stray processes: never, when the floor rises, or always.
 SweepWhen = Literal["never", "rise", "always"]
-
-#: Stale files smaller than this are read whole by a scan and hashed here (``_hash_stale``),
-#: at most ``KEEP_TOTAL`` bytes of them a scan; larger ones are hashed in the Space.
-KEEP_MAX = 64 * 1024
-KEEP_TOTAL = 8 << 20
 
 
 class SpacesdSpace:
@@ -140,13 +128,11 @@ class SpacesdSpace:
         self._probe = probe
         self._errors = ErrorMap(name, token, probe)
         self._user = user
-        #: The SDK's own state (its sandbox registry): kept out of the user's ~/.cua.
         self._sdk_home = sdk_home
-        self._client: Any = None
-        self._lock = asyncio.Lock()
+        self._daemon = DaemonConnection(name, url, token, probe, self._errors, user, sdk_home)
         self._scans = ScanCache()
         #: The bytes of the small files the last whole-workspace scan read
-        #: (``_hash_stale``), by workspace path: ``read_files`` of them costs nothing more.
+        #: (``bulk.hash_stale``), by workspace path: ``read_files`` of them costs nothing more.
         self._kept: dict[str, bytes] = {}
         #: The change journal in the Space (``guest_journal``): a scan asks it first.
         self._guest = GuestJournal(
@@ -154,8 +140,8 @@ class SpacesdSpace:
             self._start_journal,
             self._hash_files,
             probe.boot_id,
-            KEEP_MAX,
-            KEEP_TOTAL,
+            bulk.KEEP_MAX,
+            bulk.KEEP_TOTAL,
             self._scans.stats,
             user=user or "",
             journal=settings.space_journal,
@@ -164,6 +150,8 @@ class SpacesdSpace:
         #: under it, so a driver's next successor kills one its death left waiting (an
         #: epoch-0 helper outlives every advance, e.g. an unfed ``xargs``).
         self._helper_epoch = 0
+        #: Its reads through the daemon's file API, paths confined (``files``).
+        self._files = DaemonFiles(self.root, self._call)
 
     def __repr__(self) -> str:  # never shows the token
         return f"SpacesdSpace({self.name!r}, {self._url!r})"
@@ -178,47 +166,21 @@ class SpacesdSpace:
     def _down(self, what: str) -> SpaceUnavailableError:
         return self._errors.down(what)
 
-    def _map(self, e: BaseException) -> BaseException:
-        return self._errors.map(e)
-
-    async def _env(self) -> Any:
-        if self._client is None:
-            async with self._lock:
-                if self._client is None:
-                    if self._probe.gone():
-                        raise SpaceGoneError(f"Space {self.name!r} no longer exists")
-                    try:
-                        sb = (
-                            await runtime(self._sdk_home)
-                            .sandboxes()
-                            .connect_url(self._url, self._token, f"ds-{self.name}")
-                        )
-                        self._client = await sb.spacesd(None)
-                    except Exception as e:
-                        raise self._map(e) from None
-        return self._client
-
     async def _call(self, method: str, *args: Any, **kw: Any) -> Any:
-        """SDK ``method`` of the daemon, its errors mapped. With a ``user``, the file
-        operations run as that user too, like the commands."""
-        if self._user is not None:
-            if method in _FILE_OPS:
-                kw.setdefault("user", self._user)
-            elif method == "upload" and len(args) >= 3 and args[2] is not None:
-                args[2].user = self._user
-        env = await self._env()
-        try:
-            return await getattr(env, method)(*args, **kw)
-        except Exception as e:
-            raise self._map(e) from None
+        """``DaemonConnection.call``."""
+        return await self._daemon.call(method, *args, **kw)
 
     async def _rpc(self, method: str, req: Mapping[str, Any]) -> dict[str, Any]:
-        out = await self._call("call_json", f"ProcessService/{method}", json.dumps(req))
-        return dict(json.loads(out or "{}"))
+        return await self._daemon.rpc(method, req)
+
+    def disconnect(self) -> None:
+        """Drop the daemon's SDK client (its daemon restarted, or its token changed):
+        the next call connects again."""
+        self._daemon.drop()
 
     async def close(self) -> None:
         await self._guest.reset("closed")
-        self._client = None
+        self._daemon.drop()
 
     # --- capabilities, ledger, epoch -------------------------------------------------------
 
@@ -380,54 +342,10 @@ class SpacesdSpace:
         res = await ex.wait()
         return ex, res
 
-    # --- paths -------------------------------------------------------------------------
-
-    def _abs(self, rel: str) -> str:
-        return self.root if rel == "." else posixpath.join(self.root, rel)
-
-    async def _lstat(self, rel: str) -> Any | None:
-        try:
-            return await self._call("stat", self._abs(rel), no_follow=True)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-
-    async def _resolve(self, path: str, *, follow_last: bool) -> str:
-        return (await self._resolve_stat(path, follow_last=follow_last))[0]
-
-    async def _resolve_stat(self, path: str, *, follow_last: bool) -> tuple[str, Any | None]:
-        """Workspace-relative ``path``, after checking that no existing component is a
-        symlink (inside-pointing or not, like the local backend: the adapter never needs
-        to go through one). With ``follow_last=False`` the last component is not checked
-        (lstat semantics: it is replaced, removed or described, never followed). Also the
-        last component's lstat when it was looked at (None: missing or not looked at)."""
-        rel = confine(self.root, path)
-        parts = [] if rel == "." else rel.split("/")
-        check = parts if follow_last else parts[:-1]
-        last = None
-        for i in range(len(check)):
-            here = "/".join(parts[: i + 1])
-            st = await self._lstat(here)
-            if st is None:
-                break  # nothing below a missing component exists yet
-            if st.kind == "symlink":
-                raise PathEscapeError(f"refusing to go through the symlink {here!r} ({path!r})")
-            if i == len(parts) - 1:
-                last = st
-        return rel, last
-
     # --- files -------------------------------------------------------------------------
 
     async def read_file(self, path: str) -> bytes:
-        if not path:
-            raise IsADirectoryError(errno.EISDIR, "the path is empty: name a file in the workspace")
-        rel, st = await self._resolve_stat(path, follow_last=True)
-        if rel != "." and st is None:
-            raise FileNotFoundError(errno.ENOENT, f"no such file: {path!r}")
-        if st is None or st.kind == "directory":
-            raise IsADirectoryError(errno.EISDIR, f"{path!r} is a directory, not a file")
-        if st.kind != "file":  # a FIFO would block the daemon's read forever
-            raise IsADirectoryError(errno.EISDIR, f"{path!r} is not a regular file (a {st.kind})")
-        return bytes(await self._call("download", self._abs(rel)))
+        return await self._files.read_file(path)
 
     async def read_files(self, paths: Sequence[str]) -> dict[str, bytes]:
         """See ``Space.read_files``: the bytes the last scan read where it kept them all,
@@ -437,9 +355,13 @@ class SpacesdSpace:
             return {p: self._kept[rel] for p, rel in wanted.items()}
         if len(wanted) <= 1:
             return {}  # one file: ``read_file`` is one transfer already, and cheaper
-        rels = sorted(set(wanted.values()))
+        return bulk.answer(wanted, await self._tar(sorted(set(wanted.values()))))
+
+    async def _tar(self, rels: list[str]) -> bytes | None:
+        """One ``tar`` stream of the workspace files ``rels`` (``bulk``); None when it
+        did not exit 0."""
         ex, res = await self._run(bulk.read_argv(self.root), cwd="/", stdin=bulk.read_input(rels))
-        return bulk.answer(wanted, ex.stdout() if res.exit_code == 0 else None)
+        return ex.stdout() if res.exit_code == 0 else None
 
     async def write_file(
         self, path: str, data: bytes, mode: int | None = None, *, epoch: int
@@ -453,24 +375,10 @@ class SpacesdSpace:
         await self._mutate("symlink", path, epoch, target)
 
     async def stat(self, path: str) -> FileStat | None:
-        rel = await self._resolve(path, follow_last=False)
-        st = await self._lstat(rel)
-        if st is None:
-            return None
-        kind = {"file": "file", "directory": "dir", "symlink": "symlink"}.get(st.kind, "other")
-        return FileStat(
-            path=rel,
-            kind=kind,
-            mode=int(st.mode) & 0o777,
-            size=int(st.size),
-            mtime_ns=int(st.modified_ms or 0) * 1_000_000,
-            target=st.symlink_target if kind == "symlink" else None,
-        )
+        return await self._files.stat(path)
 
     async def list_dir(self, path: str = ".") -> list[str]:
-        rel = await self._resolve(path, follow_last=True)
-        entries = await self._call("list_dir", self._abs(rel), 1)
-        return sorted(e.name for e in entries)
+        return await self._files.list_dir(path)
 
     async def remove(self, path: str, recursive: bool = False, *, epoch: int) -> None:
         await self._mutate("remove", path, epoch, "r" if recursive else "")
@@ -516,14 +424,14 @@ class SpacesdSpace:
         """One ``find`` for the listing with stat keys, one ``sha256sum`` for the files
         whose (size, mtime, inode, ctime) changed since this object's last scan (see
         ``scan``). As in ``local_fs``, ``exclude`` holds workspace paths."""
-        top = await self._resolve(root, follow_last=True)
+        top = await self._files.resolve(root, follow_last=True)
         excl = [confine(self.root, e) for e in exclude]
         if "." in excl:
             return {}
         entries = await self._guest.scan()
         if entries is not None:  # the journal vouches for the whole workspace
             if top != ".":
-                st = await self._lstat(top)
+                st = await self._files.lstat(top)
                 if st is None or st.kind != "directory":
                     return {}
             self._kept = self._guest.kept
@@ -531,14 +439,16 @@ class SpacesdSpace:
             self._scans.stats["scans"] += 1
             self._scans.stats["files"] = len(table)
             return table
-        st = await self._lstat(top)
+        st = await self._files.lstat(top)
         if st is None or st.kind != "directory":
             return {}
-        ex, res = await self._run(LIST_ARGV, cwd=self._abs(top))
+        ex, res = await self._run(LIST_ARGV, cwd=self._files.abs(top))
         if res.exit_code != 0:
             raise SpaceError(f"scan failed: {res.output[-500:].decode(errors='replace')}")
         listing = self._scans.listing(top, ex.stdout(), excl)
-        hashes, kept = await self._hash_stale(listing.stale, listing.table)
+        hashes, kept = await bulk.hash_stale(
+            listing.stale, listing.table, self._tar, self._hash_files
+        )
         table = self._scans.table(listing, hashes)
         self._kept = kept
         return table
@@ -571,33 +481,3 @@ class SpacesdSpace:
         """The sha256 of the workspace files ``names`` (those that could be hashed)."""
         ex, _ = await self._run(HASH_ARGV, cwd=self.root, stdin=hash_input(names))
         return parse_hashes(ex.stdout())
-
-    async def _hash_stale(
-        self, stale: list[str], table: PathTable
-    ) -> tuple[dict[str, str], dict[str, bytes]]:
-        """The sha256 of each file in ``stale`` (gone ones left out), and the bytes of
-        those read whole: the small ones (under ``KEEP_MAX``, ``KEEP_TOTAL`` in all) come
-        in one ``tar`` (``bulk``) and are hashed here, so transactional mode's read of
-        what a command changed is answered from them (one command fewer per call, the
-        dearest part of a microvm call under TCG); the rest, and any the stream left out or
-        could not give (changed while read, no longer a regular file), are hashed in the Space."""
-        hashes: dict[str, str] = {}
-        kept: dict[str, bytes] = {}
-        small: list[str] = []
-        total = 0
-        for name in stale:
-            size = table[name].size or 0
-            if size < KEEP_MAX and total + size <= KEEP_TOTAL:
-                small.append(name)
-                total += size
-        if len(small) > 1:  # one file: ``HASH_ARGV`` is one command already
-            ex, res = await self._run(
-                bulk.read_argv(self.root), cwd="/", stdin=bulk.read_input(small)
-            )
-            if res.exit_code == 0:
-                kept = bulk.parse(ex.stdout(), set(small))
-                hashes = {n: hashlib.sha256(data).hexdigest() for n, data in kept.items()}
-        rest = [n for n in stale if n not in hashes]
-        if rest:
-            hashes.update(await self._hash_files(rest))
-        return hashes, kept

@@ -3,7 +3,7 @@ its layout). The Space checks it still is its instance before every call, fences
 change by the epoch floor, and keeps its ledger and commands in files.
 
 File operations that change the workspace are fenced like commands: the floor is read
-under ``lock`` in the same section that makes the change, and ``advance_epoch`` holds
+under the lock (``lock.py``) in the same section that makes the change, and ``advance_epoch`` holds
 ``lock`` from its kill to the new floor, so a stale writer's change lands wholly before a
 takeover or not at all.
 
@@ -19,11 +19,7 @@ come back replayed with ``exit_code=None``). A wait whose command was killed by
 ``advance_epoch`` raises ``StaleEpochError``; by a restart, ``SpaceUnavailableError``;
 by ``delete``, ``SpaceGoneError``.
 
-Cost: a supervisor started directly is a fresh interpreter (``-I -S``, stdlib only) per
-command; the fork server (one per Space, started by
-the first spawn) makes that a fork of a small single-threaded process. A shell
-supervisor would be faster but cannot tell ``exit 130`` from death by SIGINT, and forking
-the caller would copy a threaded driver; both were rejected.
+How a command's supervisor starts, and why so: ``launch``.
 
 Every section that holds the flock is synchronous and runs in a worker thread, so two
 tasks of one event loop can never deadlock on it.
@@ -33,16 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import hashlib
-import json
 import os
-import subprocess
-import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +45,10 @@ from durable_spaces.backends.local.execution import LocalExecution
 from durable_spaces.backends.local.forkserver_client import ForkServer
 from durable_spaces.backends.local.journal import ChangeJournal
 from durable_spaces.backends.local.journaled import JournaledScanner, small_if_free
+from durable_spaces.backends.local.launch import command_env, launch
 from durable_spaces.backends.local.ledger import Ledger, record
-from durable_spaces.backends.local.procs import kill_space, reap, track
-from durable_spaces.backends.local.supervisor import format_spec
+from durable_spaces.backends.local.lock import space_lock
+from durable_spaces.backends.local.procs import kill_space, reap
 from durable_spaces.chaos import mutants
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import (
@@ -65,7 +58,6 @@ from durable_spaces.errors import (
     StaleEpochError,
 )
 from durable_spaces.host.boot import read_host_boot_id
-from durable_spaces.host.proc_start import started
 from durable_spaces.settings import DEFAULTS, Settings
 from durable_spaces.space import (
     CONTAINED_EPOCHS,
@@ -79,50 +71,6 @@ from durable_spaces.space import (
     PathTable,
     confine,
 )
-
-_SUPERVISOR = str(Path(__file__).with_name("supervisor.py"))
-#: What commands inherit from the caller's environment: enough to find programs, nothing
-#: of the driver's own (API keys, tokens, failpoints), as in a real sandbox.
-_INHERIT = frozenset(
-    [
-        "PATH",
-        "HOME",
-        "USER",
-        "LOGNAME",
-        "SHELL",
-        "LANG",
-        "LANGUAGE",
-        "TERM",
-        "TZ",
-        "TMPDIR",
-        "PYENV_ROOT",
-        "PYENV_VERSION",
-        "VIRTUAL_ENV",
-        "DO_NOT_TRACK",
-        "CUA_TELEMETRY",
-    ]
-)
-
-
-#: How long a restart or removal of the Space waits for a client holding its lock
-#: before it goes ahead without (``LocalSpace._locked``).
-MACHINE_PATIENCE_S = 2.0
-
-
-def _flock(fd: int, patience_s: float | None) -> bool:
-    """Take the flock on ``fd``: waiting for good, or at most ``patience_s``."""
-    if patience_s is None:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        return True
-    deadline = time.monotonic() + patience_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.01)
 
 
 class LocalSpace:
@@ -194,28 +142,9 @@ class LocalSpace:
                 f"Space {self.name} no longer exists (instance {self.instance_id})"
             )
 
-    @contextlib.contextmanager
-    def _locked(self, patience_s: float | None = None) -> Iterator[bool]:
-        """The Space's lock (flock); yields whether it was taken. With ``patience_s``
-        (what the machine itself does: restart, removal) it is given up on when its
-        holder does not let go in time, and the caller goes ahead without it. Why: the
-        lock is held by clients (this stand-in's daemon runs in its callers), and a client
-        frozen inside a spawn (a paused driver, a driver stopped at a failpoint) would
-        hold a real machine's restart or removal for as long as it is frozen; the real
-        daemon's restart waits for no client. Without the lock a restart only kills and
-        writes a new boot id (``LocalBackend.restart``): a spawn it overtook finds its
-        supervisor killed (the key reads ``lost``), or forks after it (the command runs
-        in the new boot), or finds the Space gone."""
-        try:
-            fd = os.open(self._d / "lock", os.O_RDWR | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise SpaceGoneError(f"Space {self.name} no longer exists") from None
-        try:
-            locked = _flock(fd, patience_s)
-            self._check()
-            yield locked
-        finally:
-            os.close(fd)
+    def _locked(self, patience_s: float | None = None) -> contextlib.AbstractContextManager[bool]:
+        """The Space's lock (``lock``): for good, or with the machine's patience."""
+        return space_lock(self._d, self.name, self._check, patience_s)
 
     def _floor_locked(self) -> int:
         with self._locked():
@@ -257,12 +186,6 @@ class LocalSpace:
         return await asyncio.to_thread(self._record_sync, key)
 
     # --- commands -----------------------------------------------------------------------
-
-    def _env(self, env: Mapping[str, str] | None, epoch: int, cmd_id: str) -> dict[str, str]:
-        out = {k: v for k, v in os.environ.items() if k in _INHERIT or k.startswith("LC_")}
-        out.update(env or {})
-        out.update(DS_SPACE=self.instance_id, DS_EPOCH=str(epoch), DS_CMD=cmd_id)
-        return out
 
     def _cwd(self, cwd: str | None) -> str:
         if cwd is None:
@@ -326,55 +249,22 @@ class LocalSpace:
                 hit("space.local.ledger_written")
             else:
                 cmd_id = "p-" + uuid.uuid4().hex
-            cmd_dir = self._d / "cmds" / cmd_id
-            cmd_dir.mkdir(exist_ok=True)
-            (cmd_dir / "output").write_bytes(b"")
-            if stdin is not None:
-                (cmd_dir / "stdin").write_bytes(stdin)
-            cenv = self._env(env, epoch, cmd_id)
-            forked = self._server.fork(cmd_dir)
-            popen = None
-            if forked is not None:
-                pid, ctime = forked.pid, forked.ctime
-            else:
-                with open(cmd_dir / "supervisor.log", "wb") as log:
-                    popen = subprocess.Popen(
-                        [sys.executable, "-I", "-S", _SUPERVISOR, str(cmd_dir)],
-                        stdin=subprocess.PIPE,
-                        stdout=subprocess.DEVNULL,
-                        stderr=log,
-                        cwd=cmd_dir,
-                        env=cenv,
-                        start_new_session=True,
-                    )
-                track(popen)
-                pid, ctime = popen.pid, started(popen.pid)
-            meta = {"pid": pid, "ctime": ctime, "epoch": epoch, "key": key}
-            try:
-                write_atomic(cmd_dir / "meta.json", json.dumps(meta).encode(), fsync=False)
-                hit("space.local.supervisor_recorded")  # dying here: the command never starts
-                spec = format_spec(self._cwd(cwd), argv, cenv)
-                # Born in its epoch's cgroup: the supervisor waits for the spec, so the
-                # command and all it starts are in it (``cgroups.py``).
-                self.cgroups.enter(epoch, pid)
-            except BaseException:
-                if forked is not None:
-                    forked.conn.close()  # its child reads EOF now: nothing runs
-                elif popen is not None and popen.stdin is not None:
-                    popen.stdin.close()  # as above: an empty spec runs nothing
-                raise
-            if forked is not None:
-                forked.send(spec)
-            else:
-                assert popen is not None and popen.stdin is not None
-                with contextlib.suppress(BrokenPipeError):
-                    popen.stdin.write(spec)
-                    popen.stdin.close()
+            pid, ctime, popen = launch(
+                self._server,
+                self.cgroups,
+                self._d / "cmds" / cmd_id,
+                epoch=epoch,
+                key=key,
+                argv=argv,
+                cwd=self._cwd(cwd),
+                env=command_env(env, self.instance_id, epoch, cmd_id),
+                stdin=stdin,
+            )
         hit("space.local.spawned")
         return LocalExecution(
             self._lost,
             key,
-            cmd_dir,
+            self._d / "cmds" / cmd_id,
             pid,
             ctime,
             popen=popen,

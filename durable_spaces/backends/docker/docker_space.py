@@ -26,7 +26,7 @@ import psutil
 from durable_spaces.backends.docker.host_view import WorkspaceView
 from durable_spaces.backends.local.journal import ChangeJournal, MountTable
 from durable_spaces.backends.spacesd.host_scan import HostScan, HostScannedSpace
-from durable_spaces.backends.spacesd.space import SweepWhen
+from durable_spaces.backends.spacesd.spacesd_space import SweepWhen
 from durable_spaces.host.proc_start import started
 from durable_spaces.settings import DEFAULTS, Settings
 

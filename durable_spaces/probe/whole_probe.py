@@ -26,11 +26,11 @@ from durable_spaces.errors import ConfigError
 from durable_spaces.host.cgroup import unavailable
 from durable_spaces.probe import plan
 from durable_spaces.probe.faults import machine_unavailable, sweep
-from durable_spaces.probe.gates import COMMAND_WHERE, MODEL_WHERE, Point
+from durable_spaces.probe.gates import COMMAND_WHERE, MODEL_WHERE, GatePoint
 from durable_spaces.probe.grade import GRADES, worse
 from durable_spaces.probe.recipe import Recipe, resolve, values
-from durable_spaces.probe.record import RunRecord, grade_all, short_of_plan, summary_line
-from durable_spaces.probe.runner import RunSpec, cgroup_prefix, run_one
+from durable_spaces.probe.record import ProbeRecord, grade_all, short_of_plan, summary_line
+from durable_spaces.probe.runner import ProbeRun, cgroup_prefix, run_one
 
 __all__ = ["ProbeResult", "ProbeSpec", "check_available", "repro_line", "run_probe"]
 
@@ -75,7 +75,7 @@ class ProbeSpec:
 
 @dataclass
 class ProbeResult:
-    records: list[RunRecord]
+    records: list[ProbeRecord]
     summary: str
     grade: str
     exit_code: int
@@ -107,14 +107,14 @@ def repro_line(path: Path) -> str:
     return shlex.join(["durable-spaces", "repro", str(path)])
 
 
-def _spec(ps: ProbeSpec, run_id: str, seed: str, point: Point | None, cg: bool) -> RunSpec:
-    return RunSpec(recipe=ps.recipe, run_id=run_id, seed=seed, scenario=ps.scenario,
+def _spec(ps: ProbeSpec, run_id: str, seed: str, point: GatePoint | None, cg: bool) -> ProbeRun:
+    return ProbeRun(recipe=ps.recipe, run_id=run_id, seed=seed, scenario=ps.scenario,
                    fault=ps.fault, steps=ps.steps, point=point, work=ps.out / "work" / run_id,
                    runs_dir=ps.out / "runs", use_cgroup=cg)  # fmt: skip
 
 
 def run_probe(ps: ProbeSpec, stdout: IO[str] | None = None,
-              progress: Callable[[RunRecord], None] | None = None) -> ProbeResult:  # fmt: skip
+              progress: Callable[[ProbeRecord], None] | None = None) -> ProbeResult:  # fmt: skip
     ps.check()
     w = stdout if stdout is not None else sys.stdout
     runs_dir = ps.out / "runs"
@@ -135,13 +135,13 @@ def run_probe(ps: ProbeSpec, stdout: IO[str] | None = None,
         raise ConfigError(f"the probe's uninterrupted run broke in the lab: {first.reason}")
     if first.outcome == "stuck":
         print(f"STUCK r0 (uninterrupted): {first.reason}", file=w, flush=True)
-    points = plan.applicable([Point.parse(p) for p in first.reached], ps.fault, ps.at)
+    points = plan.applicable([GatePoint.parse(p) for p in first.reached], ps.fault, ps.at)
     planned = plan.draw(points, ps.scenario, ps.runs, ps.seed_base)
     records = [first]
 
     stop = threading.Event()
 
-    def one(i: int, p: Point) -> RunRecord:
+    def one(i: int, p: GatePoint) -> ProbeRecord:
         rec = run_one(replace(_spec(ps, f"r{i}", plan.run_seed(ps.seed_base, i), p, cg), stop=stop))
         rec.save(runs_dir)
         if progress is not None:
@@ -191,12 +191,12 @@ def replay(path: Path, state_dir: Path, stdout: IO[str] | None = None) -> int:
     from durable_spaces.probe.recipe import load
 
     w = stdout if stdout is not None else sys.stdout
-    original = RunRecord.load(path)
+    original = ProbeRecord.load(path)
     recipe = load(original.recipe)
     cg = unavailable() is None
     if original.fault == "machine" and (why := machine_unavailable()) is not None:
         raise ConfigError(why)
-    spec = RunSpec(recipe=recipe, run_id=original.run_id, seed=original.seed,
+    spec = ProbeRun(recipe=recipe, run_id=original.run_id, seed=original.seed,
                    scenario=original.scenario, fault=original.fault, steps=original.steps,
                    point=original.point, work=state_dir / "work" / original.run_id,
                    runs_dir=state_dir / "runs", use_cgroup=cg)  # fmt: skip
