@@ -113,8 +113,13 @@ def _position(at: Mapping[str, Any]) -> tuple[Any, ...]:
     if "trigger" in at:
         return ("trigger", at["trigger"])
     if "point" in at:
+        # Where the driver was when the fault landed counts only where it is not the point
+        # itself: a kill the original run took at a failpoint or at a random time records
+        # no ``landed``, its exact replay's stop at that point records it as the point.
         landed = at.get("landed")
-        return (at["point"], at.get("n"), *([] if landed is None else ["landed", *landed]))
+        if landed is None or list(landed) == [at["point"], at.get("n")]:
+            return (at["point"], at.get("n"))
+        return (at["point"], at.get("n"), "landed", *landed)
     return ("start",)
 
 

@@ -275,6 +275,19 @@ def test_signature_and_differences_name_where_two_runs_parted() -> None:
         "attempt": 1, "kind": "space_restart", "type": "cancelled",
         "at": {"point": "adapter.outcome_commit", "n": 3}}]}  # fmt: skip
     assert differences(c, a) == [] and differences(a, c) == []
+
+    # the exact replay's stop records where the driver was (``landed``): at the point
+    # itself it is the same kill the original took there without a stop; elsewhere, the
+    # fault slipped
+    def landed_at(point: str, n: int) -> RunRecord:
+        r = RunRecord.from_json(a.to_json())
+        at = {"point": "adapter.exit", "n": 1, "landed": [point, n]}
+        r.extra = {**a.extra, "interleaving": [{**a.extra["interleaving"][0], "at": at}]}
+        return r
+
+    assert differences(a, landed_at("adapter.exit", 1)) == []
+    (slipped,) = differences(a, landed_at("adapter.exit", 2))
+    assert "landed/adapter.exit/2" in slipped
     assert POINTS  # the campaign's point list is what schedules draw from
 
 
