@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -240,3 +242,32 @@ asyncio.run(main(*sys.argv[1:5]))
 def _stopped(pid: int) -> bool:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+async def test_a_workspace_on_another_filesystem_than_the_state_takes_writes(
+    tmp_path: Path,
+) -> None:
+    """A Space's state on one filesystem and its workspace on another (the probe's power
+    fault keeps a harness's state on a FUSE mount and its workspace on the disk): a write
+    and a symlink are staged where a rename can reach (``fs._staging``); staged beside the
+    state, every one failed with EXDEV."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("needs /dev/shm on another filesystem than the test's tmp dir")
+    state = Path(tempfile.mkdtemp(dir=shm, prefix="ds-xdev-"))
+    try:
+        backend = LocalBackend(state)
+        space = await backend.create("xdev")
+        work = Path(space.root)
+        work.rmdir()
+        (tmp_path / "ws").mkdir()
+        work.symlink_to(tmp_path / "ws", target_is_directory=True)
+        await space.advance_epoch(1)
+        await space.write_file("notes.txt", b"hello\n", epoch=1)
+        await space.symlink("link", "notes.txt", epoch=1)
+        assert (tmp_path / "ws" / "notes.txt").read_bytes() == b"hello\n"
+        assert os.readlink(tmp_path / "ws" / "link") == "notes.txt"
+        assert sorted(p.name for p in (tmp_path / "ws").iterdir()) == ["link", "notes.txt"]
+        await backend.close()
+    finally:
+        shutil.rmtree(state, ignore_errors=True)

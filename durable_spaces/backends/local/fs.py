@@ -127,16 +127,18 @@ def read_file(root: str, path: str) -> bytes:
 
 @contextlib.contextmanager
 def _staging(staging: str | None, dfd: int) -> Iterator[int]:
-    """Where temporaries are made: ``staging`` (a directory beside the workspace, on the
-    same filesystem, so a crash between create and rename leaves nothing in the
-    workspace), else the target's own directory."""
+    """Where temporaries are made: ``staging`` (a directory beside the workspace, so a
+    crash between create and rename leaves nothing in the workspace), else, or when
+    ``staging`` is on another filesystem than the target (a rename cannot cross one: a
+    Space's state kept on another disk than its workspace), the target's own directory:
+    there a crash between create and rename can leave a ``.ds-tmp-*`` file behind."""
     if staging is None:
         yield dfd
         return
     os.makedirs(staging, mode=0o700, exist_ok=True)
     sfd = os.open(staging, _DIR_FLAGS)
     try:
-        yield sfd
+        yield sfd if os.fstat(sfd).st_dev == os.fstat(dfd).st_dev else dfd
     finally:
         os.close(sfd)
 
