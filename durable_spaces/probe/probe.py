@@ -28,13 +28,12 @@ from durable_spaces.probe import plan
 from durable_spaces.probe.faults import machine_unavailable, sweep
 from durable_spaces.probe.gates import COMMAND_WHERE, MODEL_WHERE, Point
 from durable_spaces.probe.grade import GRADES, worse
+from durable_spaces.probe.power import power_unavailable
 from durable_spaces.probe.recipe import Recipe, resolve, values
-from durable_spaces.probe.record import RunRecord, grade_all, short_of_plan, summary_line
+from durable_spaces.probe.record import FAULTS, RunRecord, grade_all, short_of_plan, summary_line
 from durable_spaces.probe.runner import RunSpec, cgroup_prefix, run_one
 
 __all__ = ["ProbeResult", "ProbeSpec", "check_available", "repro_line", "run_probe"]
-
-FAULTS = ("process", "machine", "model-5xx", "model-cut", "model-slow")
 
 
 @dataclass(frozen=True)
@@ -69,8 +68,15 @@ class ProbeSpec:
         bad = [w for w in self.at if w not in MODEL_WHERE + COMMAND_WHERE]
         if bad:
             raise ConfigError(f"--at {bad[0]}: one of {', '.join(MODEL_WHERE + COMMAND_WHERE)}")
-        if self.fault == "machine" and (why := machine_unavailable()) is not None:
-            raise ConfigError(why)
+        _fault_available(self.fault)
+
+
+def _fault_available(fault: str) -> None:
+    """``ConfigError`` (one line) when this machine cannot make ``fault``."""
+    if fault == "machine" and (why := machine_unavailable()) is not None:
+        raise ConfigError(why)
+    if fault == "power" and (why := power_unavailable()) is not None:
+        raise ConfigError(why)
 
 
 @dataclass
@@ -194,8 +200,7 @@ def replay(path: Path, state_dir: Path, stdout: IO[str] | None = None) -> int:
     original = RunRecord.load(path)
     recipe = load(original.recipe)
     cg = unavailable() is None
-    if original.fault == "machine" and (why := machine_unavailable()) is not None:
-        raise ConfigError(why)
+    _fault_available(original.fault)
     spec = RunSpec(recipe=recipe, run_id=original.run_id, seed=original.seed,
                    scenario=original.scenario, fault=original.fault, steps=original.steps,
                    point=original.point, work=state_dir / "work" / original.run_id,

@@ -21,6 +21,7 @@ from typing import Any
 
 from durable_spaces.errors import RecordError
 from durable_spaces.probe.checker import CLASSES, StepResult
+from durable_spaces.probe.faults import KILL_FAULTS, MODEL_FAULTS
 from durable_spaces.probe.gates import Point
 from durable_spaces.probe.grade import grade_of
 
@@ -28,7 +29,7 @@ __all__ = ["KIND", "OUTCOMES", "RunRecord", "short_of_plan", "summary_line"]
 
 KIND = "probe"
 OUTCOMES = ("ok", "stuck", "refused", "lab_error")
-FAULTS = ("process", "machine", "model-5xx", "model-cut", "model-slow")
+FAULTS = (*KILL_FAULTS, *MODEL_FAULTS)
 _ID = re.compile(r"r\d{1,7}")
 _SEED = re.compile(r"[A-Za-z0-9_.:-]{1,80}")
 MAX_RECORD_BYTES = 16 << 20

@@ -68,6 +68,16 @@ def tables(records: Sequence[RunRecord]) -> list[list[str]]:
     return out
 
 
+def power_cuts(records: Sequence[RunRecord]) -> str:
+    """What the power fault's cuts dropped of the harness's state directory, in all."""
+    cuts = [a["dropped"] for r in records for a in r.attempts
+            if isinstance(a.get("dropped"), dict)]  # fmt: skip
+    ops = sum(int(c.get("ops", 0)) for c in cuts)
+    size = sum(int(c.get("bytes", 0)) for c in cuts)
+    return (f"{len(cuts)} cuts of the state directory (powerfs) dropped {ops} unsynced "
+            f"operations, {size} bytes")  # fmt: skip
+
+
 def _md(rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(rows[0]) + " |", "|" + " --- |" * len(rows[0])]
     lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
@@ -96,6 +106,8 @@ def render(out: Path) -> tuple[Path, Path]:
         ("steps", str(meta["steps"])), ("seed base", str(meta["seed_base"])),
         ("recipe", str(meta["recipe"])),
     ]  # fmt: skip
+    if meta["fault"] == "power":
+        facts.append(("power cuts", power_cuts(records)))
     md = [f"# {title}\n", *(f"- {k}: {v}" for k, v in facts), "", f"`{meta['summary']}`\n",
           "## Steps by kill point and class\n", _md(grid)]  # fmt: skip
     if meta.get("reason"):

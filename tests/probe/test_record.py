@@ -43,7 +43,7 @@ def test_summary_and_the_rule(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "says"),
     [({"kind": "campaign"}, "not a probe run record"), ({"run_id": "../x"}, "malformed"),
-     ({"fault": "power"}, "unknown fault"), ({"point": "late@1"}, "not a kill point"),
+     ({"fault": "quake"}, "unknown fault"), ({"point": "late@1"}, "not a kill point"),
      ({"steps": "many"}, "malformed probe run record")],
 )  # fmt: skip
 def test_a_bad_record_is_refused(tmp_path: Path, change: dict[str, str], says: str) -> None:
