@@ -169,7 +169,7 @@ def run_probe(ps: ProbeSpec, stdout: IO[str] | None = None,
             print(f"REPRO {rec.run_id} ({rec.why()}): {line}", file=w, flush=True)
         elif not ps.keep:
             shutil.rmtree(ps.out / "work" / rec.run_id, ignore_errors=True)
-    summary = summary_line(ps.recipe.name, records, ps.seed_base)
+    summary = summary_line(ps.recipe.name, records, ps.seed_base, points)
     grade = grade_all(records)
     reason = short_of_plan(records)
     code = 0
@@ -184,6 +184,7 @@ def run_probe(ps: ProbeSpec, stdout: IO[str] | None = None,
         "promise": ps.recipe.promise, "scenario": ps.scenario, "fault": ps.fault,
         "runs": len(records), "steps": ps.steps, "seed_base": ps.seed_base, "jobs": ps.jobs,
         "grade": grade, "summary": summary, "exit_code": code, "reason": reason or "",
+        "pairs": [str(p) for p in points],
         "started_unix": started, "duration_s": round(time.time() - started, 3),
     }  # fmt: skip
     (ps.out / "probe.json").write_text(json.dumps(meta, indent=1) + "\n")

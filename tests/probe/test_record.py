@@ -27,10 +27,14 @@ def test_summary_and_the_rule(tmp_path: Path) -> None:
     recs = [_rec("r0", None, False, "once", "once"),
             _rec("r1", Point(1, "effect"), True, "duplicate", "once"),
             _rec("r2", Point(2, "started"), True, "reported", outcome="stuck")]  # fmt: skip
-    assert summary_line("h", recs, "sb") == (
+    planned = [Point(1, "request"), Point(1, "effect"), Point(1, "exited"), Point(2, "started")]
+    assert summary_line("h", recs, "sb", planned) == (
         "SUMMARY probe harness=h runs=3 steps=5 once=3 duplicate=1 lost=0 phantom=0 "
-        "reported=1 orphan=0 stuck=1 lab_errors=0 kills=2 grade=unsafe seed_base=sb"
+        "reported=1 orphan=0 stuck=1 lab_errors=0 kills=2 pairs=2/4 grade=unsafe seed_base=sb"
     )
+    # a fault that never landed probed nothing: still 2 of 4
+    missed = [*recs, _rec("r9", Point(1, "exited"), False, "once")]
+    assert "pairs=2/4" in summary_line("h", missed, "sb", planned)
     assert short_of_plan(recs) is None
     recs.append(_rec("r3", Point(1, "exited"), False, "once"))
     assert short_of_plan(recs) == "1 of 3 planned faults never landed (r3:exited@1)"
