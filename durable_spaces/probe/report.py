@@ -124,8 +124,11 @@ def power_cuts(records: Sequence[RunRecord]) -> str:
     """What the power fault's cuts dropped of the harness's state directory, in all."""
     cuts = [a["dropped"] for r in records for a in r.attempts
             if isinstance(a.get("dropped"), dict)]  # fmt: skip
-    ops = sum(int(c.get("ops", 0)) for c in cuts)
-    size = sum(int(c.get("bytes", 0)) for c in cuts)
+    try:
+        ops = sum(int(c.get("ops", 0)) for c in cuts)
+        size = sum(int(c.get("bytes", 0)) for c in cuts)
+    except (TypeError, ValueError) as e:
+        raise RecordError(f"a run record's power cut is malformed: {e}") from None
     return (f"{len(cuts)} cuts of the state directory (powerfs) dropped {ops} unsynced "
             f"operations, {size} bytes")  # fmt: skip
 

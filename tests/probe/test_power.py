@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 
 import durable_spaces.chaos.powerfs as powerfs
+from durable_spaces.errors import RecordError
 from durable_spaces.probe.power import power_unavailable
+from durable_spaces.probe.record import RunRecord
+from durable_spaces.probe.report import power_cuts
 from tests.probe.helpers import fake, probe
 
 
@@ -63,3 +66,13 @@ def test_without_powerfs_the_probe_says_so_in_one_line(
     assert line == ("durable-spaces: error: the power fault needs powerfs: /dev/fuse cannot "
                     "be opened (test)")  # fmt: skip
     assert not (tmp_path / "o" / "runs").exists() or not any((tmp_path / "o" / "runs").iterdir())
+
+
+def test_a_malformed_power_cut_in_a_record_is_refused() -> None:
+    rec = RunRecord(harness="h", recipe="/r", run_id="r1", seed="s-1", scenario="random",
+                    fault="power", steps=1, point=None,
+                    attempts=[{"command": "launch", "dropped": {"ops": "many"}}])  # fmt: skip
+    with pytest.raises(RecordError, match="power cut is malformed"):
+        power_cuts([rec])
+    rec.attempts[0]["dropped"] = {"ops": 3, "bytes": 70}
+    assert power_cuts([rec]).startswith("1 cuts of the state directory (powerfs) dropped 3 ")
