@@ -26,7 +26,7 @@ def probe(
     scenario: Annotated[str, typer.Option(
         help="random (seeded draws) or exhaustive (every reached point once)")] = "random",
     fault: Annotated[str, typer.Option(
-        help="process, machine, model-5xx, model-cut or model-slow")] = "process",
+        help="process, machine, power, model-5xx, model-cut or model-slow")] = "process",
     runs: Annotated[int, typer.Option(help="random: runs with a fault")] = 20,
     steps: Annotated[int, typer.Option(help="steps of the task")] = 5,
     seed_base: Annotated[str, typer.Option(help="seeds are <seed-base>-<i>")] = "probe",

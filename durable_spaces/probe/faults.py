@@ -8,6 +8,8 @@ starts, even a process that leaves its session, is born in it.
 Faults: ``process`` is a SIGKILL of the attempt's process group, a crash of the agent
 process: whatever escaped the group (``setsid``) keeps running and its late effects are
 seen. ``machine`` is a SIGKILL of everything the run started (the cgroup), a host crash.
+``power`` kills as ``machine`` does (without cgroups, every process carrying the run's
+token), and then drops the unsynced writes of the harness's state directory (power.py).
 At the end of a run the cgroup is killed and removed, so nothing is left running; without
 cgroups the lab finds the run's processes by the ``PROBE_RUN_TOKEN`` in their environment
 (a process could clear it, which is why the cgroup is preferred and ``machine`` needs it).
@@ -28,10 +30,13 @@ from pathlib import Path
 from durable_spaces.host.cgroup import Cgroup, cgroup_root, unavailable
 
 __all__ = [
-    "KILL_FAULTS", "MODEL_FAULTS", "HarnessProcess", "RunProcs", "machine_unavailable", "sweep",
+    "KILL_FAULTS", "MODEL_FAULTS", "WHOLE_RUN", "HarnessProcess", "RunProcs", "machine_unavailable",
+    "sweep",
 ]  # fmt: skip
 
-KILL_FAULTS = ("process", "machine")
+KILL_FAULTS = ("process", "machine", "power")
+#: The faults that reach everything the run started, not only the attempt.
+WHOLE_RUN = ("machine", "power")
 MODEL_FAULTS = ("model-5xx", "model-cut", "model-slow")
 #: Of an attempt's output, the lab keeps the first and the last this many bytes.
 KEEP_BYTES = 8 << 10
@@ -180,16 +185,25 @@ class RunProcs:
 
     def kill(self, fault: str, attempt: HarnessProcess) -> None:
         """The fault: the attempt's process group, or everything the run started."""
-        if fault == "machine" and self.cgroup is not None:
+        if fault in WHOLE_RUN and self.cgroup is not None:
             _kill_and_wait(self.cgroup)
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(attempt.pgid, signal.SIGKILL)
+        if fault == "power":  # no cgroup: the run's processes by its token, until gone
+            left = _marked(self.token)
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while any(self.alive(p) for p in left) and time.monotonic() < deadline:
+                time.sleep(0.002)
 
     def stop_all_but(self, fault: str, attempt: HarnessProcess, keep: int) -> None:
         """SIGSTOP what the kill will reach, except ``keep`` (a command about to exit):
         the harness then cannot see that command's exit before the kill."""
-        pids = self.cgroup.pids() if fault == "machine" and self.cgroup else _members(attempt.pgid)
+        cg = self.cgroup if fault in WHOLE_RUN else None
+        pids = cg.pids() if cg is not None else _members(attempt.pgid)
         for pid in pids:
             if pid != keep:
                 with contextlib.suppress(ProcessLookupError, PermissionError):

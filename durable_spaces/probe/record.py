@@ -21,17 +21,20 @@ from typing import Any
 
 from durable_spaces.errors import RecordError
 from durable_spaces.probe.checker import CLASSES, StepResult
+from durable_spaces.probe.faults import KILL_FAULTS, MODEL_FAULTS
 from durable_spaces.probe.gates import GatePoint
 from durable_spaces.probe.grade import grade_of
 
-__all__ = ["KIND", "OUTCOMES", "ProbeRecord", "short_of_plan", "summary_line"]
+__all__ = ["KIND", "OUTCOMES", "ProbeRecord", "pairs_probed", "short_of_plan", "summary_line"]
 
 KIND = "probe"
 OUTCOMES = ("ok", "stuck", "refused", "lab_error")
-FAULTS = ("process", "machine", "model-5xx", "model-cut", "model-slow")
+FAULTS = (*KILL_FAULTS, *MODEL_FAULTS)
 _ID = re.compile(r"r\d{1,7}")
 _SEED = re.compile(r"[A-Za-z0-9_.:-]{1,80}")
 MAX_RECORD_BYTES = 16 << 20
+#: The most steps a record may name.
+MAX_STEPS = 1000
 
 
 @dataclass
@@ -109,8 +112,10 @@ class ProbeRecord:
             raise RecordError(f"run id {rec.run_id!r} or seed {rec.seed!r} is malformed")
         if rec.fault not in FAULTS or rec.outcome not in OUTCOMES:
             raise RecordError(f"unknown fault {rec.fault!r} or outcome {rec.outcome!r}")
-        if not 1 <= rec.steps <= 1000:
+        if not 1 <= rec.steps <= MAX_STEPS:
             raise RecordError(f"steps {rec.steps} out of range")
+        if rec.point is not None and rec.point.step > rec.steps + 1:
+            raise RecordError(f"point {rec.point} is past the run's {rec.steps} steps")
         if any(r.cls not in (*CLASSES, "unfinished") for r in rec.results):
             raise RecordError("a step class is unknown")
         return rec
@@ -149,10 +154,21 @@ def grade_all(records: Sequence[ProbeRecord]) -> str:
     return grade_of(c for r in records if r.outcome != "lab_error" for c in r.classes)
 
 
-def summary_line(harness: str, records: Sequence[ProbeRecord], seed_base: str) -> str:
+def pairs_probed(records: Sequence[ProbeRecord]) -> set[GatePoint]:
+    """The (kill point, step) pairs some run put its fault at, landed, not broken by the
+    lab."""
+    return {r.point for r in records if r.point and r.landed and r.outcome != "lab_error"}
+
+
+def summary_line(harness: str, records: Sequence[ProbeRecord], seed_base: str,
+                 planned: Sequence[GatePoint] = ()) -> str:  # fmt: skip
+    """The SUMMARY line; ``pairs=x/y``: of the ``y`` pairs the fault applies to (what an
+    exhaustive probe runs), the ``x`` some run probed."""
     c = counts(records)
     fields = [f"harness={harness}", f"runs={len(records)}", f"steps={c['steps']}"]
     fields += [f"{k}={c[k]}" for k in (*CLASSES, "stuck", "lab_errors", "kills")]
+    pairs = set(planned)
+    fields.append(f"pairs={len(pairs_probed(records) & pairs)}/{len(pairs)}")
     fields += [f"grade={grade_all(records)}", f"seed_base={seed_base}"]
     return "SUMMARY probe " + " ".join(fields)
 

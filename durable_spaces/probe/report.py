@@ -4,7 +4,8 @@ Both read what a probe left in its directory: ``probe.json`` (the summary and th
 recipe's promise) and ``runs/*.json`` (the run records). The grade table counts each
 run's steps by the kill point the run was planned at (``none``: the uninterrupted run)
 and the class the checker gave them, with the grade of each row; the harness's stated
-promise is shown beside its grade.
+promise is shown beside its grade. The coverage table has a cell per (kill point, step)
+pair: how the runs put there graded, or that none was.
 """
 
 from __future__ import annotations
@@ -19,11 +20,17 @@ from typing import Any
 
 from durable_spaces.errors import RecordError
 from durable_spaces.probe.checker import CLASSES
-from durable_spaces.probe.gates import COMMAND_WHERE, MODEL_WHERE
+from durable_spaces.probe.gates import COMMAND_WHERE, MODEL_WHERE, GatePoint
 from durable_spaces.probe.grade import grade_of
-from durable_spaces.probe.record import MAX_RECORD_BYTES, ProbeRecord, counts
+from durable_spaces.probe.record import (
+    MAX_RECORD_BYTES,
+    MAX_STEPS,
+    ProbeRecord,
+    counts,
+    pairs_probed,
+)
 
-__all__ = ["compare", "find", "render", "tables"]
+__all__ = ["compare", "coverage", "find", "render", "tables"]
 
 COLUMNS = (*CLASSES, "stuck")
 
@@ -68,6 +75,64 @@ def tables(records: Sequence[ProbeRecord]) -> list[list[str]]:
     return out
 
 
+def coverage(records: Sequence[ProbeRecord], planned: Sequence[GatePoint],
+             steps: int = 0) -> list[list[str]]:  # fmt: skip
+    """Kill point x step: a header, then a row per kind of point; each planned pair's
+    cell is how its runs graded (and how many), ``not run`` when none probed it; a pair
+    not planned (the harness never reached it, or the fault does not apply) is ``-``.
+    Step ``steps`` + 1 is the final answer's (``final``)."""
+    by: dict[GatePoint, list[ProbeRecord]] = {}
+    for r in records:
+        if r.point is not None:
+            by.setdefault(r.point, []).append(r)
+    pairs = set(planned) | set(by)
+    columns = range(1, max((p.step for p in pairs), default=0) + 1)
+    out = [["kill point", *("final" if k == steps + 1 else f"step {k}" for k in columns)]]
+    for where in (*MODEL_WHERE, *COMMAND_WHERE):
+        if not any(p.where == where for p in pairs):
+            continue
+        row = [where]
+        for k in columns:
+            p = GatePoint(k, where)
+            runs = [r for r in by.get(p, []) if r.landed and r.outcome != "lab_error"]
+            if runs:
+                row.append(f"{grade_of(c for r in runs for c in r.classes)} ({len(runs)})")
+            elif p in by:
+                row.append("not landed" if any(r.outcome != "lab_error" for r in by[p])
+                           else "lab error")  # fmt: skip
+            else:
+                row.append("not run" if p in pairs else "-")
+        out.append(row)
+    return out
+
+
+def _planned(meta: dict[str, Any]) -> list[GatePoint]:
+    """The pairs the probe planned (``pairs`` of probe.json; checked: they name points)."""
+    raw = meta.get("pairs", [])
+    if not isinstance(raw, list):
+        raise RecordError("probe.json: pairs is not a list")
+    try:
+        out = [GatePoint.parse(str(x)) for x in raw]
+    except ValueError as e:
+        raise RecordError(f"probe.json: a pair is malformed: {e}") from None
+    if any(p.step > MAX_STEPS + 1 for p in out):  # the final answer's points are K+1
+        raise RecordError(f"probe.json: a pair's step is past {MAX_STEPS + 1}")
+    return out
+
+
+def power_cuts(records: Sequence[ProbeRecord]) -> str:
+    """What the power fault's cuts dropped of the harness's state directory, in all."""
+    cuts = [a["dropped"] for r in records for a in r.attempts
+            if isinstance(a.get("dropped"), dict)]  # fmt: skip
+    try:
+        ops = sum(int(c.get("ops", 0)) for c in cuts)
+        size = sum(int(c.get("bytes", 0)) for c in cuts)
+    except (TypeError, ValueError) as e:
+        raise RecordError(f"a run record's power cut is malformed: {e}") from None
+    return (f"{len(cuts)} cuts of the state directory (powerfs) dropped {ops} unsynced "
+            f"operations, {size} bytes")  # fmt: skip
+
+
 def _md(rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(rows[0]) + " |", "|" + " --- |" * len(rows[0])]
     lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
@@ -87,6 +152,10 @@ def render(out: Path) -> tuple[Path, Path]:
     meta = _meta(out)
     records = _records(out)
     grid = tables(records)
+    planned = _planned(meta)
+    cover = coverage(records, planned, int(meta["steps"]))
+    probed = len(pairs_probed(records) & set(planned))
+    cover_title = f"Kill point x step: {probed} of {len(planned)} planned pairs probed"
     failed = [r for r in records if r.failed]
     promise = meta.get("promise") or "(none stated)"
     title = f"Probe of {meta['harness']}: {meta['grade']}"
@@ -96,8 +165,11 @@ def render(out: Path) -> tuple[Path, Path]:
         ("steps", str(meta["steps"])), ("seed base", str(meta["seed_base"])),
         ("recipe", str(meta["recipe"])),
     ]  # fmt: skip
+    if meta["fault"] == "power":
+        facts.append(("power cuts", power_cuts(records)))
     md = [f"# {title}\n", *(f"- {k}: {v}" for k, v in facts), "", f"`{meta['summary']}`\n",
-          "## Steps by kill point and class\n", _md(grid)]  # fmt: skip
+          "## Steps by kill point and class\n", _md(grid),
+          f"## {cover_title}\n", _md(cover)]  # fmt: skip
     if meta.get("reason"):
         md.append(f"Not a clean verdict: {meta['reason']}\n")
     if failed:
@@ -118,6 +190,7 @@ def render(out: Path) -> tuple[Path, Path]:
         f"<h1>{html.escape(title)}</h1><ul>{items}</ul>"
         f"<p><code>{html.escape(str(meta['summary']))}</code></p>"
         f"<h2>Steps by kill point and class</h2>{_html_table(grid)}"
+        f"<h2>{html.escape(cover_title)}</h2>{_html_table(cover)}"
         + (f"<p>Not a clean verdict: {html.escape(str(meta['reason']))}</p>"
            if meta.get("reason") else "")
         + (f"<h2>Runs worse than at-most-once-reported</h2><ul>{runs}</ul>" if failed else "")

@@ -6,7 +6,8 @@ run is ``stuck``). The planned point is armed until it is reached, in whichever 
 At a kill point the fault comes at once; then the gates are opened (``late``) and held
 answers released, so whatever escaped the kill goes on and its late effects are seen. At
 ``exited`` the harness is stopped (SIGSTOP) before the held command goes on to exit, so
-the kill lands after the command's exit and before the harness saw it. After the last
+the kill lands after the command's exit and before the harness saw it. Under ``power``
+the state directory is a powerfs mount, cut right after the kill (power.py). After the last
 attempt the lab waits for an escaped held command to finish, kills everything the run
 started, and checks the workspace and the requests (checker.py).
 """
@@ -28,6 +29,7 @@ from durable_spaces.probe import recipe as recipes
 from durable_spaces.probe.faults import KILL_FAULTS, HarnessProcess, RunProcs
 from durable_spaces.probe.gates import COMMAND_WHERE, Gate, GatePoint
 from durable_spaces.probe.model_server import ModelServer
+from durable_spaces.probe.power import StateDisk
 from durable_spaces.probe.record import ProbeRecord
 
 __all__ = ["ProbeRun", "run_one"]
@@ -74,6 +76,8 @@ class _Run:
         self.landed_at: float | None = None
         self.gate: Gate | None = None
         self.escaped: int | None = None
+        self.disk: StateDisk | None = None
+        self.cut: dict[str, Any] | None = None  # what the power cut dropped
 
     def reached(self, p: GatePoint) -> None:
         self.events.put(("point", p))
@@ -90,6 +94,8 @@ class _Run:
             if pid is not None:
                 _poll_exit(procs, pid, s.recipe.timeout_s)
         procs.kill(s.fault, a)
+        if self.disk is not None:
+            self.cut = self.disk.cut()
         if self.gate is not None:
             self.escaped = self.gate.pid() if p.where != "exited" else None
             self.gate.open("late")
@@ -119,6 +125,8 @@ class _Run:
             if what == "point":
                 info["fault"] = str(val)
                 self.fault(procs, server, a, val)
+                if self.cut is not None:
+                    info["dropped"] = self.cut
                 continue
             got, rc = val
             if got is a:
@@ -144,6 +152,8 @@ class _Run:
                          task.nonce_of(s.seed) + s.run_id, s.use_cgroup)  # fmt: skip
         attempts: list[HarnessProcess] = []
         try:
+            if s.fault == "power":
+                self.disk = StateDisk(state, s.work / "state-disk", s.seed)
             if s.point is not None and s.point.where in COMMAND_WHERE:
                 self.gate = Gate(gates, s.point, self.reached)
             elif s.point is not None:
@@ -175,6 +185,8 @@ class _Run:
         finally:
             procs.close()
             server.close()
+            if self.disk is not None:
+                self.disk.close()
         for info, a in zip(rec.attempts, attempts, strict=True):
             info["last_line"] = a.last_line()
         rec.landed = self.landed_at is not None

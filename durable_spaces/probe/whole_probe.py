@@ -28,13 +28,12 @@ from durable_spaces.probe import plan
 from durable_spaces.probe.faults import machine_unavailable, sweep
 from durable_spaces.probe.gates import COMMAND_WHERE, MODEL_WHERE, GatePoint
 from durable_spaces.probe.grade import GRADES, worse
+from durable_spaces.probe.power import power_unavailable
 from durable_spaces.probe.recipe import Recipe, resolve, values
-from durable_spaces.probe.record import ProbeRecord, grade_all, short_of_plan, summary_line
+from durable_spaces.probe.record import FAULTS, ProbeRecord, grade_all, short_of_plan, summary_line
 from durable_spaces.probe.runner import ProbeRun, cgroup_prefix, run_one
 
 __all__ = ["ProbeResult", "ProbeSpec", "check_available", "repro_line", "run_probe"]
-
-FAULTS = ("process", "machine", "model-5xx", "model-cut", "model-slow")
 
 
 @dataclass(frozen=True)
@@ -69,8 +68,15 @@ class ProbeSpec:
         bad = [w for w in self.at if w not in MODEL_WHERE + COMMAND_WHERE]
         if bad:
             raise ConfigError(f"--at {bad[0]}: one of {', '.join(MODEL_WHERE + COMMAND_WHERE)}")
-        if self.fault == "machine" and (why := machine_unavailable()) is not None:
-            raise ConfigError(why)
+        _fault_available(self.fault)
+
+
+def _fault_available(fault: str) -> None:
+    """``ConfigError`` (one line) when this machine cannot make ``fault``."""
+    if fault == "machine" and (why := machine_unavailable()) is not None:
+        raise ConfigError(why)
+    if fault == "power" and (why := power_unavailable()) is not None:
+        raise ConfigError(why)
 
 
 @dataclass
@@ -163,7 +169,7 @@ def run_probe(ps: ProbeSpec, stdout: IO[str] | None = None,
             print(f"REPRO {rec.run_id} ({rec.why()}): {line}", file=w, flush=True)
         elif not ps.keep:
             shutil.rmtree(ps.out / "work" / rec.run_id, ignore_errors=True)
-    summary = summary_line(ps.recipe.name, records, ps.seed_base)
+    summary = summary_line(ps.recipe.name, records, ps.seed_base, points)
     grade = grade_all(records)
     reason = short_of_plan(records)
     code = 0
@@ -178,6 +184,7 @@ def run_probe(ps: ProbeSpec, stdout: IO[str] | None = None,
         "promise": ps.recipe.promise, "scenario": ps.scenario, "fault": ps.fault,
         "runs": len(records), "steps": ps.steps, "seed_base": ps.seed_base, "jobs": ps.jobs,
         "grade": grade, "summary": summary, "exit_code": code, "reason": reason or "",
+        "pairs": [str(p) for p in points],
         "started_unix": started, "duration_s": round(time.time() - started, 3),
     }  # fmt: skip
     (ps.out / "probe.json").write_text(json.dumps(meta, indent=1) + "\n")
@@ -194,8 +201,7 @@ def replay(path: Path, state_dir: Path, stdout: IO[str] | None = None) -> int:
     original = ProbeRecord.load(path)
     recipe = load(original.recipe)
     cg = unavailable() is None
-    if original.fault == "machine" and (why := machine_unavailable()) is not None:
-        raise ConfigError(why)
+    _fault_available(original.fault)
     spec = ProbeRun(recipe=recipe, run_id=original.run_id, seed=original.seed,
                    scenario=original.scenario, fault=original.fault, steps=original.steps,
                    point=original.point, work=state_dir / "work" / original.run_id,

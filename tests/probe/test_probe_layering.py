@@ -1,5 +1,6 @@
 """The probe is lab-side: the product never imports it, and it needs nothing of the
-product but the package's errors and the host's cgroups."""
+product but the package's errors and the host's cgroups (and of the lab, powerfs and its
+capability check, for the power fault)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,13 @@ def test_only_the_cli_imports_the_probe() -> None:
 
 
 def test_the_probe_needs_nothing_of_the_product() -> None:
-    allowed = ("durable_spaces.probe", "durable_spaces.errors", "durable_spaces.host.cgroup")
+    allowed = (
+        "durable_spaces.probe",
+        "durable_spaces.errors",
+        "durable_spaces.host.cgroup",
+        "durable_spaces.chaos.powerfs",
+        "durable_spaces.campaigns.capabilities",
+    )
     for p in (PACKAGE / "probe").glob("*.py"):
         bad = [m for m in _imports(p) if not m.startswith(allowed)]
         assert not bad, (p.name, bad)

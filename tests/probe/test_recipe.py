@@ -74,8 +74,8 @@ def test_the_cli_says_it_in_one_line(tmp_path: Path) -> None:
     assert line.startswith("durable-spaces: error: recipe ") and "{url}" in line
     assert not (tmp_path / "o").exists()
     r = CliRunner().invoke(cli.app, ["probe", "--harness", str(FAKES / "correct"),
-                                     "--fault", "power", "--out", str(tmp_path / "o")])  # fmt: skip
-    assert r.exit_code == 2 and "--fault power: one of" in r.stderr
+                                     "--fault", "quake", "--out", str(tmp_path / "o")])  # fmt: skip
+    assert r.exit_code == 2 and "--fault quake: one of" in r.stderr
     assert not (tmp_path / "o").exists()
 
 

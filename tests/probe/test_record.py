@@ -27,10 +27,19 @@ def test_summary_and_the_rule(tmp_path: Path) -> None:
     recs = [_rec("r0", None, False, "once", "once"),
             _rec("r1", GatePoint(1, "effect"), True, "duplicate", "once"),
             _rec("r2", GatePoint(2, "started"), True, "reported", outcome="stuck")]  # fmt: skip
-    assert summary_line("h", recs, "sb") == (
+    planned = [
+        GatePoint(1, "request"),
+        GatePoint(1, "effect"),
+        GatePoint(1, "exited"),
+        GatePoint(2, "started"),
+    ]
+    assert summary_line("h", recs, "sb", planned) == (
         "SUMMARY probe harness=h runs=3 steps=5 once=3 duplicate=1 lost=0 phantom=0 "
-        "reported=1 orphan=0 stuck=1 lab_errors=0 kills=2 grade=unsafe seed_base=sb"
+        "reported=1 orphan=0 stuck=1 lab_errors=0 kills=2 pairs=2/4 grade=unsafe seed_base=sb"
     )
+    # a fault that never landed probed nothing: still 2 of 4
+    missed = [*recs, _rec("r9", GatePoint(1, "exited"), False, "once")]
+    assert "pairs=2/4" in summary_line("h", missed, "sb", planned)
     assert short_of_plan(recs) is None
     recs.append(_rec("r3", GatePoint(1, "exited"), False, "once"))
     assert short_of_plan(recs) == "1 of 3 planned faults never landed (r3:exited@1)"
@@ -43,7 +52,7 @@ def test_summary_and_the_rule(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "says"),
     [({"kind": "campaign"}, "not a probe run record"), ({"run_id": "../x"}, "malformed"),
-     ({"fault": "power"}, "unknown fault"), ({"point": "late@1"}, "not a kill point"),
+     ({"fault": "quake"}, "unknown fault"), ({"point": "late@1"}, "not a kill point"),
      ({"steps": "many"}, "malformed probe run record")],
 )  # fmt: skip
 def test_a_bad_record_is_refused(tmp_path: Path, change: dict[str, str], says: str) -> None:

@@ -2,8 +2,10 @@
 
 Each recipe under this directory runs it with one ``--defect`` (or none):
 
-- ``none``: journals each call's intent and its result (fsync) before the next request; on
-  resume an unfinished call is reported to the model as interrupted, never run again.
+- ``none``: journals each call's intent and its result (fsync; the new journal's name too,
+  by an fsync of its directory) before the next request; on resume an unfinished call is
+  reported to the model as interrupted, never run again.
+- ``nosync``: as ``none``, but its journal is never fsynced: a power loss takes it.
 - ``rerun``: on resume an unfinished call runs again.
 - ``phantom``: records a success ("ok") before running a call, so a resume believes it.
 - ``detached``: as ``none``, but its tools run in a session of their own (setsid).
@@ -83,11 +85,18 @@ class Journal:
         self.sync = sync
 
     def add(self, event: dict) -> None:
+        new = not self.path.exists()
         with self.path.open("a") as f:
             f.write(json.dumps(event) + "\n")
             f.flush()
             if self.sync:
                 os.fsync(f.fileno())
+        if new and self.sync:  # the journal's name is durable only once its directory is
+            fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def events(self) -> list[dict]:
         if not self.path.exists():
@@ -143,7 +152,7 @@ def main() -> int:
         sys.stdout.write("x" * 100 + "\n" * 1)
         for _ in range(20000):
             sys.stdout.write("flooding the output " * 10 + "\n")
-    journal = Journal(Path(a.state) / "journal.jsonl", sync=a.defect != "rerun")
+    journal = Journal(Path(a.state) / "journal.jsonl", sync=a.defect not in ("rerun", "nosync"))
     messages: list[dict] = []
     results: dict[str, str] = {}
     for ev in journal.events():
@@ -174,7 +183,7 @@ def main() -> int:
             cid = call["id"]
             if cid in results:
                 out = results[cid]  # phantom: the success it recorded before running
-            elif cid in intents and a.defect in ("none", "detached", "flood"):
+            elif cid in intents and a.defect in ("none", "detached", "flood", "nosync"):
                 out = "interrupted: the call was cut short by a crash; it may or may not have run"
             else:
                 journal.add({"intent": cid})
