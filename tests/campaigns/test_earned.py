@@ -98,6 +98,25 @@ def test_a_failpoint_a_random_kill_pre_empted_was_not_reached_and_is_excused() -
     assert earned.tally([junk]).reached_at_failpoints == 1
 
 
+def test_an_exhaustive_run_whose_point_came_fewer_times_is_excused() -> None:
+    """An exhaustive run planned at a point's 4th hit (the uninterrupted run passed it 4
+    times) that this time passed it 3 times (a point passed while a command is polled)
+    had no kill to land; one whose trace saw the 4th hit and landed nothing did."""
+    plan = Schedule("x", (AttemptPlan(Failpoint("adapter.running", 4)),))
+    tol = Tolerance(min_kill_fraction=0, at_failpoints=False, kill_every_run=True)
+
+    def run(hits: int) -> RunRecord:
+        r = rec(1, plan=plan)
+        r.attempts = 1
+        r.extra["trace"] = [{"attempt": 0, "hits": {"adapter.running": hits}}]
+        return r
+
+    landed = rec(0, kills=1, failpoint=1, plan=plan)
+    assert shortfall([landed, run(3)], tol) is None
+    why = shortfall([landed, run(4)], tol)
+    assert why is not None and "1 of 2 runs" in why and "run-0001" in why
+
+
 def test_every_run_scenarios_name_the_run_without_its_kill() -> None:
     runs = [rec(0, kills=1, failpoint=1), rec(1), rec(2, kills=1, failpoint=1)]
     assert shortfall(runs, Tolerance()) is None
