@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING
 
 from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.scenarios import Tolerance
+from durable_spaces.chaos.faults import AttemptPlan
 from durable_spaces.chaos.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -128,6 +129,25 @@ def _stories(record: RunRecord) -> dict[int, dict[str, int]] | None:
     return out
 
 
+def _points(a: AttemptPlan, *, kills: bool = False) -> list[tuple[str, int]]:
+    """The (point, n) an attempt's faults at failpoints and points wait for (``kills``:
+    only those that kill its driver)."""
+    out = []
+    if a.failpoint is not None and (not kills or a.failpoint.action == "kill"):
+        out.append((a.failpoint.name, a.failpoint.n))
+    out += [(ap.point, ap.n) for ap in a.at_points if not kills or ap.kind == "kill"]
+    return out
+
+
+def _had_chance(
+    stories: dict[int, dict[str, int]] | None, attempts: int, i: int, point: str, n: int
+) -> bool:
+    """Attempt ``i``'s trace reached ``point``'s n-th hit; without traces, it ran."""
+    if stories is None:
+        return i < max(attempts, 1)
+    return _reached(stories.get(i), point, n)
+
+
 def _reached(hits: dict[str, int] | None, point: str, n: int) -> bool:
     if hits is None:
         return False  # the attempt never ran
@@ -146,18 +166,7 @@ def _some_kill_reachable(
     for i, a in enumerate(s.attempts):
         if a.kill_after_s:
             return True
-        kills = (
-            [(a.failpoint.name, a.failpoint.n)]
-            if a.failpoint and a.failpoint.action == "kill"
-            else []
-        )
-        kills += [(ap.point, ap.n) for ap in a.at_points if ap.kind == "kill"]
-        if not kills:
-            continue
-        if stories is None:
-            if i < max(attempts, 1):
-                return True
-        elif any(_reached(stories.get(i), pt, n) for pt, n in kills):
+        if any(_had_chance(stories, attempts, i, pt, n) for pt, n in _points(a, kills=True)):
             return True
     return False
 
@@ -177,13 +186,9 @@ def tally(records: Iterable[RunRecord]) -> Tally:
             traces += len(stories)
             trace_hits += sum(sum(h.values()) for h in stories.values())
         for i, a in enumerate(s.attempts):
-            faults = [(fp.name, fp.n) for fp in ([a.failpoint] if a.failpoint else [])]
-            faults += [(ap.point, ap.n) for ap in a.at_points]
+            faults = _points(a)
             at_planned += len(faults)
-            if stories is None:  # no trace: every fault of an attempt that ran counts
-                at_reached += len(faults) * (i < max(r.attempts, 1))
-            else:
-                at_reached += sum(_reached(stories.get(i), pt, n) for pt, n in faults)
+            at_reached += sum(_had_chance(stories, r.attempts, i, pt, n) for pt, n in faults)
         at_landed += r.faults.get("failpoint", 0) + _at_points(r)
         if p and not r.kills and _some_kill_reachable(s, stories, r.attempts):
             without.append(r.run_id)
