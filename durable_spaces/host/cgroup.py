@@ -111,6 +111,10 @@ class Cgroup:
             text = (self.path / "cgroup.procs").read_text()
         except FileNotFoundError:
             return []
+        except OSError as e:  # ENODEV: removed between open and read
+            if e.errno == errno.ENODEV:
+                return []
+            raise
         return [int(x) for x in text.split()]
 
     def populated(self) -> bool:
@@ -118,6 +122,10 @@ class Cgroup:
             events = (self.path / "cgroup.events").read_text()
         except FileNotFoundError:
             return False
+        except OSError as e:  # ENODEV: removed between open and read (so it was empty)
+            if e.errno == errno.ENODEV:
+                return False
+            raise
         return "populated 1" in events
 
     def kill(self, wait_s: float = 10.0) -> bool:

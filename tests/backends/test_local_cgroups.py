@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from durable_spaces.backends.local import cgroups as cgroups_module
 from durable_spaces.backends.local.backend import LocalBackend, LocalSpace
 from durable_spaces.errors import SpaceUnavailableError, StaleEpochError
 from durable_spaces.host import cgroup as host_cgroup
@@ -281,3 +282,20 @@ async def test_a_cgroup_above_ours_that_went_is_not_made_again(tmp_path: Path) -
     assert not outer.path.exists()
     assert (await space.exec_record("k2@1")).state is ExecState.UNKNOWN  # nothing recorded
     await b.delete("loc")
+
+
+@needs_cgroup
+async def test_a_cgroup_removed_while_its_kill_waits_counts_as_empty(backend: LocalBackend) -> None:
+    """Two advances kill the same epoch: the one that removes its cgroup first leaves
+    the other holding ``cgroup.events`` of a cgroup that is gone (ENODEV on reading).
+    A cgroup that could be removed was empty; the waiter says so instead of failing."""
+    space = await backend.create("loc")
+    assert space.cgroups.dir is not None
+    gone = space.cgroups.dir / "e9"
+    gone.mkdir(parents=True)
+    fd = os.open(gone / "cgroup.events", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        gone.rmdir()
+        assert cgroups_module._says_empty(fd)
+    finally:
+        os.close(fd)

@@ -40,6 +40,7 @@ import select
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from durable_spaces.errors import SpaceUnavailableError
@@ -168,12 +169,37 @@ def _rmtree(path: Path) -> None:
 def _kill(paths: list[Path], what: str) -> None:
     """Kill the cgroups ``paths`` whole, wait until each is empty, remove them."""
     for path in paths:
-        with contextlib.suppress(FileNotFoundError):
+        with _unless_gone():
             (path / "cgroup.kill").write_text("1\n")
     deadline = time.monotonic() + KILL_TIMEOUT
     for path in paths:
         _wait_empty(path, deadline, what)
         _rmtree(path)
+
+
+@contextlib.contextmanager
+def _unless_gone() -> Iterator[None]:
+    """Ignore that a cgroup is gone: not found, or removed while one of its files was
+    open (ENODEV; another backend's sweep of idle cgroups removes an emptied one)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in (errno.ENOENT, errno.ENODEV):
+            raise
+
+
+def _says_empty(fd: int) -> bool:
+    """Whether the open ``cgroup.events`` file ``fd`` says ``populated 0`` now."""
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        events = os.read(fd, 4096)
+    except OSError as e:
+        # ENODEV: the cgroup was removed while we held its file (another advance's
+        # kill got there first), and only an empty cgroup can be removed.
+        if e.errno in (errno.ENODEV, errno.ENOENT):
+            return True
+        raise
+    return b"populated 0" in events
 
 
 def _wait_empty(path: Path, deadline: float, what: str) -> None:
@@ -186,8 +212,7 @@ def _wait_empty(path: Path, deadline: float, what: str) -> None:
         poller = select.poll()
         poller.register(fd, select.POLLPRI | select.POLLERR)
         while True:
-            os.lseek(fd, 0, os.SEEK_SET)
-            if b"populated 0" in os.read(fd, 4096):
+            if _says_empty(fd):
                 return
             left = deadline - time.monotonic()
             if left <= 0:
@@ -195,7 +220,7 @@ def _wait_empty(path: Path, deadline: float, what: str) -> None:
             if not poller.poll(min(left, 0.05) * 1000):
                 # Nothing changed for a while: a supervisor moved in after the kill (a
                 # restart that went ahead without the lock overtook a spawn) dies too.
-                with contextlib.suppress(FileNotFoundError):
+                with _unless_gone():
                     (path / "cgroup.kill").write_text("1\n")
     finally:
         os.close(fd)
@@ -294,7 +319,7 @@ class SpaceCgroups:
         """Every process in the Space's cgroups now."""
         out: list[int] = []
         for _, path in self._epochs():
-            with contextlib.suppress(FileNotFoundError):
+            with _unless_gone():
                 out += [int(x) for x in (path / "cgroup.procs").read_text().split()]
         return out
 
