@@ -17,7 +17,7 @@ from durable_spaces.campaigns.record import RunRecord
 from durable_spaces.campaigns.replay import differences
 from durable_spaces.campaigns.runner import RunOneRef, _check_args, _Runs, run_one_ref
 from durable_spaces.campaigns.spec import CampaignSpec, RunSpec
-from durable_spaces.campaigns.summary import Summary
+from durable_spaces.campaigns.summary import Summary, emit
 from durable_spaces.errors import ConfigError
 
 
@@ -115,13 +115,12 @@ def run_determinism(
             result.same += 1
     (out / "determinism.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
     w = stdout if stdout is not None else sys.stdout
-    print(result.line(), file=w, flush=True)
+    emit(w, result.line())
     for run, diff in result.differences.items():  # where each pair parted, and its records
-        print(f"PARTED {run}: {'; '.join(diff)} ({out / 'runs' / run}.a.json, .b.json)",
-              file=w, flush=True)  # fmt: skip
+        emit(w, f"PARTED {run}: {'; '.join(diff)} ({out / 'runs' / run}.a.json, .b.json)")
     if result.untested is not None:
-        print(f"UNTESTED {result.untested}", file=w, flush=True)
+        emit(w, f"UNTESTED {result.untested}")
     # Last, as a campaign's: every run of both passes (what .ci/lib.sh reads).
     summary = Summary.of(recs, mode=spec.mode, backend=spec.backend, seed_base=spec.seed_base)
-    print(summary.line(), file=w, flush=True)
+    emit(w, summary.line())
     return result

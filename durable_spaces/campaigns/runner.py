@@ -52,7 +52,7 @@ from durable_spaces.campaigns.replay import Reproduction, exact_spec, reproducti
 from durable_spaces.campaigns.scenarios import registration
 from durable_spaces.campaigns.shrink import ShrinkResult, shrink
 from durable_spaces.campaigns.spec import MAX_JOBS, CampaignSpec, LabSettings, RunSpec
-from durable_spaces.campaigns.summary import Summary, scenario_fields
+from durable_spaces.campaigns.summary import Summary, emit, scenario_fields
 from durable_spaces.campaigns.trace_coverage import coverage_of
 from durable_spaces.campaigns.worker import error_record
 from durable_spaces.campaigns.worker_spares import WorkerSpares
@@ -384,8 +384,8 @@ def _run_and_report(
         why = ",".join(rec.failing_checks()) or rec.outcome
         kept = str(out / "runs" / f"{rec.run_id}.json")
         exact = shlex.join(["durable-spaces", "repro", "--exact", kept])
-        print(f"REPRO {rec.run_id} ({why}): {rec.repro}", file=w, flush=True)
-        print(f"REPRO {rec.run_id} (exact): {exact}", file=w, flush=True)
+        emit(w, f"REPRO {rec.run_id} ({why}): {rec.repro}")
+        emit(w, f"REPRO {rec.run_id} (exact): {exact}")
     for rec in result.failed:
         if rec.outcome != "failed" or not retries:
             continue
@@ -394,7 +394,7 @@ def _run_and_report(
             result.reproductions[rec.run_id] = rep
             rec.extra["reproduction"] = rep.to_json()
             rec.save(out / "runs")
-            print(rep.line(), file=w, flush=True)
+            emit(w, rep.line())
     if shrink_failures:
         tries = itertools.count(1)  # unique tags for every candidate run
         for rec in result.failed:
@@ -418,8 +418,7 @@ def _run_and_report(
                     f = str(sr.spec.schedule.save(out / "schedules" / f"{rec.run_id}-shrunk.json"))
                 cmd = sr.spec.repro(f)
                 result.shrunk_repros[rec.run_id] = cmd
-                print(f"SHRUNK {rec.run_id} (calls {rs.calls}->{sr.spec.calls}): {cmd}",
-                      file=w, flush=True)  # fmt: skip
+                emit(w, f"SHRUNK {rec.run_id} (calls {rs.calls}->{sr.spec.calls}): {cmd}")
     meta.update(
         finished_unix=time.time(),
         duration_s=round(time.time() - started, 3),
@@ -430,6 +429,6 @@ def _run_and_report(
     )
     (out / "campaign.json").write_text(json.dumps(meta, indent=2) + "\n")
     if result.untested is not None:
-        print(f"UNTESTED {result.untested}", file=w, flush=True)
-    print(result.summary_line, file=w, flush=True)
+        emit(w, f"UNTESTED {result.untested}")
+    emit(w, result.summary_line)
     return result

@@ -25,6 +25,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import IO
 
 from durable_spaces.campaigns.earned import planned_kills
 from durable_spaces.campaigns.record import RunRecord
@@ -186,3 +187,11 @@ def summary_line(records: Iterable[RunRecord], *, mode: str, backend: str, seed_
 
 def parse_summary(line: str) -> Summary:
     return Summary.parse(line)
+
+
+def emit(w: IO[str], line: str) -> None:
+    """Write one result line (SUMMARY, REPRO, ...) whole: ``print`` writes its text and
+    its newline apart when Python runs unbuffered (CI's ``PYTHONUNBUFFERED=1``), and a
+    line teed to a file then met the report's stderr line between the two."""
+    w.write(f"{line}\n")
+    w.flush()

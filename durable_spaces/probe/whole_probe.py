@@ -36,6 +36,13 @@ from durable_spaces.probe.runner import ProbeRun, cgroup_prefix, run_one
 __all__ = ["ProbeResult", "ProbeSpec", "check_available", "repro_line", "run_probe"]
 
 
+def emit(w: IO[str], line: str) -> None:
+    """Write one result line whole (``print`` writes its newline apart when Python runs
+    unbuffered, and a line teed to a file then met a stderr line between the two)."""
+    w.write(f"{line}\n")
+    w.flush()
+
+
 @dataclass(frozen=True)
 class ProbeSpec:
     recipe: Recipe
@@ -140,7 +147,7 @@ def run_probe(ps: ProbeSpec, stdout: IO[str] | None = None,
     if first.outcome == "lab_error":
         raise ConfigError(f"the probe's uninterrupted run broke in the lab: {first.reason}")
     if first.outcome == "stuck":
-        print(f"STUCK r0 (uninterrupted): {first.reason}", file=w, flush=True)
+        emit(w, f"STUCK r0 (uninterrupted): {first.reason}")
     points = plan.applicable([GatePoint.parse(p) for p in first.reached], ps.fault, ps.at)
     planned = plan.draw(points, ps.scenario, ps.runs, ps.seed_base)
     records = [first]
@@ -166,7 +173,7 @@ def run_probe(ps: ProbeSpec, stdout: IO[str] | None = None,
     for rec in records:
         if rec.failed:
             line = repro_line(runs_dir / f"{rec.run_id}.json")
-            print(f"REPRO {rec.run_id} ({rec.why()}): {line}", file=w, flush=True)
+            emit(w, f"REPRO {rec.run_id} ({rec.why()}): {line}")
         elif not ps.keep:
             shutil.rmtree(ps.out / "work" / rec.run_id, ignore_errors=True)
     summary = summary_line(ps.recipe.name, records, ps.seed_base, points)
@@ -188,7 +195,7 @@ def run_probe(ps: ProbeSpec, stdout: IO[str] | None = None,
         "started_unix": started, "duration_s": round(time.time() - started, 3),
     }  # fmt: skip
     (ps.out / "probe.json").write_text(json.dumps(meta, indent=1) + "\n")
-    print(summary, file=w, flush=True)
+    emit(w, summary)
     return ProbeResult(records, summary, grade, code, reason or "", meta)
 
 
@@ -210,7 +217,7 @@ def replay(path: Path, state_dir: Path, stdout: IO[str] | None = None) -> int:
     rec.save(state_dir / "runs")
     same = [r.cls for r in rec.results] == [r.cls for r in original.results]
     same = same and rec.outcome == original.outcome
-    print(f"RESULT probe run={rec.run_id} harness={recipe.name} point={rec.point} "
+    emit(w, f"RESULT probe run={rec.run_id} harness={recipe.name} point={rec.point} "
           f"fault={rec.fault} landed={rec.landed} outcome={rec.outcome} ({rec.why()}) "
-          f"as_recorded={'yes' if same else 'no'}", file=w, flush=True)  # fmt: skip
+          f"as_recorded={'yes' if same else 'no'}")  # fmt: skip
     return 1 if rec.failed else 0
