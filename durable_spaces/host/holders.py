@@ -18,9 +18,11 @@ at a later look, or by its close's event.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import threading
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import psutil
 
@@ -297,8 +299,32 @@ def _fds(base: str, dev: int, held: set[int]) -> None:
                 s = os.stat(e.path)  # the magic link: the open file itself
             except (FileNotFoundError, NotADirectoryError):
                 continue  # closed meanwhile
+            except OSError:
+                # A file whose filesystem cannot answer (ENOTCONN: a FUSE mount whose
+                # daemon died, EIO): its device is unknown, so its inode number counts
+                # on any device, as an unreadable mapping's does (a superset).
+                with contextlib.suppress(FileNotFoundError):  # closed meanwhile
+                    held.add(_fdinfo_inode(f"{base}/fdinfo/{e.name}"))
+                continue
             if s.st_dev == dev:
                 held.add(s.st_ino)
+
+
+def _fdinfo_inode(path: str) -> int:
+    """The inode number ``fdinfo`` gives a descriptor (``ino:``, Linux 5.14 on);
+    ``_Unsure`` when it gives none (the look cannot be trusted), ``FileNotFoundError``
+    when the descriptor was closed meanwhile."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise
+    except OSError:
+        raise _Unsure from None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key == "ino" and value.strip().isdigit():
+            return int(value.strip())
+    raise _Unsure
 
 
 def _own_fds(dev: int, held: set[int]) -> None:
@@ -327,8 +353,12 @@ def _own_fds(dev: int, held: set[int]) -> None:
 def _own_fd(fd: int, dev: int, held: set[int]) -> None:
     try:
         s = os.fstat(fd)
-    except OSError:
-        return  # closed meanwhile (the listing's own descriptor, for one)
+    except OSError as e:
+        if e.errno == errno.EBADF:
+            return  # closed meanwhile (the listing's own descriptor, for one)
+        with contextlib.suppress(FileNotFoundError):  # closed meanwhile
+            held.add(_fdinfo_inode(f"/proc/self/fdinfo/{fd}"))  # as in ``_fds``
+        return
     if s.st_dev == dev:
         held.add(s.st_ino)
 
@@ -368,8 +398,10 @@ def _mapped_file(base: str, mapping: Mapping, dev: int, unsure: bool) -> tuple[i
             return s.st_dev, s.st_ino
         except PermissionError:
             pass  # map_files needs CAP_SYS_ADMIN: maps' own numbers, below
-        except OSError:
+        except (FileNotFoundError, ProcessLookupError):
             return -1, 0  # unmapped meanwhile: its file's close says the rest
+        except OSError:
+            pass  # its filesystem cannot answer (ENOTCONN, EIO): maps' own numbers
     if mdev < 0:
         return None
     return (mdev, ino) if mdev == dev or not unsure else None
