@@ -9,6 +9,7 @@ against this list instead of importing it).
 
 ``timer`` marks a point hit from a timer (``hit(..., timer=True)``): whether it is hit at
 all depends on how fast a command ran, so it is never a logical position of a run.
+``also_timer`` marks one hit both ways: its n-th hit depends on timing too.
 """
 
 from __future__ import annotations
@@ -24,15 +25,20 @@ class Point:
     meaning: str
     #: Hit only from a timer (never counted as a logical hit).
     timer: bool = False
+    #: Hit from a timer as well as at a logical position (``tests/chaos/test_points.py``
+    #: reads which from the code and holds this to it).
+    also_timer: bool = False
 
 
 REGISTRY: dict[str, Point] = {}
 
 
-def _point(name: str, group: str, meaning: str, *, timer: bool = False) -> str:
+def _point(
+    name: str, group: str, meaning: str, *, timer: bool = False, also_timer: bool = False
+) -> str:
     if name in REGISTRY:
         raise ValueError(f"failpoint {name!r} registered twice")
-    REGISTRY[name] = Point(name, group, meaning, timer)
+    REGISTRY[name] = Point(name, group, meaning, timer, also_timer)
     return name
 
 
@@ -47,7 +53,10 @@ ADAPTER_RUNNING = _point(
     "adapter.running", ADAPTER, "the command still runs a moment after its start", timer=True
 )
 ADAPTER_MID_CALL = _point(
-    "adapter.mid_call", ADAPTER, "the effect may have happened and is not recorded yet"
+    "adapter.mid_call",
+    ADAPTER,
+    "the effect may have happened and is not recorded yet",
+    also_timer=True,  # a write's or edit's after its effect; a command's while it runs
 )
 ADAPTER_EXIT = _point("adapter.exit", ADAPTER, "the command exited; its outcome is not committed")
 ADAPTER_BEFORE_FILE_OP = _point(
@@ -164,6 +173,9 @@ MICROVM_CHECKPOINT_SNAPSHOT = _point(
 GROUPS = (ADAPTER, RECOVERY, HARNESS, LOG, SPACE, COORDINATOR, MICROVM)
 #: Points hit only from a timer: never a logical position for a drawn fault.
 TIMER_ONLY = frozenset(p.name for p in REGISTRY.values() if p.timer)
+#: Points how many times a run passes depends on timing (hit from a timer, only or too):
+#: a failpoint at the n-th hit of one lands in different places run to run.
+TIMED = frozenset(p.name for p in REGISTRY.values() if p.timer or p.also_timer)
 
 
 def known(name: str) -> bool:
@@ -183,4 +195,4 @@ def check(names: Iterable[str], what: str) -> None:
         raise ValueError(f"{what} names unregistered failpoints: {', '.join(bad)}")
 
 
-__all__ = ["GROUPS", "REGISTRY", "TIMER_ONLY", "Point", "check", "known", "unknown"]
+__all__ = ["GROUPS", "REGISTRY", "TIMED", "TIMER_ONLY", "Point", "check", "known", "unknown"]

@@ -37,6 +37,9 @@ class Profile:
     #: default: a replay puts them in the same place) or "timed" (seconds after launch).
     #: Random kills stay timed: they are the in-between moments no trace names.
     placement: str = "logical"
+    #: Failpoints drawn only among points a run passes a fixed number of times (never
+    #: one hit from a timer, ``points.TIMED``), so a run goes the same way twice.
+    fixed_failpoints: bool = False
     #: A power loss of the whole host (``chaos/faults.py``); a profile with it runs on a
     #: powerfs mount (``campaigns/power.py``).
     p_power_loss: float = 0.0
@@ -113,7 +116,13 @@ PROFILES: dict[str, Profile] = {
     # placement before faults had logical positions; not exactly replayable)
     "timed": Profile(placement="timed"),
     # every fault at a logical point (no random-time kills): what --determinism measures
-    "logical": Profile(p_random_kill=0.0, p_failpoint=0.7, p_space_restart=0.2, p_pause=0.2),
+    "logical": Profile(
+        p_random_kill=0.0,
+        p_failpoint=0.7,
+        p_space_restart=0.2,
+        p_pause=0.2,
+        fixed_failpoints=True,
+    ),
     # driver kills only (failpoints and random times): the transactional/checkpoint core
     "kills": Profile(p_daemon_kill=0.0, p_space_restart=0.0, p_space_remove=0.0),
     # only failpoints, one per attempt: deterministic kill points

@@ -42,6 +42,9 @@ from durable_spaces.chaos.profiles import PROFILES, Profile, profile_named
 #: Points hit only from a timer (whether they are hit depends on timing): never a
 #: logical position for a drawn fault.
 TIMER_DRIVEN = points.TIMER_ONLY
+#: Points a run passes a number of times that depends on timing: never a failpoint of a
+#: profile with ``fixed_failpoints``.
+TIMED = points.TIMED
 #: About how many logical hits one scripted call makes (measured: ~24, counting the log's
 #: commits): the range ``*`` positions are drawn from, a run's whole logical timeline.
 LOGICAL_HITS_PER_CALL = 20
@@ -172,6 +175,7 @@ class Schedule:
         rng = random.Random(seed)
         pts = sorted(points)  # order of the caller's list must not change the draw
         logical = [p for p in pts if p in EVERY_CALL] or [p for p in pts if p not in TIMER_DRIVEN]
+        fps = [p for p in pts if p not in TIMED] if prof.fixed_failpoints else pts
         timed = prof.placement == "timed"
 
         def position() -> tuple[str, int]:
@@ -186,8 +190,8 @@ class Schedule:
             fp = None
             pauses: list[DriverPause] = []
             at_points: list[PointFault] = []
-            if pts and rng.random() < prof.p_failpoint:
-                fp = Failpoint(rng.choice(pts), rng.randint(1, max(1, calls)))
+            if fps and rng.random() < prof.p_failpoint:
+                fp = Failpoint(rng.choice(fps), rng.randint(1, max(1, calls)))
                 if prof.p_pause_failpoint and rng.random() < prof.p_pause_failpoint:
                     ppts = sorted(PAUSE_POINTS)
                     fp = Failpoint(rng.choice(ppts), rng.randint(1, max(1, calls)), "pause")

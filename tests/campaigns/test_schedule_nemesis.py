@@ -89,6 +89,27 @@ def test_a_seed_still_draws_what_it_drew() -> None:
     assert h.hexdigest() == OLD_DRAWS
 
 
+def test_the_logical_profile_kills_only_at_points_passed_a_fixed_number_of_times() -> None:
+    """A failpoint at the n-th hit of a point hit from a timer (``adapter.running``, and
+    ``adapter.mid_call`` while a command runs) lands where a command's speed puts it:
+    the determinism figure once parted on a loaded machine over one. The logical profile
+    draws none of those; the default one does (so the filter is what keeps them off)."""
+    from durable_spaces.campaigns.run import POINTS as KILL_POINTS
+    from durable_spaces.chaos import points
+
+    def drawn(profile: str) -> set[str]:
+        out = set()
+        for i in range(200):
+            for plan in Schedule.draw(f"fixed-{i}", KILL_POINTS, 4, profile).attempts:
+                if plan.failpoint is not None:
+                    out.add(plan.failpoint.name)
+        return out
+
+    assert drawn("default") & points.TIMED == points.TIMED & set(KILL_POINTS)
+    logical = drawn("logical")
+    assert logical and not logical & points.TIMED, logical & points.TIMED
+
+
 def test_space_journal_needs_a_backend_whose_spaces_run_the_helper() -> None:
     with pytest.raises(ConfigError, match="not local: its Spaces run none"):
         CampaignSpec(mode="transactional", backend="local", profile="space-journal")

@@ -83,6 +83,7 @@ def test_every_registered_point_is_hit_and_timer_points_only_from_timers() -> No
     assert set(points.REGISTRY) - set(seen) == set(), "registered but never hit"
     for name, p in points.REGISTRY.items():
         assert p.timer == (seen[name] == {True}), name
+        assert p.also_timer == (seen[name] == {True, False}), f"{name}: hit both ways"
         assert p.group in points.GROUPS and p.meaning, name
 
 
@@ -90,5 +91,6 @@ def test_the_lab_draws_only_registered_points() -> None:
     assert points.unknown(faults.PAUSE_POINTS) == []
     assert points.unknown(schedule.EVERY_CALL) == []
     assert schedule.TIMER_DRIVEN == points.TIMER_ONLY
+    assert points.TIMER_ONLY < points.TIMED and points.ADAPTER_MID_CALL in points.TIMED
     with pytest.raises(ValueError, match=r"adapter\.nope"):
         points.check(("adapter.call", "adapter.nope"), "a hand list")
