@@ -256,14 +256,22 @@ def plain_steps() -> list[str]:
 
 
 def slow_step_two(marks: Path) -> list[str]:
-    """Step 2 marks its start outside the workspace (one line per start), then holds long
-    enough to be killed while it runs, then makes its effect."""
-    started = marks / "started-s2"
+    """Step 2 marks its start outside the workspace (one line per start), then holds
+    until ``release_step_two`` (at most a minute), then makes its effect. A hold for a
+    fixed time let a starved test kill it after its effect once (on a loaded machine)."""
+    started, go = marks / "started-s2", marks / "go"
     return [
         "echo s1 >> log.txt",
-        f"echo x >> {started}; sleep 3; echo s2 >> log.txt",
+        f"echo x >> {started}; i=0; while [ ! -e {go} ] && [ $i -lt 1200 ]; do sleep 0.05;"
+        " i=$((i+1)); done; echo s2 >> log.txt",
         "echo s3 >> log.txt",
     ]
+
+
+def release_step_two(marks: Path) -> None:
+    """Let step 2's command go on (after the kill: an orphaned one makes its effect, a
+    new one does not wait)."""
+    (marks / "go").touch()
 
 
 def check_uninterrupted(recipe_name: str, tmp_path: Path) -> Trial:
@@ -294,6 +302,7 @@ def check_killed_mid_step(recipe_name: str, tmp_path: Path, fault: str = "proces
     marks.mkdir()
     with trial(recipe, tmp_path, slow_step_two(marks)) as t:
         t.run_killed("launch", marks / "started-s2", fault)
+        release_step_two(marks)
         for _ in range(3):
             if t.run("resume") == 0:
                 break

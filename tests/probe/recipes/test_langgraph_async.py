@@ -10,6 +10,7 @@ from recipe_trial import (
     check_killed_mid_step,
     check_uninterrupted,
     load,
+    release_step_two,
     skip_unless_available,
     slow_step_two,
     trial,
@@ -38,6 +39,7 @@ def test_langgraph_async_resumes_a_thread_whose_last_checkpoint_was_lost(tmp_pat
     marks.mkdir()
     with trial(recipe, tmp_path, slow_step_two(marks)) as t:
         t.run_killed("launch", marks / "started-s2")
+        release_step_two(marks)
         db = sqlite3.connect(tmp_path / "state" / "checkpoints.sqlite")
         with db:
             (latest,) = db.execute("SELECT max(checkpoint_id) FROM checkpoints").fetchone()
