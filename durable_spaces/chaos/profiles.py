@@ -115,12 +115,15 @@ PROFILES: dict[str, Profile] = {
     # as default, with pauses and Space faults at seconds after the launch (the lab's
     # placement before faults had logical positions; not exactly replayable)
     "timed": Profile(placement="timed"),
-    # every fault at a logical point (no random-time kills): what --determinism measures
+    # every fault at a logical point (no random-time kills): what --determinism measures.
+    # Failpoints only where a run passes a fixed number of times; pauses never taken over
+    # (the stale driver is continued seconds after its successor's first step: a time).
     "logical": Profile(
         p_random_kill=0.0,
         p_failpoint=0.7,
         p_space_restart=0.2,
         p_pause=0.2,
+        p_takeover=0.0,
         fixed_failpoints=True,
     ),
     # driver kills only (failpoints and random times): the transactional/checkpoint core
