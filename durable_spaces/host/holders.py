@@ -398,10 +398,13 @@ def _mapped_file(base: str, mapping: Mapping, dev: int, unsure: bool) -> tuple[i
             return s.st_dev, s.st_ino
         except PermissionError:
             pass  # map_files needs CAP_SYS_ADMIN: maps' own numbers, below
-        except (FileNotFoundError, ProcessLookupError):
-            return -1, 0  # unmapped meanwhile: its file's close says the rest
         except OSError:
-            pass  # its filesystem cannot answer (ENOTCONN, EIO): maps' own numbers
+            # Unmapped meanwhile (its file's close says the rest), or its filesystem
+            # cannot answer (ENOTCONN: a FUSE daemon gone), which the workspace's does:
+            # not a file of it. (Taken as unknown, one such mapping anywhere on the
+            # host, a killed driver's SQLite shm on a cut powerfs, made every look
+            # at an overlay workspace untrusted.)
+            return -1, 0
     if mdev < 0:
         return None
     return (mdev, ino) if mdev == dev or not unsure else None
