@@ -197,11 +197,13 @@ class Trial:
         return self.finish(proc, began)
 
     def run_killed(self, which: str, when: Path, fault: str = "process") -> None:
-        """Run ``which`` until the file ``when`` appears (the step's command started), then
-        kill it as ``fault`` says."""
+        """Run ``which`` until the file ``when`` holds a whole line (the step's command
+        started and marked it), then kill it as ``fault`` says. Not on its appearance:
+        ``echo x >> mark`` creates the file before it writes, and a kill between the two
+        left the launch's start uncounted (step 2 seen to start once, not twice)."""
         began = time.monotonic()
         proc, cgroup = self.start(which)
-        while not when.exists():
+        while not (when.exists() and when.read_text().endswith("\n")):
             assert proc.poll() is None, f"{which} ended before the kill:\n{self.tail(proc)}"
             time.sleep(0.01)
         if fault == "machine":
