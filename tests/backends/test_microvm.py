@@ -48,7 +48,14 @@ def _name() -> str:
 
 
 async def _count(space: Any) -> int:
-    return int((await space.read_file("count")).decode())
+    """The counter's value: ``echo $i > count`` truncates before it writes, so a read
+    between the two sees nothing (once, on a loaded machine); read again then."""
+    for _ in range(50):
+        text = (await space.read_file("count")).decode()
+        if text.endswith("\n"):
+            return int(text)
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the counter file stays incomplete: {text!r}")
 
 
 async def _wait_count(space: Any, above: int = 0, timeout: float = 30) -> int:
