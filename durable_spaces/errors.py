@@ -207,9 +207,15 @@ class HostApiError(ClusterError):
     request now: the caller tries again later or another host."""
 
 
-class HostAuthError(ClusterError):
-    """A host API request without the cluster's host secret's signature (or with a wrong
-    one): the host refuses it (401) before doing anything."""
+class HostAuthError(HostApiError):
+    """The peer did not prove it is the cluster member it had to be (a host that is not
+    the one asked, a certificate expired, revoked or of another CA; a request meant for
+    another host): no answer was taken from it, and it did nothing."""
+
+
+class TlsError(ClusterError):
+    """A certificate, key, revocation list or enrolment that cannot be used (missing,
+    malformed, of another CA, naming another identity, readable by others)."""
 
 
 class NetnsError(DurableSpacesError):

@@ -1,4 +1,5 @@
-"""The cluster's commands: ``host``, ``coordinator``, ``submit``, ``worker``, ``host-secret``.
+"""The cluster's commands: ``host``, ``coordinator``, ``submit``, ``worker`` (``tls``:
+``durable_spaces/cli/tls.py``).
 
 Each only parses options; ``durable_spaces/cluster/commands.py`` does the work (imported
 only when used, so the rest of the CLI runs without a PostgreSQL client).
@@ -14,9 +15,13 @@ import typer
 from durable_spaces.cli.app import app, fail
 
 Db = Annotated[str, typer.Option("--db", envvar="DS_CLUSTER_DB", help="the store's libpq URL")]
+TlsDirOption = Annotated[
+    Path | None,
+    typer.Option(envvar="DS_CLUSTER_TLS_DIR", help="its TLS directory (durable-spaces tls enroll)"),
+]
 
 
-def _cluster_errors() -> tuple[type[BaseException], ...]:
+def cluster_errors() -> tuple[type[BaseException], ...]:
     from durable_spaces.errors import DurableSpacesError
 
     return (DurableSpacesError, OSError)
@@ -32,6 +37,7 @@ def host(
     listen_host: Annotated[str | None, typer.Option(help="daemons' ip (default: address)")] = None,
     heartbeat_secs: Annotated[float, typer.Option(help="heartbeat interval")] = 1.0,
     sweep_secs: Annotated[float, typer.Option(help="how often Spaces are checked")] = 2.0,
+    tls_dir: TlsDirOption = None,
 ) -> None:
     """Provide durable Spaces to the cluster from this machine."""
     from durable_spaces.cluster.commands import run_host
@@ -39,9 +45,10 @@ def host(
     try:
         run_host(
             db, host_id, address, backend, state_dir or Path(f"ds-host-{host_id}"),
-            listen_host=listen_host, heartbeat_secs=heartbeat_secs, sweep_secs=sweep_secs,
+            tls_dir=tls_dir, listen_host=listen_host, heartbeat_secs=heartbeat_secs,
+            sweep_secs=sweep_secs,
         )  # fmt: skip
-    except _cluster_errors() as e:
+    except cluster_errors() as e:
         raise fail(str(e)) from None
 
 
@@ -57,6 +64,7 @@ def coordinator(
     max_sessions: Annotated[int, typer.Option(help="sessions driven at once")] = 4,
     lost_host_secs: Annotated[float, typer.Option(help="heartbeat age of a lost host")] = 5.0,
     driver: Annotated[str | None, typer.Option(help="driver command (default: agent)")] = None,
+    tls_dir: TlsDirOption = None,
 ) -> None:
     """Claim durable sessions from the store and drive them (any number may run)."""
     from durable_spaces.cluster.commands import backoff_triple, driver_argv, run_coordinator
@@ -66,12 +74,13 @@ def coordinator(
         settings = DriveSettings(
             stall_secs=stall_secs, backoff=backoff_triple(backoff), max_attempts=max_attempts,
             claim_ttl=claim_ttl, max_sessions=max_sessions, lost_host_secs=lost_host_secs,
+            tls_dir=tls_dir,
         )  # fmt: skip
         argv = driver_argv(driver)
         if argv is not None:
             settings.argv = argv
         run_coordinator(db, coordinator_id, sessions_dir, settings)
-    except _cluster_errors() as e:
+    except cluster_errors() as e:
         raise fail(str(e)) from None
 
 
@@ -95,7 +104,7 @@ def submit(
             db, sessions_dir, name, space=space, seed=seed, calls=calls, mode=mode,
             checkpoint_dir=checkpoint_dir, wait_secs=wait,
         ))  # fmt: skip
-    except _cluster_errors() as e:
+    except cluster_errors() as e:
         raise fail(str(e)) from None
 
 
@@ -116,26 +125,6 @@ def worker(
             db, worker_id, work_dir, campaign=campaign, claim_ttl=claim_ttl,
             until_empty=until_empty,
         )  # fmt: skip
-    except _cluster_errors() as e:
+    except cluster_errors() as e:
         raise fail(str(e)) from None
     typer.echo(f"{n} runs stored")
-
-
-@app.command("host-secret")
-def host_secret(
-    db: Db,
-    rotate: Annotated[
-        bool, typer.Option(help="add a new version (hosts accept it and the last)")
-    ] = False,
-) -> None:
-    """Show the host API secret's version, or rotate it (docs/cluster-security.md)."""
-    from durable_spaces.cluster.store import ClusterStore
-
-    try:
-        with ClusterStore(db) as store:
-            if rotate:
-                store.rotate_host_secret()
-            versions = [s.version for s in store.host_secrets()]
-    except _cluster_errors() as e:
-        raise fail(str(e)) from None
-    typer.echo(f"host secret version {versions[0]} (accepted: {', '.join(map(str, versions))})")

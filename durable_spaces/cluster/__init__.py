@@ -8,9 +8,12 @@ for tests, CI and a one-machine lab.
 The processes, any of which may die:
 
 - ``host.py`` (``durable-spaces host``): provides durable Spaces from one machine
-  (``hostapi.py`` is its HTTP API: place, rotate, status; ``hostauth.py`` signs and checks
-  its requests); reports sandboxes that are gone;
-  drops everything and registers again once declared lost.
+  (``hostapi.py`` is its HTTP API, place, rotate, status, and its client;
+  ``hostserver.py`` serves it over mutual TLS within bounds); reports sandboxes that are
+  gone; drops everything and registers again once declared lost.
+- ``pki.py``, ``tls.py``, ``certificates.py``, ``enrol.py`` (``durable-spaces tls``): the
+  cluster CA (its key with the operator), each machine's certificate and TLS directory,
+  rotation and revocation (docs/cluster-security.md).
 - ``drive.py`` (``durable-spaces coordinator``): claims sessions and drives each with the
   single-host coordinator (``drive/coordinator.py``), epochs from the store, the Space
   made ready by ``placer.py`` before every drive.
@@ -26,11 +29,12 @@ whole cluster on one machine (tests, ``bench/cluster.py``).
 
 On real machines (one PostgreSQL every machine reaches; ``DS_CLUSTER_DB`` holds its URL
 so no password shows in ``ps``): on each machine that provides Spaces, ``durable-spaces
-host --id h1 --address <its ip>:7000 --backend spacesd`` (its Spaces' daemons listen on
-that ip; every host API request is signed with the cluster's host secret, kept in the
-store, and each Space's daemon token is rotated for every lease, the old one refused:
-docs/cluster-security.md, which also says what plain HTTP still exposes); anywhere, as many
-``durable-spaces coordinator --id cN --sessions-dir /shared/sessions`` as you like (the
+host --id h1 --address <its ip>:7000 --backend spacesd --tls-dir DIR`` (its Spaces'
+daemons listen on that ip; the host API speaks mutual TLS only, with certificates of the
+cluster's CA enrolled by ``durable-spaces tls enroll``, and each Space's daemon token is
+rotated for every lease, the old one refused: docs/cluster-security.md); anywhere, as
+many ``durable-spaces coordinator --id cN --sessions-dir /shared/sessions --tls-dir DIR``
+as you like (the
 directory must be the same shared mount, with working ``fcntl`` locks, on every
 coordinator's machine: it holds the sessions' fenced SQLite logs); ``durable-spaces submit
 --sessions-dir /shared/sessions --name s1 --space sp1`` to add a session; ``durable-spaces

@@ -1,6 +1,7 @@
 """What ``durable-spaces host / coordinator`` do, kept beside the cluster code so
 ``durable_spaces/cli/cluster.py`` only parses options (and imports this only when used).
-The lab's commands (``submit``, ``worker``) are in ``campaigns/cluster/commands.py``."""
+``durable-spaces tls ...`` is ``enrol.py``; the lab's commands (``submit``, ``worker``) are
+in ``campaigns/cluster/commands.py``."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def run_host(
     backend: str,
     state_dir: Path,
     *,
+    tls_dir: Path | None,
     listen_host: str | None,
     heartbeat_secs: float,
     sweep_secs: float,
@@ -48,6 +50,7 @@ def run_host(
         address,
         backend,
         state_dir,
+        tls_dir=tls_dir,
         listen_host=listen_host,
         heartbeat_secs=heartbeat_secs,
         sweep_secs=sweep_secs,

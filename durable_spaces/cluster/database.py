@@ -50,7 +50,10 @@ def connection_lost(e: BaseException) -> bool:
 
 
 def describe(url: str) -> str:
-    """``host:port/dbname`` of a libpq URL, without user or password."""
+    """``host:port/dbname`` of a libpq URL, without user or password. An empty URL is
+    refused: libpq would take it for its default server, never the one meant."""
+    if not url.strip():
+        raise ConfigError("the cluster database URL is empty: give --db URL or DS_CLUSTER_DB")
     try:
         info = conninfo_to_dict(url)
     except psycopg.ProgrammingError as e:

@@ -17,10 +17,11 @@ them, any of which may die.
   one ``lease_pending`` event per spell, not per poll): the lease is read every
   ``pending_poll`` seconds and taken as soon as it is free, with the next lease token.
 - Before each drive the Space is made ready (``placer.py``) and its host gives its daemon
-  a token of this drive's lease (``Placer.rotate``: every older driver's is refused); the
-  driver gets
-  ``CUA_SESSION_SPACE``, the store's URL and its lease token (``remote.py``), and keeps
-  the driver contract of ``durable_spaces/drive/entry.py`` (exit codes, heartbeats).
+  a token of this drive's lease (``Placer.rotate``: every older driver's is refused); both
+  over mutual TLS as ``coordinator <id>`` (its ``tls_dir``). The driver gets
+  ``CUA_SESSION_SPACE``, the store's URL, its lease token and the coordinator's TLS
+  directory (``remote.py``), and keeps the driver contract of
+  ``durable_spaces/drive/entry.py`` (exit codes, heartbeats).
 - The session ends in the store as the coordinator's run ended: ``done``, or ``failed``
   with the reason (a driver's permanent failure names what it printed).
 - Every coordinator sweeps for lost hosts every ``lost_sweep_secs`` (hosts silent for
@@ -45,14 +46,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from durable_spaces.cluster.database import describe
 from durable_spaces.cluster.leases import LEASE_SECS
+from durable_spaces.cluster.pki import identity
 from durable_spaces.cluster.placer import Placer
 from durable_spaces.cluster.records import SessionRecord, check_name
 from durable_spaces.cluster.remote import DB_ENV, connection_env
 from durable_spaces.cluster.store import ClusterStore
+from durable_spaces.cluster.tls import Trust
 from durable_spaces.drive import protocol
 from durable_spaces.drive.coordinator import Coordinator, CoordinatorResult
-from durable_spaces.errors import ClaimLostError, ClusterError
+from durable_spaces.errors import ClaimLostError, ClusterError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +110,8 @@ class DriveSettings:
     max_sessions: int = 4
     backends: Sequence[str] = ()
     env: dict[str, str] = field(default_factory=dict)
+    #: The coordinator's TLS directory (``tls.py``): its certificate must name it.
+    tls_dir: Path | None = None
 
 
 def _permanent_reason(result: CoordinatorResult, state_dir: Path) -> str:
@@ -135,6 +141,14 @@ class ClusterCoordinator:
         self.id = check_name("coordinator", coordinator_id)
         self.files = files
         self.settings = settings or DriveSettings()
+        describe(db_url)  # a malformed or empty URL first, before anything is read
+        if self.settings.tls_dir is None:
+            raise ConfigError(
+                "a coordinator needs its TLS directory (--tls-dir): enrol it with"
+                " durable-spaces tls enroll --role coordinator"
+            )
+        #: What its placers present to hosts, and what drivers it launches present.
+        self.trust = Trust(self.settings.tls_dir, expect=identity("coordinator", self.id))
         self.store = ClusterStore(db_url)
         self.stopping = asyncio.Event()
         self.active: dict[str, asyncio.Task[str]] = {}
@@ -193,7 +207,7 @@ class ClusterCoordinator:
         name, s = session.name, self.settings
         store = ClusterStore(self.db_url)
         state_dir = self.files.state_dir(name)
-        placer = Placer(store, lost_host_secs=s.lost_host_secs, backends=s.backends)
+        placer = Placer(store, self.trust, lost_host_secs=s.lost_host_secs, backends=s.backends)
         events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         env = {**s.env, DB_ENV: self.db_url}
         lease: list[int | None] = [None]  # the lease token of the drive being launched
@@ -212,7 +226,9 @@ class ClusterCoordinator:
             assert d.epoch is not None
             lease[0] = d.lease_token
             if d.lease_token is not None:
-                coordinator.extra_env.update(connection_env(self.db_url, d.lease_token))
+                coordinator.extra_env.update(
+                    connection_env(self.db_url, d.lease_token, self.trust.dir.path)
+                )
             return d.epoch
 
         async def place_space() -> None:
@@ -283,6 +299,7 @@ class ClusterCoordinator:
             writer.cancel()
             with contextlib.suppress(BaseException):
                 await writer
+            placer.close()
             store.close()
 
     async def _await_lease(self, store: ClusterStore, name: str, space: str | None) -> None:

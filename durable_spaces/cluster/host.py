@@ -16,13 +16,17 @@ one. What it guarantees:
   lease is the current one; the daemon refuses the old token before the new one is
   recorded, and a daemon floor above the epoch the store issued with the lease is taken
   back to it (``durable_spaces/backends/spacesd/backend.py``'s ``rotate_token``).
-- It serves its API only to callers that sign with the cluster's host secret, which it
-  reads from the store at start and with every heartbeat (``hostauth.py``).
-- It reports a Space whose sandbox is definitely gone (``ClusterStore.space_lost``) the
-  moment it learns it: on a status request, and in a sweep every ``sweep_secs``. The sweep
-  also boots a sandbox whose daemon died (as the machine would), and deletes sandboxes of
-  generations the store no longer places here (a restart of the agent adopts the others:
-  ``provided.json`` in its state dir lists what it provided).
+- It serves its API over mutual TLS with the certificate of ``host <id>`` in its TLS
+  directory, only to the cluster's coordinators and workers (``hostserver.py``); it reads
+  the CA's revocation list from the store at start and with every heartbeat (a newer one
+  cuts the connections of the certificates it names), and a rotated certificate with it.
+- It is the only one that declares a Space it was given lost (``ClusterStore.space_lost``,
+  which names this host): the moment it learns the sandbox is gone (a status request, or
+  the sweep every ``sweep_secs``), and when the store places a generation here that it
+  does not provide (its state was lost with its disk). The sweep also boots a sandbox
+  whose daemon died (as the machine would), and deletes a sandbox only once the store
+  says its generation is gone: moved to a newer one, or the Space removed (a restart of
+  the agent adopts the others: ``provided.json`` in its state dir lists what it provided).
 
 Backends: ``spacesd`` daemons listen on the host's address (``listen_host``), so drivers on
 other machines reach them; ``docker`` containers publish their daemon on loopback, so the
@@ -41,17 +45,20 @@ import logging
 import os
 import secrets
 import signal
-from collections.abc import Coroutine
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from durable_spaces.backends import open_backend
 from durable_spaces.cluster.address import LocalAddress, SpacesdAddress, check_endpoint
+from durable_spaces.cluster.database import describe
 from durable_spaces.cluster.forward import PortForward
-from durable_spaces.cluster.hostapi import HostApiServer
-from durable_spaces.cluster.hostauth import HostSecret
+from durable_spaces.cluster.hostapi import make_app
+from durable_spaces.cluster.hostserver import Limits, Listener
+from durable_spaces.cluster.pki import identity
+from durable_spaces.cluster.records import SpaceRecord
 from durable_spaces.cluster.store import ClusterStore
+from durable_spaces.cluster.tls import Trust
 from durable_spaces.errors import (
     ClusterConflictError,
     ClusterError,
@@ -93,13 +100,25 @@ class HostAgent:
         backend: str,
         state_dir: str | Path,
         *,
+        tls_dir: str | Path | None,
         listen_host: str | None = None,
         heartbeat_secs: float = 1.0,
         sweep_secs: float = 2.0,
+        limits: Limits | None = None,
     ) -> None:
+        describe(db_url)  # a malformed or empty URL first, before anything is read
         if backend not in HOST_BACKENDS:
             raise ConfigError(f"host backend {backend!r}: use one of {', '.join(HOST_BACKENDS)}")
         api_ip, _ = check_endpoint("host address", address)
+        if tls_dir is None:
+            raise ConfigError(
+                "a host needs its TLS directory (--tls-dir): enrol it with"
+                " durable-spaces tls enroll --role host"
+            )
+        #: What it presents and accepts: its own certificate must name this host.
+        self.trust = Trust(tls_dir, expect=identity("host", host_id))
+        self.limits = limits
+        self.api: Listener | None = None
         self.host_id = host_id
         self.address = address
         self.backend_name = backend
@@ -118,7 +137,6 @@ class HostAgent:
         self._locks: dict[str, asyncio.Lock] = {}
         self._forwards: dict[str, PortForward] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._secrets: list[HostSecret] = []
         self.stopping = asyncio.Event()
 
     def __repr__(self) -> str:
@@ -259,37 +277,41 @@ class HostAgent:
         if fwd is not None:
             await fwd.close()
         if p is not None:
-            reason = f"{why} on host {self.host_id}"
-            await asyncio.to_thread(self.store.space_lost, p.space, p.generation, reason)
-            log.warning("space %s generation %d is gone: %s", p.space, p.generation, why)
+            await self._report_lost(p.space, p.generation, why)
 
-    def status(self, space: str, generation: int) -> dict[str, Any]:
-        """Answered from an API thread: only cheap, synchronous probes (the report of a
-        gone sandbox runs on the agent's loop, like every change to what it provides)."""
+    async def _report_lost(self, space: str, generation: int, why: str) -> None:
+        reason = f"{why} on host {self.host_id}"
+        await asyncio.to_thread(self.store.space_lost, space, generation, reason, host=self.host_id)
+        log.warning("space %s generation %d is gone: %s", space, generation, why)
+
+    async def status(self, space: str, generation: int) -> dict[str, Any]:
+        """The probes run in a thread (a daemon's may wait); the report of a gone sandbox
+        under the sandbox's lock, like every change to what it provides."""
         local = local_name(space, generation)
         if local not in self._provided or local not in self._spaces:
             return {"state": "unknown", "boot": None}
-        if self._gone(local):
-            assert self._loop is not None
-            asyncio.run_coroutine_threadsafe(
-                self._report_gone(local, "the sandbox was removed"), self._loop
-            ).result(timeout=60)
+        if await asyncio.to_thread(self._gone, local):
+            async with self._locks.setdefault(local, asyncio.Lock()):
+                if local in self._provided:
+                    await self._report_gone(local, "the sandbox was removed")
             return {"state": "gone", "boot": None}
-        boot = self._boot(local)
+        boot = await asyncio.to_thread(self._boot, local)
         return {"state": "up" if boot else "down", "boot": boot}
 
+    @staticmethod
+    def _moved_on(p: Provided, now: SpaceRecord | None) -> bool:
+        """Whether the store says ``p``'s generation is gone (module doc)."""
+        return now is None or now.generation > p.generation
+
     async def sweep(self) -> None:
-        """Boot what died, report what is gone, delete what the store moved on from."""
-        placed = {
-            (s.name, s.generation)
-            for s in await asyncio.to_thread(self.store.spaces, "ready")
-            if s.host_id == self.host_id
-        }
+        """Boot what died, report what is gone or missing, delete what the store moved on
+        from (module doc)."""
+        records = {s.name: s for s in await asyncio.to_thread(self.store.spaces)}
         for local, p in list(self._provided.items()):
             async with self._locks.setdefault(local, asyncio.Lock()):
                 if local not in self._provided:
                     continue
-                if (p.space, p.generation) not in placed:
+                if self._moved_on(p, records.get(p.space)):
                     await self._drop(local)
                     continue
                 sandbox = await self.backend.find(local)  # boots a daemon that died
@@ -299,6 +321,13 @@ class HostAgent:
                 self._spaces[local] = sandbox
                 if self.backend_name == "docker" and local not in self._forwards:
                     await self._forward(local, p.forward_port)  # adopted after a restart
+        for sp in records.values():  # placed here, not provided: this host's word
+            if sp.state != "ready" or sp.host_id != self.host_id:
+                continue
+            local = local_name(sp.name, sp.generation)
+            async with self._locks.setdefault(local, asyncio.Lock()):
+                if local not in self._provided:
+                    await self._report_lost(sp.name, sp.generation, "not provided (state lost)")
         for local in await self.backend.names():  # leftovers of a placement cut short
             if local not in self._provided and not self._locks.get(local, asyncio.Lock()).locked():
                 await self.backend.delete(local)
@@ -324,14 +353,17 @@ class HostAgent:
             self.store.register_host, self.host_id, self.address, self.backend_name
         )
 
-    async def _read_secrets(self) -> None:
-        self._secrets = await asyncio.to_thread(self.store.host_secrets)
+    async def _refresh_trust(self) -> None:
+        """The newest revocation list (and a rotated certificate); a newer list cuts the
+        connections of the certificates it names."""
+        if await asyncio.to_thread(self.trust.refresh, self.store) and self.api is not None:
+            self.api.revoke()
 
     async def _heartbeat(self) -> None:
         while not self.stopping.is_set():
             try:
                 await asyncio.to_thread(self.store.heartbeat_host, self.host_id)
-                await self._read_secrets()  # a rotated secret is taken within a beat
+                await self._refresh_trust()  # a revocation is taken within a beat
             except HostLostError:
                 log.warning("host %s was declared lost: dropping its Spaces", self.host_id)
                 await self.drop_all()
@@ -352,10 +384,6 @@ class HostAgent:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), self.sweep_secs)
 
-    def _from_thread(self, coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
-        assert self._loop is not None
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=300)
-
     async def run(self) -> None:
         """Serve until ``stopping`` is set (SIGTERM / SIGINT set it). Spaces stay up: an
         agent that restarts adopts them."""
@@ -364,35 +392,16 @@ class HostAgent:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 self._loop.add_signal_handler(sig, self.stopping.set)
         await self._register()
-        await self._read_secrets()
+        await self._refresh_trust()
         await self.sweep()  # adopt what an earlier run of this agent provided
-        api = HostApiServer(self.address, _Service(self))
-        api.start()
+        self.api = Listener(self.address, make_app(self), self.trust, limits=self.limits)
+        await self.api.start()
         log.info("host %s serving on %s (%s)", self.host_id, self.address, self.backend_name)
         try:
             await asyncio.gather(self._heartbeat(), self._sweeper())
         finally:
-            api.close()
+            await self.api.close()
             for fwd in self._forwards.values():
                 await fwd.close()
             await self.backend.close()
             self.store.close()
-
-
-class _Service:
-    """The API's view of the agent: calls arrive on the server's threads."""
-
-    def __init__(self, agent: HostAgent) -> None:
-        self._agent = agent
-
-    def accepted_secrets(self) -> list[HostSecret]:
-        return self._agent._secrets
-
-    def place(self, space: str, generation: int) -> dict[str, Any]:
-        return self._agent._from_thread(self._agent.place(space, generation))
-
-    def rotate(self, space: str, generation: int, lease: int) -> dict[str, Any]:
-        return self._agent._from_thread(self._agent.rotate(space, generation, lease))
-
-    def status(self, space: str, generation: int) -> dict[str, Any]:
-        return self._agent.status(space, generation)

@@ -1,55 +1,57 @@
-"""The host agent's small HTTP API, and its client: how coordinators and drivers ask a
-host about the Spaces it provides (the reference's HostSpacesService, in JSON).
+"""The host agent's HTTP API, and its client: how coordinators and drivers ask a host about
+the Spaces it provides (the reference's HostSpacesService, in JSON over mutual TLS).
 
-Three requests, all safe to repeat and all checked against the store by the host:
+Three requests, all safe to repeat and all checked against the store by the host. The
+target host is in every path, and a host refuses a request for another (421): whoever
+holds a request meant for h1 cannot have h2 act on it.
 
-- ``POST /v1/place {"space", "generation"}``: provide that generation of a durable Space
-  (create the sandbox, record the placement in the store). Answers the address; the Space's
-  token goes from the host to the store directly, never through the caller. A generation
-  that is not waiting for placement is refused (409): nobody can make a host take a Space
-  the store did not put up for placement.
-- ``POST /v1/rotate {"space", "generation", "lease"}``: give the Space's daemon a new
-  access token for lease token ``lease``, the Space's current one (the old token is refused
-  from then on), and record it in the store for that lease's holder only; a daemon
-  floor above the epoch the store issued with that lease is taken back to it. A lease
-  that is not the current one is refused (409).
-- ``GET /v1/spaces/<name>?generation=N``: ``up`` (with the daemon's boot identity, which
-  changes with every start), ``down`` (the sandbox exists, its daemon does not answer),
-  ``gone`` (the sandbox was removed: the host has reported it to the store) or
-  ``unknown`` (this host does not provide that generation). Read-only but for the report.
+- ``POST /v1/hosts/<host>/place {"space", "generation"}``: provide that generation of a
+  durable Space (create the sandbox, record the placement in the store). Answers the
+  address; the Space's token goes from the host to the store directly, never through the
+  caller. A generation that is not waiting for placement is refused (409): nobody can make
+  a host take a Space the store did not put up for placement.
+- ``POST /v1/hosts/<host>/rotate {"space", "generation", "lease"}``: give the Space's
+  daemon a new access token for lease token ``lease``, the Space's current one (the old
+  token is refused from then on), and record it in the store for that lease's holder only;
+  a daemon floor above the epoch the store issued with that lease is taken back to it. A
+  lease that is not the current one is refused (409).
+- ``GET /v1/hosts/<host>/spaces/<name>?generation=N``: ``up`` (with the daemon's boot
+  identity, which changes with every start), ``down`` (the sandbox exists, its daemon does
+  not answer), ``gone`` (the sandbox was removed: the host has reported it to the store)
+  or ``unknown`` (this host does not provide that generation now). Read-only but for the
+  report of a gone sandbox, which the host makes itself.
 
-Every request is signed with the cluster's host secret (``hostauth.py``); anything else
-is refused with 401 before it is looked at. The server serves from a bounded pool of
-``workers`` threads; a connection waits its turn in a queue of at most ``queued`` (more
-are closed at once), each read on a socket waits at most ``request_timeout`` and the
-request (headers and body) must arrive whole within it (a client that stops sending, or
-trickles, loses its connection, not a thread), one request per connection. Errors are
-JSON ``{"error": ...}``, one line, with 400 (bad request: a malformed header, body or
-number), 401 (not signed by the cluster), 404 (no such Space or resource), 409
-(conflict), 503 (anything else: try again).
+Who may ask is settled before any of this is read (``hostserver.py``: the peer's
+certificate, its role, the bounds on connections, headers and bodies); the client checks
+that the server is the host it meant (``HostClient``: the certificate must name it).
+Errors are JSON ``{"error": ...}``, one line, with 400 (a malformed body or number), 404
+(no such Space or resource), 409 (conflict), 413 (a body over 64 KiB), 421 (a request for
+another host), 503 (anything else: try again).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import socket
-import socketserver
+import ssl
 import threading
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
-from urllib.parse import parse_qs, quote, urlsplit
+from urllib.parse import quote
 
+import httpx
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from durable_spaces.cluster import pki
 from durable_spaces.cluster.address import check_endpoint
-from durable_spaces.cluster.hostauth import HostSecret, sign, verify
 from durable_spaces.cluster.records import check_name
+from durable_spaces.cluster.tls import Trust
 from durable_spaces.errors import (
     ClusterConflictError,
     ConfigError,
@@ -60,27 +62,31 @@ from durable_spaces.errors import (
 )
 
 STATES = ("up", "down", "gone", "unknown")
-_MAX_BODY = 64 * 1024
+MAX_BODY = 64 * 1024
 #: A generation is a PostgreSQL integer (``durable_spaces/cluster/schema.py``).
 MAX_GENERATION = 2**31 - 1
 #: A lease token is a bigint.
 MAX_LEASE = 2**63 - 1
 _DIGITS = re.compile(r"[0-9]{1,19}")
-REQUEST_TIMEOUT = 10.0
-WORKERS = 16
-QUEUED = 64
+#: A client drops an idle connection before the server would (``hostserver.Limits``'s
+#: keep-alive), so it never sends a request down a connection being closed.
+CLIENT_KEEPALIVE_SECS = 2.0
 
 
 class HostService(Protocol):
     """What the API serves (``durable_spaces/cluster/host.py``'s ``HostAgent``)."""
 
-    def accepted_secrets(self) -> Sequence[HostSecret]: ...
+    host_id: str
 
-    def place(self, space: str, generation: int) -> dict[str, Any]: ...
+    async def place(self, space: str, generation: int) -> dict[str, Any]: ...
 
-    def rotate(self, space: str, generation: int, lease: int) -> dict[str, Any]: ...
+    async def rotate(self, space: str, generation: int, lease: int) -> dict[str, Any]: ...
 
-    def status(self, space: str, generation: int) -> dict[str, Any]: ...
+    async def status(self, space: str, generation: int) -> dict[str, Any]: ...
+
+
+class MisdirectedError(HostAuthError):
+    """A request for another host than the one that received it."""
 
 
 def _number(what: str, value: object, lo: int, hi: int) -> int:
@@ -99,9 +105,9 @@ def _small_int(text: str) -> int:
     return int(text)
 
 
-def _status_for(e: BaseException) -> HTTPStatus:
-    if isinstance(e, HostAuthError):
-        return HTTPStatus.UNAUTHORIZED
+def _status_for(e: BaseException) -> int:
+    if isinstance(e, MisdirectedError):
+        return HTTPStatus.MISDIRECTED_REQUEST
     if isinstance(e, ConfigError):
         return HTTPStatus.BAD_REQUEST
     if isinstance(e, ClusterConflictError):
@@ -115,277 +121,215 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())[:500]
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"
+def _error(status: int, text: str) -> JSONResponse:
+    return JSONResponse({"error": _one_line(text)}, status_code=status)
 
-    def setup(self) -> None:
-        super().setup()
-        self.connection.settimeout(self.server.request_timeout)  # every read waits this
-        self.server.reading(self.connection)  # and the whole request, headers too
 
-    def log_message(self, format: str, *args: Any) -> None:
-        return  # requests are not logged (the host's log is its events)
+class _TooLarge(ConfigError):
+    pass
 
-    def _answer(self, status: HTTPStatus, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.close_connection = True  # one request per connection: no idle worker
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(data)
 
-    def _body(self) -> bytes:
-        raw = self.headers.get("Content-Length")
-        if raw is None:
-            return b""
-        if not _DIGITS.fullmatch(raw.strip()):
-            raise ConfigError("Content-Length must be a decimal integer")
-        length = int(raw.strip())
-        if length > _MAX_BODY:
-            raise ConfigError(f"a request's body is at most {_MAX_BODY} bytes")
-        deadline = time.monotonic() + self.server.request_timeout
-        chunks: list[bytes] = []
-        got = 0
-        while got < length:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("the body did not arrive in time")
-            self.connection.settimeout(left)
-            chunk = self.rfile.read1(length - got)
-            if not chunk:
-                raise ConfigError("the body ended before its Content-Length")
-            chunks.append(chunk)
-            got += len(chunk)
-        return b"".join(chunks)
+async def _body(request: Request) -> dict[str, Any]:
+    raw = request.headers.get("content-length")
+    if raw is not None and (not _DIGITS.fullmatch(raw.strip()) or int(raw) > MAX_BODY):
+        raise _TooLarge(f"a request's body is at most {MAX_BODY} bytes")
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > MAX_BODY:
+            raise _TooLarge(f"a request's body is at most {MAX_BODY} bytes")
+    try:
+        req = json.loads(bytes(data), parse_int=_small_int) if data else None
+    except ValueError:
+        req = None
+    if not isinstance(req, dict):
+        raise ConfigError("a request's body must be a JSON object")
+    return req
 
-    def _serve(self, method: str, route: Callable[[bytes], dict[str, Any]]) -> None:
-        try:
-            body = self._body()
-            self.server.read(self.connection)  # serving may take long (a sandbox's start)
-            verify(
-                self.headers.get("Authorization"),
-                self.server.service.accepted_secrets(),
-                method,
-                self.path,
-                body,
-            )
-            self._answer(HTTPStatus.OK, route(body))
-        except (TimeoutError, ConnectionError):
-            self.close_connection = True  # the client is too slow or gone: no answer
-        except DurableSpacesError as e:
-            self._answer(_status_for(e), {"error": _one_line(f"{type(e).__name__}: {e}")})
-        except Exception as e:  # the host must answer something; the caller retries
-            self._answer(
-                HTTPStatus.SERVICE_UNAVAILABLE, {"error": _one_line(f"{type(e).__name__}: {e}")}
-            )
 
-    def _not_found(self) -> dict[str, Any]:
-        raise UnknownRecordError(f"no such resource {urlsplit(self.path).path!r}")
+def make_app(service: HostService) -> Starlette:
+    """The API over ``service`` (an ASGI app; ``hostserver.Listener`` serves it)."""
 
-    def do_GET(self) -> None:
-        def route(body: bytes) -> dict[str, Any]:
-            parts = urlsplit(self.path)
-            segs = parts.path.split("/")
-            if len(segs) != 4 or segs[:3] != ["", "v1", "spaces"]:
-                return self._not_found()
-            gens = parse_qs(parts.query).get("generation", [""])
-            gen = _number("generation", gens[0], 1, MAX_GENERATION)
-            return self.server.service.status(check_name("space", segs[3]), gen)
-
-        self._serve("GET", route)
-
-    def do_POST(self) -> None:
-        def route(body: bytes) -> dict[str, Any]:
-            if self.path not in ("/v1/place", "/v1/rotate"):
-                return self._not_found()
+    def handler(
+        fn: Callable[[Request], Awaitable[dict[str, Any]]],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
             try:
-                req = json.loads(body, parse_int=_small_int) if body else None
-            except ValueError:
-                req = None
-            if not isinstance(req, dict):
-                raise ConfigError("a request's body must be a JSON object")
-            space = check_name("space", req.get("space"))
-            gen = _number("generation", req.get("generation"), 1, MAX_GENERATION)
-            if self.path == "/v1/place":
-                return self.server.service.place(space, gen)
-            lease = _number("lease", req.get("lease"), 1, MAX_LEASE)
-            return self.server.service.rotate(space, gen, lease)
+                host = check_name("host id", request.path_params["host"])
+                if host != service.host_id:
+                    raise MisdirectedError(
+                        f"this is host {service.host_id}: a request for host {host} is refused"
+                    )
+                return JSONResponse(await fn(request))
+            except ClientDisconnect:
+                return Response(status_code=HTTPStatus.BAD_REQUEST)  # nobody to tell
+            except _TooLarge as e:
+                return _error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"ConfigError: {e}")
+            except DurableSpacesError as e:
+                return _error(_status_for(e), f"{type(e).__name__}: {e}")
+            except Exception as e:  # the host must answer something; the caller retries
+                return _error(HTTPStatus.SERVICE_UNAVAILABLE, f"{type(e).__name__}: {e}")
 
-        self._serve("POST", route)
+        return endpoint
 
+    async def place(request: Request) -> dict[str, Any]:
+        req = await _body(request)
+        space = check_name("space", req.get("space"))
+        gen = _number("generation", req.get("generation"), 1, MAX_GENERATION)
+        return await service.place(space, gen)
 
-class _Server(socketserver.TCPServer):
-    """Connections served by a bounded pool (module doc), never a thread each."""
+    async def rotate(request: Request) -> dict[str, Any]:
+        req = await _body(request)
+        space = check_name("space", req.get("space"))
+        gen = _number("generation", req.get("generation"), 1, MAX_GENERATION)
+        lease = _number("lease", req.get("lease"), 1, MAX_LEASE)
+        return await service.rotate(space, gen, lease)
 
-    allow_reuse_address = True
-    request_queue_size = 128  # the listen backlog; the pool's own queue is ``queued``
+    async def status(request: Request) -> dict[str, Any]:
+        space = check_name("space", request.path_params["space"])
+        gens = request.query_params.getlist("generation")
+        gen = _number("generation", gens[0] if len(gens) == 1 else "", 1, MAX_GENERATION)
+        return await service.status(space, gen)
 
-    def __init__(
-        self,
-        endpoint: tuple[str, int],
-        service: HostService,
-        *,
-        workers: int,
-        queued: int,
-        request_timeout: float,
-    ) -> None:
-        self.service = service
-        self.request_timeout = request_timeout
-        self._queued = queued
-        self._pending = 0
-        self._count = threading.Lock()
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="ds-host-api")
-        #: Connections still sending their request, and when they must have sent it.
-        self._reading: dict[socket.socket, float] = {}
-        self._stop = threading.Event()
-        super().__init__(endpoint, _Handler)
-        threading.Thread(target=self._cut_slow, name="ds-host-api-reaper", daemon=True).start()
+    async def not_found(request: Request, exc: Exception) -> Response:
+        code = exc.status_code if isinstance(exc, HTTPException) else HTTPStatus.NOT_FOUND
+        return _error(code, f"no such resource {request.url.path!r} ({request.method})")
 
-    def reading(self, conn: socket.socket) -> None:
-        with self._count:
-            self._reading[conn] = time.monotonic() + self.request_timeout
-
-    def read(self, conn: socket.socket) -> None:
-        with self._count:
-            self._reading.pop(conn, None)
-
-    def _cut_slow(self) -> None:
-        """A client trickling its request a byte at a time passes every read's timeout:
-        its connection is shut once the request as a whole is late (the read then ends)."""
-        while not self._stop.wait(self.request_timeout / 4):
-            now = time.monotonic()
-            with self._count:
-                late = [c for c, deadline in self._reading.items() if deadline < now]
-                for c in late:
-                    del self._reading[c]
-            for c in late:
-                with contextlib.suppress(OSError):
-                    c.shutdown(socket.SHUT_RDWR)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._count:
-            full = self._pending >= self._queued
-            if not full:
-                self._pending += 1
-        if full:
-            self.shutdown_request(request)  # over the bound: closed, not queued
-            return
-        self._pool.submit(self._work, request, client_address)
-
-    def _work(self, request: socket.socket, client_address: Any) -> None:
-        try:
-            self.finish_request(request, client_address)
-        except Exception:
-            self.handle_error(request, client_address)
-        finally:
-            self.read(request)
-            self.shutdown_request(request)
-            with self._count:
-                self._pending -= 1
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        return  # a client that broke its connection: nothing to tell anyone
-
-    def server_close(self) -> None:
-        self._stop.set()
-        super().server_close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+    return Starlette(
+        routes=[
+            Route("/v1/hosts/{host}/place", handler(place), methods=["POST"]),
+            Route("/v1/hosts/{host}/rotate", handler(rotate), methods=["POST"]),
+            Route("/v1/hosts/{host}/spaces/{space}", handler(status), methods=["GET"]),
+        ],
+        exception_handlers={404: not_found, 405: not_found},
+    )
 
 
-class HostApiServer:
-    """Serves ``service`` on ``address`` (``ip:port``) from a bounded pool of threads."""
-
-    def __init__(
-        self,
-        address: str,
-        service: HostService,
-        *,
-        workers: int = WORKERS,
-        queued: int = QUEUED,
-        request_timeout: float = REQUEST_TIMEOUT,
-    ) -> None:
-        self._server = _Server(
-            check_endpoint("host address", address),
-            service,
-            workers=workers,
-            queued=queued,
-            request_timeout=request_timeout,
-        )
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="ds-host-api", daemon=True
-        )
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+def _tls_refusal(e: BaseException) -> ssl.SSLError | None:
+    """The TLS error behind a transport error, if it is one: the peer is not who it must be."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, ssl.SSLError):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 class HostClient:
-    """Asks one host agent (at ``address``, ``ip:port``) about its Spaces."""
+    """Asks host ``host_id`` (at ``address``, ``ip:port``) about its Spaces, as the
+    identity in ``trust``; an answer is taken only from a peer whose certificate names
+    ``host_id``, whatever is listening at the address. Blocking; thread-safe."""
 
-    def __init__(self, address: str, secret: HostSecret, *, timeout: float = 2.0) -> None:
+    def __init__(self, address: str, host_id: str, trust: Trust, *, timeout: float = 2.0) -> None:
         check_endpoint("host address", address)
         self.address = address
+        self.host = pki.identity("host", host_id)
         self.timeout = timeout
-        self._secret = secret
+        self.version = trust.version
+        self._http = httpx.Client(
+            base_url=f"https://{address}",
+            timeout=timeout,
+            trust_env=False,  # no proxy from the environment between the cluster's parts
+            follow_redirects=False,
+            transport=httpx.HTTPTransport(
+                verify=trust.client_context(),
+                limits=httpx.Limits(keepalive_expiry=CLIENT_KEEPALIVE_SECS),
+                # a request's small writes go out at once (Nagle would hold them for an ACK)
+                socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+            ),
+        )
 
     def __repr__(self) -> str:
-        return f"HostClient({self.address!r})"
+        return f"HostClient({self.host.id!r}, {self.address!r})"
+
+    def close(self) -> None:
+        self._http.close()
 
     def _request(
         self, method: str, path: str, body: dict[str, Any] | None, timeout: float
     ) -> dict[str, Any]:
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"http://{self.address}{path}", data=data, method=method)
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        req.add_header("Authorization", sign(self._secret, method, path, data or b""))
+        who = f"host {self.host.id} at {self.address}"
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                out = json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            try:
-                why = str(json.loads(e.read()).get("error", e.reason))
-            except ValueError:
-                why = str(e.reason)
-            if e.code == HTTPStatus.CONFLICT:
-                raise ClusterConflictError(f"host {self.address}: {why}") from None
-            if e.code == HTTPStatus.BAD_REQUEST:
-                raise ConfigError(f"host {self.address}: {why}") from None
-            if e.code == HTTPStatus.UNAUTHORIZED:
-                raise HostAuthError(f"host {self.address}: {why}") from None
-            if e.code == HTTPStatus.NOT_FOUND:
-                raise UnknownRecordError(f"host {self.address}: {why}") from None
-            raise HostApiError(f"host {self.address} answered {e.code}: {why}") from None
-        except (OSError, ValueError) as e:  # refused, unreachable, timed out, not JSON
-            raise HostApiError(f"host {self.address} did not answer: {e}") from None
+            r = self._http.request(
+                method,
+                f"/v1/hosts/{self.host.id}{path}",
+                json=body,
+                timeout=timeout,
+                # the name the certificate must carry, whatever address is dialled
+                extensions={"sni_hostname": self.host.dns},
+            )
+            out = r.json()
+        except httpx.TransportError as e:
+            refusal = _tls_refusal(e)
+            if refusal is not None:
+                raise HostAuthError(f"{who} is not trusted: {refusal}") from None
+            raise HostApiError(f"{who} did not answer: {type(e).__name__}: {e}") from None
+        except ValueError as e:
+            raise HostApiError(f"{who} answered something other than JSON: {e}") from None
         if not isinstance(out, dict):
-            raise HostApiError(f"host {self.address} answered something other than an object")
-        return out
+            raise HostApiError(f"{who} answered something other than an object")
+        if r.status_code == HTTPStatus.OK:
+            return out
+        why = str(out.get("error", r.reason_phrase))
+        if r.status_code == HTTPStatus.CONFLICT:
+            raise ClusterConflictError(f"{who}: {why}")
+        if r.status_code in (HTTPStatus.BAD_REQUEST, HTTPStatus.REQUEST_ENTITY_TOO_LARGE):
+            raise ConfigError(f"{who}: {why}")
+        if r.status_code == HTTPStatus.NOT_FOUND:
+            raise UnknownRecordError(f"{who}: {why}")
+        if r.status_code == HTTPStatus.MISDIRECTED_REQUEST:
+            raise HostAuthError(f"{who}: {why}")
+        raise HostApiError(f"{who} answered {r.status_code}: {why}")
 
     def place(self, space: str, generation: int, *, timeout: float = 120.0) -> dict[str, Any]:
         """Have the host provide ``generation`` of ``space``; its answer (``address``)."""
         body = {"space": check_name("space", space), "generation": generation}
-        return self._request("POST", "/v1/place", body, timeout)
+        return self._request("POST", "/place", body, timeout)
 
     def rotate(self, space: str, generation: int, lease: int) -> dict[str, Any]:
         """Have the host give the Space's daemon a new token for lease ``lease``."""
         body = {"space": check_name("space", space), "generation": generation, "lease": lease}
-        return self._request("POST", "/v1/rotate", body, 120.0)
+        return self._request("POST", "/rotate", body, 120.0)
 
     def status(self, space: str, generation: int) -> dict[str, Any]:
         """``{"state": up|down|gone|unknown, "boot": ...}`` for that generation."""
-        path = f"/v1/spaces/{quote(check_name('space', space), safe='')}?generation={generation}"
+        path = f"/spaces/{quote(check_name('space', space), safe='')}?generation={generation}"
         out = self._request("GET", path, None, self.timeout)
         if out.get("state") not in STATES:
-            raise HostApiError(f"host {self.address}: unknown space state {out.get('state')!r}")
+            raise HostApiError(f"host {self.host.id}: unknown space state {out.get('state')!r}")
         return out
 
 
-__all__ = ["STATES", "HostApiServer", "HostClient", "HostService"]
+class HostClients:
+    """One ``HostClient`` per host identity and address, made again when ``trust``'s
+    version changes (a revocation list or a rotated certificate). Never one client for two
+    hosts: a connection proved to be h1 must not carry a request meant for h3."""
+
+    def __init__(self, trust: Trust, *, timeout: float = 2.0) -> None:
+        self.trust = trust
+        self.timeout = timeout
+        self._clients: dict[tuple[str, str], HostClient] = {}
+        self._lock = threading.Lock()
+
+    def get(self, host_id: str, address: str) -> HostClient:
+        with self._lock:
+            key = (host_id, address)
+            c = self._clients.get(key)
+            if c is not None and c.version != self.trust.version:
+                c.close()
+                c = None
+            if c is None:
+                c = HostClient(address, host_id, self.trust, timeout=self.timeout)
+                self._clients[key] = c
+            return c
+
+    def close(self) -> None:
+        with self._lock:
+            for c in self._clients.values():
+                c.close()
+            self._clients.clear()
+
+
+__all__ = ["STATES", "HostClient", "HostClients", "HostService", "make_app"]

@@ -16,17 +16,16 @@ Guarantees:
   rotation for a new lease) and read only by ``connect``
   (``durable_spaces/cluster/leases.py``); ``SpaceRecord``s never carry it. Each token is
   bound to the lease token current when it was minted (``token_lease``).
-- The host API's secret (``durable_spaces/cluster/hostauth.py``): one is made with the
-  schema; ``rotate_host_secret`` adds a newer version; ``host_secrets`` reads the newest.
+- A Space is unplaced only on evidence the store can check: its host's own report
+  (``space_lost``, which names the host: a report about another host's placement changes
+  nothing) or the host's heartbeat lapsing (``mark_lost_hosts``). What a host answers a
+  coordinator never unplaces anything by itself (``placer.py``).
 """
 
 from __future__ import annotations
 
-import secrets
-
 from durable_spaces.backends import known_backends
 from durable_spaces.cluster.database import Conn
-from durable_spaces.cluster.hostauth import ACCEPTED, HostSecret
 from durable_spaces.cluster.records import (
     HostRecord,
     Secret,
@@ -48,38 +47,6 @@ SPACE_COLUMNS = "name, state, generation, restored_from, placement_reason, host_
 
 
 class PlacementStatements(Statements):
-    # -- the host API's secret ---------------------------------------------------------
-
-    def _first_host_secret_txn(self, conn: Conn) -> None:
-        if conn.execute("SELECT 1 FROM ds.host_secrets LIMIT 1").fetchone() is None:
-            self._rotate_host_secret_txn(conn)
-
-    def _rotate_host_secret_txn(self, conn: Conn) -> int:
-        row = one(
-            conn.execute(
-                "INSERT INTO ds.host_secrets (secret) VALUES (%s) RETURNING version",
-                (secrets.token_urlsafe(32),),
-            )
-        )
-        self._event_txn(conn, "host_secret_rotated", version=row["version"])
-        return int(row["version"])
-
-    def rotate_host_secret(self) -> int:
-        """A new host API secret version, which callers sign with from their next read;
-        hosts accept it and the previous one (``hostauth.ACCEPTED``). Returns its version."""
-        return int(self._call(self._rotate_host_secret_txn))
-
-    def _host_secrets_txn(self, conn: Conn) -> list[HostSecret]:
-        rows = conn.execute(
-            "SELECT version, secret FROM ds.host_secrets ORDER BY version DESC LIMIT %s",
-            (ACCEPTED,),
-        )
-        return [HostSecret(int(r["version"]), Secret(r["secret"])) for r in rows]
-
-    def host_secrets(self) -> list[HostSecret]:
-        """The host API secrets a host accepts, newest (the one to sign with) first."""
-        return list(self._call(self._host_secrets_txn))
-
     # -- hosts ---------------------------------------------------------------------------
 
     def _register_host_txn(
@@ -270,8 +237,8 @@ class PlacementStatements(Statements):
             "UPDATE ds.spaces SET state = 'unplaced', generation = generation + 1,"
             " restored_from = 'from-scratch', placement_reason = %(reason)s, host_id = NULL,"
             " address = NULL, token = NULL, token_lease = NULL, updated_at = now()"
-            " WHERE state = 'ready'"
-            " AND (host_id = %(host)s OR (name = %(name)s AND generation = %(gen)s))"
+            " WHERE state = 'ready' AND (%(host)s::text IS NULL OR host_id = %(host)s)"
+            " AND (%(name)s::text IS NULL OR (name = %(name)s AND generation = %(gen)s))"
             " RETURNING name, generation",
             {"reason": reason, "host": host, "name": name, "gen": generation},
         ).fetchall()
@@ -286,10 +253,12 @@ class PlacementStatements(Statements):
             )
         return [r["name"] for r in rows]
 
-    def space_lost(self, name: str, generation: int, reason: str) -> SpaceRecord:
-        """A host reports ``generation`` of ``name`` gone (its sandbox was removed): it
-        waits for placement again from scratch. A no-op for any other generation."""
+    def space_lost(self, name: str, generation: int, reason: str, *, host: str) -> SpaceRecord:
+        """Host ``host`` reports ``generation`` of ``name`` gone (its sandbox was removed,
+        or it does not have it): it waits for placement again from scratch. A no-op for
+        any other generation, and for a generation placed on another host."""
         check_name("space", name)
+        check_name("host id", host)
         gen = check_int("generation", generation)
-        self._call(self._unplace_txn, reason, name=name, generation=gen)
+        self._call(self._unplace_txn, reason, host=host, name=name, generation=gen)
         return self.space(name)

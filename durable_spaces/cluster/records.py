@@ -206,3 +206,31 @@ class Event:
     space: str | None
     host: str | None
     detail: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CertRecord:
+    """A certificate the cluster CA issued (``certificates.py``): no key, ever."""
+
+    serial: str
+    role: str
+    name: str
+    fingerprint: str
+    not_after: datetime
+    issued_at: datetime
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True)
+class CertRequest:
+    """A machine's request for a certificate, waiting for the operator (or issued)."""
+
+    id: int
+    role: str
+    name: str
+    csr: str
+    key_fingerprint: str
+    state: str
+    serial: str | None
+    cert: str | None
+    created_at: datetime

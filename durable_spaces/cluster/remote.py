@@ -6,7 +6,9 @@ minted for this lease; every older driver's token is refused by the daemon), and
 ``SpacesdSpace`` pointed at the host's daemon (or, for a ``local`` host on this same
 machine, the directory). Its configuration comes from the driver's environment, which the
 cluster coordinator (``durable_spaces/cluster/drive.py``) sets for every drive:
-``CUA_CLUSTER_DB`` (the store's URL), ``CUA_SESSION_NAME``, ``CUA_SESSION_LEASE_TOKEN``.
+``CUA_CLUSTER_DB`` (the store's URL), ``CUA_SESSION_NAME``, ``CUA_SESSION_LEASE_TOKEN``,
+``CUA_CLUSTER_TLS_DIR`` (the coordinator's TLS directory: a driver asks hosts as its
+coordinator, and takes answers only from the host its Space is placed on).
 
 Decisions:
 
@@ -21,7 +23,8 @@ Decisions:
   from a thread of its own, so ``boot_id()`` stays cheap: an unreachable host or a down
   daemon is ``None`` (a pending read is abandoned), a restarted daemon a new identity
   (noticed within one poll). ``gone()`` is true once the host reports the sandbox gone or
-  the store has moved the Space to another generation (its host was lost). A driver whose
+  the store has moved the Space to another generation (its host was lost); a host's
+  ``unknown`` is no such word (the host reports a loss to the store itself). A driver whose
   Space's host stopped answering asks the store every ``STORE_CHECK_SECS``; once the
   store moved on from its generation, the process halts at once (exit 1, crashed: the
   coordinator places the Space again and resumes), since a call to the dead address may
@@ -55,10 +58,10 @@ from durable_spaces.backends.docker.docker_space import DockerSpace
 from durable_spaces.backends.local import LocalSpace
 from durable_spaces.backends.spacesd.spacesd_space import SpacesdSpace, SweepWhen
 from durable_spaces.cluster.address import LocalAddress, SpacesdAddress, parse_address
-from durable_spaces.cluster.hostapi import HostClient
-from durable_spaces.cluster.hostauth import HostSecret
+from durable_spaces.cluster.hostapi import HostClient, HostClients
 from durable_spaces.cluster.records import SpaceConnection, check_int, check_name
 from durable_spaces.cluster.store import ClusterStore
+from durable_spaces.cluster.tls import Trust
 from durable_spaces.drive import protocol
 from durable_spaces.errors import (
     CapabilityMissingError,
@@ -66,7 +69,6 @@ from durable_spaces.errors import (
     ClusterUnavailableError,
     ConfigError,
     HostApiError,
-    HostAuthError,
     LeaseLostError,
     SpaceUnavailableError,
     StaleEpochError,
@@ -77,20 +79,22 @@ from durable_spaces.space import Space
 POLL_SECS = 0.25
 #: While its host does not answer, how often a probe asks the store about its Space.
 STORE_CHECK_SECS = 1.0
+#: How often a driver reads the CA's revocation list again (a revoked host is refused).
+CRL_CHECK_SECS = 5.0
 DB_ENV = "CUA_CLUSTER_DB"
 TOKEN_ENV = "CUA_SESSION_LEASE_TOKEN"
+TLS_ENV = "CUA_CLUSTER_TLS_DIR"
 
 
 class RemoteProbe:
     """``DaemonProbe`` of one placed generation, from its host agent's answers."""
 
-    def __init__(
-        self, backend: RemoteBackend, conn: SpaceConnection, host_api: str, secret: HostSecret
-    ) -> None:
+    def __init__(self, backend: RemoteBackend, conn: SpaceConnection, host_api: str) -> None:
         self._backend = backend
         self._space = conn.space
         self._generation = conn.generation
-        self._host = HostClient(host_api, secret, timeout=1.0)
+        self._host_id = conn.host_id
+        self._host_api = host_api
         self._boot: str | None = None
         self._gone = False
         self._host_says_gone = False
@@ -100,11 +104,12 @@ class RemoteProbe:
 
     def _poll(self) -> None:
         try:
-            st = self._host.status(self._space, self._generation)
-        except (HostApiError, HostAuthError, ConfigError):  # no answer it could use
+            host = self._backend.host_client(self._host_id, self._host_api)
+            st = host.status(self._space, self._generation)
+        except (HostApiError, ClusterError, ConfigError):  # no answer it could use
             self._boot = None
             return
-        self._host_says_gone = st["state"] in ("gone", "unknown")
+        self._host_says_gone = st["state"] == "gone"
         boot = st.get("boot") if st["state"] == "up" else None
         self._boot = f"{self._generation}:{boot}" if boot else None
 
@@ -250,6 +255,10 @@ class RemoteBackend:
             self.lease_token = check_int("lease token", lease_token)
         else:
             self.lease_token = protocol.parse_epoch(TOKEN_ENV, e.get(TOKEN_ENV, ""))
+        self._tls_dir = e.get(TLS_ENV) or None
+        self._trust: Trust | None = None
+        self._hosts: HostClients | None = None
+        self._trust_lock = threading.Lock()
         hb = e.get(protocol.HEARTBEAT_SECS, "5")
         self.renew_secs = protocol.parse_seconds(
             protocol.HEARTBEAT_SECS, hb, lo=protocol.MIN_HEARTBEAT_S, hi=protocol.MAX_HEARTBEAT_S
@@ -269,13 +278,33 @@ class RemoteBackend:
             self._store = ClusterStore(self._url, create=False)
         return self._store
 
+    def host_client(self, host_id: str, address: str) -> HostClient:
+        """A client of host ``host_id`` as the coordinator's identity, with a revocation
+        list at most ``CRL_CHECK_SECS`` old (``TlsError``/``ClusterError`` when neither a
+        list nor the TLS directory can be had)."""
+        with self._trust_lock:
+            if self._trust is None:
+                if self._tls_dir is None:
+                    raise ConfigError(
+                        f"{TLS_ENV} is not set: a driver asks hosts with its coordinator's"
+                        " certificate"
+                    )
+                self._trust = Trust(self._tls_dir)
+                self._hosts = HostClients(self._trust, timeout=1.0)
+            self._trust.refresh(self._probe_db(), every=CRL_CHECK_SECS)
+            assert self._hosts is not None
+            return self._hosts.get(host_id, address)
+
+    def _probe_db(self) -> ClusterStore:
+        if self._probe_store is None:
+            self._probe_store = ClusterStore(self._url, create=False, reconnect_secs=3.0)
+        return self._probe_store
+
     def moved_on(self, space: str, generation: int) -> bool | None:
         """Has the store moved ``space`` past ``generation`` (or put it up for placement
         again)? None when the store cannot say now. Asked on error paths only."""
-        if self._probe_store is None:
-            self._probe_store = ClusterStore(self._url, create=False, reconnect_secs=3.0)
         try:
-            sp = self._probe_store.space(space)
+            sp = self._probe_db().space(space)
         except ClusterError:
             return None
         return sp.generation != generation or sp.state != "ready"
@@ -290,12 +319,12 @@ class RemoteBackend:
         except ClusterUnavailableError as e:
             raise SpaceUnavailableError(f"the cluster store is unreachable: {e}") from e
 
-    def _open(self, name: str, conn: SpaceConnection, secret: HostSecret | None) -> Space:
+    def _open(self, name: str, conn: SpaceConnection) -> Space:
         addr = parse_address(conn.address)
         if isinstance(addr, LocalAddress):
             return LocalSpace(name, Path(addr.state_dir) / addr.name, addr.instance)
-        assert isinstance(addr, SpacesdAddress) and secret is not None
-        probe = RemoteProbe(self, conn, addr.host_api, secret)
+        assert isinstance(addr, SpacesdAddress)
+        probe = RemoteProbe(self, conn, addr.host_api)
         self._probes.append(probe)
         home = self.state_dir / ".cua-sdk"
         home.mkdir(mode=0o700, exist_ok=True)
@@ -321,10 +350,7 @@ class RemoteBackend:
         cached = self._spaces.get(name)
         if cached is not None and cached[:2] == (conn.generation, conn.address):
             return cached[2]
-        secret = None
-        if not conn.address.startswith("local:"):
-            secret = (await asyncio.to_thread(self._db().host_secrets))[0]
-        space = self._open(name, conn, secret)
+        space = self._open(name, conn)
         self._spaces[name] = (conn.generation, conn.address, space)
         if name not in self._keepers and self.renew_secs > 0:
             self._keepers[name] = LeaseKeeper(self, name, self.renew_secs)
@@ -364,15 +390,17 @@ class RemoteBackend:
             with contextlib.suppress(Exception):
                 await space.close()
         self._spaces.clear()
+        if self._hosts is not None:
+            self._hosts.close()
         for store in (self._store, self._probe_store):
             if store is not None:
                 store.close()
         self._store = self._probe_store = None
 
 
-def connection_env(db_url: str, lease_token: int) -> dict[str, str]:
+def connection_env(db_url: str, lease_token: int, tls_dir: str | Path) -> dict[str, str]:
     """The variables a driver needs to reach its remote Space (besides CUA_SESSION_*)."""
-    return {DB_ENV: db_url, TOKEN_ENV: str(lease_token)}
+    return {DB_ENV: db_url, TOKEN_ENV: str(lease_token), TLS_ENV: str(tls_dir)}
 
 
 __all__ = ["RemoteBackend", "RemoteProbe", "connection_env"]

@@ -7,8 +7,10 @@ What the database itself guarantees, whatever a client does:
 - A lease token (``ds.leases.token``) and a session epoch (``ds.sessions.epoch``) never
   decrease; a run's record, once stored, never changes (triggers).
 - A Space's access token is bound to the lease token it was minted for
-  (``token_lease``); ``ds.host_secrets`` keeps every host API secret version, newest
-  last (``durable_spaces/cluster/hostauth.py``), and never loses one (a trigger).
+  (``token_lease``).
+- The cluster's certificates (``durable_spaces/cluster/certificates.py``): one CA
+  certificate, never changed; one revocation list whose number never decreases; every
+  certificate issued, kept (a revocation sets ``revoked_at`` once); no private key at all.
 - States are closed sets (CHECK); a ``ready`` Space has a host, an address and a token,
   an ``unplaced`` one has none of them; a ``done`` run has a record; a held lease has an
   expiry.
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from typing import LiteralString
 
-VERSION = 2
+VERSION = 3
 
 HOST_SECRETS: tuple[LiteralString, ...] = (
     """CREATE TABLE ds.host_secrets (
@@ -30,6 +32,58 @@ HOST_SECRETS: tuple[LiteralString, ...] = (
 HOST_SECRETS_GUARD: tuple[LiteralString, ...] = (
     """CREATE TRIGGER host_secrets_kept BEFORE UPDATE OR DELETE ON ds.host_secrets
         FOR EACH ROW EXECUTE FUNCTION ds.refuse('a host secret version is never changed')""",
+)
+_ROLES: LiteralString = "('host', 'coordinator', 'worker')"
+TLS: tuple[LiteralString, ...] = (
+    """CREATE TABLE ds.tls_ca (
+        id integer PRIMARY KEY CHECK (id = 1),
+        cert text NOT NULL,
+        fingerprint text NOT NULL,
+        created_at timestamptz NOT NULL DEFAULT now()
+    )""",
+    """CREATE TABLE ds.tls_crl (
+        id integer PRIMARY KEY CHECK (id = 1),
+        number bigint NOT NULL CHECK (number >= 1),
+        crl text NOT NULL,
+        updated_at timestamptz NOT NULL DEFAULT now()
+    )""",
+    """CREATE TABLE ds.tls_certificates (
+        serial text PRIMARY KEY,
+        role text NOT NULL CHECK (role IN """
+    + _ROLES
+    + """),
+        name text NOT NULL,
+        fingerprint text NOT NULL,
+        not_after timestamptz NOT NULL,
+        issued_at timestamptz NOT NULL DEFAULT now(),
+        revoked_at timestamptz
+    )""",
+    """CREATE TABLE ds.tls_requests (
+        id bigserial PRIMARY KEY,
+        role text NOT NULL CHECK (role IN """
+    + _ROLES
+    + """),
+        name text NOT NULL,
+        csr text NOT NULL,
+        key_fingerprint text NOT NULL,
+        state text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'issued')),
+        serial text REFERENCES ds.tls_certificates (serial),
+        cert text,
+        created_at timestamptz NOT NULL DEFAULT now(),
+        CHECK ((state = 'issued') = (cert IS NOT NULL AND serial IS NOT NULL))
+    )""",
+)
+TLS_GUARDS: tuple[LiteralString, ...] = (
+    """CREATE TRIGGER tls_ca_kept BEFORE UPDATE OR DELETE ON ds.tls_ca
+        FOR EACH ROW EXECUTE FUNCTION ds.refuse('the cluster CA is never changed')""",
+    """CREATE TRIGGER tls_crl_monotonic BEFORE UPDATE ON ds.tls_crl FOR EACH ROW
+        WHEN (NEW.number <= OLD.number)
+        EXECUTE FUNCTION ds.refuse('a revocation list is replaced only by a newer one')""",
+    """CREATE TRIGGER tls_revocation_kept BEFORE UPDATE ON ds.tls_certificates FOR EACH ROW
+        WHEN (OLD.revoked_at IS NOT NULL
+              OR (NEW.serial, NEW.role, NEW.name, NEW.fingerprint, NEW.not_after)
+                 IS DISTINCT FROM (OLD.serial, OLD.role, OLD.name, OLD.fingerprint, OLD.not_after))
+        EXECUTE FUNCTION ds.refuse('an issued certificate changes only by its revocation')""",
 )
 
 #: One statement per item: each runs in the store's schema transaction.
@@ -112,7 +166,7 @@ DDL: tuple[LiteralString, ...] = (
         CHECK ((state = 'running') = (claim_expires_at IS NOT NULL))
     )""",
     "CREATE INDEX runs_open ON ds.runs (campaign, queued_at, id) WHERE state <> 'done'",
-    *HOST_SECRETS,
+    *TLS,
     # The guards: plpgsql so the message says which rule a client broke.
     """CREATE FUNCTION ds.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
@@ -128,7 +182,7 @@ DDL: tuple[LiteralString, ...] = (
     """CREATE TRIGGER session_epoch_monotonic BEFORE UPDATE ON ds.sessions FOR EACH ROW
         WHEN (NEW.epoch < OLD.epoch)
         EXECUTE FUNCTION ds.refuse('a session epoch never decreases')""",
-    *HOST_SECRETS_GUARD,
+    *TLS_GUARDS,
     """CREATE TRIGGER run_record_once BEFORE UPDATE ON ds.runs FOR EACH ROW
         WHEN (OLD.record IS NOT NULL AND NEW.record IS DISTINCT FROM OLD.record)
         EXECUTE FUNCTION ds.refuse('a run record is stored once')""",
@@ -141,4 +195,12 @@ MIGRATE_1_TO_2: tuple[LiteralString, ...] = (
     *HOST_SECRETS,
     *HOST_SECRETS_GUARD,
     "UPDATE ds.meta SET version = 2",
+)
+#: From version 2: the host API's shared secret gives way to certificates (its HMAC was
+#: replaced by mutual TLS: docs/cluster-security.md); a secret nobody checks is dropped.
+MIGRATE_2_TO_3: tuple[LiteralString, ...] = (
+    "DROP TABLE ds.host_secrets",
+    *TLS,
+    *TLS_GUARDS,
+    "UPDATE ds.meta SET version = 3",
 )

@@ -2,7 +2,8 @@
 
 It is assembled from one part per group of tables, each a module with its own
 guarantees: ``placement.py`` (hosts, durable Spaces), ``leases.py``, ``sessions.py``
-(claims, epochs, drives), ``queue.py`` (the campaign run queue), on the plumbing of
+(claims, epochs, drives), ``queue.py`` (the campaign run queue), ``certificates.py``
+(the cluster CA's certificate, what it issued and revoked), on the plumbing of
 ``statements.py`` (DBOS style: ``_foo_txn(conn, ...)`` inside a caller's transaction,
 public ``foo()`` as one transaction; refusals are counted in ``ds.events`` and raised
 after commit). ``database.py`` runs the transactions: retried on a lost race, run again
@@ -25,16 +26,19 @@ from __future__ import annotations
 
 from types import TracebackType
 
+from durable_spaces.cluster.certificates import CertificateStatements
 from durable_spaces.cluster.database import Conn, Database
 from durable_spaces.cluster.placement import PlacementStatements
 from durable_spaces.cluster.queue import RunQueueStatements
-from durable_spaces.cluster.schema import DDL, MIGRATE_1_TO_2, VERSION
+from durable_spaces.cluster.schema import DDL, MIGRATE_1_TO_2, MIGRATE_2_TO_3, VERSION
 from durable_spaces.cluster.sessions import SessionStatements
 from durable_spaces.cluster.statements import one
 from durable_spaces.errors import ClusterConflictError
 
 
-class ClusterStore(SessionStatements, PlacementStatements, RunQueueStatements):
+class ClusterStore(
+    SessionStatements, PlacementStatements, RunQueueStatements, CertificateStatements
+):
     """The cluster's shared state at ``url``, a libpq URL (e.g. ``PgServer.url()``).
 
     ``reconnect_secs``: how long a transition keeps trying while the database is
@@ -71,13 +75,14 @@ class ClusterStore(SessionStatements, PlacementStatements, RunQueueStatements):
             for statement in DDL:
                 conn.execute(statement)
             conn.execute("INSERT INTO ds.meta (version) VALUES (%s)", (VERSION,))
-            self._first_host_secret_txn(conn)
             return VERSION
         version = int(one(conn.execute("SELECT version FROM ds.meta"))["version"])
-        if version == 1:
-            for statement in MIGRATE_1_TO_2:
-                conn.execute(statement)
-            self._first_host_secret_txn(conn)
+        steps = {1: MIGRATE_1_TO_2, 2: MIGRATE_2_TO_3}
+        if version in steps:
+            while version in steps:
+                for statement in steps[version]:
+                    conn.execute(statement)
+                version += 1
             return VERSION
         if version != VERSION:
             return ClusterConflictError(

@@ -4,6 +4,8 @@
 ``pg_url``: a fresh empty database on it for each test. ``private_pg``: a server of the
 test's own, for tests that stop, crash or restart it. ``stores``: opens ClusterStores on
 ``pg_url`` (each with its own connection, as separate coordinators would) and closes them.
+``certs``: the test's cluster CA in that database, and the certificates it issues
+(``tls_lab.py``).
 Every test here skips, naming what is missing, when PostgreSQL's binaries are not
 installed (images/postgres/ci-setup.sh installs them).
 """
@@ -40,6 +42,14 @@ def pg_url(pg_server: pgserver.PgServer) -> Iterator[str]:
     url = pg_server.create_database(name)
     yield url
     pg_server.drop_database(name)
+
+
+@pytest.fixture
+def certs(pg_url: str, tmp_path: Any) -> Iterator[Any]:
+    from tls_lab import TestPki
+
+    with ClusterStore(pg_url) as store:
+        yield TestPki(store, tmp_path / "pki")
 
 
 @pytest.fixture

@@ -57,18 +57,42 @@ def test_a_lost_race_is_run_again_and_a_persistent_one_gives_up(pg_url: str) -> 
     db.close()
 
 
-def test_a_version_1_database_is_migrated_with_a_host_secret(stores: Any) -> None:
+_TLS_TABLES = ("tls_requests", "tls_certificates", "tls_crl", "tls_ca")
+
+
+def _as_version_2(conn: Any) -> None:
+    """What the code before certificates made: a host secret table, no TLS tables."""
+    for t in _TLS_TABLES:
+        conn.execute(f"DROP TABLE ds.{t}")
+    conn.execute(
+        "CREATE TABLE ds.host_secrets (version serial PRIMARY KEY, secret text NOT NULL,"
+        " created_at timestamptz NOT NULL DEFAULT now())"
+    )
+    conn.execute("INSERT INTO ds.host_secrets (secret) VALUES (repeat('s', 43))")
+    conn.execute("UPDATE ds.meta SET version = 2")
+
+
+def _tables(store: Any) -> set[str]:
+    rows = store.db.run(
+        lambda c: c.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'ds'"
+        ).fetchall()
+    )
+    return {r["table_name"] for r in rows}
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_database_is_migrated_to_certificates(stores: Any, version: int) -> None:
     s = stores()
-
-    def as_version_1(conn: Any) -> None:  # what the older code made
-        conn.execute("DROP TABLE ds.host_secrets")
-        conn.execute("ALTER TABLE ds.spaces DROP COLUMN token_lease")
-        conn.execute("UPDATE ds.meta SET version = 1")
-
-    s.db.run(as_version_1)
+    s.db.run(_as_version_2)
+    if version == 1:
+        s.db.run(lambda c: c.execute("DROP TABLE ds.host_secrets"))
+        s.db.run(lambda c: c.execute("ALTER TABLE ds.spaces DROP COLUMN token_lease"))
+        s.db.run(lambda c: c.execute("UPDATE ds.meta SET version = 1"))
     again = stores()
     assert (
-        again.db.run(lambda c: c.execute("SELECT version FROM ds.meta").fetchone())["version"] == 2
+        again.db.run(lambda c: c.execute("SELECT version FROM ds.meta").fetchone())["version"] == 3
     )
-    assert [x.version for x in again.host_secrets()] == [1]
-    assert len(again.host_secrets()[0].key.reveal()) >= 32
+    tables = _tables(again)
+    assert set(_TLS_TABLES) <= tables and "host_secrets" not in tables  # a secret nobody checks
+    assert again.tls_ca() is None  # until the operator's durable-spaces tls init

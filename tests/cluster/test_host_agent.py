@@ -3,9 +3,8 @@ report of a sandbox that is gone, and dropping everything once declared lost."""
 
 from __future__ import annotations
 
-import asyncio
+import json
 import shutil
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,12 +12,12 @@ from typing import Any
 
 import pytest
 from needs import need
+from tls_lab import answers, running_agent
 
 from durable_spaces.campaigns.cluster.lab import wait_for
 from durable_spaces.cluster.address import LocalAddress, parse_address
 from durable_spaces.cluster.host import HostAgent, local_name
 from durable_spaces.cluster.hostapi import HostClient
-from durable_spaces.cluster.hostauth import HostSecret, sign
 from durable_spaces.cluster.store import ClusterStore
 from durable_spaces.errors import (
     ClusterConflictError,
@@ -28,40 +27,19 @@ from durable_spaces.errors import (
 )
 from durable_spaces.host.ports import free_port
 
+_CLIENTS: dict[str, HostClient] = {}  # an agent's address: a coordinator's client of it
+
 
 @pytest.fixture
-def agent(pg_url: str, tmp_path: Path) -> Iterator[HostAgent]:
-    a = HostAgent(
-        pg_url, "h1", f"127.0.0.1:{free_port()}", "local", tmp_path / "h1", sweep_secs=0.3
-    )
-    t = threading.Thread(target=asyncio.run, args=(a.run(),), daemon=True)
-    t.start()
-    _URLS[a.address] = pg_url
-    wait_for("the agent's API", lambda: _answers(a.address, _secret(pg_url)))
-    yield a
-    assert a._loop is not None
-    a._loop.call_soon_threadsafe(a.stopping.set)
-    t.join(20)
-
-
-def _secret(url: str) -> HostSecret:
-    with ClusterStore(url) as s:
-        return s.host_secrets()[0]
-
-
-_URLS: dict[str, str] = {}  # an agent's address: its store's URL
+def agent(pg_url: str, tmp_path: Path, certs: Any) -> Iterator[HostAgent]:
+    with running_agent(pg_url, tmp_path / "h1", certs.enrol("host", "h1")) as a:
+        _CLIENTS[a.address] = certs.client("h1", a.address)
+        wait_for("the agent's API", lambda: answers(_CLIENTS[a.address]))
+        yield a
 
 
 def _client(agent: HostAgent) -> HostClient:
-    return HostClient(agent.address, _secret(_URLS[agent.address]))
-
-
-def _answers(address: str, secret: HostSecret) -> bool:
-    try:
-        HostClient(address, secret).status("x", 1)
-    except HostApiError:
-        return False
-    return True
+    return _CLIENTS[agent.address]
 
 
 def _placed_sandbox(agent: HostAgent, s: ClusterStore) -> Path:
@@ -130,20 +108,42 @@ def test_a_host_declared_lost_drops_its_spaces_and_registers_again(
     assert s.space("sp").state == "unplaced"  # waiting for a placement, anywhere
 
 
-def test_bad_requests_are_typed_errors(agent: HostAgent) -> None:
-    import urllib.error
-    import urllib.request
+def test_a_host_that_lost_its_state_reports_what_the_store_placed_on_it(
+    pg_url: str, tmp_path: Path, certs: Any
+) -> None:
+    """Its own word, under its own lock: the one way (besides its heartbeat lapsing) a
+    Space the store placed on it is declared lost."""
+    s: ClusterStore = certs.store
+    tls = certs.enrol("host", "h1")
+    with running_agent(pg_url, tmp_path / "h1", tls) as a:
+        client = certs.client("h1", a.address)
+        wait_for("its API", lambda: answers(client))
+        s.create_space("sp")
+        client.place("sp", 1)
+        s.create_space("kept")
+        client.place("kept", 1)
+    provided = json.loads((tmp_path / "h1" / "provided.json").read_text())
+    del provided[local_name("sp", 1)]  # its record of one placement is gone (a bad disk)
+    (tmp_path / "h1" / "provided.json").write_text(json.dumps(provided))
+    with running_agent(pg_url, tmp_path / "h1", tls, address=a.address):
+        wait_for("its report", lambda: s.space("sp").generation == 2, 30)
+        ev = s.events("space_unplaced")[-1]
+        assert (ev.space, ev.host) == ("sp", "h1")
+        assert ev.detail["reason"] == "not provided (state lost) on host h1"
+        kept = s.space("kept")
+        assert (kept.state, kept.generation, kept.host_id) == ("ready", 1, "h1")
 
-    req = urllib.request.Request(f"http://{agent.address}/v1/place", data=b"[1]", method="POST")
-    secret = _secret(_URLS[agent.address])
-    req.add_header("Authorization", sign(secret, "POST", "/v1/place", b"[1]"))
-    with pytest.raises(urllib.error.HTTPError) as info:
-        urllib.request.urlopen(req, timeout=5)
-    assert info.value.code == 400
+
+def test_bad_requests_are_typed_errors(agent: HostAgent, certs: Any) -> None:
+    client = _client(agent)
+    r = client._http.post(
+        "/v1/hosts/h1/place", content=b"[1]", extensions={"sni_hostname": client.host.dns}
+    )
+    assert r.status_code == 400 and "JSON object" in r.json()["error"]
     with pytest.raises(ConfigError, match="space"):
-        _client(agent).place("../x", 1)
+        client.place("../x", 1)
     with pytest.raises(HostApiError, match="did not answer"):
-        HostClient(f"127.0.0.1:{free_port()}", secret, timeout=0.5).status("sp", 1)
+        certs.client("h1", f"127.0.0.1:{free_port()}", timeout=0.5).status("sp", 1)
 
 
 def test_a_spacesd_listen_host_must_be_an_ipv4_address(tmp_path: Path) -> None:

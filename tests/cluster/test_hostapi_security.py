@@ -1,268 +1,306 @@
-"""The host API against a client that is not the cluster's (durable_spaces/cluster/hostapi.py
-and hostauth.py): unsigned and wrongly signed requests refused before anything happens, a
-rotated secret taken, malformed numbers answered 400 in one line, and slow clients held
-by a bounded pool with socket timeouts (threads counted with psutil, no time bounds)."""
+"""Who may speak to a host, and whom a coordinator believes (durable_spaces/cluster/hostapi.py,
+tls.py, pki.py): names checked both ways, a request bound to its host, expired and revoked
+certificates refused, a rotated one taken without a restart, malformed numbers answered
+400 in one line. Real certificates of a test CA, a real host agent, real TLS."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import datetime as dt
 import json
 import socket
-import threading
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
+import httpx
 import pytest
+from tls_lab import answers, running_agent, served
 
 from durable_spaces.campaigns.cluster.lab import wait_for
+from durable_spaces.cluster import enrol, pki
 from durable_spaces.cluster.host import HostAgent
-from durable_spaces.cluster.hostapi import HostApiServer, HostClient
-from durable_spaces.cluster.hostauth import HostSecret, sign
-from durable_spaces.cluster.records import Secret
+from durable_spaces.cluster.hostapi import HostClient, make_app
 from durable_spaces.cluster.store import ClusterStore
-from durable_spaces.errors import HostApiError, HostAuthError
-from durable_spaces.host.ports import free_port
+from durable_spaces.cluster.tls import TlsDir, Trust
+from durable_spaces.errors import HostApiError, HostAuthError, TlsError
 
 
 @pytest.fixture
-def agent(pg_url: str, tmp_path: Path) -> Iterator[HostAgent]:
-    a = HostAgent(
-        pg_url,
-        "h1",
-        f"127.0.0.1:{free_port()}",
-        "local",
-        tmp_path / "h1",
-        heartbeat_secs=0.2,
-        sweep_secs=0.3,
+def agent(pg_url: str, tmp_path: Path, certs: Any) -> Iterator[HostAgent]:
+    with running_agent(pg_url, tmp_path / "h1", certs.enrol("host", "h1")) as a:
+        wait_for("the agent's API", lambda: answers(certs.client("h1", a.address)))
+        yield a
+
+
+class _Unknown:
+    """A host that provides nothing (as an impostor would say)."""
+
+    def __init__(self, host_id: str = "h1") -> None:
+        self.host_id = host_id
+        self.asked = 0
+
+    async def status(self, space: str, generation: int) -> dict[str, Any]:
+        self.asked += 1
+        return {"state": "unknown", "boot": None}
+
+    async def place(self, space: str, generation: int) -> dict[str, Any]:
+        self.asked += 1
+        return {"address": "x", "generation": generation}
+
+    async def rotate(self, space: str, generation: int, lease: int) -> dict[str, Any]:
+        self.asked += 1
+        return {"rotated": True}
+
+
+def _address(ln: Any) -> str:
+    return f"{ln.endpoint[0]}:{ln.endpoint[1]}"
+
+
+def _peer_serial(address: str, trust: Trust, name: str) -> int:
+    """The serial of the certificate the server at ``address`` presents as ``name``."""
+    host, _, port = address.rpartition(":")
+    with (
+        socket.create_connection((host, int(port)), timeout=30) as raw,
+        trust.client_context().wrap_socket(raw, server_hostname=name) as s,
+    ):
+        der = s.getpeercert(binary_form=True)
+    assert der is not None
+    return int(pki.load_cert("peer", ssl.DER_cert_to_PEM_cert(der)).serial_number)
+
+
+def _pem(cert: Any) -> str:
+    return pki.cert_pem(cert).decode()
+
+
+def _place_raw(address: str, ctx: ssl.SSLContext) -> None:
+    """A placement asked of h1 by a client of ``ctx``'s making: it must fail in TLS."""
+    client = httpx.Client(base_url=f"https://{address}", verify=ctx, trust_env=False)
+    with pytest.raises(httpx.TransportError):
+        client.post(
+            "/v1/hosts/h1/place",
+            json={"space": "sp1", "generation": 1},
+            extensions={"sni_hostname": pki.identity("host", "h1").dns},
+        )
+
+
+# -- a host serves only the cluster's coordinators and workers ------------------------------
+
+
+def test_coordinators_and_workers_are_served_and_nobody_else(agent: HostAgent, certs: Any) -> None:
+    s: ClusterStore = certs.store
+    s.create_space("sp1")
+    assert certs.client("h1", agent.address, "c1").status("sp1", 1)["state"] == "unknown"
+    worker = HostClient(agent.address, "h1", certs.trust("worker", "w1"))
+    assert worker.status("sp1", 1)["state"] == "unknown"
+    another_host = HostClient(agent.address, "h1", certs.trust("host", "h2"))
+    with pytest.raises(HostApiError):
+        another_host.place("sp1", 1)
+    # no certificate at all: the CA is known, nothing is presented
+    _place_raw(agent.address, ssl.create_default_context(cadata=_pem(certs.ca.cert)))
+    assert agent.api is not None and agent.api.cuts["handshake"] >= 2  # EKU, no certificate
+    assert s.space("sp1").state == "unplaced"  # neither placed anything
+
+
+def test_a_certificate_of_another_ca_is_refused(
+    agent: HostAgent, certs: Any, tmp_path: Path
+) -> None:
+    """A coordinator's name, rightly formed, signed by a CA that is not the cluster's."""
+    s: ClusterStore = certs.store
+    s.create_space("sp1")
+    other = pki.make_ca()
+    key = pki.new_key()
+    cert = pki.issue(other, key.public_key(), pki.identity("coordinator", "c1"))
+    ctx = ssl.create_default_context(cadata=_pem(certs.ca.cert))
+    own = tmp_path / "own.pem"
+    own.write_bytes(pki.key_pem(key) + pki.cert_pem(cert))
+    ctx.load_cert_chain(own)
+    _place_raw(agent.address, ctx)
+    assert s.space("sp1").state == "unplaced"
+    with pytest.raises(TlsError, match="not issued by the CA"):  # nor can it be installed
+        d = TlsDir(tmp_path / "tls")
+        d.write_ca(certs.ca.cert)
+        d.write_identity(key, cert)
+        Trust(d.path)
+
+
+# -- a coordinator believes only the host it meant ------------------------------------------
+
+
+def test_a_coordinator_takes_answers_only_from_the_host_it_means(certs: Any) -> None:
+    caller = certs.trust("coordinator", "c1")
+    with served(make_app(_Unknown("h2")), certs.trust("host", "h2")) as ln:
+        with pytest.raises(HostAuthError, match=r"not valid for 'h1\.host"):
+            HostClient(_address(ln), "h1", caller).status("sp1", 1)  # h2 is not h1
+        assert HostClient(_address(ln), "h2", caller).status("sp1", 1)["state"] == "unknown"
+    # a coordinator's certificate cannot serve (its purpose is the client's)
+    as_server = certs.trust("coordinator", "h1")
+    with (
+        served(make_app(_Unknown()), as_server) as ln,
+        pytest.raises(HostAuthError, match=r"purpose|verify failed"),
+    ):
+        HostClient(_address(ln), "h1", caller).status("sp1", 1)
+    # a certificate naming h1 that the cluster's CA did not sign
+    stranger = pki.make_ca()
+    key = pki.new_key()
+    d = TlsDir(certs.root / "stranger")
+    d.write_ca(stranger.cert)
+    d.write_identity(key, pki.issue(stranger, key.public_key(), pki.identity("host", "h1")))
+    fake = Trust(d.path)
+    fake.set_crl(pki.crl_pem(pki.make_crl(stranger, [], 1)))
+    service = _Unknown()
+    with (
+        served(make_app(service), fake) as ln,
+        pytest.raises(HostAuthError, match="verify failed"),
+    ):
+        HostClient(_address(ln), "h1", caller).status("sp1", 1)
+    assert service.asked == 0
+
+
+def test_a_request_for_another_host_is_refused_where_it_lands(agent: HostAgent, certs: Any) -> None:
+    """What h2 was asked cannot be made to happen on h1, by h2 or anyone holding it."""
+    s: ClusterStore = certs.store
+    s.create_space("sp1")
+    client = certs.client("h1", agent.address)
+    r = client._http.post(
+        "/v1/hosts/h2/place",
+        json={"space": "sp1", "generation": 1},
+        extensions={"sni_hostname": client.host.dns},
     )
-    t = threading.Thread(target=asyncio.run, args=(a.run(),), daemon=True)
-    t.start()
-    secret = ClusterStore(pg_url).host_secrets()[0]
-    wait_for("the agent's API", lambda: _answers(a.address, secret))
-    yield a
-    assert a._loop is not None
-    a._loop.call_soon_threadsafe(a.stopping.set)
-    t.join(20)
-
-
-def _answers(address: str, secret: HostSecret) -> bool:
-    try:
-        HostClient(address, secret).status("x", 1)
-    except (HostApiError, HostAuthError):  # not up yet, or not reading that secret yet
-        return False
-    return True
-
-
-def _raw(
-    address: str, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
-) -> tuple[int, bytes]:
-    """One request as bytes on a socket: the status code and the body."""
-    head = [f"{method} {path} HTTP/1.1", f"Host: {address}", "Connection: close"]
-    hdrs = {"Content-Length": str(len(body))} if body or method == "POST" else {}
-    hdrs.update(headers or {})
-    head += [f"{k}: {v}" for k, v in hdrs.items()]
-    host, port = address.rsplit(":", 1)
-    with socket.create_connection((host, int(port))) as s:
-        s.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + body)
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    status = int(data.split(b" ", 2)[1])
-    return status, data.partition(b"\r\n\r\n")[2]
-
-
-def _signed(secret: HostSecret, method: str, path: str, body: bytes = b"") -> dict[str, str]:
-    return {"Authorization": sign(secret, method, path, body)}
-
-
-def test_an_unauthenticated_place_is_refused_and_places_nothing(
-    agent: HostAgent, stores: Any
-) -> None:
-    s: ClusterStore = stores()
-    s.create_space("sp1")
-    body = json.dumps({"space": "sp1", "generation": 1}).encode()
-    status, answer = _raw(agent.address, "POST", "/v1/place", body)
-    assert status == 401, answer
-    assert b"not authenticated" in answer
+    assert r.status_code == 421 and "this is host h1" in r.json()["error"]
     assert s.space("sp1").state == "unplaced"
-    assert agent.backend_name == "local" and not list((agent.state_dir / "spaces").glob("dsc*"))
-
-
-def test_a_wrong_secret_or_a_forged_header_is_refused(agent: HostAgent, stores: Any) -> None:
-    s: ClusterStore = stores()
-    s.create_space("sp1")
-    wrong = HostSecret(s.host_secrets()[0].version, Secret("x" * 43))
-    with pytest.raises(HostAuthError, match="does not match"):
-        HostClient(agent.address, wrong).place("sp1", 1)
-    unknown = HostSecret(99, Secret("x" * 43))
-    with pytest.raises(HostAuthError, match="not accepted"):
-        HostClient(agent.address, unknown).place("sp1", 1)
-    body = json.dumps({"space": "sp1", "generation": 1}).encode()
-    right = s.host_secrets()[0]
-    # A signature of another body (a replay with its body changed) does not pass.
-    other = _signed(right, "POST", "/v1/place", b'{"space": "sp1", "generation": 2}')
-    assert _raw(agent.address, "POST", "/v1/place", body, other)[0] == 401
-    assert _raw(agent.address, "POST", "/v1/place", body, {"Authorization": "Bearer x"})[0] == 401
+    with pytest.raises(HostAuthError):  # and a client of h2 never reaches h1 at all
+        certs.client("h2", agent.address).place("sp1", 1)
     assert s.space("sp1").state == "unplaced"
-    HostClient(agent.address, right).place("sp1", 1)  # the cluster's own caller
-    assert s.space("sp1").state == "ready"
+    client.place("sp1", 1)  # the request for h1 itself
+    assert s.space("sp1").host_id == "h1"
 
 
-def test_status_tells_an_unauthenticated_client_nothing(agent: HostAgent, stores: Any) -> None:
-    s: ClusterStore = stores()
-    s.create_space("sp1")
-    secret = s.host_secrets()[0]
-    placed = HostClient(agent.address, secret).place("sp1", 1)
-    status, answer = _raw(agent.address, "GET", "/v1/spaces/sp1?generation=1")
-    assert status == 401
-    assert b"boot" not in answer and b"local" not in answer
-    assert str(agent.state_dir).encode() not in answer
-    assert placed["address"].encode() not in answer
-    assert HostClient(agent.address, secret).status("sp1", 1)["state"] == "up"
+# -- expired, not yet valid, revoked, rotated -----------------------------------------------
 
 
-def test_a_rotated_secret_is_taken_and_the_one_before_it_still_passes(
-    agent: HostAgent, stores: Any
+@pytest.mark.parametrize("when", ["expired", "not yet valid"])
+def test_a_certificate_out_of_its_dates_is_refused_both_ways(
+    agent: HostAgent, certs: Any, when: str
 ) -> None:
-    s: ClusterStore = stores()
-    first = s.host_secrets()[0]
-    second_version = s.rotate_host_secret()
-    second = s.host_secrets()[0]
-    assert second.version == second_version != first.version
-    wait_for("the agent to read it", lambda: _answers(agent.address, second))
-    assert _answers(agent.address, first)  # callers that did not read it yet
-    s.rotate_host_secret()
-    third = s.host_secrets()[0]
-    wait_for("the agent to read the third", lambda: _answers(agent.address, third))
-    with pytest.raises(HostAuthError, match="not accepted"):
-        HostClient(agent.address, first).status("x", 1)
+    s: ClusterStore = certs.store
+    s.create_space("sp1")
+    now = dt.datetime.now(dt.UTC)
+    start = now - dt.timedelta(days=3) if when == "expired" else now + dt.timedelta(days=3)
+    stale = certs.trust("coordinator", "c9", days=1, not_before=start)
+    with pytest.raises(HostApiError):
+        HostClient(agent.address, "h1", stale).place("sp1", 1)
+    assert s.space("sp1").state == "unplaced"
+    caller = certs.trust("coordinator", "c1")
+    stale_host = certs.trust("host", "h1", days=1, not_before=start)
+    with (
+        served(make_app(_Unknown()), stale_host) as ln,
+        pytest.raises(HostAuthError, match=r"expired|not yet valid"),
+    ):
+        HostClient(_address(ln), "h1", caller).status("sp1", 1)
+
+
+def test_a_revoked_coordinator_is_cut_off_and_others_are_not(agent: HostAgent, certs: Any) -> None:
+    s: ClusterStore = certs.store
+    s.create_space("sp1")
+    bad = certs.trust("coordinator", "c1")
+    good = certs.trust("coordinator", "c2")
+    held = HostClient(agent.address, "h1", bad)
+    assert held.status("sp1", 1)["state"] == "unknown"  # a kept-alive connection, open
+    lines = enrol.revoke(s, certs.ca_dir, serials=[pki.serial_text(bad.serial)])
+    assert lines == [f"revoked coordinator c1: certificate {pki.serial_text(bad.serial)}"
+                     " (revocation list 2)"]  # fmt: skip
+    wait_for("the host to read the new list", lambda: agent.trust.crl_number == 2)
+    assert agent.api is not None
+    wait_for("the open connection cut", lambda: agent.api is not None and agent.api.cuts["revoked"])
+    with pytest.raises(HostApiError):
+        held.place("sp1", 1)
+    with pytest.raises(HostApiError):
+        HostClient(agent.address, "h1", bad).place("sp1", 1)
+    assert s.space("sp1").state == "unplaced"
+    assert HostClient(agent.address, "h1", good).status("sp1", 1)["state"] == "unknown"
+
+
+def test_a_revoked_host_is_not_believed(agent: HostAgent, certs: Any) -> None:
+    s: ClusterStore = certs.store
+    caller = certs.trust("coordinator", "c1")
+    assert HostClient(agent.address, "h1", caller).status("sp1", 1)["state"] == "unknown"
+    enrol.revoke(s, certs.ca_dir, who_id="h1", role="host")
+    assert caller.refresh(s)  # a coordinator's next read of the list (Placer: every second)
+    with pytest.raises(HostAuthError, match="revoked"):
+        HostClient(agent.address, "h1", caller).status("sp1", 1)
+
+
+def test_a_rolled_back_revocation_list_is_not_taken(certs: Any) -> None:
+    s: ClusterStore = certs.store
+    caller = certs.trust("coordinator", "c1")
+    first = s.tls_crl()
+    assert first is not None
+    enrol.revoke(s, certs.ca_dir, who_id="h9", role="host") if False else None
+    certs.enrol("host", "h2")
+    enrol.revoke(s, certs.ca_dir, who_id="h2", role="host")
+    assert caller.refresh(s) and caller.crl_number == 2
+    assert not caller.set_crl(first)  # a database that hands out the older list
+    assert caller.crl_number == 2
+    forged = pki.make_crl(pki.make_ca(), [], 9)
+    with pytest.raises(TlsError, match="not the cluster CA's"):
+        caller.set_crl(pki.crl_pem(forged))
+
+
+def test_a_rotated_host_certificate_is_taken_without_a_restart(
+    agent: HostAgent, certs: Any
+) -> None:
+    caller = certs.trust("coordinator", "c1")
+    name = pki.identity("host", "h1").dns
+    old = _peer_serial(agent.address, caller, name)
+    assert old == agent.trust.serial
+    certs.enrol("host", "h1")  # into the same directory: a new key and certificate
+    wait_for("the agent to present it", lambda: agent.trust.serial != old)
+    new = _peer_serial(agent.address, caller, name)
+    assert new == agent.trust.serial != old
+    enrol.revoke(certs.store, certs.ca_dir, serials=[pki.serial_text(old)])  # the old one retired
+    caller.refresh(certs.store)
+    assert HostClient(agent.address, "h1", caller).status("sp1", 1)["state"] == "unknown"
+
+
+# -- malformed input --------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("method", "path", "body", "length"),
+    ("method", "path", "body"),
     [
-        ("POST", "/v1/place", b'{"space": "sp1", "generation": 1}', "abc"),
-        ("POST", "/v1/place", b'{"space": "sp1", "generation": 1}', "-5"),
-        ("POST", "/v1/place", b'{"space": "sp1", "generation": 1}', "9" * 5000),
-        ("POST", "/v1/place", b'{"space": "sp1", "generation": ' + b"7" * 5000 + b"}", None),
-        ("POST", "/v1/place", b'{"space": "sp1", "generation": ' + b"7" * 4000 + b"}", None),
-        ("POST", "/v1/place", b'{"space": "sp1", "generation": 4294967296}', None),
-        ("POST", "/v1/place", b'{"space": "sp1", "generation": 1.5}', None),
-        ("POST", "/v1/rotate", b'{"space": "sp1", "generation": 1, "lease": 1e400}', None),
-        ("GET", "/v1/spaces/sp1?generation=" + "7" * 5000, b"", None),
-        ("GET", "/v1/spaces/sp1?generation=99999999999", b"", None),
-        ("GET", "/v1/spaces/sp1?generation=x", b"", None),
+        ("POST", "/v1/hosts/h1/place", b'{"space": "sp1", "generation": ' + b"7" * 5000 + b"}"),
+        ("POST", "/v1/hosts/h1/place", b'{"space": "sp1", "generation": ' + b"7" * 4000 + b"}"),
+        ("POST", "/v1/hosts/h1/place", b'{"space": "sp1", "generation": 4294967296}'),
+        ("POST", "/v1/hosts/h1/place", b'{"space": "sp1", "generation": 1.5}'),
+        ("POST", "/v1/hosts/h1/place", b'{"space": "../x", "generation": 1}'),
+        ("POST", "/v1/hosts/h1/rotate", b'{"space": "sp1", "generation": 1, "lease": 1e400}'),
+        ("GET", "/v1/hosts/h1/spaces/sp1?generation=" + "7" * 5000, b""),
+        ("GET", "/v1/hosts/h1/spaces/sp1?generation=99999999999", b""),
+        ("GET", "/v1/hosts/h1/spaces/sp1?generation=x", b""),
+        ("GET", "/v1/hosts/h1/spaces/sp1?generation=1&generation=2", b""),
     ],
 )
 def test_malformed_numbers_are_answered_400_in_one_line(
-    agent: HostAgent, stores: Any, method: str, path: str, body: bytes, length: str | None
+    agent: HostAgent, certs: Any, method: str, path: str, body: bytes
 ) -> None:
-    s: ClusterStore = stores()
+    s: ClusterStore = certs.store
     s.create_space("sp1")
-    headers = _signed(s.host_secrets()[0], method, path, body)
-    if length is not None:
-        headers["Content-Length"] = length
-    status, answer = _raw(agent.address, method, path, body, headers)
-    assert status == 400, answer[:300]
-    error = json.loads(answer)["error"]
+    client = certs.client("h1", agent.address)
+    r = client._http.request(
+        method, path, content=body or None, extensions={"sni_hostname": client.host.dns}
+    )
+    assert r.status_code == 400, r.text[:300]
+    error = json.loads(r.content)["error"]
     assert "\n" not in error and len(error) < 300
     assert "Traceback" not in error and "Exceeds the limit" not in error
     assert s.space("sp1").state == "unplaced"
 
 
-class _Slow:
-    """A service that only answers; the API's pool is what is measured."""
-
-    def __init__(self, secret: HostSecret) -> None:
-        self.secret = secret
-
-    def accepted_secrets(self) -> list[HostSecret]:
-        return [self.secret]
-
-    def place(self, space: str, generation: int) -> dict[str, Any]:
-        return {"address": "x", "generation": generation}
-
-    def rotate(self, space: str, generation: int, lease: int) -> dict[str, Any]:
-        return {"rotated": False}
-
-    def status(self, space: str, generation: int) -> dict[str, Any]:
-        return {"state": "unknown", "boot": None}
-
-
-def test_slow_clients_time_out_and_do_not_make_a_thread_each() -> None:
-    secret = HostSecret(1, Secret("s" * 43))
-    address = f"127.0.0.1:{free_port()}"
-    me = psutil.Process()
-    before = me.num_threads()
-    # The timeout outlasts the connecting below on a loaded machine: the slow clients are
-    # all there at once, as an attacker's would be.
-    api = HostApiServer(address, _Slow(secret), workers=8, queued=16, request_timeout=4.0)
-    api.start()
-    try:
-        host, port = address.rsplit(":", 1)
-        socks = []
-        peak = 0
-        for _ in range(400):  # each promises a body that never comes
-            c = socket.create_connection((host, int(port)))
-            c.sendall(b"POST /v1/place HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
-            socks.append(c)
-            peak = max(peak, me.num_threads())
-        # the pool, its accept loop and the reaper of late requests
-        assert peak <= before + 8 + 2, (before, peak)
-
-        def all_cut() -> bool:
-            for c in socks:
-                c.settimeout(0.01)
-                try:
-                    if c.recv(1) != b"":
-                        return False
-                except TimeoutError:
-                    return False
-                except OSError:
-                    pass  # reset: cut too
-            return True
-
-        wait_for("every slow client to be cut", all_cut, 120)
-        assert me.num_threads() <= before + 8 + 2
-        for c in socks:
-            c.close()
-        assert HostClient(address, secret).status("sp", 1)["state"] == "unknown"
-    finally:
-        api.close()
-
-
-def test_a_client_trickling_its_headers_is_cut() -> None:
-    secret = HostSecret(1, Secret("s" * 43))
-    address = f"127.0.0.1:{free_port()}"
-    api = HostApiServer(address, _Slow(secret), workers=2, queued=4, request_timeout=1.0)
-    api.start()
-    try:
-        host, port = address.rsplit(":", 1)
-        c = socket.create_connection((host, int(port)))
-        head = b"GET /v1/spaces/sp?generation=1 HTTP/1.1\r\nX-Slow: " + b"a" * 10_000
-        cut = threading.Event()
-
-        def trickle() -> None:  # a byte well within every read's timeout, forever
-            for b in head:
-                try:
-                    c.sendall(bytes([b]))
-                except OSError:
-                    cut.set()
-                    return
-                if cut.wait(0.2):
-                    return
-
-        t = threading.Thread(target=trickle, daemon=True)
-        t.start()
-        c.settimeout(None)
-        with contextlib.suppress(ConnectionResetError):  # the server shut it: no answer
-            assert c.recv(1) == b""
-        cut.set()
-        t.join()
-        c.close()
-        assert HostClient(address, secret).status("sp", 1)["state"] == "unknown"
-    finally:
-        api.close()
+def test_a_body_over_the_limit_is_refused_unread(agent: HostAgent, certs: Any) -> None:
+    client = certs.client("h1", agent.address)
+    big = b'{"space": "sp1", "pad": "' + b"x" * (70 * 1024) + b'"}'
+    r = client._http.post(
+        "/v1/hosts/h1/place", content=big, extensions={"sni_hostname": client.host.dns}
+    )
+    assert r.status_code == 413 and "at most 65536 bytes" in r.json()["error"]

@@ -90,9 +90,10 @@ def test_a_host_reports_a_space_gone_and_only_that_generation_moves(stores: Open
     s.register_host("h1", "10.1.0.1:7000", "docker")
     s.create_space("p")
     s.place_space("p", 1, "h1", "10.1.0.1:7001", "t1")
-    sp = s.space_lost("p", 1, "container removed")
+    assert s.space_lost("p", 1, "not mine", host="h2").state == "ready"  # another's word
+    sp = s.space_lost("p", 1, "container removed", host="h1")
     assert (sp.state, sp.generation, sp.placement_reason) == ("unplaced", 2, "container removed")
-    assert s.space_lost("p", 1, "late duplicate report").generation == 2  # a no-op
+    assert s.space_lost("p", 1, "late duplicate report", host="h1").generation == 2  # a no-op
     s.place_space("p", 2, "h1", "10.1.0.1:7002", "t2")
     assert s.space("p").state == "ready"
 

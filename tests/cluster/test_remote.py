@@ -46,7 +46,7 @@ def blackhole() -> Iterator[int]:
     s.close()
 
 
-def _drive(s: ClusterStore, url: str, port: int, tmp: Any) -> subprocess.Popen[str]:
+def _drive(s: ClusterStore, url: str, port: int, tmp: Any, certs: Any) -> subprocess.Popen[str]:
     s.register_host("h1", f"127.0.0.1:{port}", "spacesd")
     s.create_space("sp")
     addr = SpacesdAddress(f"127.0.0.1:{port}", "/w", "i1", f"127.0.0.1:{port}")
@@ -62,6 +62,7 @@ def _drive(s: ClusterStore, url: str, port: int, tmp: Any) -> subprocess.Popen[s
         CUA_SESSION_NAME="a",
         CUA_SESSION_LEASE_TOKEN=str(d.lease_token),
         CUA_SESSION_HEARTBEAT_SECS="0.3",
+        CUA_CLUSTER_TLS_DIR=str(certs.enrol("coordinator", "c1")),
     )
     p = subprocess.Popen(
         [sys.executable, "-c", DRIVER, str(tmp)],
@@ -76,13 +77,13 @@ def _drive(s: ClusterStore, url: str, port: int, tmp: Any) -> subprocess.Popen[s
 
 
 def test_a_driver_on_a_space_the_cluster_moved_on_from_halts(
-    stores: Any, pg_url: str, blackhole: int, tmp_path: Any
+    stores: Any, pg_url: str, blackhole: int, tmp_path: Any, certs: Any
 ) -> None:
     s = stores()
-    p = _drive(s, pg_url, blackhole, tmp_path)
+    p = _drive(s, pg_url, blackhole, tmp_path, certs)
     time.sleep(1.5)
     assert p.poll() is None  # hung in its call, as against a frozen host
-    s.space_lost("sp", 1, "host h1 lost")
+    s.space_lost("sp", 1, "host h1 lost", host="h1")
     t0 = time.monotonic()
     try:  # well before the SDK's own request timeout (about 30 s) would end the call
         _, err = p.communicate(timeout=15)
@@ -95,10 +96,10 @@ def test_a_driver_on_a_space_the_cluster_moved_on_from_halts(
 
 
 def test_a_superseded_lease_fences_the_driver(
-    stores: Any, pg_url: str, blackhole: int, tmp_path: Any
+    stores: Any, pg_url: str, blackhole: int, tmp_path: Any, certs: Any
 ) -> None:
     s = stores()
-    p = _drive(s, pg_url, blackhole, tmp_path)
+    p = _drive(s, pg_url, blackhole, tmp_path, certs)
     s.begin_drive("a", "c1")  # a newer drive: token 2
     _, err = p.communicate(timeout=30)
     assert p.returncode == 75, err

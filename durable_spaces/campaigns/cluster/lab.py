@@ -4,8 +4,11 @@ coordinators and workers as processes in the root namespace, sessions submitted 
 the store, and what a test reads back (events, drivers, logs, the workspace).
 
 Everything it starts is a real ``durable-spaces host / coordinator`` process; ``close()``
-ends them (and drivers whose coordinator was killed). Needs root, iproute2, PostgreSQL
-and the cua-spacesd binary (the tests skip, naming what is missing).
+ends them (and drivers whose coordinator was killed). The lab is the cluster's operator:
+it makes the CA (``<root>/ca``) and enrols each host and coordinator it starts in one step
+(``enrol.enrol_here``, ``<root>/tls/<id>``), and asks hosts as coordinator ``lab``. Needs
+root, iproute2, PostgreSQL and the cua-spacesd binary (the tests skip, naming what is
+missing).
 """
 
 from __future__ import annotations
@@ -38,11 +41,14 @@ from durable_spaces.campaigns.checker import (
 )
 from durable_spaces.campaigns.cluster.netns import NetnsHost, NetnsLab
 from durable_spaces.campaigns.cluster.submit import agent_config, submit_session
+from durable_spaces.cluster import enrol
 from durable_spaces.cluster.drive import SharedDirectory
 from durable_spaces.cluster.host import local_name
-from durable_spaces.cluster.hostapi import HostClient
+from durable_spaces.cluster.hostapi import HostClients
+from durable_spaces.cluster.pki import Authority, identity
 from durable_spaces.cluster.records import Event
 from durable_spaces.cluster.store import ClusterStore
+from durable_spaces.cluster.tls import Trust
 from durable_spaces.drive.entry import LOG_FILE
 from durable_spaces.errors import ClusterError, HostApiError, SpaceGoneError, SpaceUnavailableError
 from durable_spaces.host.ports import free_port
@@ -97,6 +103,16 @@ class Cluster:
         self.sessions = SharedDirectory(root / "sessions")
         self.hosts: dict[str, LabHost] = {}
         self.procs: list[subprocess.Popen[bytes]] = []
+        enrol.init(self.store, root / "ca")
+        self.ca: Authority = enrol.load_authority(root / "ca")
+        self.trust = Trust(self.enrol("coordinator", "lab"))
+        self.clients = HostClients(self.trust)
+
+    def enrol(self, role: str, id_: str) -> Path:
+        """A TLS directory holding a certificate of ``role`` ``id_`` (the lab's CA)."""
+        d = self.root / "tls" / f"{role}-{id_}"
+        enrol.enrol_here(self.store, self.ca, d, identity(role, id_))
+        return d
 
     # -- processes -----------------------------------------------------------------------
 
@@ -114,6 +130,7 @@ class Cluster:
         argv = [*CLI, "host", "--db", self.url, "--id", host_id, "--backend", backend]
         argv += ["--address", address, "--state-dir", str(state)]
         argv += ["--heartbeat-secs", "0.5", "--sweep-secs", "1"]
+        argv += ["--tls-dir", str(self.enrol("host", host_id))]
         with self._log(host_id) as log:
             if ns is None:
                 proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
@@ -129,8 +146,8 @@ class Cluster:
         if not any(h.id == host_id and h.state == "up" for h in self.store.hosts()):
             return False
         try:
-            secret = self.store.host_secrets()[0]
-            HostClient(self.hosts[host_id].address, secret).status("probe", 1)
+            self.trust.refresh(self.store, every=1.0)
+            self.clients.get(host_id, self.hosts[host_id].address).status("probe", 1)
         except HostApiError:
             return False
         return True
@@ -144,6 +161,7 @@ class Cluster:
 
     def coordinator(self, cid: str, *extra: str) -> subprocess.Popen[bytes]:
         argv = [*CLI, "coordinator", "--db", self.url, "--id", cid]
+        argv += ["--tls-dir", str(self.enrol("coordinator", cid))]
         argv += ["--sessions-dir", str(self.sessions.root), "--claim-ttl", str(CLAIM_TTL)]
         argv += ["--backoff", "0.5,2,2", "--lost-host-secs", "3", "--stall-secs", "30", *extra]
         with self._log(cid) as log:
@@ -168,6 +186,7 @@ class Cluster:
             with contextlib.suppress(psutil.Error):
                 if "durable_spaces.campaigns.agent" in " ".join(psutil.Process(pid).cmdline()):
                     os.kill(pid, signal.SIGKILL)
+        self.clients.close()
         self.store.close()
 
     # -- sessions ------------------------------------------------------------------------
