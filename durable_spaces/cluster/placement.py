@@ -227,19 +227,27 @@ class PlacementStatements(Statements):
         conn: Conn,
         reason: str,
         *,
-        host: str | None = None,
+        host: str,
         name: str | None = None,
         generation: int | None = None,
     ) -> list[str]:
-        """Ready Spaces on ``host`` (or generation ``generation`` of ``name``) wait for
-        placement again, from scratch."""
+        """Ready Spaces on ``host`` (or, when ``name`` is given, its generation
+        ``generation`` if ``host`` holds it) wait for placement again, from scratch."""
+        # One fixed predicate each, so the planner uses the key or the host's index: the
+        # lost-host sweep is SERIALIZABLE, and a scan of the whole table would take a
+        # predicate lock on it that every placement then conflicts with.
+        which = (
+            " WHERE state = 'ready' AND host_id = %(host)s"
+            if name is None
+            else " WHERE name = %(name)s AND state = 'ready' AND generation = %(gen)s"
+            " AND host_id = %(host)s"
+        )
         rows = conn.execute(
             "UPDATE ds.spaces SET state = 'unplaced', generation = generation + 1,"
             " restored_from = 'from-scratch', placement_reason = %(reason)s, host_id = NULL,"
             " address = NULL, token = NULL, token_lease = NULL, updated_at = now()"
-            " WHERE state = 'ready' AND (%(host)s::text IS NULL OR host_id = %(host)s)"
-            " AND (%(name)s::text IS NULL OR (name = %(name)s AND generation = %(gen)s))"
-            " RETURNING name, generation",
+            + which
+            + " RETURNING name, generation",
             {"reason": reason, "host": host, "name": name, "gen": generation},
         ).fetchall()
         for r in rows:

@@ -9,12 +9,14 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from durable_spaces.campaigns.cluster.lab import wait_for
 from durable_spaces.cluster.address import SpacesdAddress
 from durable_spaces.cluster.remote import RemoteBackend
 from durable_spaces.cluster.store import ClusterStore
@@ -36,20 +38,48 @@ DRIVER = textwrap.dedent(
 )
 
 
+class Blackhole:
+    """A port that takes connections and never says anything (a hung machine); counts
+    the connections it took."""
+
+    def __init__(self) -> None:
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._sock.getsockname()[1])
+        self.taken: list[socket.socket] = []
+        threading.Thread(target=self._take, daemon=True).start()
+
+    def _take(self) -> None:
+        while True:
+            try:
+                self.taken.append(self._sock.accept()[0])
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self._sock.close()
+        for c in self.taken:
+            c.close()
+
+
 @pytest.fixture
 def blackhole() -> Iterator[int]:
-    """A port that accepts connections and never says anything (a hung machine)."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    s.listen(64)
-    yield int(s.getsockname()[1])
-    s.close()
+    """The port of a hung daemon (and, in another, of its hung host: ``hung_host``)."""
+    daemon = Blackhole()
+    host = Blackhole()
+    _HOLES[daemon.port] = (daemon, host)
+    yield daemon.port
+    daemon.close()
+    host.close()
+
+
+_HOLES: dict[int, tuple[Blackhole, Blackhole]] = {}
 
 
 def _drive(s: ClusterStore, url: str, port: int, tmp: Any, certs: Any) -> subprocess.Popen[str]:
-    s.register_host("h1", f"127.0.0.1:{port}", "spacesd")
+    host = _HOLES[port][1].port
+    s.register_host("h1", f"127.0.0.1:{host}", "spacesd")
     s.create_space("sp")
-    addr = SpacesdAddress(f"127.0.0.1:{port}", "/w", "i1", f"127.0.0.1:{port}")
+    addr = SpacesdAddress(f"127.0.0.1:{port}", "/w", "i1", f"127.0.0.1:{host}")
     s.place_space("sp", 1, "h1", addr.format(), "tok")
     s.create_session("a", "sp")
     s.claim_session("c1", 60, "a")
@@ -81,7 +111,8 @@ def test_a_driver_on_a_space_the_cluster_moved_on_from_halts(
 ) -> None:
     s = stores()
     p = _drive(s, pg_url, blackhole, tmp_path, certs)
-    time.sleep(1.5)
+    daemon = _HOLES[blackhole][0]
+    wait_for("the driver's call to reach the daemon", lambda: daemon.taken, 60)
     assert p.poll() is None  # hung in its call, as against a frozen host
     s.space_lost("sp", 1, "host h1 lost", host="h1")
     t0 = time.monotonic()
