@@ -291,7 +291,8 @@ class RemoteBackend:
                     )
                 self._trust = Trust(self._tls_dir)
                 self._hosts = HostClients(self._trust, timeout=1.0)
-            self._trust.refresh(self._probe_db(), every=CRL_CHECK_SECS)
+            # the drive's own store, connected by find: no second connection on the way
+            self._trust.refresh(self._db(), every=CRL_CHECK_SECS)
             assert self._hosts is not None
             return self._hosts.get(host_id, address)
 

@@ -158,6 +158,19 @@ def test_connections_of_one_identity_are_capped(certs: Any) -> None:
             s.close()
 
 
+def test_a_role_it_does_not_serve_is_cut_after_its_handshake(certs: Any) -> None:
+    """The role read from a verified certificate (a host's own is refused earlier still,
+    by its purpose): a listener for workers only cuts a coordinator."""
+    service = _Answers()
+    with served(make_app(service), certs.trust("host", "h1"), roles=("worker",)) as ln:
+        s = _member(ln, certs.trust("coordinator", "c1"))
+        s.sendall(b"POST /v1/hosts/h1/place HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}")
+        assert _cut(s)
+        s.close()
+        assert ln.cuts["role"] == 1 and service.placed == 0
+        assert _served(ln, certs.trust("worker", "w1"))
+
+
 def test_a_connection_that_never_starts_its_handshake_is_cut(certs: Any) -> None:
     limits = Limits(handshake_timeout=0.5)
     with served(make_app(_Answers()), certs.trust("host", "h1"), limits) as ln:

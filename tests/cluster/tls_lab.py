@@ -17,7 +17,7 @@ from durable_spaces.cluster import enrol
 from durable_spaces.cluster.host import HostAgent
 from durable_spaces.cluster.hostapi import HostClient
 from durable_spaces.cluster.hostserver import App, Limits, Listener
-from durable_spaces.cluster.pki import Authority, identity
+from durable_spaces.cluster.pki import CLIENT_ROLES, Authority, identity
 from durable_spaces.cluster.store import ClusterStore
 from durable_spaces.cluster.tls import Trust
 from durable_spaces.errors import HostApiError
@@ -82,12 +82,18 @@ class LoopThread:
 
 @contextmanager
 def served(
-    app: App, trust: Trust, limits: Limits | None = None, address: str | None = None
+    app: App,
+    trust: Trust,
+    limits: Limits | None = None,
+    address: str | None = None,
+    roles: tuple[str, ...] = CLIENT_ROLES,
 ) -> Iterator[Listener]:
-    """``app`` served with mutual TLS on ``address`` (default: a free loopback port),
-    closed after."""
+    """``app`` served with mutual TLS on ``address`` (default: a free loopback port) to
+    ``roles``, closed after."""
     loop = LoopThread()
-    listener = Listener(address or f"127.0.0.1:{free_port()}", app, trust, limits=limits)
+    listener = Listener(
+        address or f"127.0.0.1:{free_port()}", app, trust, limits=limits, roles=roles
+    )
     loop.run(listener.start())
     try:
         yield listener
