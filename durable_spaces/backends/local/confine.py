@@ -80,6 +80,13 @@ class Fence:
     def apply(self) -> None:
         """Confine this process and everything it starts from now on (OSError: it could
         not be; then run nothing)."""
+        self.deny_clone3()
+        self.restrict()
+
+    def deny_clone3(self) -> None:
+        """The seccomp half alone. Attaching a filter compiles it (the kernel's BPF JIT:
+        milliseconds on a virtual machine), so a fork server takes it once, for itself,
+        and its children inherit it (``forkserver.py``)."""
         libc = self._libc
         if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, self._fprog, 0, 0) != 0:
             if _errno() != _EACCES:
@@ -89,6 +96,11 @@ class Fence:
                 raise _error("no_new_privs")
             if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, self._fprog, 0, 0) != 0:
                 raise _error("seccomp")
+
+    def restrict(self) -> None:
+        """The Landlock half alone: a domain of its own for this process (so a command
+        cannot trace its fork server, nor one command another)."""
+        libc = self._libc
         if libc.syscall(_RESTRICT_SELF, self.ruleset_fd, 0) != 0:
             if _errno() != _EPERM or libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
                 raise _error("landlock_restrict_self")

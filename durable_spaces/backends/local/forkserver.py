@@ -138,7 +138,7 @@ def _child(
     if cgroup and not _placed(cgroup):
         os.write(2, b"ds-local fork server child: not in an epoch's cgroup of the Space\n")
         return 7  # asked by someone who cannot place us: nothing runs
-    code: int = supervisor.supervise(cmd_dir, spec, fence)
+    code: int = supervisor.supervise(cmd_dir, spec, fence, inherited=True)
     return code
 
 
@@ -217,7 +217,10 @@ def main(args: list[str]) -> int:
     if cgroup:  # built once; a fence that cannot be built fails each command (exit 126)
         confine = _load("ds_local_confine", os.path.join(here, "confine.py"))
         try:
-            fence = confine.build() if confine is not None else OSError(0, "no confine.py")
+            if confine is None:
+                raise OSError(0, "no confine.py")
+            fence = confine.build()
+            fence.deny_clone3()  # on us, once: every child inherits it
         except OSError as e:
             fence = e
     failpoints = None  # unarmed, its ``hit`` does nothing: not loaded (``signal``, threads)

@@ -90,11 +90,14 @@ def main(args: list[str]) -> int:
     return supervise(args[1], sys.stdin.buffer.read(), fence)
 
 
-def supervise(cmd_dir: str, raw: bytes, fence: Fence | OSError | None = None) -> int:
+def supervise(
+    cmd_dir: str, raw: bytes, fence: Fence | OSError | None = None, inherited: bool = False
+) -> int:
     """Run the command ``raw`` (the caller's spec, read to its end) specifies; also the
     body of a fork server's child (``forkserver.py``), which reads it from its socket.
     ``fence``: a ``confine.Fence`` to apply before the command starts (or the OSError that
-    kept it from being built: nothing runs)."""
+    kept it from being built: nothing runs); ``inherited``: its seccomp half is already
+    on this process (a fork server's child)."""
     spec = parse_spec(raw)
     if spec is None:
         return 3  # the caller died before handing over the command: never run it
@@ -118,8 +121,8 @@ def supervise(cmd_dir: str, raw: bytes, fence: Fence | OSError | None = None) ->
     try:
         if isinstance(fence, BaseException):
             raise fence
-        if fence is not None:
-            fence.apply()  # this process and all it starts, for good
+        if fence is not None:  # this process and all it starts, for good
+            fence.restrict() if inherited else fence.apply()
     except OSError as e:
         why = f"ds-local: cannot fence the command in its epoch: {e.strerror or e}\n"
         os.write(out, why.encode())
