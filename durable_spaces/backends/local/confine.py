@@ -66,7 +66,7 @@ MAX_RULES = 1024
 _CGROUPFS = ("cgroup", "cgroup2")
 
 
-class Fence:
+class CgroupFence:
     """A Landlock ruleset (an open descriptor) and a seccomp program, built once, applied by
     each process to confine (``apply``)."""
 
@@ -202,7 +202,7 @@ def _fprog(program: Any) -> Any:
     return fprog
 
 
-def build(mountinfo_path: str = "/proc/self/mountinfo") -> Fence:
+def build(mountinfo_path: str = "/proc/self/mountinfo") -> CgroupFence:
     """The fence for this host as its mounts are now (OSError: it cannot be built, why)."""
     import ctypes
 
@@ -243,7 +243,7 @@ def build(mountinfo_path: str = "/proc/self/mountinfo") -> Fence:
     except BaseException:
         os.close(ruleset)
         raise
-    return Fence(ruleset, _seccomp_program(), libc, len(paths))
+    return CgroupFence(ruleset, _seccomp_program(), libc, len(paths))
 
 
 _why: list[str | None] = []

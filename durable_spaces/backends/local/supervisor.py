@@ -37,7 +37,7 @@ from types import ModuleType
 
 TYPE_CHECKING = False  # not ``typing``'s: importing typing costs more than this whole file
 if TYPE_CHECKING:
-    from durable_spaces.backends.local.confine import Fence
+    from durable_spaces.backends.local.confine import CgroupFence
 
 
 def _write_atomic(directory: str, name: str, data: bytes) -> None:
@@ -81,7 +81,7 @@ def load_confine() -> ModuleType:
 
 
 def main(args: list[str]) -> int:
-    fence: Fence | OSError | None = None
+    fence: CgroupFence | OSError | None = None
     if args[2:3] == ["confine"]:
         try:
             fence = load_confine().build()
@@ -91,11 +91,11 @@ def main(args: list[str]) -> int:
 
 
 def supervise(
-    cmd_dir: str, raw: bytes, fence: Fence | OSError | None = None, inherited: bool = False
+    cmd_dir: str, raw: bytes, fence: CgroupFence | OSError | None = None, inherited: bool = False
 ) -> int:
     """Run the command ``raw`` (the caller's spec, read to its end) specifies; also the
     body of a fork server's child (``forkserver.py``), which reads it from its socket.
-    ``fence``: a ``confine.Fence`` to apply before the command starts (or the OSError that
+    ``fence``: a ``confine.CgroupFence`` to apply before the command starts (or the OSError that
     kept it from being built: nothing runs); ``inherited``: its seccomp half is already
     on this process (a fork server's child)."""
     spec = parse_spec(raw)
