@@ -219,8 +219,9 @@ def main(args: list[str]) -> int:
         try:
             if confine is None:
                 raise OSError(0, "no confine.py")
-            fence = confine.build()
-            fence.deny_clone3()  # on us, once: every child inherits it
+            built = confine.build()
+            built.deny_clone3()  # on us, once: every child inherits it
+            fence = built
         except OSError as e:
             fence = e
     failpoints = None  # unarmed, its ``hit`` does nothing: not loaded (``signal``, threads)
