@@ -14,6 +14,9 @@ one of two ways, and the run fails naming each, after killing it:
   in the environment of every process that inherited it (a process that clears its
   environment is then not found).
 
+A run killed before its end (a ``timeout``) cannot check itself: the next run kills and
+removes what its cgroup still holds when it starts.
+
 By the time the check runs, pytest has torn down every fixture and xdist its workers; the
 check waits for those workers' exit (an event: their pidfd), never for a time.
 
@@ -67,6 +70,7 @@ class Session:
         if root is None:
             return cls(token, None, None)
         home, cgroup = root.parent, root.parent / f"ds-tests-{os.getpid()}-{token[:8]}"
+        _sweep_dead_runs(home)
         try:
             cgroup.mkdir()
             (cgroup / "cgroup.procs").write_text(f"{os.getpid()}\n")
@@ -129,13 +133,32 @@ class Session:
         with contextlib.suppress(OSError):
             (self.cgroup / "cgroup.kill").write_text("1\n")
         _wait_empty(self.cgroup)
-        for d in sorted(
-            [self.cgroup, *(p for p in self.cgroup.rglob("*") if p.is_dir())],
-            key=lambda p: len(p.parts),
-            reverse=True,
-        ):
-            with contextlib.suppress(OSError):
-                d.rmdir()
+        _remove_tree(self.cgroup)
+
+
+def _sweep_dead_runs(home: Path) -> None:
+    """The cgroups of earlier runs whose first process is gone (a run killed before its
+    end, as by a ``timeout``): what they still hold is killed, and they are removed. A
+    run whose process lives (another run beside this one) is left alone."""
+    for d in home.glob("ds-tests-*-*"):
+        try:
+            pid = int(d.name.split("-")[2])
+        except ValueError:
+            continue
+        if Path(f"/proc/{pid}").exists():
+            continue
+        with contextlib.suppress(OSError):
+            (d / "cgroup.kill").write_text("1\n")
+        _wait_empty(d)
+        _remove_tree(d)
+
+
+def _remove_tree(cgroup: Path) -> None:
+    """Remove an emptied cgroup and those below it, deepest first."""
+    below = [p for p in cgroup.rglob("*") if p.is_dir()]
+    for d in sorted([cgroup, *below], key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            d.rmdir()
 
 
 def _wait_exit(pid: int) -> None:
