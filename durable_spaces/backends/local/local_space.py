@@ -96,7 +96,7 @@ class LocalSpace:
         self._scanner = JournaledScanner(self.root, journal)
         self._scan_lock = threading.Lock()
         self._ledger = Ledger(directory / "ledger.jsonl", self._check)
-        self._server = ForkServer(directory, instance_id, settings)
+        self._server = ForkServer(directory, instance_id, settings, self.cgroups.fenced_as)
 
     @property
     def scan_stats(self) -> dict[str, int]:
@@ -342,7 +342,7 @@ class LocalSpace:
 
     async def capabilities(self) -> Capabilities:
         self._check()
-        why = self.cgroups.why  # None exactly when contained
+        why = self.cgroups.unfenced  # None exactly when contained
         return Capabilities(
             kind="local",
             exec_ledger=True,

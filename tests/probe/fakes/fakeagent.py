@@ -15,6 +15,9 @@ Each recipe under this directory runs it with one ``--defect`` (or none):
 - ``loop``: never calls the model at all and exits 0.
 - ``flood``: prints a lot, then behaves as ``none``.
 - ``responses``: asks the Responses API, which the scripted model does not answer.
+
+``--hold DIR`` (any defect): a resumed attempt says so by a file ``DIR/held-<pid>`` and
+then waits until it is killed, so a test knows a planned run is under way and stays so.
 """
 
 from __future__ import annotations
@@ -142,7 +145,12 @@ def main() -> int:
     ap.add_argument("--stream", action="store_true")
     ap.add_argument("--file-tools", action="store_true")
     ap.add_argument("--tool-name", default="bash")
+    ap.add_argument("--hold")
     a = ap.parse_args()
+    if a.hold and a.resume:
+        (Path(a.hold) / f"held-{os.getpid()}").write_text("")
+        while True:
+            time.sleep(3600)  # until the probe kills us: the test holds the gate
     if a.defect == "crash":
         print("fakeagent: cannot start: the defect is crash", file=sys.stderr)
         return 1
