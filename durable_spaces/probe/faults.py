@@ -30,8 +30,8 @@ from pathlib import Path
 from durable_spaces.host.cgroup import Cgroup, cgroup_root, unavailable
 
 __all__ = [
-    "KILL_FAULTS", "MODEL_FAULTS", "WHOLE_RUN", "HarnessProcess", "RunProcs", "machine_unavailable",
-    "sweep",
+    "CANNOT_START", "KILL_FAULTS", "MODEL_FAULTS", "WHOLE_RUN", "HarnessProcess", "RunProcs",
+    "machine_unavailable", "sweep",
 ]  # fmt: skip
 
 KILL_FAULTS = ("process", "machine", "power")
@@ -40,7 +40,9 @@ WHOLE_RUN = ("machine", "power")
 MODEL_FAULTS = ("model-5xx", "model-cut", "model-slow")
 #: Of an attempt's output, the lab keeps the first and the last this many bytes.
 KEEP_BYTES = 8 << 10
-_WRAP = 'echo $$ > "$0" && exec "$@"'
+_WRAP = 'echo $$ > "$1" && shift && exec "$@"'
+#: How a shell says its command cannot start: not found, not executable.
+CANNOT_START = (126, 127)
 
 
 def machine_unavailable() -> str | None:
@@ -56,7 +58,7 @@ class HarnessProcess:
         self.argv = list(argv)
         full = list(argv)
         if cgroup is not None:
-            full = ["/bin/sh", "-c", _WRAP, str(cgroup.path / "cgroup.procs"), *argv]
+            full = ["/bin/sh", "-c", _WRAP, "probe", str(cgroup.path / "cgroup.procs"), *argv]
         self.started = time.monotonic()
         self.ended: float | None = None
         self.head = b""

@@ -3,6 +3,7 @@ process; the no_leftovers fixture (conftest.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,8 +47,14 @@ def fake(name: str) -> str:
     return str(FAKES / name)
 
 
-def write_recipe(d: Path, defect: str, extra: Sequence[str] = (), **fields: str) -> Path:
-    """A recipe for fakes/fakeagent.py with ``defect`` (and more of its flags)."""
+#: How fakes/fakeagent.py tells the model a call was interrupted (its recipes' [report]).
+REPORT = "interrupted: the call was cut short"
+
+
+def write_recipe(d: Path, defect: str, extra: Sequence[str] = (), report: str | None = REPORT,
+                 **fields: str) -> Path:  # fmt: skip
+    """A recipe for fakes/fakeagent.py with ``defect`` (and more of its flags), declaring
+    ``report`` as its words for an interrupted call."""
     d.mkdir(parents=True, exist_ok=True)
     agent = FAKES / "fakeagent.py"
     more = "".join(f', "{x}"' for x in extra)
@@ -62,6 +69,8 @@ def write_recipe(d: Path, defect: str, extra: Sequence[str] = (), **fields: str)
     body.update(fields)
     text = "".join(f"{k} = {v}\n" for k, v in body.items() if v)
     text += '[tool]\nname = "bash"\nargument = "command"\n'
+    if report is not None:
+        text += f"[report]\ntext = {json.dumps(report)}\n"
     (d / "recipe.toml").write_text(text)
     return d / "recipe.toml"
 

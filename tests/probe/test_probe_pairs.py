@@ -66,9 +66,11 @@ def test_the_probe_says_how_many_planned_pairs_ran(tmp_path: Path) -> None:
     assert cells[("started", 3)] == "-"  # the final answer has no command
     assert "planned pairs probed</h2><table>" in (p.out / "report.html").read_text()
 
+    # a probe of some kinds of point only covers those: the other pairs count, unprobed
     exhaustive = probe(tmp_path / "e", "--harness", fake("rerun"), "--scenario", "exhaustive",
                        "--steps", "1", "--at", "request")  # fmt: skip
-    assert exhaustive.summary["pairs"] == "2/2", exhaustive.stdout
+    assert exhaustive.summary["pairs"] == "2/7", exhaustive.stdout
+    assert exhaustive.summary["grade"] == "partial:exactly-once", exhaustive.stdout
 
 
 def test_a_malformed_pair_in_probe_json_is_refused(tmp_path: Path) -> None:

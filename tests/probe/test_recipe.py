@@ -24,6 +24,7 @@ argument = "command"
 def _write(tmp_path: Path, text: str) -> Path:
     p = tmp_path / "recipe.toml"
     p.write_text(text)
+    (tmp_path / "a.py").touch()  # the program GOOD names beside it
     return p
 
 
