@@ -111,7 +111,7 @@ class ModelServer:
         self.hit_at: float | None = None
         self._release = threading.Event()
         self._lock = threading.Lock()
-        self._t0 = time.monotonic()
+        self.t0 = time.monotonic()
         server = self
 
         class ServedHandler(_ModelHandler):
@@ -163,7 +163,7 @@ class ModelServer:
     def record(self, entry: dict[str, Any]) -> None:
         with self._lock:
             entry["n"] = len(self.requests)
-            entry["t_ms"] = round((time.monotonic() - self._t0) * 1000, 1)
+            entry["t_ms"] = round((time.monotonic() - self.t0) * 1000, 1)
             self.requests.append(entry)
 
     def wait_release(self) -> None:

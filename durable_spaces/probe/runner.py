@@ -106,6 +106,14 @@ class _Run:
         s = self.spec
         if s.fault not in KILL_FAULTS:
             return  # the server did it (an error, a cut, a late answer)
+        if p.state and self.disk is not None:  # held inside the harness's state write
+            disk = self.disk
+            if s.fault == "power":
+                procs.kill(s.fault, a, between=lambda: setattr(self, "cut", disk.cut()))
+            else:
+                procs.kill(s.fault, a, between=disk.release)
+            server.release()
+            return
         if p.where == "exited" and self.gate is not None:
             pid = self.gate.pid()
             procs.stop_all_but(s.fault, a, pid or -1)
@@ -179,9 +187,11 @@ class _Run:
                          task.nonce_of(s.seed) + s.run_id, s.use_cgroup)  # fmt: skip
         attempts: list[HarnessProcess] = []
         try:
-            if s.fault == "power":
+            if s.fault == "power" or s.state:
                 self.disk = StateDisk(state, s.work / "state-disk", s.seed)
-            if s.point is not None and s.point.where in COMMAND_WHERE:
+            if s.point is not None and s.point.state and self.disk is not None:
+                self.disk.arm(s.point, gates / "state.trap", self.reached)
+            elif s.point is not None and s.point.where in COMMAND_WHERE:
                 self.gate = Gate(gates, s.point, self.reached)
             elif s.point is not None:
                 server.arm(s.point, s.fault, self.reached)
@@ -212,9 +222,13 @@ class _Run:
                     break
             if self.gate is not None and self.landed_at is None:
                 self.gate.open("never")  # not reached: the FIFO goes
+            if self.disk is not None and self.landed_at is None:
+                self.disk.disarm()
             if self.escaped is not None:
                 _poll_exit(procs, self.escaped, r.timeout_s)
             asked = len(server.requests)
+            if s.state and s.point is None and self.disk is not None:
+                rec.state_ops = state_ops(self.disk.ops(), server)
             results = checker.check(steps, workdir, server.requests, ok, r.report,
                                     s.baseline, swaps)  # fmt: skip
             if s.trial and ok and cannot is None and len(attempts) == 1:
@@ -227,6 +241,9 @@ class _Run:
         for info, a in zip(rec.attempts, attempts, strict=True):
             info["last_line"] = a.last_line()
         rec.landed = self.landed_at is not None
+        if self.disk is not None and self.disk.hit is not None:
+            hit = self.disk.hit
+            rec.state_hit = {"op": hit["op"], "n": hit["n"], "path": hit["path"], "step": 0}
         requests = server.requests[:asked]
         rec.requests = len(requests)
         rec.harness_ms = sum(a.duration_s for a in attempts) * 1000
@@ -239,6 +256,7 @@ class _Run:
         rec.results = results
         if s.point is None:
             rec.reached = [str(p) for p in reached_points(steps, requests, rec.results)]
+            rec.reached += [f"{op['op']}@{op['n']}" for op in rec.state_ops]
             rec.baseline = checker.baseline_of(steps, requests, swaps)
         else:
             rec.baseline = dict(s.baseline or {})
@@ -259,6 +277,22 @@ class _Run:
         rec.attempts.append({**info, "command": "resume (trial)"})
         attempts.append(a)
         return None
+
+
+def state_ops(ops: list[tuple[str, int, str, float]],
+              server: ModelServer) -> list[dict[str, Any]]:  # fmt: skip
+    """The uninterrupted run's state operations, each with the step under way when it was
+    made (the step of the last request the model had received by then; 0 before any)."""
+    times = [(server.t0 + q["t_ms"] / 1000, q.get("step")) for q in server.requests]
+    out = []
+    for kind, n, path, t in ops:
+        step = 0
+        for at, k in times:
+            if at > t:
+                break
+            step = k if isinstance(k, int) else step
+        out.append({"op": kind, "n": n, "path": path[:4096], "step": step})
+    return out
 
 
 def _stuck_reason(attempts: list[dict[str, Any]], requests: int) -> str:

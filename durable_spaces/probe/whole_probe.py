@@ -89,7 +89,7 @@ class ProbeSpec:
     @property
     def state_points(self) -> bool:
         """The probe kills inside the harness's state writes (its state on powerfs)."""
-        return any(w in STATE_WHERE for w in self.at)
+        return any(w in STATE_WHERE for w in expand_at(self.at))
 
     def check(self) -> None:
         if self.scenario not in plan.SCENARIOS:
@@ -221,13 +221,13 @@ def run_probe(ps: ProbeSpec, stdout: IO[str] | None = None,
     reached = [GatePoint.parse(p) for p in first.reached]
     universe = plan.applicable(reached, ps.fault, BLACK_BOX)
     if ps.state_points:
-        universe += plan.applicable(reached, ps.fault, ps.at)
+        universe += plan.applicable(reached, ps.fault, expand_at(ps.at))
         universe = sorted(set(universe))
     why_not = unjudged(first)
     if why_not is not None:
         emit(w, f"UNJUDGED r0: {why_not}")
         return _finish(ps, w, [first], universe, started, 3, why_not, judged=False)
-    points = plan.applicable(reached, ps.fault, ps.at or BLACK_BOX)
+    points = plan.applicable(reached, ps.fault, expand_at(ps.at) or BLACK_BOX)
     planned = plan.draw(points, ps.scenario, ps.runs, ps.seed_base)
     records = [first]
 
