@@ -59,7 +59,11 @@ def test_success_recorded_before_running_is_unverified(tmp_path: Path, fault: st
     # word is no evidence, the model asked again and that call ran (one effect)
     started = by_point["started@1"]
     assert (started.cls, started.shown, started.effects, started.asks) == (
-        "unverified", "unverified", 1, 2)
+        "unverified",
+        "unverified",
+        1,
+        2,
+    )
 
 
 @pytest.mark.parametrize("fault", FAULTS)

@@ -19,9 +19,16 @@ import sys
 import urllib.request
 from pathlib import Path
 
-TOOLS = [{"type": "function", "function": {
-    "name": "bash", "description": "shell",
-    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "shell",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+        },
+    }
+]
 CUT = "the call was cut off before it returned"
 
 
@@ -42,10 +49,13 @@ def durable_write(path: Path, text: str) -> None:
 def ask(url: str, messages: list[dict]) -> dict:
     """One streamed answer, put together; an answer cut short raises."""
     req = urllib.request.Request(
-        url + "/chat/completions", method="POST",
-        data=json.dumps({"model": "m", "messages": messages, "tools": TOOLS,
-                         "stream": True}).encode(),
-        headers={"content-type": "application/json"})
+        url + "/chat/completions",
+        method="POST",
+        data=json.dumps(
+            {"model": "m", "messages": messages, "tools": TOOLS, "stream": True}
+        ).encode(),
+        headers={"content-type": "application/json"},
+    )
     text, calls, done = "", {}, False
     with urllib.request.urlopen(req, timeout=60) as r:
         for raw in r:
@@ -58,8 +68,10 @@ def ask(url: str, messages: list[dict]) -> dict:
                 d = ch.get("delta") or {}
                 text += d.get("content") or ""
                 for tc in d.get("tool_calls") or ():
-                    c = calls.setdefault(tc["index"], {"id": "", "type": "function",
-                                                       "function": {"name": "", "arguments": ""}})
+                    c = calls.setdefault(
+                        tc["index"],
+                        {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+                    )
                     c["id"] = tc.get("id") or c["id"]
                     fn = tc.get("function") or {}
                     c["function"]["name"] += fn.get("name") or ""
@@ -81,8 +93,11 @@ def main() -> int:
     a = ap.parse_args()
     transcript = a.state / "transcript.json"
     began_file = a.state / "began.txt"
-    messages = json.loads(transcript.read_text()) if transcript.exists() else [
-        {"role": "user", "content": a.prompt}]
+    messages = (
+        json.loads(transcript.read_text())
+        if transcript.exists()
+        else [{"role": "user", "content": a.prompt}]
+    )
     began = set(began_file.read_text().split()) if began_file.exists() else set()
     last = messages[-1]
     pending = last.get("tool_calls") or [] if last["role"] == "assistant" else []
