@@ -13,9 +13,17 @@ import pytest
 from typer.testing import CliRunner
 
 from durable_spaces import cli
+from durable_spaces.probe.faults import machine_unavailable
 from durable_spaces.probe.record import ProbeRecord
 
 FAKES = Path(__file__).parent / "fakes"
+#: The kill faults as test parameters: machine needs a cgroup v2, power FUSE.
+KILL_FAULTS = [
+    "process",
+    pytest.param("machine", marks=pytest.mark.skipif(
+        machine_unavailable() is not None, reason=str(machine_unavailable()))),
+    pytest.param("power", marks=pytest.mark.fuse),
+]  # fmt: skip
 
 
 @dataclass

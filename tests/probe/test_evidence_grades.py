@@ -10,18 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from durable_spaces.probe.faults import machine_unavailable
-from tests.probe.helpers import fake, probe
-
-FAULTS = [
-    "process",
-    pytest.param("machine", marks=pytest.mark.skipif(
-        machine_unavailable() is not None, reason=str(machine_unavailable()))),
-    pytest.param("power", marks=pytest.mark.fuse),
-]  # fmt: skip
+from tests.probe.helpers import KILL_FAULTS, fake, probe
 
 
-@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("fault", KILL_FAULTS)
 def test_a_made_up_success_is_never_believed(tmp_path: Path, fault: str) -> None:
     p = probe(tmp_path / "o", "--harness", fake("madeup"), "--scenario", "exhaustive",
               "--steps", "1", "--fault", fault, "--at", "started,effect,exited",
@@ -34,7 +26,7 @@ def test_a_made_up_success_is_never_believed(tmp_path: Path, fault: str) -> None
     assert (shown["effect@1"].shown, shown["effect@1"].cls) == ("unverified", "unverified")
 
 
-@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("fault", KILL_FAULTS)
 def test_json_results_whose_error_is_null_are_no_reports(tmp_path: Path, fault: str) -> None:
     p = probe(tmp_path / "o", "--harness", fake("jsonnull"), "--scenario", "exhaustive",
               "--steps", "2", "--fault", fault, "--at", "request,effect")  # fmt: skip
@@ -50,7 +42,7 @@ def test_json_results_whose_error_is_null_are_no_reports(tmp_path: Path, fault: 
     assert effect.results[0].cls == "reported"  # {"status": "interrupted", ...}, declared
 
 
-@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("fault", KILL_FAULTS)
 def test_an_honest_report_in_other_words(tmp_path: Path, fault: str) -> None:
     args = ("--scenario", "exhaustive", "--steps", "1", "--fault", fault, "--at", "effect")
     declared = probe(tmp_path / "d", "--harness", fake("words"), *args)

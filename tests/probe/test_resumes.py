@@ -11,18 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from durable_spaces.probe.faults import machine_unavailable
-from tests.probe.helpers import fake, probe
-
-FAULTS = [
-    "process",
-    pytest.param("machine", marks=pytest.mark.skipif(
-        machine_unavailable() is not None, reason=str(machine_unavailable()))),
-    pytest.param("power", marks=pytest.mark.fuse),
-]  # fmt: skip
+from tests.probe.helpers import KILL_FAULTS, fake, probe
 
 
-@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("fault", KILL_FAULTS)
 def test_a_fresh_conversation_summarising_the_calls(tmp_path: Path, fault: str) -> None:
     p = probe(tmp_path / "o", "--harness", fake("fresh"), "--scenario", "exhaustive",
               "--steps", "2", "--fault", fault,
@@ -38,7 +30,7 @@ def test_a_fresh_conversation_summarising_the_calls(tmp_path: Path, fault: str) 
     )
 
 
-@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("fault", KILL_FAULTS)
 def test_output_only_in_a_request_never_answered(tmp_path: Path, fault: str) -> None:
     p = probe(tmp_path / "o", "--harness", fake("lazy"), "--scenario", "exhaustive",
               "--steps", "1", "--fault", fault, "--at", "request,stream")  # fmt: skip
@@ -52,7 +44,7 @@ def test_output_only_in_a_request_never_answered(tmp_path: Path, fault: str) -> 
     assert p.summary["grade"] == "partial:at-most-once-reported", p.stdout
 
 
-@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("fault", KILL_FAULTS)
 def test_a_harness_that_asks_again_after_a_crash(tmp_path: Path, fault: str) -> None:
     args = ("--harness", fake("reask"), "--scenario", "exhaustive", "--steps", "1",
             "--fault", fault, "--at", "effect")  # fmt: skip
