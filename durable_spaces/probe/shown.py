@@ -149,7 +149,7 @@ def view(
         elif baseline is None:
             v.output = v.output or tool_result
         else:
-            base = baseline.get(k)
+            base = baseline.get(k) or ""
             v.output = v.output or (bool(base) and base in normalize(text, swaps))
         if report is not None and report.search(text):
             v.reported = True
