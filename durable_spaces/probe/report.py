@@ -123,7 +123,10 @@ def state_table(records: Sequence[ProbeRecord]) -> list[list[str]]:
         grade = grade_of(c for r in runs for c in r.classes)
         o = made.get((p.where, p.step))
         first = f"{o['path']} (step {o['step']})" if o else "-"
-        held = ", ".join(sorted({r.state_hit["path"] for r in runs if r.state_hit}))
+        paths = sorted({r.state_hit["path"] for r in runs if r.state_hit})
+        held = (
+            paths[0] + (f" (and {len(paths) - 1} more)" if len(paths) > 1 else "") if paths else ""
+        )
         classes = "; ".join(" ".join(f"{x.cls}@{x.step}" for x in r.results) or r.outcome
                             for r in runs)  # fmt: skip
         rows.append((-GRADES.index(grade) if grade in GRADES else 1, p, [
