@@ -122,7 +122,7 @@ ci_run() {
 
 ci_probe_cmd=${CI_PROBE_CMD:-durable-spaces probe}
 # The grades in order, best first (durable_spaces/probe/grade.py).
-ci_grades="exactly-once at-most-once-reported at-least-once unsafe"
+ci_grades="exactly-once at-most-once-reported at-least-once unverified unsafe"
 
 # ci_check_probe FILE RC GRADE: the probe's SUMMARY (its last line) says it ran, its
 # kills landed, the lab broke nothing, and the grade is GRADE (or, for "X-or-better", X
@@ -156,6 +156,10 @@ ci_check_probe() {
   fi
   [ "$rc" -eq 0 ] || { echo "exited $rc"; return 1; }
   local got=${f[grade]:-} best=${want%-or-better}
+  if [[ $got == partial:* ]]; then  # an exhaustive probe that missed pairs (pairs=x/y)
+    echo "grade $got: the probe covered only ${f[pairs]:-some} kill point x step pairs"
+    return 1
+  fi
   if [[ " $ci_grades " != *" $got "* ]]; then
     echo "grade ${got:-missing} is not a grade"
     return 1

@@ -204,6 +204,12 @@ class PowerFS:
         ms = seconds(fsync_ms, "fsync latency ms", MAX_LATENCY_MS)
         return DiskState.of(_call(self.state_dir, {"cmd": "latency", "ms": ms}))
 
+    def trap(self, **msg: Any) -> dict[str, Any]:
+        """The crash points inside the writes (``trap.py``): ``arm=[kind, n]`` with
+        ``notify=<fifo>``, ``release="go"|"fail"``, ``trace=True``; returns the counts, the
+        operation held now, and the trace when asked."""
+        return _call(self.state_dir, {"cmd": "trap", **msg})
+
     def disk(self) -> DiskState:
         return DiskState.of(_call(self.state_dir, {"cmd": "disk"}))
 

@@ -115,6 +115,11 @@ class _Control:
                 os._exit(0)
             elif cmd in _DISK:
                 self.send(_disk(ops.disk, msg))
+            elif cmd == "trap":  # no mutation lock: a held operation waits outside it
+                try:
+                    self.send(ops.trap.command(msg))
+                except ConfigError as e:
+                    self.send({"error": str(e)})
             elif cmd == "sync":
                 sync_all(ops)
                 self.send({"ok": True})

@@ -13,7 +13,10 @@ Protocol: one connection per request, one JSON object per line each way. Request
 ``{"cmd": "stall", "seconds": s}``, ``{"cmd": "resume", "keep_stuck": bool}``,
 ``{"cmd": "fail", "pids": [...]}``, ``{"cmd": "latency", "ms": ms}`` (kept across cuts:
 set again on every boot),
-``{"cmd": "disk"}``. A reply with an ``"error"`` key is a failure.
+``{"cmd": "disk"}``, and the crash points inside the writes (``trap.py``):
+``{"cmd": "trap", "arm": [kind, n], "notify": fifo}``, ``{"cmd": "trap", "release": "go"}``
+(or ``"fail"``), ``{"cmd": "trap", "trace": true}``. A reply with an ``"error"`` key is a
+failure.
 """
 
 from __future__ import annotations
@@ -236,7 +239,7 @@ class PowerfsSupervisor:
             return self.stats(), False
         if cmd == "cut":
             return self.cut(msg.get("tear")), False
-        if cmd in ("stall", "resume", "fail", "latency", "disk"):
+        if cmd in ("stall", "resume", "fail", "latency", "disk", "trap"):
             return self.disk(msg), False
         if cmd == "unmount":
             self.unmount(bool(msg.get("sync", True)))

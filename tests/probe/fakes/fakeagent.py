@@ -210,10 +210,11 @@ def main() -> int:
             journal.add({"message": msg})
         kw = {"model": "fake", "messages": messages, "tools": offered}
         if a.stream:
-            content, calls = "", {}
+            content, calls, finished = "", {}, False
             for chunk in client.chat.completions.create(stream=True, **kw):
                 if not chunk.choices:
                     continue
+                finished = finished or chunk.choices[0].finish_reason is not None
                 d = chunk.choices[0].delta
                 content += d.content or ""
                 for tc in d.tool_calls or []:
@@ -225,6 +226,8 @@ def main() -> int:
                     if tc.function:
                         c["function"]["name"] += tc.function.name or ""
                         c["function"]["arguments"] += tc.function.arguments or ""
+            if not finished:  # the stream was cut: no answer, whatever came of it
+                raise SystemExit("fakeagent: the model's answer was cut off")
             tool_calls = [calls[i] for i in sorted(calls)]
         else:
             r = client.chat.completions.create(**kw)
