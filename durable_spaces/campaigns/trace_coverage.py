@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from durable_spaces.chaos.points import REGISTRY
+from durable_spaces.chaos.schedule import MAX_TRACE_BYTES
+from durable_spaces.host.bounded import read_text
 
 __all__ = [
     "MAX_CALLS",
@@ -48,7 +50,7 @@ class TraceHit:
 def read_hits(path: Path, limit: int = 100_000) -> list[TraceHit]:
     """The whole lines of a trace (a torn last line and malformed ones are skipped)."""
     try:
-        text = path.read_text(errors="replace")
+        text = read_text(path, max_bytes=MAX_TRACE_BYTES, errors="replace")
     except (FileNotFoundError, IsADirectoryError):
         return []
     hits: list[TraceHit] = []

@@ -26,12 +26,11 @@ from durable_spaces.campaigns.scenarios import known_scenarios
 from durable_spaces.campaigns.spec import BACKENDS
 from durable_spaces.cli.app import app, fail, usable_dir
 from durable_spaces.errors import ConfigError, DurableSpacesError
+from durable_spaces.host.bounded import load_json
 
 SESSION_MODULE = "durable_spaces.campaigns.run"
 #: A week: a run that needs longer is wedged (the default is 900 s).
 MAX_RUN_TIMEOUT_S = 7 * 24 * 3600.0
-#: Schedules are a few KB; a bigger (or endless, /dev/zero) file is not one.
-MAX_SCHEDULE_BYTES = 16 << 20
 
 
 def _run_timeout(value: float) -> float:
@@ -205,10 +204,10 @@ def campaign(
 
 def _record_kind(path: Path) -> str | None:
     """The ``kind`` a run record names (a probe's says ``probe``; a campaign's none)."""
-    try:
-        if path.stat().st_size > MAX_SCHEDULE_BYTES:
-            return None
-        data = json.loads(path.read_text())
+    from durable_spaces.campaigns.record import MAX_RECORD_BYTES
+
+    try:  # a file that is not a record is left to the campaign's reader to name
+        data = load_json(path, max_bytes=MAX_RECORD_BYTES)
     except (OSError, ValueError):
         return None
     return data.get("kind") if isinstance(data, dict) else None
@@ -265,9 +264,7 @@ def repro(
         raise fail(str(e)) from None
     sched = None
     if schedule is not None:
-        if not schedule.is_file() or schedule.stat().st_size > MAX_SCHEDULE_BYTES:
-            raise fail(f"--schedule {schedule} is not a schedule file (a JSON file)")
-        try:
+        try:  # a FIFO, a device, /dev/zero or a directory is refused, never read
             sched = Schedule.load(schedule)
             check_seed("the schedule's seed", sched.seed)
         except (ConfigError, OSError, ValueError, KeyError, TypeError, AttributeError) as e:

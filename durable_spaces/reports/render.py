@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,9 @@ from typing import Any
 
 import pandas as pd
 
-from durable_spaces.campaigns.record import RecordScan, scan_records
+from durable_spaces.campaigns.record import MAX_RECORD_BYTES, RecordScan, scan_records
+from durable_spaces.errors import BadFileError
+from durable_spaces.host.bounded import load_json
 from durable_spaces.reports import failed_runs
 from durable_spaces.reports.coverage import (
     campaign_coverage,
@@ -58,12 +59,14 @@ def code_span(text: object) -> str:
 
 def _meta(path: Path) -> tuple[dict[str, Any], str | None]:
     """``campaign.json`` if it is a JSON object, else nothing and why."""
-    if not path.is_file() or path.is_symlink():
-        return {}, None if not path.exists() else "not a regular file"
+    if not path.exists() and not path.is_symlink():
+        return {}, None
     try:
-        meta = json.loads(path.read_bytes()[: 16 << 20])
-    except ValueError as e:
-        return {}, f"not JSON ({e})"
+        meta = load_json(path, max_bytes=MAX_RECORD_BYTES, follow=False)
+    except BadFileError as e:
+        return {}, str(e).removeprefix(f"{path}: ").removeprefix(f"{path} ")
+    except OSError as e:
+        return {}, f"cannot be read: {e.strerror or e}"
     if not isinstance(meta, dict):
         return {}, "not a JSON object"
     return meta, None

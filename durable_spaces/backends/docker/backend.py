@@ -59,6 +59,7 @@ from durable_spaces.errors import (
     SpaceGoneError,
     SpaceUnavailableError,
 )
+from durable_spaces.host.bounded import MAX_VALUE_BYTES, read_text
 from durable_spaces.host.ports import free_port
 from durable_spaces.settings import Settings
 
@@ -202,7 +203,7 @@ class DockerBackend:
 
     def _read_token(self, name: str) -> str:
         try:
-            return self._token_path(name).read_text().strip()
+            return read_text(self._token_path(name), max_bytes=MAX_VALUE_BYTES).strip()
         except FileNotFoundError as e:
             raise SpaceUnavailableError(
                 f"Space {name!r}: its token file is gone from {self.state_dir}"
@@ -210,7 +211,7 @@ class DockerBackend:
 
     def _stored_port(self, name: str) -> int | None:
         try:
-            return int((self._home(name) / "port").read_text())
+            return int(read_text(self._home(name) / "port", max_bytes=MAX_VALUE_BYTES))
         except (FileNotFoundError, ValueError):
             return None
 

@@ -6,7 +6,6 @@ sweeps the processes the daemon does not track."""
 from __future__ import annotations
 
 import asyncio
-import json
 import posixpath
 from typing import Any
 
@@ -16,6 +15,7 @@ from durable_spaces.backends.spacesd.host_scan import HostScan, HostScannedSpace
 from durable_spaces.backends.spacesd.procs import sweep_untracked
 from durable_spaces.backends.spacesd.spacesd_space import SweepWhen
 from durable_spaces.host.boot import read_host_boot_id
+from durable_spaces.host.bounded import parse_json
 
 
 class _Probe:
@@ -84,6 +84,7 @@ class NamespacedSpace(HostScannedSpace):
         return "always" if self.daemon_pid > 0 else "never"
 
     async def _sweep_strays(self) -> None:
-        procs = json.loads(await self._call("list_processes", False) or "[]")
+        answer = await self._call("list_processes", False)
+        procs = parse_json(answer or "[]", where="the daemon's process list")
         tracked = {int(p["pid"]) for p in procs if p.get("state") == "PROCESS_STATE_RUNNING"}
         await asyncio.to_thread(sweep_untracked, self.daemon_pid, tracked)
