@@ -26,7 +26,7 @@ from durable_spaces.campaigns.scenarios import known_scenarios
 from durable_spaces.campaigns.spec import BACKENDS
 from durable_spaces.cli.app import app, fail, usable_dir
 from durable_spaces.errors import ConfigError, DurableSpacesError
-from durable_spaces.host.bounded import load_json
+from durable_spaces.host.bounded import load_json, load_object
 
 SESSION_MODULE = "durable_spaces.campaigns.run"
 #: A week: a run that needs longer is wedged (the default is 900 s).
@@ -169,12 +169,13 @@ def campaign(
         except ConfigError as e:
             raise fail(str(e)) from None
         raise typer.Exit(d.exit_code)
-    schedules = None
+    schedules = plan = None
     if spec.scenario == "exhaustive":
         make = getattr(session, "exhaustive_schedules", None)
         if make is None:
             raise fail(f"{SESSION_MODULE} has no exhaustive_schedules(spec, work_dir)")
         schedules = make(spec, out / "trace")
+        plan = _plan(out / "trace")
     executor = None
     if db is not None:
         from durable_spaces.campaigns.cluster.campaign_queue import QueuedRuns, campaign_name
@@ -189,7 +190,7 @@ def campaign(
         result = run_campaign(
             spec, f"{SESSION_MODULE}:run_one", out_dir=out, schedules=schedules,
             run_timeout_s=run_timeout, shrink_failures=shrink, progress=progress,
-            retries=retries, executor=executor,
+            retries=retries, executor=executor, plan=plan,
         )  # fmt: skip
     finally:
         if executor is not None:
@@ -200,6 +201,17 @@ def campaign(
         rep = render_report(out)
         typer.echo(f"report: {rep.markdown} {rep.html}", err=True)
     raise typer.Exit(result.exit_code)
+
+
+def _plan(work_dir: Path) -> dict[str, object] | None:
+    """What the exhaustive campaign's uninterrupted run passed (its session wrote it beside
+    the trace; a session that did not leaves the coverage line without it)."""
+    from durable_spaces.campaigns.scenarios.exhaustive import PLAN
+
+    try:
+        return load_object(work_dir / PLAN)
+    except FileNotFoundError:
+        return None
 
 
 def _record_kind(path: Path) -> str | None:
