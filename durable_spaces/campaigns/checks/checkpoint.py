@@ -149,7 +149,7 @@ def _read_host(path: str) -> tuple[bytes | None, str]:
 
 
 def _entries(data: bytes) -> dict[str, list[Any]]:
-    doc = parse_json(data.decode("ascii"), where="a manifest")
+    doc = parse_json(data.decode("ascii"), where="a manifest", max_depth=None)  # rows read flat
     if doc.get("format") != "durable-spaces.manifest" or doc.get("version") != 1:
         raise ValueError("not a version-1 manifest")
     return {str(row[0]): row for row in doc["entries"]}
