@@ -137,7 +137,7 @@ def decode(data: bytes) -> Manifest:
     """The manifest ``data`` holds, checked whole (``ManifestError`` says what is wrong)."""
     try:
         # As deep as the parser goes, no walk after: a restore reads every row anyway, and
-        # the rows' check below refuses anything nested in them (a walk tripled the time).
+        # the rows' check below refuses anything nested in them (a walk cost more than the parse).
         doc = parse_json(data.decode("ascii"), where="a manifest", max_depth=None)
     except (UnicodeDecodeError, ValueError) as e:
         raise ManifestError(f"not a manifest: {str(e)[:120]}") from None
