@@ -32,7 +32,14 @@ for backend in local spacesd; do
   run "stale-$backend" --scenario stale --backend "$backend" --runs 8 --calls 6 --seed-base ci-stale
   # Paused drivers taken over while they sleep, continued after; frozen Spaces.
   run "pause-$backend" --mode transactional --backend "$backend" --runs 8 --calls 6 --seed-base ci-pause --profile pause
-  run "exhaustive-$backend" --scenario exhaustive --backend "$backend" --calls 4 --seed-base ci-ex
+  # One kill at every hit of every failpoint an uninterrupted run passes (the log's commits
+  # and the harness's steps too): two calls, a command and a write (seed ci-ex31; its
+  # commands sleep 0.2 s, so a command is always seen running), about 60 runs each.
+  run "exhaustive-$backend" --scenario exhaustive --backend "$backend" --calls 2 --seed-base ci-ex31
+  if [ "$backend" = local ]; then
+    run "exhaustive-checkpoint-local" --scenario exhaustive --mode checkpoint --backend local \
+      --calls 2 --seed-base ci-ex31
+  fi
 done
 # The change journal in the Space (a microvm's, spacesd/guest_journal.pl) on the real
 # daemon, the host scan off: daemon kills, restarts and removals of the Space, and its

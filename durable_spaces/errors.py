@@ -154,6 +154,13 @@ class ReviewError(DurableSpacesError):
     or a checkpoint gone from both the store and its Space)."""
 
 
+class BadFileError(DurableSpacesError, ValueError):
+    """A file read from outside (named by a user, or by a record or state file) is not
+    what it must be: not a regular file (a FIFO, a device), too big, nested too deep, or
+    not the format asked for. One line naming the file; nothing was changed
+    (``durable_spaces/host/bounded.py``)."""
+
+
 class ConfigError(DurableSpacesError, ValueError):
     """A malformed environment or option; names the variable and what was wrong."""
 

@@ -37,6 +37,7 @@ from durable_spaces.harness.models import ScriptedModel
 from durable_spaces.harness.scheduler import AgentConfig, Harness
 from durable_spaces.harness.tools import CodingTools, Registry
 from durable_spaces.host import holders as host_holders
+from durable_spaces.host.bounded import load_object
 from durable_spaces.settings import Settings
 
 CONFIG_FILE = "agent.json"
@@ -64,7 +65,7 @@ class AgentConfigFile:
     def load(state_dir: Path) -> AgentConfigFile:
         path = state_dir / CONFIG_FILE
         try:
-            return AgentConfigFile(**json.loads(path.read_text()))
+            return AgentConfigFile(**load_object(path))
         except FileNotFoundError:
             raise ConfigError(f"{path} is missing") from None
         except OSError as e:

@@ -7,13 +7,13 @@ the adapter itself never does (the adapter takes Spaces it is given).
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from durable_spaces.adapter.checkpoints.snapshots import WorkspaceSnapshots
 from durable_spaces.adapter.review import diff_entries, render
 from durable_spaces.errors import ReviewError
+from durable_spaces.host.bounded import load_object
 
 if TYPE_CHECKING:
     from durable_spaces.harness.scheduler import Harness
@@ -97,8 +97,8 @@ async def _review_diff(
 def _agent_json(state_dir: Path) -> dict[str, str]:
     """backend, backend_dir and store_dir as the campaign's agent.json records them."""
     try:
-        saved = json.loads((state_dir / "agent.json").read_text())
-    except (OSError, ValueError):
+        saved = load_object(state_dir / "agent.json")
+    except (OSError, ValueError):  # BadFileError (a FIFO, too big, too deep) is one
         return {}
     if not isinstance(saved, dict):
         return {}

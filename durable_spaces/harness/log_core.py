@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from durable_spaces.errors import ConfigError, FenceHaltedError, StaleEpochError
+from durable_spaces.host.bounded import parse_json
 
 LogOp = dict[str, Any]
 
@@ -143,7 +144,7 @@ class EncodedOps(list[LogOp]):
 def encoded(ops: Sequence[LogOp]) -> EncodedOps:
     """``ops`` as plain JSON (tuples become lists, keys strings), with their text."""
     text = json.dumps(list(ops), separators=(",", ":"))
-    out = EncodedOps(json.loads(text))
+    out = EncodedOps(parse_json(text, where="a commit's ops", max_depth=None))
     out.text = text
     return out
 

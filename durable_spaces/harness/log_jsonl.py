@@ -31,6 +31,7 @@ from durable_spaces.harness.log_files import (
     private_dir,
     tighten,
 )
+from durable_spaces.host.bounded import parse_json
 
 #: The longest JSONL line (one commit) a log writes or reads.
 MAX_LINE_BYTES = 64 << 20
@@ -145,8 +146,8 @@ class JsonlStorage:
                 self._too_long(len(raw), lineno)
                 last = start == len(buf) and pos >= size
                 try:
-                    obj = json.loads(raw)
-                except ValueError as e:
+                    obj = parse_json(raw, where=f"line {lineno}", max_depth=None)
+                except ValueError as e:  # too deep for the parser, too
                     if last:
                         return f"line {lineno}: unparsable ({e})"
                     raise CorruptLogError(
@@ -198,7 +199,7 @@ class JsonlStorage:
         text = dumps_ops(ops)
         if len(text) > MAX_LINE_BYTES:  # characters <= bytes: surely over (exact check below)
             self._over_limit(len(text))
-        stored = json.loads(text)  # what a reopen will read (deep, tuples become lists)
+        stored = parse_json(text, where="ops", max_depth=None)  # what a reopen will read
         with self._mutex, self._flocked(fcntl.LOCK_EX) as fd:
             fence = self.fence
             if fence is not None:

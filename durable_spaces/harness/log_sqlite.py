@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import sqlite3
 import stat
@@ -36,6 +35,7 @@ from durable_spaces.harness.log_files import (
     tighten,
     unhold,
 )
+from durable_spaces.host.bounded import parse_json
 
 _SCHEMA_VERSION = 1
 _BUSY_TIMEOUT_S = 30.0
@@ -345,7 +345,7 @@ class SqliteStorage:
         if epoch is not None and type(epoch) is not int:
             raise CorruptLogError(f"{self.path}: commit {seq} has epoch {epoch!r}, not an integer")
         try:
-            ops = json.loads(text)  # type: ignore[arg-type]
+            ops = parse_json(text, where=f"commit {seq}", max_depth=None)  # type: ignore[arg-type]
         except (TypeError, ValueError) as e:
             raise CorruptLogError(f"{self.path}: commit {seq} is not valid JSON: {e}") from e
         if not isinstance(ops, list) or not all(isinstance(o, dict) for o in ops):

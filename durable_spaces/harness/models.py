@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from durable_spaces.host.bounded import parse_json
+
 if TYPE_CHECKING:
     from durable_spaces.harness.state import Entry
     from durable_spaces.harness.tools import Tool
@@ -53,6 +55,8 @@ class Model(Protocol):
 
 _BASH = re.compile(r"^(?:sleep [0-9.]+ && )?printf '%s\\n' '([^'\n]*)' >> ([A-Za-z0-9_.-]+)$")
 JOURNAL = "journal.txt"
+#: Where a model's tool call arguments come from, for the error when they are not JSON.
+ARGS = "a tool call's arguments from the model"
 #: Starts a heartbeat "server" outside the workspace and prints its pid.
 SERVER_COMMAND = (
     "sh -c 'echo $$ > /tmp/ds-server.pid; "
@@ -236,7 +240,7 @@ class OpenAIModel:
         resp = await self.client.chat.completions.create(model=self.model, messages=chat, **kwargs)
         msg = resp.choices[0].message
         calls = [
-            ToolCall(tc.id, tc.function.name, json.loads(tc.function.arguments or "{}"))
+            ToolCall(tc.id, tc.function.name, parse_json(tc.function.arguments or "{}", where=ARGS))
             for tc in (msg.tool_calls or [])
             if tc.type == "function"
         ]

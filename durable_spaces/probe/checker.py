@@ -39,12 +39,15 @@ model never saw is ``unfinished`` and not counted: the run's ``stuck`` says it.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from durable_spaces.errors import BadFileError
+from durable_spaces.host.bounded import open_file
 from durable_spaces.probe.shown import StepView, calls_in, content_text, normalize, view
 from durable_spaces.probe.task import LOG, NOTES, Step
 
@@ -82,10 +85,10 @@ class StepResult:
 
 
 def _read(path: Path) -> str:
-    try:
-        with path.open("rb") as f:
+    try:  # the harness's own file: a FIFO or a device there is no text, never waited on
+        with os.fdopen(open_file(path), "rb") as f:
             return f.read(MAX_READ).decode("utf-8", "replace")
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+    except (FileNotFoundError, NotADirectoryError, BadFileError):
         return ""
 
 

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from durable_spaces.host.bounded import MAX_VALUE_BYTES, read_text
+
 __all__ = ["BLACK_BOX", "COMMAND_WHERE", "MODEL_WHERE", "STATE_WHERE", "Gate", "GatePoint"]
 
 #: Points held by the model server, and by a step's command.
@@ -91,8 +93,8 @@ class Gate:
     def pid(self) -> int | None:
         """The held command's shell (it wrote ``$$`` before it opened the gate)."""
         try:
-            text = self.pid_path.read_text().strip()
-        except OSError:
+            text = read_text(self.pid_path, max_bytes=MAX_VALUE_BYTES).strip()
+        except (OSError, ValueError):  # a FIFO, a device, a huge file: no pid
             return None
         return int(text) if text.isdigit() and len(text) < 10 else None
 

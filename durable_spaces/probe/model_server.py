@@ -35,6 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from durable_spaces.host.bounded import parse_json
 from durable_spaces.probe.gates import GatePoint
 from durable_spaces.probe.recipe import Recipe
 from durable_spaces.probe.shown import view
@@ -274,7 +275,7 @@ class _ModelHandler(BaseHTTPRequestHandler):
             self._error(404, "the probe's model answers only /v1/chat/completions")
             return
         try:
-            body = json.loads(raw)
+            body = parse_json(raw, where="a request")
         except ValueError:
             body = None
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):

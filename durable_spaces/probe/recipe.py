@@ -14,13 +14,13 @@ import os
 import re
 import shutil
 import sys
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from durable_spaces.errors import ConfigError
+from durable_spaces.errors import BadFileError, ConfigError
+from durable_spaces.host.bounded import load_toml
 
 __all__ = [
     "PLACEHOLDERS", "FileTool", "Recipe", "ShellTool", "builtin_dir", "load", "program_error",
@@ -245,16 +245,12 @@ def load(name_or_path: str) -> Recipe:
     """The recipe a ``--harness`` names: a built-in name, a recipe.toml, or its directory.
     ``ConfigError`` (one line, naming the file) for anything that is not a good recipe."""
     path = _where(name_or_path).absolute()
-    try:
-        if path.stat().st_size > MAX_RECIPE_BYTES:
-            raise ConfigError(f"recipe {path}: larger than {MAX_RECIPE_BYTES} bytes")
-        raw = path.read_bytes()
+    try:  # a FIFO, a device, a huge file or a TOML nested too deep: refused, one line
+        data = load_toml(path, max_bytes=MAX_RECIPE_BYTES)
+    except BadFileError as e:
+        raise ConfigError(f"recipe {e}") from None
     except OSError as e:
         raise ConfigError(f"recipe {path} cannot be read: {e.strerror or e}") from None
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(f"recipe {path} is not TOML: {e}") from None
     try:
         return parse(data, path)
     except ConfigError as e:

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from durable_spaces.errors import RecordError
+from durable_spaces.errors import BadFileError, RecordError
+from durable_spaces.host.bounded import load_json
 from durable_spaces.probe.checker import CLASSES, StepResult
 from durable_spaces.probe.faults import KILL_FAULTS, MODEL_FAULTS
 from durable_spaces.probe.gates import GatePoint
@@ -164,11 +165,11 @@ class ProbeRecord:
     @staticmethod
     def load(path: Path) -> ProbeRecord:
         try:
-            if path.stat().st_size > MAX_RECORD_BYTES:
-                raise RecordError(f"{path}: larger than a run record")
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise RecordError(f"{path} cannot be read as JSON: {e}") from None
+            data = load_json(path, max_bytes=MAX_RECORD_BYTES)
+        except BadFileError as e:
+            raise RecordError(str(e)) from None
+        except OSError as e:
+            raise RecordError(f"{path} cannot be read: {e.strerror or e}") from None
         return ProbeRecord.from_json(data)
 
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import glob
 import html
-import json
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from durable_spaces.errors import RecordError
+from durable_spaces.host.bounded import load_json
 from durable_spaces.probe.checker import CLASSES
 from durable_spaces.probe.gates import COMMAND_WHERE, MODEL_WHERE, GatePoint
 from durable_spaces.probe.grade import GRADES, grade_of
@@ -41,11 +41,9 @@ COLUMNS = (*CLASSES, "stuck")
 def _meta(out: Path) -> dict[str, Any]:
     path = out / "probe.json"
     try:
-        if path.stat().st_size > MAX_RECORD_BYTES:
-            raise RecordError(f"{path} is too large")
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise RecordError(f"{out} is not a probe directory ({path}: {e})") from None
+        meta = load_json(path, max_bytes=MAX_RECORD_BYTES)
+    except (OSError, ValueError) as e:  # BadFileError included: a FIFO, too big, too deep
+        raise RecordError(f"{out} is not a probe directory ({e})") from None
     if not isinstance(meta, dict) or meta.get("kind") != "probe-summary":
         raise RecordError(f"{path} is not a probe summary")
     return meta

@@ -49,7 +49,7 @@ def test_a_recipe_and_its_placeholders(tmp_path: Path) -> None:
         (GOOD.split("[tool]")[0], "[tool] is missing"),
         ("colour = 1\n" + GOOD, "unknown keys: colour (known:"),
         (GOOD.replace('name = "x"', 'name = "x y"'), "name 'x y'"),
-        ("launch = [", "is not TOML"),
+        ("launch = [", ": not TOML"),
         ("timeout_s = -1\n" + GOOD, "timeout_s must be"),
         (GOOD + "shell = 1\n", "[tool] has unknown keys: shell"),
         (GOOD + '[report]\npattern = "x*"\n', "matches an empty text"),

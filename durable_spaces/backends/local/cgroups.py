@@ -47,6 +47,7 @@ from pathlib import Path
 from durable_spaces.backends.local import confine
 from durable_spaces.errors import SpaceUnavailableError
 from durable_spaces.host import cgroup as host_cgroup
+from durable_spaces.host.bounded import MAX_VALUE_BYTES, read_text
 
 __all__ = ["RECORD", "SpaceCgroups", "parent_for", "recorded_parent", "sweep"]
 
@@ -84,8 +85,8 @@ def _recorded(state_dir: Path) -> Path | None:
     """The parent a state dir records, if it is a path this code would have made: under
     a cgroup2 mount, each part a plain name, ending with this state dir's leaf."""
     try:
-        raw = (state_dir / RECORD).read_text()
-    except (OSError, UnicodeDecodeError):
+        raw = read_text(state_dir / RECORD, max_bytes=MAX_VALUE_BYTES)
+    except (OSError, ValueError):
         return None
     path = Path(raw.strip())
     if not path.is_absolute() or path.name != _leaf(state_dir):
@@ -389,8 +390,8 @@ def sweep(state_dir: Path, parent: Path | None) -> None:
     except OSError:
         return  # no telling which Spaces exist: nothing is removed
     for d in entries:
-        with contextlib.suppress(OSError, UnicodeDecodeError):
-            live.add((d / "instance").read_text().strip())
+        with contextlib.suppress(OSError, ValueError):
+            live.add(read_text(d / "instance", max_bytes=MAX_VALUE_BYTES).strip())
     for name in found:
         if name not in live and (parent / name).is_dir():
             with contextlib.suppress(SpaceUnavailableError):  # the next start tries again

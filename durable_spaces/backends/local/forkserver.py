@@ -193,10 +193,11 @@ def _retire(space_dir: str) -> bool:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return False
-    try:
-        with open(os.path.join(space_dir, META), "rb") as f:
-            mine = json.loads(f.read()).get("pid") == os.getpid()
-    except (OSError, ValueError):
+    try:  # bounded as host/bounded.py reads (stdlib only here): a FIFO never waited on
+        meta = os.open(os.path.join(space_dir, META), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(meta, "rb") as f:
+            mine = json.loads(f.read(4096)).get("pid") == os.getpid()
+    except (OSError, ValueError, AttributeError, RecursionError):
         mine = False
     if mine:
         for name in (META, SOCK):

@@ -20,18 +20,22 @@ read-only open may create an empty ``-wal``).
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from durable_spaces.errors import CorruptLogError, LogError
+from durable_spaces.errors import BadFileError, CorruptLogError, LogError
+from durable_spaces.host.bounded import open_file, parse_json, read_bytes
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 #: A WAL file this small holds no frame (its header is 32 bytes).
 _WAL_HEADER = 32
+#: A log the checker reads whole (a campaign run's are kilobytes to megabytes).
+MAX_LOG_BYTES = 1 << 32
+#: How deep a commit's ops may nest: what the harness's own ``json.dumps`` can write.
+LOG_DEPTH = 900
 
 
 @dataclass(frozen=True)
@@ -73,11 +77,16 @@ def written_ns(path: str | os.PathLike[str]) -> int | None:
 def read_log(path: str | os.PathLike[str]) -> RawLog:
     """Read a SQLite or JSONL log (told apart by the SQLite header, not the name)."""
     p = Path(path)
-    try:
-        with open(p, "rb") as f:
-            head = f.read(len(SQLITE_MAGIC))
+    try:  # a FIFO or a device in the log's place is refused, never waited on
+        fd = open_file(p)
+        try:
+            head = os.read(fd, len(SQLITE_MAGIC))
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         raise LogError(f"no log at {p}") from None
+    except BadFileError as e:
+        raise LogError(str(e)) from None
     if head == SQLITE_MAGIC:
         return read_sqlite(p)
     return read_jsonl(p)
@@ -85,7 +94,11 @@ def read_log(path: str | os.PathLike[str]) -> RawLog:
 
 def _ops(text: Any, where: str) -> list[dict[str, Any]]:
     try:
-        ops = json.loads(text) if isinstance(text, str | bytes) else text
+        ops = (
+            parse_json(text, where=where, max_depth=LOG_DEPTH)
+            if isinstance(text, str | bytes)
+            else text
+        )
     except ValueError as e:
         raise CorruptLogError(f"{where}: ops are not valid JSON ({e})") from e
     if not isinstance(ops, list) or not all(isinstance(o, dict) for o in ops):
@@ -127,7 +140,10 @@ def read_sqlite(path: str | os.PathLike[str]) -> RawLog:
 def read_jsonl(path: str | os.PathLike[str]) -> RawLog:
     p = Path(path).absolute()
     written = written_ns(p)
-    data = p.read_bytes()
+    try:
+        data = read_bytes(p, max_bytes=MAX_LOG_BYTES)
+    except BadFileError as e:
+        raise LogError(str(e)) from None
     lines = data.split(b"\n")
     whole, rest = lines[:-1], lines[-1]
     commits: list[RawCommit] = []
@@ -136,7 +152,7 @@ def read_jsonl(path: str | os.PathLike[str]) -> RawLog:
         lineno = i + 1
         where = f"{p}: line {lineno}"
         try:
-            obj = json.loads(raw)
+            obj = parse_json(raw, where=where, max_depth=LOG_DEPTH)
         except ValueError as e:
             if i == len(whole) - 1 and not rest:
                 torn = f"line {lineno}: unparsable ({e})"

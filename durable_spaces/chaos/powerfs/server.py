@@ -26,6 +26,7 @@ from durable_spaces.chaos.powerfs.image import AREA, Image
 from durable_spaces.chaos.powerfs.ops import PowerOps
 from durable_spaces.chaos.powerfs.volatile import Volatile
 from durable_spaces.errors import ConfigError
+from durable_spaces.host.bounded import parse_json
 
 
 def lay_out(backing: str, live: str) -> None:
@@ -95,7 +96,7 @@ class _Control:
 
     def serve(self, ops: PowerOps, boot: int) -> None:
         for line in self.rfile:
-            msg = json.loads(line)
+            msg = parse_json(line, where="the supervisor's message")
             cmd = msg.get("cmd")
             if cmd == "stats":
                 with ops.mutex:

@@ -36,6 +36,7 @@ from types import FrameType
 from typing import Any
 
 from durable_spaces.chaos.powerfs.image import AREA
+from durable_spaces.host.bounded import parse_json
 
 _MNT_DETACH = 2
 _BOOT_TIMEOUT_S = 120.0  # laying out the live tree copies the whole image
@@ -122,7 +123,7 @@ class PowerfsSupervisor:
         line = self._rfile.readline()
         if not line:
             raise OSError(errno.EPIPE, "the FUSE server exited (see powerfs.log)")
-        reply: dict[str, Any] = json.loads(line)
+        reply: dict[str, Any] = parse_json(line, where="the FUSE server's reply")
         return reply
 
     def _call(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -220,7 +221,8 @@ class PowerfsSupervisor:
             with conn:
                 conn.settimeout(_CALL_TIMEOUT_S)
                 try:
-                    msg = json.loads(conn.makefile("rb").readline() or b"{}")
+                    line = conn.makefile("rb").readline()
+                    msg = parse_json(line or b"{}", where="a request")
                     reply, done = self._handle(msg)
                 except Exception as e:  # any failure goes back to the caller, typed there
                     reply, done = {"error": f"{type(e).__name__}: {e}"}, False
