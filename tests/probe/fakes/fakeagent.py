@@ -16,8 +16,9 @@ Each recipe under this directory runs it with one ``--defect`` (or none):
 - ``flood``: prints a lot, then behaves as ``none``.
 - ``responses``: asks the Responses API, which the scripted model does not answer.
 
-``--hold DIR`` (any defect): a resumed attempt says so by a file ``DIR/held-<pid>`` and
-then waits until it is killed, so a test knows a planned run is under way and stays so.
+``--hold DIR`` (any defect): a resumed attempt of an unfinished run (not the probe's trial
+of the resume command on a finished one) says so by a file ``DIR/held-<pid>`` and then
+waits until it is killed, so a test knows a planned run is under way and stays so.
 """
 
 from __future__ import annotations
@@ -147,10 +148,6 @@ def main() -> int:
     ap.add_argument("--tool-name", default="bash")
     ap.add_argument("--hold")
     a = ap.parse_args()
-    if a.hold and a.resume:
-        (Path(a.hold) / f"held-{os.getpid()}").write_text("")
-        while True:
-            time.sleep(3600)  # until the probe kills us: the test holds the gate
     if a.defect == "crash":
         print("fakeagent: cannot start: the defect is crash", file=sys.stderr)
         return 1
@@ -168,6 +165,13 @@ def main() -> int:
             messages.append(ev["message"])
         elif "result" in ev:
             results[ev["id"]] = ev["result"]
+    finished = bool(messages) and messages[-1]["role"] == "assistant" and not (
+        messages[-1].get("tool_calls")
+    )
+    if a.hold and a.resume and not finished:  # the probe's trial resume of a finished run
+        (Path(a.hold) / f"held-{os.getpid()}").write_text("")  # passes: it is no planned run
+        while True:
+            time.sleep(3600)  # until the probe kills us: the test holds the gate
     if not messages:
         messages = [{"role": "user", "content": a.prompt or "go"}]
         for m in messages:
