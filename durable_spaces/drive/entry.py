@@ -236,6 +236,7 @@ async def _drive(durable: DurableSpaces, start: Start, session: Session) -> int:
     # This attempt's copy of the adapter: its epoch, the session's namespace, the log's
     # fence and the driver's callbacks (``start`` gets it as ``ctx.durable``).
     durable = durable.for_session(
+        log_id=storage.identity,  # known before the harness opens: a placed Space is judged
         epoch=session.epoch,
         namespace=session.name,
         fence=fence,
