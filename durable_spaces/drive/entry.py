@@ -224,7 +224,8 @@ async def _drive(durable: DurableSpaces, start: Start, session: Session) -> int:
     first = [True]
 
     def on_recovery(ev: RecoveryEvent) -> None:
-        emit_event("recovery", kind=ev.kind, mode=ev.mode, call=ev.call)
+        kept = {"quarantine": ev.detail["quarantine"]} if "quarantine" in ev.detail else {}
+        emit_event("recovery", kind=ev.kind, mode=ev.mode, call=ev.call, **kept)
         if chained is not None:
             chained(ev)
 

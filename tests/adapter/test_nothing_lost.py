@@ -27,8 +27,10 @@ from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
 from durable_spaces.backends import open_backend, unavailable_reason
 from durable_spaces.errors import SpaceOwnedError
 from durable_spaces.harness.log import SqliteStorage
+from durable_spaces.harness.models import AssistantMessage, ToolCall
 from durable_spaces.harness.scheduler import AgentConfig, Harness
 from durable_spaces.harness.tools import CodingTools, Registry
+from durable_spaces.settings import Settings
 from durable_spaces.space import SpaceBackend
 from durable_spaces.testing import CallListModel
 
@@ -42,6 +44,20 @@ THESIS = b"years of work\n"
 A_FILES = {"report.md": b"# Report\n", "results.csv": b"x,y\n1,2\n", "thesis.txt": THESIS}
 
 
+class Then(CallListModel):
+    """``CallListModel`` for this submission: its calls count from the last user entry,
+    so a log that already holds calls goes on with these (under call ids of their own:
+    the adapter knows a call by its id)."""
+
+    async def generate(self, messages: Any, tools: Any, system: Any) -> Any:
+        last = max((i for i, e in enumerate(messages) if e.kind == "user"), default=-1)
+        step = sum(1 for e in messages[last + 1 :] if e.kind == "tool_result")
+        if step >= len(self.calls):
+            return AssistantMessage("done")
+        name, args = self.calls[step]
+        return AssistantMessage(f"step {step}", [ToolCall(f"call-{last}-{step}", name, args)])
+
+
 class Host:
     """One spaces directory and a checkpoint store; logs come and go beside them."""
 
@@ -50,6 +66,7 @@ class Host:
         self.mode = mode
         self.backend: SpaceBackend = open_backend(backend, tmp / "spaces")
         self.store = DirectoryCheckpointStore(tmp / "store")
+        self.settings: Settings | None = None  # the adapter's (DS_SPACE_ADOPT, ...)
 
     def adapter(self, epoch: int = 1, namespace: str | None = None) -> DurableSpaces:
         snaps = WorkspaceSnapshots(self.backend, store=self.store)
@@ -59,6 +76,7 @@ class Host:
             mode=self.mode,  # type: ignore[arg-type]
             epoch=epoch,
             namespace=namespace,
+            settings=self.settings,
         )
 
     async def run(
@@ -73,14 +91,13 @@ class Host:
         durable = self.adapter(epoch, namespace)
         reg = Registry().install(CodingTools).install(durable.extension)
         storage = SqliteStorage(self.tmp / log)
-        h = await Harness.open(
-            storage, models={"m": CallListModel(calls)}, registry=reg, env=durable.env
-        )
+        h = await Harness.open(storage, models={"m": Then(calls)}, registry=reg, env=durable.env)
         try:
             root = await h.root(AgentConfig(model="m"))
-            done = await (await root.submit("go", request_id="go")).wait()
+            had = sum(1 for e in root.entries() if e.kind == "tool_result")
+            done = await (await root.submit("go", request_id=f"go-{len(root.entries())}")).wait()
             assert done.status == "done", done
-            results = [e.data for e in root.entries() if e.kind == "tool_result"]
+            results = [e.data for e in root.entries() if e.kind == "tool_result"][had:]
         finally:
             await h.close()
             await durable.close()
@@ -253,8 +270,6 @@ def _driver(tmp: Path, state: str, epoch: int, **env: str) -> subprocess.Complet
 def test_a_driver_with_a_reused_session_name_and_a_fresh_log_changes_nothing(
     tmp_path: Path, mode: str
 ) -> None:
-    import asyncio
-
     from tests.adapter.drive import cleanup, setup
 
     setup(tmp_path, "local", mode, calls=3, sleep=0.05)
@@ -273,5 +288,61 @@ def test_a_driver_with_a_reused_session_name_and_a_fresh_log_changes_nothing(
         last = second.stderr.strip().splitlines()[-1]
         assert "another log" in last and "DS_SPACE_ADOPT" in last, second.stderr
         assert asyncio.run(host.workspaces()) == before  # nothing changed
+    finally:
+        asyncio.run(cleanup(tmp_path, "local"))
+
+
+def _fresh_state(tmp: Path, state: str) -> None:
+    os.makedirs(tmp / state)
+    (tmp / state / "agent.json").write_bytes((tmp / "state" / "agent.json").read_bytes())
+
+
+@pytest.mark.parametrize("mode", ["transactional", "checkpoint"])
+def test_a_fresh_log_takes_another_logs_space_only_as_told_and_loses_nothing(
+    tmp_path: Path, mode: str
+) -> None:
+    """``DS_SPACE_ADOPT=as-is``: the fresh log takes the Space with everything in it.
+    ``DS_SPACE_ADOPT=log``: it takes the Space back to its own (empty) log, and what only
+    the Space held is in a quarantine checkpoint, listed and restored by the CLI."""
+    from tests.adapter.drive import cleanup, setup
+
+    setup(tmp_path, "local", mode, calls=3, sleep=0.05)
+    host = Host(tmp_path, "local", mode)
+    try:
+        assert _driver(tmp_path, "state", 1).returncode == 0
+        asyncio.run(host.add_by_hand("thesis.txt", THESIS))
+        (before,) = asyncio.run(host.workspaces()).values()
+
+        _fresh_state(tmp_path, "as-is")
+        took = _driver(tmp_path, "as-is", 1, DS_SPACE_ADOPT="as-is")
+        assert took.returncode == 0, took.stderr
+        assert '"kind": "claimed"' in took.stdout
+        (after,) = asyncio.run(host.workspaces()).values()
+        assert set(before) <= set(after) and after["thesis.txt"] == THESIS
+
+        _fresh_state(tmp_path, "log")
+        back = _driver(tmp_path, "log", 5, DS_SPACE_ADOPT="log")  # above as-is's floor
+        assert back.returncode == 0, back.stderr
+        (mine,) = asyncio.run(host.workspaces()).values()
+        assert "thesis.txt" not in mine  # the Space is this log's: its own work only
+        cli = ["durable-spaces", "quarantine"]
+        where = ["--backend", "local", "--backend-dir", str(tmp_path / "spaces")]
+        where += ["--store", str(tmp_path / "store")]
+        listed = subprocess.run(
+            [*cli, "list", str(tmp_path / "log"), *where], capture_output=True, text=True
+        )
+        assert listed.returncode == 0, listed.stderr
+        (line,) = listed.stdout.splitlines()
+        assert "thesis.txt" in line and " reverted " in line, line
+        got = tmp_path / "got"
+        restored = subprocess.run(
+            [*cli, "restore", str(tmp_path / "log"), line.split()[0], "--to", str(got), *where],
+            capture_output=True,
+            text=True,
+        )
+        assert restored.returncode == 0, restored.stderr
+        assert (got / "thesis.txt").read_bytes() == THESIS
+        for path in after:
+            assert (got / path).read_bytes() == after[path]  # all it held, as it held it
     finally:
         asyncio.run(cleanup(tmp_path, "local"))
