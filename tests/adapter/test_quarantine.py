@@ -22,6 +22,7 @@ from durable_spaces.harness.tools import Registry
 from durable_spaces.space import PathEntry
 from tests.adapter.drive import Attempt, drive, setup
 from tests.adapter.test_nothing_lost import A_CALLS, THESIS, Host
+from tests.needs import need
 
 
 def test_what_is_at_risk() -> None:
@@ -144,3 +145,19 @@ def test_an_interrupted_write_undone_is_kept_and_named_by_the_driver(
     assert undo and all(e.get("quarantine") for e in undo), o.events
     log = json.dumps(o.events)
     assert "quarantine" in log
+
+
+@pytest.mark.microvm
+@pytest.mark.slow
+def test_a_machine_restore_keeps_the_machine_first(tmp_path: Path) -> None:
+    """A whole-machine checkpoint holds no workspace to compare with: before a machine
+    restore (a driver killed after a write, checkpoint mode with machine checkpoints),
+    the machine as it is becomes a quarantine checkpoint, and no prune removes it."""
+    need("microvm")
+    setup(tmp_path, "microvm", "checkpoint", calls=3, sleep=0.0, seed="1", snapshots="sandbox")
+    o = drive(tmp_path, [Attempt("adapter.file_op:1"), Attempt()], backend="microvm")
+    assert o.codes[0] == -9 and o.codes[-1] == 0, o.stderr
+    assert o.valid, o.verdicts
+    (undo,) = [e for e in o.events if e.get("kind") == "restored"]
+    kept = str(undo["quarantine"])
+    assert (tmp_path / "spaces" / "checkpoints" / kept).is_dir()  # pruned calls since
