@@ -35,6 +35,8 @@ from durable_spaces.space import SpaceBackend
 from durable_spaces.testing import CallListModel
 
 BACKENDS = ["local", pytest.param("spacesd", marks=pytest.mark.spacesd)]
+#: Every backend whose Spaces the adapter keeps by workspace checkpoints.
+ALL_BACKENDS = [*BACKENDS, pytest.param("docker", marks=pytest.mark.docker)]
 MODES = ["transactional", "auto", "checkpoint"]
 A_CALLS: list[tuple[str, Any]] = [
     ("write", {"path": "report.md", "content": "# Report\n"}),
@@ -137,6 +139,29 @@ def _holds(workspaces: dict[str, dict[str, bytes]], files: dict[str, bytes]) -> 
 async def test_a_new_log_in_the_same_spaces_directory_deletes_nothing(
     tmp_path: Path, backend: str, mode: str, how: str
 ) -> None:
+    await _a_new_log_deletes_nothing(tmp_path, backend, mode, how)
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+async def test_on_every_backend_another_logs_space_is_refused_and_a_new_log_has_its_own(
+    tmp_path: Path, backend: str
+) -> None:
+    await _a_new_log_deletes_nothing(tmp_path, backend, "transactional", "second log file")
+    if why := unavailable_reason(backend):
+        pytest.skip(f"backend {backend} unavailable: {why}")
+    (tmp_path / "ns").mkdir()
+    host = Host(tmp_path / "ns", backend, "checkpoint")
+    try:
+        await host.run("y.sqlite", Y_CALLS, namespace="s")
+        seen = await host.workspaces()
+        with pytest.raises(SpaceOwnedError, match="another log"):
+            await host.run("x.sqlite", X_CALLS, namespace="s")
+        assert await host.workspaces() == seen
+    finally:
+        await host.close()
+
+
+async def _a_new_log_deletes_nothing(tmp_path: Path, backend: str, mode: str, how: str) -> None:
     if why := unavailable_reason(backend):
         pytest.skip(f"backend {backend} unavailable: {why}")
     host = Host(tmp_path, backend, mode)

@@ -154,7 +154,7 @@ def test_a_machine_restore_keeps_the_machine_first(tmp_path: Path) -> None:
     restore (a driver killed after a write, checkpoint mode with machine checkpoints),
     the machine as it is becomes a quarantine checkpoint, and no prune removes it."""
     need("microvm")
-    setup(tmp_path, "microvm", "checkpoint", calls=3, sleep=0.0, seed="1", snapshots="sandbox")
+    setup(tmp_path, "microvm", "checkpoint", calls=4, sleep=0.0, snapshots="sandbox")
     o = drive(tmp_path, [Attempt("adapter.file_op:1"), Attempt()], backend="microvm")
     assert o.codes[0] == -9 and o.codes[-1] == 0, o.stderr
     assert o.valid, o.verdicts
