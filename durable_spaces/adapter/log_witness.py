@@ -76,6 +76,7 @@ from __future__ import annotations
 
 from durable_spaces.adapter.space_state import CallRecord, SpaceState
 from durable_spaces.chaos import mutants
+from durable_spaces.errors import ConfigError
 from durable_spaces.space import ExecState, Space
 
 #: The filler's suffix: a position the log has whose effect never started.
@@ -110,7 +111,7 @@ class LogWitness:
         """Whose positions: the log (its identity, kept by a log that lost everything,
         never another log's) and the conversation."""
         if not self.log_id:
-            raise AssertionError("the witness is used before the adapter knows its log")
+            raise ConfigError("the log's witness is used before the adapter knows its log")
         return f"{self.log_id}:{conv}"
 
     def next_position(self, conv: str, state: SpaceState, rec: CallRecord) -> str:

@@ -53,6 +53,7 @@ SHOWN = 20
 #: Why a workspace was taken back.
 WHY = ("reverted", "reimaged", "restored", "log_behind", "claimed")
 DAY_S = 86400
+_FIELDS = {"checkpoint", "at", "why", "space", "count", "paths"}
 
 #: What a path holds: ("file", sha256), ("symlink", target) or ("unsupported", None).
 Content = tuple[str, str | None]
@@ -91,22 +92,25 @@ class Kept:
         """A record read back from the log: its checkpoint id becomes a file name and a
         shell word, so everything is checked (``PermanentFailure``: the log is damaged)."""
         where = f"the log's {DOC} document"
-        try:
-            assert isinstance(d, dict)
-            rec = Kept(
-                CheckpointId.parse(d["checkpoint"], f"{where} (checkpoint)"),
-                d["at"],
-                d["why"],
-                d["space"],
-                d["count"],
-                tuple(d["paths"]),
-            )
-            assert type(rec.at) is int and rec.at >= 0 and rec.why in WHY
-            assert isinstance(rec.space, str) and type(rec.count) is int and rec.count >= 0
-            assert all(isinstance(p, str) for p in rec.paths)
-        except (AssertionError, KeyError, TypeError) as e:
-            raise PermanentFailure(f"{where} is damaged: {str(d)[:80]!r} ({e})") from None
-        return rec
+        damaged = PermanentFailure(f"{where} is damaged: {str(d)[:80]!r}")
+        if not isinstance(d, dict) or set(d) != {
+            "checkpoint",
+            "at",
+            "why",
+            "space",
+            "count",
+            "paths",
+        }:
+            raise damaged
+        at, why, space, count, paths = d["at"], d["why"], d["space"], d["count"], d["paths"]
+        if type(at) is not int or at < 0 or why not in WHY or not isinstance(space, str):
+            raise damaged
+        if type(count) is not int or count < 0 or not isinstance(paths, list):
+            raise damaged
+        if not all(isinstance(p, str) for p in paths):
+            raise damaged
+        cid = CheckpointId.parse(d["checkpoint"], f"{where} (checkpoint)")
+        return Kept(str(cid), at, why, space, count, tuple(paths))
 
     def expires(self, days: int) -> int:
         return self.at + days * DAY_S

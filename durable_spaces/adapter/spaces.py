@@ -107,7 +107,8 @@ class SpaceKeeper:
     # --- owners -------------------------------------------------------------------------
 
     def _me(self, conv: str | None) -> Owner:
-        assert self.log_id, "a Space is judged before the adapter knows its log"
+        if not self.log_id:
+            raise ConfigError("a Space is judged before the adapter knows its log")
         return Owner(self.log_id, conv or "")
 
     async def judge(self, space: Space, conv: str | None) -> Verdict:
