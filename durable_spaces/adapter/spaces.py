@@ -51,6 +51,7 @@ class SpaceKeeper:
         self.log_id: str | None = None
         #: Per Space, its claims as this driver read them, and what it made of them.
         self._claims: dict[str, Claims] = {}
+        self._previous: dict[str, Owner | None] = {}
         self.verdicts: dict[str, Verdict] = {}
 
     # --- names ------------------------------------------------------------------------------
@@ -130,8 +131,9 @@ class SpaceKeeper:
         return verdict
 
     def previous_owner(self, name: str) -> Owner | None:
-        claims = self._claims.get(name)
-        return None if claims is None else claims.owner
+        """Whose the Space was before this driver claimed it (None: nobody's, or a
+        record that could not be read)."""
+        return self._previous.get(name)
 
     async def claim(self, space: Space, conv: str) -> Verdict:
         """Make the Space this log's (a claim under this driver's epoch, once fenced)
@@ -141,6 +143,7 @@ class SpaceKeeper:
             return verdict
         claims = self._claims[space.name]
         await space_owner.claim(space, self._me(conv), claims.next, self.epoch_for(space.name))
+        self._previous[space.name] = claims.owner
         self._claims[space.name] = Claims(self._me(conv), claims.next + 1)
         self.verdicts[space.name] = "mine"
         return verdict

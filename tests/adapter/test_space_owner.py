@@ -112,6 +112,8 @@ async def test_a_planted_owner_record_refuses_and_changes_nothing(
         )
         kinds = [e.kind for e in durable.events]
         assert kinds[0] == "claimed" and "reverted" not in kinds, kinds
+        was = durable.events[0].detail["was"]  # whose it was: the planted claim's
+        assert (B[:12] in was) if why == "another log" else was == "unknown", was
         (files,) = (await host.workspaces()).values()
         assert files["thesis.txt"] == THESIS and files["results.csv"].endswith(b"more\n")
         assert (await space_owner.read(space)).owner == Owner(
