@@ -133,6 +133,11 @@ class CheckpointCorruptError(CheckpointError):
         self.problems = problems
 
 
+class SpaceOwnedError(PermanentFailure):
+    """The Space is another log's (or its owner record cannot be trusted): nothing was
+    changed; ``DS_SPACE_ADOPT`` takes it (``adapter/space_owner.py``)."""
+
+
 class HaltError(DurableSpacesError):
     """The driver must stop without recording anything (the Space cannot be fenced).
 

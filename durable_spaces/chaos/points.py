@@ -87,6 +87,11 @@ RECOVERY_START = _point("recovery.start", RECOVERY, "a resumed call found its re
 RECOVERY_REVERTED = _point(
     "recovery.reverted", RECOVERY, "a call of unknown outcome was reverted to its before-image"
 )
+RECOVERY_QUARANTINED = _point(
+    "recovery.quarantined",
+    RECOVERY,
+    "what a take-back would delete is in a quarantine checkpoint, recorded; nothing deleted yet",
+)
 RECOVERY_RESTORED = _point(
     "recovery.restored", RECOVERY, "a checkpoint was restored (before the call, or the last)"
 )

@@ -203,6 +203,10 @@ class ClusterCoordinator:
         lease: list[int | None] = [None]  # the lease token of the drive being launched
         if session.space is not None:
             env[protocol.SPACE] = session.space
+            # The store's lease says who drives a Space: a session holding it takes the
+            # Space as it is, another session's work included (adapter/space_owner.py);
+            # the lease never lets two drive it at once.
+            env["DS_SPACE_ADOPT"] = "as-is"
 
         async def epoch_source(floor: int) -> int:
             if floor:

@@ -58,7 +58,7 @@ def test_jsonl_torn_last_line_is_tolerated_and_reported(tmp_path: Path) -> None:
         f.write(torn)
     log = read_log(path)
     assert [c.seq for c in log.commits] == [1, 2]
-    assert log.torn_tail == f"line 3: {len(torn)} bytes without a newline"
+    assert log.torn_tail == f"line 4: {len(torn)} bytes without a newline"  # 1: identity
     assert log.format == "jsonl"
 
 

@@ -128,6 +128,21 @@ class Encoder:
         return known[1]
 
 
+def contents(m: Mapping[str, ManifestEntry]) -> dict[str, tuple[str, str | None]]:
+    """What each path of the workspace holds, as a scan's table says it
+    (``quarantine.content``): ``("file", sha256)`` (a hard link: its file's) or
+    ``("symlink", target)``; directories hold nothing of their own."""
+    out: dict[str, tuple[str, str | None]] = {}
+    for path, e in m.items():
+        if e.kind == FILE:
+            out[path] = ("file", e.ref)
+        elif e.kind == SYMLINK:
+            out[path] = ("symlink", e.ref)
+        elif e.kind == HARDLINK and e.ref is not None and e.ref in m:
+            out[path] = ("file", m[e.ref].ref)
+    return out
+
+
 def blobs(m: Mapping[str, ManifestEntry]) -> set[str]:
     """The blobs a restore of ``m`` needs."""
     return {e.ref for e in m.values() if e.kind == FILE and e.ref is not None}

@@ -6,7 +6,9 @@ The formats (written by ``durable_spaces/harness/log_sqlite.py`` and
 - SQLite: table ``cua_commits(seq INTEGER PRIMARY KEY, epoch INTEGER, ops TEXT)`` with
   ``ops`` a JSON list, and the one-row ``cua_fence(id = 1, floor)``. Opened through a
   read-only URI (``file:...?mode=ro``): the checker never takes a lock a writer needs.
-- JSONL: one ``{"seq": n, "epoch": e, "ops": [...]}`` per line, seq = line number. A
+- JSONL: the log's identity ``{"log": "<32 hex>"}`` on its first line (a log written
+  before identities has none), then one ``{"seq": n, "epoch": e, "ops": [...]}`` per
+  line, seq = the line number after the identity's. A
   crash can tear only the last line (bytes without a newline, or a last line that does
   not parse); that is tolerated and reported in ``torn_tail``, as the adapter does.
   A bad line anywhere before it is damage: ``CorruptLogError`` naming the line.
@@ -148,6 +150,7 @@ def read_jsonl(path: str | os.PathLike[str]) -> RawLog:
     whole, rest = lines[:-1], lines[-1]
     commits: list[RawCommit] = []
     torn = None
+    header = 0
     for i, raw in enumerate(whole):
         lineno = i + 1
         where = f"{p}: line {lineno}"
@@ -158,11 +161,15 @@ def read_jsonl(path: str | os.PathLike[str]) -> RawLog:
                 torn = f"line {lineno}: unparsable ({e})"
                 break
             raise CorruptLogError(f"{where} is not valid JSON ({e}), before the last line") from e
+        if i == 0 and isinstance(obj, dict) and set(obj) == {"log"}:
+            header = 1  # the log's identity, not a commit
+            continue
         if not isinstance(obj, dict) or not isinstance(obj.get("ops"), list):
             raise CorruptLogError(f"{where} is not a commit record")
-        if obj.get("seq") != lineno:
+        seq = lineno - header
+        if obj.get("seq") != seq:
             raise CorruptLogError(f"{where} holds seq {obj.get('seq')!r}")
-        commits.append(RawCommit(lineno, _epoch(obj.get("epoch"), where), _ops(obj["ops"], where)))
+        commits.append(RawCommit(seq, _epoch(obj.get("epoch"), where), _ops(obj["ops"], where)))
     if rest:
         torn = f"line {len(whole) + 1}: {len(rest)} bytes without a newline"
     return RawLog(str(p), "jsonl", commits, torn_tail=torn, written_ns=written)
