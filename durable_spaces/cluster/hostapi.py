@@ -31,7 +31,6 @@ another host), 503 (anything else: try again).
 
 from __future__ import annotations
 
-import json
 import re
 import socket
 import ssl
@@ -60,6 +59,7 @@ from durable_spaces.errors import (
     HostAuthError,
     UnknownRecordError,
 )
+from durable_spaces.host.bounded import parse_json
 
 STATES = ("up", "down", "gone", "unknown")
 MAX_BODY = 64 * 1024
@@ -139,7 +139,7 @@ async def _body(request: Request) -> dict[str, Any]:
         if len(data) > MAX_BODY:
             raise _TooLarge(f"a request's body is at most {MAX_BODY} bytes")
     try:
-        req = json.loads(bytes(data), parse_int=_small_int) if data else None
+        req = parse_json(bytes(data), where="a request", parse_int=_small_int) if data else None
     except ValueError:
         req = None
     if not isinstance(req, dict):
@@ -252,15 +252,20 @@ class HostClient:
     ) -> dict[str, Any]:
         who = f"host {self.host.id} at {self.address}"
         try:
-            r = self._http.request(
+            with self._http.stream(
                 method,
                 f"/v1/hosts/{self.host.id}{path}",
                 json=body,
                 timeout=timeout,
                 # the name the certificate must carry, whatever address is dialled
                 extensions={"sni_hostname": self.host.dns},
-            )
-            out = r.json()
+            ) as r:
+                data = bytearray()
+                for chunk in r.iter_bytes():
+                    data += chunk
+                    if len(data) > MAX_BODY:  # an answer is small; more is not read
+                        raise HostApiError(f"{who} answered more than {MAX_BODY} bytes")
+            out = parse_json(bytes(data), where=f"{who}'s answer")
         except httpx.TransportError as e:
             refusal = _tls_refusal(e)
             if refusal is not None:
