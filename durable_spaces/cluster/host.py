@@ -53,7 +53,7 @@ from durable_spaces.backends import open_backend
 from durable_spaces.cluster.address import LocalAddress, SpacesdAddress, check_endpoint
 from durable_spaces.cluster.database import describe
 from durable_spaces.cluster.forward import PortForward
-from durable_spaces.cluster.hostapi import make_app
+from durable_spaces.cluster.hostroutes import make_app
 from durable_spaces.cluster.hostserver import Limits, Listener
 from durable_spaces.cluster.pki import identity
 from durable_spaces.cluster.records import SpaceRecord

@@ -20,7 +20,8 @@ from tls_lab import answers, running_agent, served
 from durable_spaces.campaigns.cluster.lab import wait_for
 from durable_spaces.cluster import enrol, pki
 from durable_spaces.cluster.host import HostAgent
-from durable_spaces.cluster.hostapi import HostClient, make_app
+from durable_spaces.cluster.hostapi import HostClient
+from durable_spaces.cluster.hostroutes import make_app
 from durable_spaces.cluster.store import ClusterStore
 from durable_spaces.cluster.tls import TlsDir, Trust
 from durable_spaces.errors import HostApiError, HostAuthError, TlsError

@@ -20,7 +20,8 @@ import pytest
 from tls_lab import served
 
 from durable_spaces.campaigns.cluster.lab import wait_for
-from durable_spaces.cluster.hostapi import HostClient, make_app
+from durable_spaces.cluster.hostapi import HostClient
+from durable_spaces.cluster.hostroutes import make_app
 from durable_spaces.cluster.hostserver import Limits, Listener
 from durable_spaces.cluster.pki import identity
 from durable_spaces.cluster.tls import Trust

@@ -20,7 +20,7 @@ from tls_lab import answers, running_agent, served
 from durable_spaces.campaigns.cluster.lab import wait_for
 from durable_spaces.cluster import pki
 from durable_spaces.cluster.address import LocalAddress, parse_address
-from durable_spaces.cluster.hostapi import make_app
+from durable_spaces.cluster.hostroutes import make_app
 from durable_spaces.cluster.placer import Placer
 from durable_spaces.cluster.store import ClusterStore
 from durable_spaces.cluster.tls import TlsDir, Trust

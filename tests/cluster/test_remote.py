@@ -148,3 +148,16 @@ def test_missing_environment_is_a_config_error_naming_it(tmp_path: Any) -> None:
             env={"CUA_CLUSTER_DB": "postgresql:///x", "CUA_SESSION_NAME": "a",
                  "CUA_SESSION_LEASE_TOKEN": "one"},
         )  # fmt: skip
+
+
+def test_a_driver_imports_no_server_and_no_command_line_client() -> None:
+    # every driver imports the remote backend at its start: the host's server libraries
+    # and httpx's own command-line client (rich, click) are no part of what it needs
+    code = (
+        "import sys, durable_spaces.cluster.remote, durable_spaces.cluster.placer\n"
+        "print(sorted(m for m in ('starlette', 'uvicorn', 'httpx._main', 'rich', 'click')"
+        " if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
