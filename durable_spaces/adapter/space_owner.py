@@ -58,6 +58,7 @@ from typing import Literal
 
 from durable_spaces.errors import SpaceOwnedError
 from durable_spaces.harness.log_core import IDENTITY
+from durable_spaces.host.bounded import parse_json
 from durable_spaces.space import ExecState, Space
 
 #: Claim ``n``'s ledger key.
@@ -86,8 +87,8 @@ class Owner:
     def parse(data: bytes) -> Owner | None:
         """The owner a claim's output names, None if it is not a whole record of ours."""
         try:
-            obj = json.loads(data.decode())
-        except (UnicodeDecodeError, ValueError):
+            obj = parse_json(data, where="an owner claim")
+        except (UnicodeDecodeError, ValueError):  # BadFileError is a ValueError
             return None
         if not isinstance(obj, dict) or set(obj) != {"log", "conversation"}:
             return None

@@ -135,7 +135,7 @@ class JsonlStorage:
         obj = None
         if first.startswith(b'{"log"') and len(first) <= _HEADER_MAX:
             with contextlib.suppress(ValueError):
-                obj = json.loads(first)
+                obj = parse_json(first, where=f"{self.path}: line 1")
         if isinstance(obj, dict) and set(obj) == {"log"}:
             self.identity = check_identity(obj["log"], f"{self.path}: line 1")
             self._header, self._size = 1, nl + 1
