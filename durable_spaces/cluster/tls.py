@@ -42,6 +42,7 @@ from cryptography import x509
 
 from durable_spaces.cluster import pki
 from durable_spaces.errors import TlsError
+from durable_spaces.host.bounded import MAX_STATE_BYTES, load_json
 from durable_spaces.host.files import fsync_dir
 
 CA_FILE = "ca.pem"
@@ -155,7 +156,7 @@ class TlsDir:
 
     def pending(self) -> tuple[dict[str, Any], pki.PrivateKey] | None:
         try:
-            meta = json.loads((self.path / REQUEST_FILE).read_text())
+            meta = load_json(self.path / REQUEST_FILE, max_bytes=MAX_STATE_BYTES)
         except (OSError, ValueError):
             return None
         if not isinstance(meta, dict):
@@ -301,8 +302,8 @@ class Trust:
             ctx.verify_mode = ssl.CERT_REQUIRED
             ctx.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF | ssl.VERIFY_X509_STRICT
             # load_cert_chain and a CRL take only files: files in memory, this process's
-            # alone (a temporary directory cost a driver ~17 ms on its way to a first step,
-            # and put a copy of the key on a disk)
+            # alone (a temporary directory was slower on a driver's way to its first step,
+            # docs/performance.md, and put a copy of the key on a disk)
             with _memory_file(self._own.pem) as own:
                 ctx.load_cert_chain(own)
             with _memory_file(pki.cert_pem(self._ca) + self._crl.pem.encode()) as anchors:
