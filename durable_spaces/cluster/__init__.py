@@ -9,8 +9,9 @@ The processes, any of which may die:
 
 - ``host.py`` (``durable-spaces host``): provides durable Spaces from one machine
   (``hostapi.py`` is its HTTP API, place, rotate, status, and its client;
-  ``hostserver.py`` serves it over mutual TLS within bounds); reports sandboxes that are
-  gone; drops everything and registers again once declared lost.
+  ``hostroutes.py`` its routes, which ``hostserver.py`` serves over mutual TLS within
+  bounds); reports sandboxes that are gone; drops everything and registers again once
+  declared lost.
 - ``pki.py``, ``tls.py``, ``certificates.py``, ``enrol.py`` (``durable-spaces tls``): the
   cluster CA (its key with the operator), each machine's certificate and TLS directory,
   rotation and revocation (docs/cluster-security.md).

@@ -1,6 +1,6 @@
 """The host API's listener: mutual TLS first, then HTTP, within bounds no peer can talk
 its way around. The TLS is OpenSSL's through asyncio, the HTTP uvicorn's ``H11Protocol``,
-the application ``hostapi.py``'s.
+the application ``hostroutes.py``'s.
 
 Why not uvicorn's own server: it hands every accepted socket to a TLS handshake bounded
 only by asyncio's default (60 s), has no cap per peer, and bounds neither a request's
