@@ -8,7 +8,8 @@ transactional sessions (8 steps). Needs root (``ip netns``).
 
 - resume: a driver is SIGKILLed 0.5 s after its first step; from the kill to the next
   driver's first step (the coordinator's reaping, the backoff, ``begin_drive``, asking
-  the Space's host, a cold driver start, recovery). Shown with and without the backoff.
+  the Space's host, a cold driver start, recovery). Shown with and without the backoff,
+  and the part from the next driver's launch (the driver's own start and recovery).
 - re-place: the namespace of the host holding the Space is deleted mid-session; from
   then to the Space's placement on another host (generation + 1: the driver's halt, the
   lost-host bound of the heartbeat, the placement), and to the next driver's first step
@@ -34,8 +35,10 @@ def _first_backoff(backoff: str) -> float:
     return float(backoff.split(",")[0])
 
 
-def resumes(c: Cluster, kills: int) -> list[float]:
-    out = []
+def resumes(c: Cluster, kills: int) -> tuple[list[float], list[float]]:
+    """From each kill to the next driver's first step, and of that the part from the next
+    driver's launch (its start, its store and host calls, its recovery)."""
+    out, started = [], []
     for i in range(kills):
         name = f"kill{i}"
         c.submit(name, f"sp-{name}", name, calls=8)
@@ -44,8 +47,11 @@ def resumes(c: Cluster, kills: int) -> list[float]:
         killed = c.kill_driver(name, 1)
         nxt = c.wait_first_step(name, 2)
         out.append(float(nxt.detail["unix_ms"]) - killed)
+        launched = c.events("driver_launched", name)
+        if len(launched) >= 2:
+            started.append(float(nxt.detail["unix_ms"]) - launched[1].at.timestamp() * 1000)
         c.wait_session(name)
-    return out
+    return out, started
 
 
 def replacements(c: Cluster, losses: int) -> tuple[list[float], list[float]]:
@@ -107,9 +113,10 @@ def main() -> None:
             c.host("h1")
             c.host("h2")
             c.coordinator("c1", "--backoff", args.backoff)
-            r = resumes(c, args.kills)
+            r, started = resumes(c, args.kills)
             show("resume after a driver kill", r)
             show("  without the backoff", [x - _first_backoff(args.backoff) * 1000 for x in r])
+            show("  of it from the next driver's launch", started)
             placed, stepped = replacements(c, args.losses)
             show("lost host -> Space placed on another host", placed)
             show("lost host -> next driver's first step", stepped)
