@@ -9,7 +9,8 @@ asked for what it cannot do and mypy checks each against its caller: ``Faults``
 ``MachineCheckpoints`` (whole-machine checkpoints: what ``SandboxSnapshots`` takes),
 ``JournaledSpace`` (a change journal of a host workspace: what checkpoints read),
 ``HostWorkspace`` (a workspace that is this host's directory by construction),
-``ViewedSpace`` (a workspace this host can read at another path: a container's) and
+``ViewedSpace`` (a workspace this host can read at another path: a container's),
+``HostProcesses`` (processes this host can look at in its ``/proc``) and
 ``LedgerMarks`` (a ledger that records a key without running anything: ``local``).
 Every protocol is runtime-checkable: a caller that needs an ability asks
 ``isinstance(backend, Faults)`` and refuses a backend without it with a clear error.
@@ -67,6 +68,7 @@ __all__ = [
     "Execution",
     "Faults",
     "FileStat",
+    "HostProcesses",
     "HostView",
     "HostWorkspace",
     "JournaledSpace",
@@ -373,6 +375,20 @@ class HostWorkspace(Protocol):
 
     def host_workspace(self) -> bool:
         """True: ``root`` is the workspace as this host sees it."""
+        ...
+
+
+@runtime_checkable
+class HostProcesses(Protocol):
+    """A Space whose processes run on this host, each seen in this host's ``/proc`` with
+    the workspace at ``root`` (``local``; a ``spacesd`` daemon started here, in a PID
+    namespace of its own or not): who is left in the workspace is looked at here
+    (``adapter/leftovers.py``), not by a command in the Space."""
+
+    def host_processes(self) -> int | None:
+        """None: not now (the caller runs its command in the Space); 0: the Space's
+        processes are this host's, under their pids here; else the host pid of a process
+        of the PID namespace they are in, whose pids name them (as a look inside would)."""
         ...
 
 

@@ -211,6 +211,7 @@ class LocalBackend:
 if TYPE_CHECKING:  # what mypy checks this backend against (durable_spaces.space)
     from durable_spaces.space import (
         Faults,
+        HostProcesses,
         HostWorkspace,
         JournaledSpace,
         LedgerMarks,
@@ -220,5 +221,7 @@ if TYPE_CHECKING:  # what mypy checks this backend against (durable_spaces.space
 
     def _conforms(
         b: LocalBackend, s: LocalSpace
-    ) -> tuple[SpaceBackend, Faults, Space, JournaledSpace, HostWorkspace, LedgerMarks]:
-        return b, b, s, s, s, s
+    ) -> tuple[
+        SpaceBackend, Faults, Space, JournaledSpace, HostWorkspace, LedgerMarks, HostProcesses
+    ]:
+        return b, b, s, s, s, s, s

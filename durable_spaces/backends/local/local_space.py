@@ -126,6 +126,10 @@ class LocalSpace:
         checkpoint's walk; None when ``settings.space_journal`` is off."""
         return self._journal(self.root) if self.settings.space_journal else None
 
+    def host_processes(self) -> int | None:
+        """``space.HostProcesses``: its commands are this host's processes."""
+        return 0
+
     def host_workspace(self) -> bool:
         """``space.HostWorkspace``: the workspace is this host's directory (the stand-in
         runs here), so a checkpoint need not prove it with a command."""
