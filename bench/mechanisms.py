@@ -10,7 +10,8 @@ median of each repetition's own.
 
 Calls: two conversations of one ``durable_spaces`` adapter on the same backend, each on a
 Space holding the same tree (``bench.peers``), one with the mechanism on and one with it
-off; a wrapped ``bash`` call that changes ten files is timed from the tool's ``execute``
+off; a wrapped ``bash`` call that changes ten files (or, where the mechanism serves
+writes, a ``write`` of one small file) is timed from the tool's ``execute``
 through the harness's commit of its result (what a mechanism moves from the call to its
 result's commit is counted), then the model's turn (``--think`` ms, as ``bench.adapter``)
 lets what a call leaves for later run outside the timed calls. Campaigns:
@@ -86,6 +87,8 @@ class CallAB:
     unavailable: Callable[[], str | None] = lambda: None
     #: Run only when named in ``--only`` (a call that takes seconds: minutes in all).
     opt_in: bool = False
+    #: The wrapped call timed: ``bash`` (ten files changed) or ``write`` (one small file).
+    tool: str = "bash"
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,40 @@ def _carriers() -> Toggle:
     return toggle
 
 
+def _ledger_marks() -> Toggle:
+    from durable_spaces.adapter import log_witness
+
+    @contextlib.contextmanager
+    def toggle(on: bool) -> Iterator[None]:
+        before = log_witness.use_marks
+        log_witness.use_marks = on  # off: a ``true`` run under the position's key
+        try:
+            yield
+        finally:
+            log_witness.use_marks = before
+
+    return toggle
+
+
+def _host_look_spacesd() -> Toggle:
+    from durable_spaces.backends.spacesd.namespaced_space import NamespacedSpace
+
+    @contextlib.contextmanager
+    def toggle(on: bool) -> Iterator[None]:
+        if on:
+            yield
+            return
+        # Off: the look for leftover processes is the command in the Space, as before.
+        kept = NamespacedSpace.host_processes
+        NamespacedSpace.host_processes = lambda self: None  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            NamespacedSpace.host_processes = kept  # type: ignore[method-assign]
+
+    return toggle
+
+
 CALLS: tuple[CallAB, ...] = (
     CallAB(
         "inode-pool",
@@ -210,6 +247,23 @@ CALLS: tuple[CallAB, ...] = (
         "checkpoint",
         100,
         env_toggle("DS_LOCAL_FORKSERVER"),
+    ),
+    CallAB(
+        "ledger-marks",
+        "transactional write call (local; the log witness's record)",
+        "local",
+        "transactional",
+        100,
+        _ledger_marks(),
+        tool="write",
+    ),
+    CallAB(
+        "host-look-spacesd",
+        "transactional bash call (spacesd; the look for leftover processes)",
+        "spacesd",
+        "transactional",
+        100,
+        _host_look_spacesd(),
     ),
     CallAB(
         "inode-pool-spacesd",
@@ -339,9 +393,14 @@ async def call_ab(ab: CallAB, base: Path, reps: int, think: float) -> str:
             for on in order:
                 s = sides[on]
                 cmd = change_command(ab.files, i, f"mech-{i}-" + "x" * 40)
+                args = (
+                    {"command": cmd}
+                    if ab.tool == "bash"
+                    else {"path": f"mech-{i}.txt", "content": f"mech {i}\n"}
+                )
                 with ab.toggle(on):
                     t0 = time.perf_counter()
-                    await s.wrapped("bash", {"command": cmd})
+                    await s.wrapped(ab.tool, args)
                     took = time.perf_counter() - t0
                     await asyncio.sleep(think)
                 if i:

@@ -8,8 +8,10 @@ asked for what it cannot do and mypy checks each against its caller: ``Faults``
 (restart, kill the daemon, pause: what the chaos lab inflicts),
 ``MachineCheckpoints`` (whole-machine checkpoints: what ``SandboxSnapshots`` takes),
 ``JournaledSpace`` (a change journal of a host workspace: what checkpoints read),
-``HostWorkspace`` (a workspace that is this host's directory by construction) and
-``ViewedSpace`` (a workspace this host can read at another path: a container's).
+``HostWorkspace`` (a workspace that is this host's directory by construction),
+``ViewedSpace`` (a workspace this host can read at another path: a container's),
+``HostProcesses`` (processes this host can look at in its ``/proc``) and
+``LedgerMarks`` (a ledger that records a key without running anything: ``local``).
 Every protocol is runtime-checkable: a caller that needs an ability asks
 ``isinstance(backend, Faults)`` and refuses a backend without it with a clear error.
 
@@ -66,9 +68,11 @@ __all__ = [
     "Execution",
     "Faults",
     "FileStat",
+    "HostProcesses",
     "HostView",
     "HostWorkspace",
     "JournaledSpace",
+    "LedgerMarks",
     "MachineCheckpoints",
     "OutputCallback",
     "PathEntry",
@@ -371,6 +375,34 @@ class HostWorkspace(Protocol):
 
     def host_workspace(self) -> bool:
         """True: ``root`` is the workspace as this host sees it."""
+        ...
+
+
+@runtime_checkable
+class HostProcesses(Protocol):
+    """A Space whose processes run on this host, each seen in this host's ``/proc`` with
+    the workspace at ``root`` (``local``; a ``spacesd`` daemon started here, in a PID
+    namespace of its own or not): who is left in the workspace is looked at here
+    (``adapter/leftovers.py``), not by a command in the Space."""
+
+    def host_processes(self) -> int | None:
+        """None: not now (the caller runs its command in the Space); 0: the Space's
+        processes are this host's, under their pids here; else the host pid of a process
+        of the PID namespace they are in, whose pids name them (as a look inside would)."""
+        ...
+
+
+@runtime_checkable
+class LedgerMarks(Protocol):
+    """A Space whose exec ledger records a key without running anything (``local``: a
+    line of its own ledger), where another Space runs a ``true`` under the key: what
+    the log's witness (``adapter/log_witness.py``) records a file tool's position with."""
+
+    async def ledger_mark(self, key: str, *, epoch: int) -> None:
+        """Record ``key`` durably, as a command that ran and exited 0 with no output
+        (``exec_record`` says so, and a later spawn under it is replayed, never run),
+        fenced as a spawn: ``StaleEpochError`` when ``epoch`` is below the floor, and
+        nothing recorded. A key the ledger already has is left as it is."""
         ...
 
 

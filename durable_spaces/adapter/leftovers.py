@@ -9,7 +9,8 @@ as it runs. Neither the host's journal (``backends/local/journal.py``) nor the o
 the Space (``backends/spacesd/guest_journal.pl``) nor a stat key sees such a store, so
 a scan's answer is not trusted for the files such a process holds: transactional mode
 reads those again itself (``TransactionalKeeper``), at every scan while the process
-lives, on every backend alike (one command in the Space, ``look``).
+lives, on every backend alike (one command in the Space, ``look``, or the same look
+done here when the Space's processes are this host's: ``space.HostProcesses``).
 
 What ``look`` finds: the processes whose working directory is at or under the workspace
 (auto mode's condition to leave transactional mode), and the files under the workspace
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from durable_spaces.errors import PathEscapeError
 from durable_spaces.host.maps import read_whole
-from durable_spaces.space import HostWorkspace, PathEntry, PathTable, Space, confine
+from durable_spaces.space import HostProcesses, PathEntry, PathTable, Space, confine
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -120,12 +121,26 @@ def parse(root: str, out: bytes) -> Leftovers:
     return Leftovers(tuple(sorted(pids)), frozenset(held))
 
 
-def host_look(root: str) -> Leftovers:
+def _inner_pid(base: str) -> bytes | None:
+    """A process's pid in its innermost PID namespace (``NSpid``'s last field), checked."""
+    for line in read_whole(f"{base}/status").splitlines():
+        if line.startswith(b"NSpid:"):
+            inner = line.split()[-1]
+            return inner if inner.isdigit() and len(inner) <= 10 else None
+    return None
+
+
+def host_look(root: str, pidns: int = 0) -> Leftovers:
     """``script``'s look done here, for a workspace whose processes are this host's
-    (``space.HostWorkspace``: a ``local`` Space): a command there costs a whole spawn,
-    most of a call's overhead, where this reads ``/proc`` in about a millisecond."""
+    (``space.HostProcesses``: a ``local`` Space, a ``spacesd`` daemon started here): a
+    command there costs a whole spawn, most of a call's overhead, where this reads
+    ``/proc`` in about a millisecond. ``pidns``: the host pid of a process of the PID
+    namespace the Space's processes are in (0: this host's own); then only that
+    namespace's processes are looked at, each named by its pid there, as the script run
+    in the Space sees and names them. ``OSError`` when that namespace cannot be read."""
     real = os.path.realpath(root)
     prefix = real.rstrip("/") + "/"
+    ns = os.readlink(f"/proc/{pidns}/ns/pid") if pidns else None
     out: list[bytes] = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -133,11 +148,19 @@ def host_look(root: str) -> Leftovers:
         base = f"/proc/{name}"
         try:
             cwd = os.readlink(f"{base}/cwd")
+            shown = name.encode()
+            if ns is not None:
+                if os.readlink(f"{base}/ns/pid") != ns:
+                    continue  # not the Space's: the script in it never sees it
+                inner = _inner_pid(base)
+                if inner is None:
+                    continue
+                shown = inner
         except OSError:
             continue  # gone, or not ours to look at (as the script's find)
         if cwd != real and not cwd.startswith(prefix):
             continue
-        out.append(b"P" + name.encode())
+        out.append(b"P" + shown)
         with contextlib.suppress(OSError):
             for fd in os.listdir(f"{base}/fd"):
                 with contextlib.suppress(OSError):
@@ -156,8 +179,13 @@ async def look(space: Space, epoch: int) -> Leftovers:
     """One look in the Space (a command of its user at ``epoch``, in ``/``), or here
     when its processes are this host's (``host_look``)."""
     root = space.root.rstrip("/") or "/"
-    if isinstance(space, HostWorkspace) and space.host_workspace():
-        return host_look(root)
+    if isinstance(space, HostProcesses) and (here := space.host_processes()) is not None:
+        with contextlib.suppress(OSError):
+            found = host_look(root, here)
+            # The same namespace after the look as before it (a daemon that ended and
+            # whose pid was taken named another): else the Space is asked.
+            if space.host_processes() == here:
+                return found
     res = await space.exec(["bash", "-c", script(root)], key=None, epoch=epoch, cwd="/")
     return parse(root, res.output)
 

@@ -11,8 +11,10 @@ The witness. The ``cua.space`` document counts the start marks it ever committed
 effect may touch the Space, the Space's exec ledger holds the key of its position,
 ``<log identity>:<conversation>#<position>``: a bash call's command runs under that key
 (it is its exec key, recorded durably before the process starts: nothing more to do), a
-write or edit
-first records it with a ``true`` run under it (fenced by the epoch, as every mutation).
+write or edit first records it, fenced by the epoch as every mutation: as a mark where
+the Space's ledger keeps one without running anything (``LedgerMarks``: ``local``, one
+fsynced ledger line), else with a ``true`` run under it (a daemon's ledger records keys
+only for the commands it spawns). Both read back alike: exited 0, no output.
 A driver binding to a Space it found (not one it just created) asks the ledger once for
 the position after the log's last: known means the Space saw a start mark of this
 conversation that the log no longer has, so effects the log does not have may be in
@@ -65,8 +67,9 @@ Why this and not the alternatives:
 
 So a bash call costs nothing more (its key is the mark; the probe is one ``exec_record``
 per Space per driver, off the call path), and a write or edit costs one ledger record
-before its effect. Sound in both modes: nothing touches the workspace for a call before
-its position is in the ledger, whichever way the Space is kept.
+before its effect (a line on ``local``, a process spawn on a daemon). Sound in both
+modes: nothing touches the workspace for a call before its position is in the ledger,
+whichever way the Space is kept.
 
 Not seen: a ledger that lost its tail with the log (a power loss of the Space's host:
 the boot id's case, ``machine.py``).
@@ -77,13 +80,16 @@ from __future__ import annotations
 from durable_spaces.adapter.space_state import CallRecord, SpaceState
 from durable_spaces.chaos import mutants
 from durable_spaces.errors import ConfigError
-from durable_spaces.space import ExecState, Space
+from durable_spaces.space import ExecState, LedgerMarks, Space
 
 #: The filler's suffix: a position the log has whose effect never started.
 _KEPT = ".kept"
 #: How many of the log's last positions a restored Space's ledger is filled with at most:
 #: the calls since the checkpoint it was restored to.
 RESTORED_WALK = 16
+#: Record a position as a mark where the Space's ledger keeps one (``bench.mechanisms``
+#: switches it off for its A/B against the ``true`` run under the key).
+use_marks = True
 
 
 def position_key(owner: str, position: int) -> str:
@@ -94,7 +100,11 @@ def position_key(owner: str, position: int) -> str:
 
 async def record(space: Space, key: str, epoch: int) -> None:
     """Put a position into the ledger before a file tool's effect (a bash call's command
-    runs under its key instead), or a filler: a ``true`` run under it, not waited for."""
+    runs under its key instead), or a filler: a mark where the Space keeps one, else a
+    ``true`` run under it, not waited for (recorded before it starts)."""
+    if use_marks and isinstance(space, LedgerMarks):
+        await space.ledger_mark(key, epoch=epoch)
+        return
     run = await space.spawn(["true"], key=key, epoch=epoch, cwd="/", new_key=True)
     await run.detach()
 

@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from durable_spaces.adapter.leftovers import Leftovers, host_look, parse, script
+import pytest
+
+from durable_spaces.adapter.leftovers import Leftovers, host_look, look, parse, script
+from durable_spaces.backends import open_backend, unavailable_reason
+from durable_spaces.space import HostProcesses
 
 HOLDER = (
     "import mmap, sys, time\n"
@@ -72,3 +76,52 @@ def test_what_the_space_answers_is_checked() -> None:
     assert got.pids == (12,)
     assert got.held == {"a.txt", "new\nline", "d/\udcffraw"}
     assert Leftovers().note(auto=False) and not Leftovers()
+
+
+@pytest.mark.spacesd
+async def test_a_daemon_spaces_look_done_here_agrees_with_the_one_run_in_it(
+    tmp_path: Path,
+) -> None:
+    """A ``spacesd`` daemon started on this host (its own PID namespace where the host
+    allows one): the look done here (``HostProcesses``) finds what the script run in the
+    Space finds, under the pids the Space knows, and leaves out this host's own process
+    with its cwd in the workspace (the script in the Space never sees it)."""
+    if why := unavailable_reason("spacesd"):
+        pytest.skip(f"backend spacesd unavailable: {why}")
+    backend = open_backend("spacesd", tmp_path / "spaces")
+    outsider = None
+    try:
+        space = await backend.create("look")
+        await space.advance_epoch(1)
+        assert isinstance(space, HostProcesses)
+        here = space.host_processes()
+        assert here is not None
+        for rel, data in (("m.bin", b"aaaa"), ("readonly.bin", b"rrrr"), ("sub/held file", b"h")):
+            await space.write_file(rel, data, epoch=1)
+        run = await space.spawn(
+            ["python3", "-c", HOLDER.replace("sys.stdin.read()", "time.sleep(600)")],
+            key="holder",
+            epoch=1,
+            cwd="sub",
+        )
+        async for chunk in run.output():
+            if b"ready" in chunk:
+                break
+        await run.detach()
+        if here:  # a process of this host in the workspace, outside the Space's namespace
+            outsider = subprocess.Popen(["sleep", "600"], cwd=space.root)
+        res = await space.exec(["bash", "-c", script(space.root)], key=None, epoch=1, cwd="/")
+        in_space = parse(space.root, res.output)
+        assert len(in_space.pids) == 1
+        assert in_space.held == {"m.bin", "readonly.bin", "sub/held file"}
+        assert host_look(space.root, here) == in_space
+        assert await look(space, 1) == in_space
+        await space.advance_epoch(2)  # kills the holder
+        assert host_look(space.root, here) == Leftovers()
+    finally:
+        if outsider is not None:
+            outsider.kill()
+            outsider.wait()
+        for name in await backend.names():
+            await backend.delete(name)
+        await backend.close()

@@ -12,6 +12,7 @@ test_log_loss.py``."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -26,13 +27,14 @@ from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
 from durable_spaces.adapter.log_witness import LogWitness
 from durable_spaces.adapter.space_state import DOC, CallRecord, SpaceState
 from durable_spaces.backends import open_backend, unavailable_reason
-from durable_spaces.errors import PermanentFailure
+from durable_spaces.errors import PermanentFailure, StaleEpochError
 from durable_spaces.harness.log import SqliteStorage
 from durable_spaces.harness.models import ScriptedModel
 from durable_spaces.harness.scheduler import AgentConfig, Harness
 from durable_spaces.harness.tools import CodingTools, Registry
 from durable_spaces.host.boot import BOOT_ENV
 from durable_spaces.space import ExecState, SpaceBackend
+from tests.adapter.tool_session import tool_session
 
 LOG = "0123456789abcdef" * 2  # a log's identity (``Storage.identity``)
 SEED = "power-3"  # steps 0-2 and 3-5 each hold a bash call (tests/adapter/test_power_loss.py)
@@ -207,5 +209,67 @@ async def test_a_second_log_on_the_same_space_is_not_behind_the_first(tmp_path: 
         assert await second.behind("c1", SpaceState(marks=0), space) is None
         key = second.next_position("c1", SpaceState(), CallRecord("x", "bash", 0))
         assert key == f"{'b' * 32}:c1#1"
+    finally:
+        await backend.close()
+
+
+async def test_a_write_and_an_edit_record_their_positions_without_a_process(
+    tmp_path: Path,
+) -> None:
+    """On ``local`` a file tool's position is a mark in the Space's own ledger (one line,
+    no command): it reads back as the ``true`` run under the key did (exited 0, no
+    output, the caller's epoch), and no process was started for it."""
+    async with tool_session(tmp_path) as s:
+        d = Path(s.space.root).parent
+        await s.call("write", {"path": "a.txt", "content": "one\n"})
+        await s.call("edit", {"path": "a.txt", "old_text": "one", "new_text": "two"})
+        state = s.state()
+        assert state.marks == 2
+        owner = f"{s.harness.log_id}:{s.conv}"
+        lines = [json.loads(raw) for raw in (d / "ledger.jsonl").read_text().splitlines()]
+        by_key = {line["key"]: line for line in lines}
+        for p in (1, 2):
+            key = log_witness.position_key(owner, p)
+            assert by_key[key]["mark"] is True and by_key[key]["epoch"] == 1
+            rec = await s.space.exec_record(key)
+            assert (rec.state, rec.exit_code, rec.signal, rec.output_tail, rec.epoch) == (
+                ExecState.EXITED, 0, None, b"", 1
+            )  # fmt: skip
+        # The only command run under a key is the owner's claim, when the Space was bound.
+        assert [line["key"] for line in lines if not line.get("mark")] == ["ds-owner#1"]
+        assert await s.space.read_file("a.txt") == b"two\n"
+
+
+async def test_a_mark_reads_back_as_the_spawned_record_did_and_is_fenced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The witness's record on ``local`` (a mark) against the one it replaced (a ``true``
+    run under the key): the probe and ``exec_record`` read both alike; a superseded
+    epoch's mark is refused as its spawn would be, and leaves the position unknown."""
+    backend = open_backend("local", tmp_path / "spaces")
+    try:
+        space = await backend.create("s")
+        await space.advance_epoch(2)
+        await log_witness.record(space, "k-mark", 2)
+        monkeypatch.setattr(log_witness, "use_marks", False)
+        await log_witness.record(space, "k-spawned", 2)
+        ended = await (await space.spawn(["true"], key="k-spawned", epoch=2)).wait()
+        assert ended.exit_code == 0  # its end waited for: the record below is the ended one
+        monkeypatch.setattr(log_witness, "use_marks", True)
+        mark, run = await space.exec_record("k-mark"), await space.exec_record("k-spawned")
+        fields = ("state", "epoch", "exit_code", "signal", "output_tail")
+        assert [getattr(mark, f) for f in fields] == [getattr(run, f) for f in fields]
+        again = await space.exec(["sh", "-c", "echo ran > ran"], key="k-mark", epoch=2)
+        assert again.replayed and again.exit_code == 0 and await space.stat("ran") is None
+        for stale in ("k-stale", "k-mark"):
+            with pytest.raises(StaleEpochError):
+                await log_witness.record(space, stale, 1)
+        assert (await space.exec_record("k-stale")).state is ExecState.UNKNOWN
+        witness = LogWitness(LOG)
+        await log_witness.record(space, log_witness.position_key(f"{LOG}:c", 1), 2)
+        assert await witness.behind("c", SpaceState(marks=0), space) == 1
+        fresh = await open_backend("local", tmp_path / "spaces").find("s")
+        assert fresh is not None  # read from the file by another reader: durable
+        assert (await fresh.exec_record("k-mark")).state is ExecState.EXITED
     finally:
         await backend.close()

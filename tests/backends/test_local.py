@@ -291,3 +291,35 @@ async def test_a_workspace_on_another_filesystem_than_the_state_takes_writes(
         await backend.close()
     finally:
         shutil.rmtree(state, ignore_errors=True)
+
+
+_MARK_CHILD = r"""
+import asyncio, sys
+from durable_spaces.backends import open_backend
+
+async def main(state_dir, name, key):
+    space = await open_backend("local", state_dir).find(name)
+    await space.ledger_mark(key, epoch=1)
+    print("marked", flush=True)
+
+asyncio.run(main(*sys.argv[1:4]))
+"""
+
+
+async def test_a_mark_is_durable_before_its_caller_goes_on(
+    state_dir: Path, space: LocalSpace
+) -> None:
+    """A driver killed right after its mark's line (``space.local.ledger_written``, where
+    a spawn's driver dies before its supervisor): the key reads exited, as the ``true``
+    it stands for, and a later spawn under it replays, never runs."""
+    env = dict(os.environ, DS_FAILPOINTS="space.local.ledger_written:1")
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _MARK_CHILD, str(state_dir), "loc", "pos#1",
+        env=env, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(child.communicate(), 60)
+    assert child.returncode == -9 and out == b"", (child.returncode, out)
+    rec = await space.exec_record("pos#1")
+    assert (rec.state, rec.exit_code, rec.epoch) == (ExecState.EXITED, 0, 1)
+    again = await space.exec(["sh", "-c", "echo run >> counter"], key="pos#1", epoch=1)
+    assert again.replayed and await space.stat("counter") is None

@@ -53,3 +53,18 @@ def test_an_unknown_mechanism_is_refused(capsys: pytest.CaptureFixture[str]) -> 
         asyncio.run(mechanisms.main(["--only", "no-such-thing"]))
     assert e.value.code == 2
     assert "no mechanism no-such-thing" in capsys.readouterr().err
+
+
+def test_the_witness_and_look_toggles_switch_their_side_and_put_it_back() -> None:
+    from durable_spaces.adapter import log_witness
+    from durable_spaces.backends.spacesd.namespaced_space import NamespacedSpace
+
+    abs_ = {ab.name: ab for ab in mechanisms.CALLS}
+    assert abs_["ledger-marks"].tool == "write"  # the call the marks serve
+    with abs_["ledger-marks"].toggle(False):
+        assert log_witness.use_marks is False
+    assert log_witness.use_marks is True
+    method = NamespacedSpace.host_processes
+    with abs_["host-look-spacesd"].toggle(False):
+        assert NamespacedSpace.host_processes(object()) is None  # type: ignore[arg-type]
+    assert NamespacedSpace.host_processes is method

@@ -209,9 +209,19 @@ class LocalBackend:
 
 
 if TYPE_CHECKING:  # what mypy checks this backend against (durable_spaces.space)
-    from durable_spaces.space import Faults, HostWorkspace, JournaledSpace, Space, SpaceBackend
+    from durable_spaces.space import (
+        Faults,
+        HostProcesses,
+        HostWorkspace,
+        JournaledSpace,
+        LedgerMarks,
+        Space,
+        SpaceBackend,
+    )
 
     def _conforms(
         b: LocalBackend, s: LocalSpace
-    ) -> tuple[SpaceBackend, Faults, Space, JournaledSpace, HostWorkspace]:
-        return b, b, s, s, s
+    ) -> tuple[
+        SpaceBackend, Faults, Space, JournaledSpace, HostWorkspace, LedgerMarks, HostProcesses
+    ]:
+        return b, b, s, s, s, s, s

@@ -5,6 +5,11 @@ and its command's files (``cmds/<id>/``: meta.json, output, status).
 A key's line names its command directory. The line alone (no ``meta.json``) means the
 driver died before the supervisor was recorded: the command never starts and the key
 reads ``lost``. A torn last line is a writer that died mid-append: never spawned.
+
+A *mark* (``LocalSpace.ledger_mark``) is a key recorded without a command: its line says
+so (``"mark": true``, no command directory) and it reads as a ``true`` run under the key
+would, exited 0 with no output. One fsynced line is the whole record: a writer killed
+before its end leaves a torn line (never recorded), never half a mark.
 """
 
 from __future__ import annotations
@@ -66,10 +71,22 @@ class Ledger:
             os.fsync(f.fileno())
 
 
+def mark_line(key: str, epoch: int, t: float) -> dict[str, Any]:
+    """The ledger line of a key recorded without a command (``LocalSpace.ledger_mark``)."""
+    return {"key": key, "epoch": epoch, "mark": True, "t": t}
+
+
+def is_mark(line: dict[str, Any]) -> bool:
+    """Whether ``line`` is a mark (no command directory to read: it never ran anything)."""
+    return line.get("mark") is True
+
+
 def record(cmds: Path, key: str, line: dict[str, Any] | None) -> ExecRecord:
     """The record of ``key`` from its ledger ``line`` and its directory under ``cmds``."""
     if line is None:
         return ExecRecord(key=key, state=ExecState.UNKNOWN)
+    if is_mark(line):
+        return ExecRecord(key, ExecState.EXITED, line.get("epoch"), exit_code=0)
     cmd_dir = cmds / line["cmd"]
     meta = read_json(cmd_dir / "meta.json") or {}
     pid = meta.get("pid")

@@ -46,7 +46,7 @@ from durable_spaces.backends.local.forkserver_client import ForkServer
 from durable_spaces.backends.local.journal import ChangeJournal
 from durable_spaces.backends.local.journaled import JournaledScanner, small_if_free
 from durable_spaces.backends.local.launch import command_env, launch
-from durable_spaces.backends.local.ledger import Ledger, record
+from durable_spaces.backends.local.ledger import Ledger, is_mark, mark_line, record
 from durable_spaces.backends.local.lock import space_lock
 from durable_spaces.backends.local.procs import kill_space, reap
 from durable_spaces.chaos import mutants
@@ -126,6 +126,10 @@ class LocalSpace:
         checkpoint's walk; None when ``settings.space_journal`` is off."""
         return self._journal(self.root) if self.settings.space_journal else None
 
+    def host_processes(self) -> int | None:
+        """``space.HostProcesses``: its commands are this host's processes."""
+        return 0
+
     def host_workspace(self) -> bool:
         """``space.HostWorkspace``: the workspace is this host's directory (the stand-in
         runs here), so a checkpoint need not prove it with a command."""
@@ -178,7 +182,9 @@ class LocalSpace:
     def _record_sync(self, key: str) -> ExecRecord:
         self._check()
         line = self._ledger.line(key)
-        if line is not None and not (self._d / "cmds" / line["cmd"] / "meta.json").exists():
+        if line is None or is_mark(line):
+            return self._record(key, line)
+        if not (self._d / "cmds" / line["cmd"] / "meta.json").exists():
             with self._locked():  # a spawn may be between its ledger line and its pid
                 return self._record(key, self._ledger.line(key))
         return self._record(key, line)
@@ -199,7 +205,8 @@ class LocalSpace:
         self, key: str, line: dict[str, Any], keep_output: int | None = None
     ) -> LocalExecution:
         rec = self._record(key, line)
-        cmd_dir = self._d / "cmds" / line["cmd"]
+        # A mark has no command directory (``ledger.py``): it reads exited, replayed here.
+        cmd_dir = self._d / "cmds" / ("" if is_mark(line) else line["cmd"])
         if rec.state is ExecState.RUNNING:
             meta = read_json(cmd_dir / "meta.json") or {}
             return LocalExecution(
@@ -299,6 +306,26 @@ class LocalSpace:
             )
         except FileNotFoundError:
             self._check()  # removed under a spawn that had the lock: SpaceGoneError
+            raise
+
+    def _mark_sync(self, key: str, epoch: int) -> None:
+        with self._locked():
+            floor = self._floor()
+            if epoch < floor:
+                raise StaleEpochError(epoch, floor, f"Space {self.name}")
+            if self._ledger.line(key) is not None:
+                return  # a key is never recorded twice (a spawn under it would replay)
+            self._ledger.append(mark_line(key, epoch, time.time()))
+            hit("space.local.ledger_written")
+
+    async def ledger_mark(self, key: str, *, epoch: int) -> None:
+        """See ``LedgerMarks``: one fsynced ledger line under the flock, where a spawn of
+        ``true`` under the key would add a supervisor and a process (``ledger.py``)."""
+        self._check()
+        try:
+            await asyncio.to_thread(self._mark_sync, key, epoch)
+        except FileNotFoundError:
+            self._check()  # removed under the mark: SpaceGoneError
             raise
 
     async def exec(

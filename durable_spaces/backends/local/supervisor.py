@@ -156,6 +156,10 @@ def supervise(
         else:
             code = os.waitstatus_to_exitcode(wstatus)
             status = f'{{"exit_code": {code}, "signal": null}}'
+    # Out of the command's cwd before its status says it ended: a supervisor still in the
+    # workspace then is a process the command left to its caller's look
+    # (``adapter/leftovers.py``), and auto mode left transactional mode for it.
+    os.chdir("/")
     os.fsync(out)
     os.close(out)
     _write_atomic(cmd_dir, "status", status.encode())

@@ -74,6 +74,12 @@ class NamespacedSpace(HostScannedSpace):
             return None
         return self._journal(self.root)
 
+    def host_processes(self) -> int | None:
+        """``space.HostProcesses``: the daemon's commands run on this host, in its PID
+        namespace (its pid here names it) or, without one, in ours (0); None while the
+        daemon is down (a look through it says why)."""
+        return (self.daemon_pid or 0) if self._up() else None
+
     async def host_boot_id(self) -> str | None:
         """The boot id of the host the daemon's data dir and workspace are on
         (``durable_spaces/host/boot.py``): a power loss drops their unsynced writes."""
