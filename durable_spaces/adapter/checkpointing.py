@@ -156,18 +156,21 @@ class CheckpointKeeper:
         self.parts.emit("restored", conv, rec, checkpoint=cid)
         return space
 
-    async def restore_newest(self, conv: str, state: SpaceState, space: Space) -> Space:
-        """After the machine crashed and booted again: back to the newest checkpoint."""
+    async def restore_newest(
+        self, conv: str, state: SpaceState, space: Space, reason: str = "machine restarted"
+    ) -> Space:
+        """After the machine crashed and booted again (or whatever ``reason`` says left
+        the Space ahead of the log): back to the newest checkpoint."""
         assert state.last_checkpoint is not None
         await self.parts.spaces.raise_epoch_of(space)
         space = await self.restore(
             space,
             state.last_checkpoint,
-            gone=f"the machine restarted and its checkpoint {state.last_checkpoint} is "
-            "gone ({e})",
+            gone=f"the Space must go back to the log ({reason}) and its checkpoint "
+            f"{state.last_checkpoint} is gone ({{e}})",
         )
         await self.parts.boot.bind(space)
-        self.parts.emit("restored", conv, None, mode="checkpoint", reason="machine restarted")
+        self.parts.emit("restored", conv, None, mode="checkpoint", reason=reason)
         return space
 
     async def rebuild(self, conv: str, state: SpaceState, space: Space) -> Space:

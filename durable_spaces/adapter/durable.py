@@ -149,6 +149,7 @@ class DurableSpaces:
     async def run_call(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         try:
             parsed = tool_args.parse(tool, args)
+            tool_args.check_call_key(ctx.call_key)
         except ToolArgumentError as e:
             return ToolResult.error(f"{tool}: {e}")  # nothing ran, nothing to recover
         name = self.name_for(ctx.conversation_id)
@@ -262,13 +263,33 @@ class DurableSpaces:
             return space, False
         return await self._bring_back(harness, conv, state, space), True
 
+    async def bring_back(self, harness: HarnessView, conversation_id: str, reason: str) -> None:
+        """Make the conversation's Space what its log implies now, as after its machine
+        crashed (the newest checkpoint, or the image; the calls in flight unknown), with
+        a ``log_behind`` event giving ``reason``. For a fork that goes on in its parent's
+        Space (``bind``), which holds effects the fork's log does not: an integration
+        whose framework resumed from an older checkpoint than the Space's last effect
+        (``durable_spaces/integrations/threads.py``)."""
+        name = self.name_for(conversation_id)
+        async with self.parts.spaces.lock(name):
+            state = state_doc.load(harness, conversation_id)
+            space = await self.space_for(harness, conversation_id, state)
+            state = state_doc.load(harness, conversation_id)  # as space_for left it
+            self.parts.emit("log_behind", conversation_id, None, mode=state.mode, reason=reason)
+            await self._bring_back(harness, conversation_id, state, space, reason)
+
     async def _bring_back(
-        self, harness: HarnessView, conv: str, state: SpaceState, space: Space
+        self,
+        harness: HarnessView,
+        conv: str,
+        state: SpaceState,
+        space: Space,
+        reason: str = "machine restarted",
     ) -> Space:
         """The Space may hold effects the log does not: back to the newest checkpoint, or
         the image, with the calls in flight unknown (committed)."""
         if state.mode == "checkpoint" and state.last_checkpoint is not None:
-            space = await self.cp.restore_newest(conv, state, space)
+            space = await self.cp.restore_newest(conv, state, space, reason)
         else:
             await self.tx.revert(harness, conv, space)
             self.parts.emit("reverted", conv, None)
