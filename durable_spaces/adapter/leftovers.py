@@ -14,11 +14,15 @@ lives, on every backend alike (one command in the Space, ``look``).
 What ``look`` finds: the processes whose working directory is at or under the workspace
 (auto mode's condition to leave transactional mode), and the files under the workspace
 they hold open or map shared and writable (as far as the Space's user may read their
-``/proc``). What it cannot see: a process that left the workspace (``cd``) before the
-look, a file held through a name outside the workspace (a hard link), and a process the
-Space's user may not look at. Every process's mappings would cost a read of every
-``maps`` in the Space, which on a busy host (a ``local`` Space's) is most of a call;
-``docs/journal-trust.md`` says the rest.
+``/proc``). On this host (``host_look``) the process running the adapter and its
+ancestors are not among them: no call started them, and an agent whose workspace is its
+own working directory (an integration's pinned workspace, ``integrations/attempt.py``)
+would otherwise leave transactional mode at its first command. What it cannot see: a
+process that left the workspace (``cd``) before the look, a file held through a name
+outside the workspace (a hard link), and a process the Space's user may not look at.
+Every process's mappings would cost a read of every ``maps`` in the Space, which on a
+busy host (a ``local`` Space's) is most of a call; ``docs/journal-trust.md`` says the
+rest.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import psutil
 
 from durable_spaces.errors import PathEscapeError
 from durable_spaces.host.maps import read_whole
@@ -127,8 +133,9 @@ def host_look(root: str) -> Leftovers:
     real = os.path.realpath(root)
     prefix = real.rstrip("/") + "/"
     out: list[bytes] = []
+    mine = _this_line()
     for name in os.listdir("/proc"):
-        if not name.isdigit():
+        if not name.isdigit() or int(name) in mine:
             continue
         base = f"/proc/{name}"
         try:
@@ -150,6 +157,15 @@ def host_look(root: str) -> Leftovers:
                 if len(fields) == 6 and fields[1][1:2] == b"w" and fields[1][3:4] == b"s":
                     out.append(b"M" + fields[5])
     return parse(real, b"\0".join(out))
+
+
+def _this_line() -> frozenset[int]:
+    """This process and its ancestors (module docstring)."""
+    me = psutil.Process()
+    try:
+        return frozenset([me.pid, *(p.pid for p in me.parents())])
+    except psutil.Error:
+        return frozenset([me.pid])
 
 
 async def look(space: Space, epoch: int) -> Leftovers:
