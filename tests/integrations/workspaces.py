@@ -10,9 +10,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from examples import delete_spaces
+
 from durable_spaces.adapter.config import Mode
 from durable_spaces.adapter.recovery import RecoveryEvent
-from durable_spaces.backends.local.backend import LocalBackend
 from durable_spaces.harness.log import SqliteStorage
 from durable_spaces.harness.scheduler import Harness
 from durable_spaces.harness.tools import Registry, ToolResult
@@ -67,15 +68,7 @@ class Attempts:
     def close(self) -> None:
         for ws in self.made:
             ws.close()
-        backend = LocalBackend(self.state / "spaces")
-
-        async def delete_all() -> None:
-            for name in await backend.names():
-                await backend.delete(name)
-            await backend.close()
-
-        if (self.state / "spaces").is_dir():
-            asyncio.run(delete_all())
+        delete_spaces(self.state / "spaces")
 
 
 @contextmanager
