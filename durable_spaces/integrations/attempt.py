@@ -12,6 +12,10 @@ copy for this epoch and a ``Harness`` on the log that runs no model: the framewo
 the harness; this one only keeps the log's conversations, documents and result entries
 that the adapter keeps its knowledge in.
 
+Every directory it makes is durable before it is used (``host.files.make_dir_durable``):
+a directory whose entry a power cut takes takes the log with it, and the framework's
+next call would run again in a workspace that already holds its effect.
+
 Why ``FULL``: the framework commits a tool call's result after the adapter committed
 its own (``threads.py``). A log that could lose its tail to a power cut while the
 framework's kept its own would leave the framework knowing a call whose record and
@@ -39,6 +43,7 @@ from durable_spaces.errors import ConfigError, StaleEpochError
 from durable_spaces.harness.log import SqliteFence, SqliteStorage, check_epoch, open_fenced_sqlite
 from durable_spaces.harness.scheduler import Harness
 from durable_spaces.harness.tools import CodingTools, Registry
+from durable_spaces.host.files import fsync_dir, make_dir_durable
 from durable_spaces.space import SpaceBackend
 
 LOG_FILE = "log.sqlite"
@@ -96,6 +101,7 @@ def place_pinned(workdir: Path, root: str) -> None:
             f"{workdir} cannot become it; use a new state directory"
         ) from None
     work.symlink_to(workdir.resolve(), target_is_directory=True)
+    fsync_dir(work.parent)  # a power cut must not give the Space its empty directory back
 
 
 @dataclass
@@ -118,7 +124,7 @@ class WorkspaceAttempt:
     ) -> WorkspaceAttempt:
         """Claim the next epoch and open everything at it; with ``pinned``, place the
         pinned Space's workspace (and raise its epoch) before anything else runs."""
-        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_dir_durable(state_dir)
         storage, fence = claim(state_dir)
         try:
             holder: list[WorkspaceAttempt] = []
@@ -140,6 +146,7 @@ class WorkspaceAttempt:
                 await session.raise_epoch(PINNED)
             registry = Registry().install(CodingTools).install(session.extension)
             harness = await Harness.open(storage, models={}, registry=registry, env=session.env)
+            fsync_dir(state_dir)  # what the backend and the store made in it: durable too
         except BaseException:
             storage.close()
             raise

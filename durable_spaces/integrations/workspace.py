@@ -34,6 +34,7 @@ from durable_spaces.adapter.recovery import RecoveryListener
 from durable_spaces.backends import known_backends, open_backend
 from durable_spaces.errors import ConfigError
 from durable_spaces.harness.tools import ToolResult
+from durable_spaces.host.files import make_dir_durable
 from durable_spaces.integrations.attempt import PINNED, WorkspaceAttempt
 from durable_spaces.integrations.threads import FrameworkCall, Threads
 from durable_spaces.space import SpaceBackend, space_name
@@ -116,6 +117,8 @@ class DurableWorkspace:
         return attempt, Threads(attempt.harness, attempt.durable, self._space_of, bool(pinned))
 
     def _adapter(self) -> DurableSpaces:
+        for made in ("spaces", "checkpoints"):  # durable before anything is kept in them
+            make_dir_durable(self.state_dir / made)
         if isinstance(self._backend, str):
             spaces = open_backend(self._backend, self.state_dir / "spaces")
         else:
