@@ -39,6 +39,7 @@ stay readable.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +47,8 @@ from typing import Any
 from durable_spaces.adapter import space_state as state_doc
 from durable_spaces.adapter.durable import DurableSpaces
 from durable_spaces.adapter.recovery import RecoveryEvent
-from durable_spaces.errors import ConfigError
+from durable_spaces.adapter.tool_args import check_call_key
+from durable_spaces.errors import ConfigError, ToolArgumentError
 from durable_spaces.harness.scheduler import Harness
 from durable_spaces.harness.state import AgentConfig, Tx
 from durable_spaces.harness.tool_tasks import record_result
@@ -98,10 +100,22 @@ class Threads:
         self._current: dict[str, str] = {}
         self._results: dict[str, dict[str, dict[str, Any]]] = {}  # conv -> call -> result
         self._ran: set[tuple[str, str]] = set()  # (thread, call) this attempt ran or adopted
+        self._locks: dict[str, asyncio.Lock] = {}
 
     # --- a call ---------------------------------------------------------------------------
 
     async def run(self, call: FrameworkCall) -> ToolResult:
+        """The call's result (module docstring), one call of a thread at a time (a
+        framework may run a message's calls at once: they would take the Space's lock in
+        turn anyway, and must not both fork the thread)."""
+        try:
+            check_call_key(f"{call.thread}:{call.call_id}")
+        except ToolArgumentError as e:
+            return ToolResult.error(f"{call.tool}: {e}")  # nothing touched
+        async with self._locks.setdefault(call.thread, asyncio.Lock()):
+            return await self._run(call)
+
+    async def _run(self, call: FrameworkCall) -> ToolResult:
         conv = await self.conversation(call.thread)
         found = self.results(conv).get(call.call_id)
         self._ran.add((call.thread, call.call_id))

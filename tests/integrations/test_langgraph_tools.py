@@ -25,6 +25,7 @@ from pydantic import SecretStr  # noqa: E402
 
 from durable_spaces.integrations import DurableWorkspace  # noqa: E402
 from durable_spaces.integrations.langgraph import durable_tools  # noqa: E402
+from durable_spaces.testing import fake_openai_server, text_reply, tool_call_reply  # noqa: E402
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -89,3 +90,20 @@ def test_a_thread_resumed_from_an_older_checkpoint_finds_the_space_as_it_was_the
         assert a.log() == ["a", "c"]
         assert out["messages"][-1].content == FINAL
         assert "log_behind" in a.kinds()
+
+
+def test_a_message_of_two_calls_runs_both_once(tmp_path: Path) -> None:
+    """LangGraph's tools node runs a message's calls at once (sync: in a pool of threads):
+    each runs once, one at a time in the Space."""
+    two = tool_call_reply("bash", {"command": "echo x >> log.txt"}, call_id="call_x")
+    two["choices"][0]["message"]["tool_calls"].append(
+        tool_call_reply("bash", {"command": "echo y >> log.txt"}, call_id="call_y")["choices"][0][
+            "message"
+        ]["tool_calls"][0]
+    )
+    replies = [two, text_reply(FINAL)]
+    with attempts(tmp_path) as a, fake_openai_server(replies) as server:
+        g = agent(a.attempt(), server.base_url, tmp_path / "lg.sqlite")
+        out = g.invoke({"messages": [("user", "go")]}, THREAD)
+        assert sorted(a.log()) == ["x", "y"]
+        assert out["messages"][-1].content == FINAL

@@ -168,3 +168,11 @@ def test_threads_without_a_pinned_workspace_have_a_space_each(tmp_path: Path) ->
         r2 = a.call("bash", {"command": "cat log.txt"}, "c3", ["c2"], thread="two")
         assert r1.content.startswith("one\n")
         assert "No such file" in r2.content and r.status == "ok"
+
+
+def test_a_thread_no_environment_can_carry_is_refused_before_anything(tmp_path: Path) -> None:
+    with attempts(tmp_path) as a:
+        a.attempt()
+        r = a.call("bash", append("a"), "c1", thread="t\x00")
+        assert r.status == "error" and "cannot be a key" in r.content
+        assert a.log() == [] and conversations(a.state) == []
