@@ -56,6 +56,8 @@ from durable_spaces.harness.tools import ToolContext, ToolResult
 
 THREAD_DOC = "ds.thread"
 START_ENTRY = "ds.thread_start"
+#: What a result entry's status may be (anything else read back is an error).
+STATUSES = ("ok", "error", "interrupted")
 #: The conversations' agent: the framework's, which this log does not run.
 FRAMEWORK = AgentConfig(model="framework")
 
@@ -84,7 +86,7 @@ class FrameworkCall:
 
 
 class Threads:
-    """The threads of one attempt's log (``Attempt.harness``)."""
+    """The threads of one attempt's log (``WorkspaceAttempt.harness``)."""
 
     def __init__(
         self,
@@ -121,8 +123,12 @@ class Threads:
         self._ran.add((call.thread, call.call_id))
         if found is not None:
             self._adopted(conv, call)
+            status = found.get("status")
+            details = found.get("details")
             return ToolResult(
-                str(found.get("content", "")), found.get("status", "ok"), found.get("details", {})
+                str(found.get("content", "")),
+                status if status in STATUSES else "error",
+                details if isinstance(details, dict) else {},
             )
         orphans = self.orphans(conv, call)
         if orphans:
