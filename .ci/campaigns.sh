@@ -32,7 +32,14 @@ for backend in local spacesd; do
   run "stale-$backend" --scenario stale --backend "$backend" --runs 8 --calls 6 --seed-base ci-stale
   # Paused drivers taken over while they sleep, continued after; frozen Spaces.
   run "pause-$backend" --mode transactional --backend "$backend" --runs 8 --calls 6 --seed-base ci-pause --profile pause
-  run "exhaustive-$backend" --scenario exhaustive --backend "$backend" --calls 4 --seed-base ci-ex
+  # One kill at every hit of every failpoint an uninterrupted run passes (the log's commits
+  # and the harness's steps too): two calls, a command and a write (seed ci-ex31; its
+  # commands sleep 0.2 s, so a command is always seen running), about 60 runs each.
+  run "exhaustive-$backend" --scenario exhaustive --backend "$backend" --calls 2 --seed-base ci-ex31
+  if [ "$backend" = local ]; then
+    run "exhaustive-checkpoint-local" --scenario exhaustive --mode checkpoint --backend local \
+      --calls 2 --seed-base ci-ex31
+  fi
 done
 # The change journal in the Space (a microvm's, spacesd/guest_journal.pl) on the real
 # daemon, the host scan off: daemon kills, restarts and removals of the Space, and its
@@ -76,7 +83,9 @@ if ci_require microvm microvm; then
 fi
 # The probe: harnesses crash-tested from outside through the scripted model server, one
 # exhaustive probe each (every kill point of every step once). The fake harnesses have one
-# known defect each and must get exactly the grade it implies; LangGraph re-runs an
+# known defect each and must get exactly the grade it implies (phantom's made-up "ok" is
+# no evidence: unverified; inplace rewrites its transcript in place, which only the kill
+# points inside its state writes show); LangGraph re-runs an
 # interrupted tool (at-least-once); the control (this project's harness and adapter) must
 # grade at-most-once-reported or better under both faults, and so must LangGraph with the
 # integration's tools (docs/integrations.md), under a process kill and a power cut; Pi's
@@ -88,7 +97,9 @@ probe() {
 fakes=tests/probe/fakes
 probe probe-fake-correct at-most-once-reported-or-better --harness "$fakes/correct" --steps 3
 probe probe-fake-rerun at-least-once --harness "$fakes/rerun" --steps 3
-probe probe-fake-phantom unsafe --harness "$fakes/phantom" --steps 3
+probe probe-fake-phantom unverified --harness "$fakes/phantom" --steps 3
+probe probe-fake-fresh at-most-once-reported --harness "$fakes/fresh" --steps 3
+probe probe-fake-inplace-state at-least-once --harness "$fakes/inplace" --steps 2 --at all
 probe probe-fake-detached unsafe --harness "$fakes/detached" --steps 3
 probe probe-control at-most-once-reported-or-better --harness durable-spaces --steps 3
 probe probe-control-machine at-most-once-reported-or-better --harness durable-spaces --steps 3 --fault machine

@@ -95,6 +95,18 @@ ci_check_summary() {
     echo "kills=${f[kills]} short of planned_kills=${f[planned_kills]} (at least $need must land)"
     return 1
   fi
+  # An exhaustive campaign kills at every failpoint its uninterrupted run passed, but
+  # those chaos/points.py names not killable: killed_at=K/N, K of those N.
+  if [ -n "${f[killed_at]+set}" ]; then
+    if ! [[ ${f[killed_at]} =~ ^([0-9]+)/([0-9]+)$ ]]; then
+      echo "SUMMARY field killed_at is not K/N: ${line:0:300}"
+      return 1
+    fi
+    if ((BASH_REMATCH[1] != BASH_REMATCH[2])); then
+      echo "killed at ${BASH_REMATCH[1]} of the ${BASH_REMATCH[2]} killable failpoints its uninterrupted run passed"
+      return 1
+    fi
+  fi
   return 0
 }
 
@@ -122,7 +134,7 @@ ci_run() {
 
 ci_probe_cmd=${CI_PROBE_CMD:-durable-spaces probe}
 # The grades in order, best first (durable_spaces/probe/grade.py).
-ci_grades="exactly-once at-most-once-reported at-least-once unsafe"
+ci_grades="exactly-once at-most-once-reported at-least-once unverified unsafe"
 
 # ci_check_probe FILE RC GRADE: the probe's SUMMARY (its last line) says it ran, its
 # kills landed, the lab broke nothing, and the grade is GRADE (or, for "X-or-better", X
@@ -156,6 +168,10 @@ ci_check_probe() {
   fi
   [ "$rc" -eq 0 ] || { echo "exited $rc"; return 1; }
   local got=${f[grade]:-} best=${want%-or-better}
+  if [[ $got == partial:* ]]; then  # an exhaustive probe that missed pairs (pairs=x/y)
+    echo "grade $got: the probe covered only ${f[pairs]:-some} kill point x step pairs"
+    return 1
+  fi
   if [[ " $ci_grades " != *" $got "* ]]; then
     echo "grade ${got:-missing} is not a grade"
     return 1

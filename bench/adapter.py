@@ -118,6 +118,10 @@ class CountingStorage:
         self._pending.clear()
         return self._counted
 
+    @property
+    def identity(self) -> str:
+        return self.inner.identity
+
     def load(self) -> list[Commit]:
         return self.inner.load()
 

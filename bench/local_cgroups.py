@@ -5,7 +5,11 @@ each timed alone on a ``sleep`` child: making an epoch's cgroup, moving the firs
 supervisor of an epoch into it and the next ones (the kernel's first move after a quiet
 spell waits for an RCU grace period: ``cgroup_threadgroup_rwsem``), and an advance's
 kill of a cgroup holding one process (``cgroup.kill``, wait for ``populated 0``,
-``rmdir``) against a plain ``SIGKILL`` and wait of the same process.
+``rmdir``) against a plain ``SIGKILL`` and wait of the same process. Then the fence that
+keeps a command in its cgroup (``backends/local/confine.py``): building it (once per fork
+server, once per directly started supervisor), and a child that applies it and exits
+against one that only exits: its Landlock half alone (a fork server's child: the seccomp
+half is the server's own, inherited) and both halves (a directly started supervisor).
 """
 
 from __future__ import annotations
@@ -14,10 +18,12 @@ import argparse
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+from durable_spaces.backends.local import confine
 from durable_spaces.backends.local.cgroups import SpaceCgroups, parent_for
 
 ROUNDS = 40
@@ -69,6 +75,46 @@ def main(rounds: int) -> None:
     print(f"move a later one in              {_ms(later)}")
     print(f"kill+wait+remove (3 processes)   {_ms(kill)}")
     print(f"plain SIGKILL+wait (1 process)   {_ms(plain)}")
+    _fence(rounds)
+
+
+#: Timed in a small interpreter (``-I -S``, as a fork server or supervisor is): a fork of
+#: this one, with its imports, costs more than the fence and varies more.
+_FENCE = r"""
+import os, statistics, sys, time
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+import confine
+rounds = int(sys.argv[2])
+build, ways = [], {"restrict": [], "apply": [], "bare": []}
+for _ in range(rounds):
+    t0 = time.perf_counter()
+    fence = confine.build()
+    build.append(time.perf_counter() - t0)
+    for way, times in ways.items():
+        t0 = time.perf_counter()
+        pid = os.fork()
+        if pid == 0:
+            if way != "bare":
+                getattr(fence, way)()
+            os._exit(0)
+        os.waitpid(pid, 0)
+        times.append(time.perf_counter() - t0)
+    fence.close()
+ms = lambda xs: f"{statistics.median(xs) * 1000:8.3f} ms"
+print(f"build the fence ({fence.rules} rules)   {ms(build)}")
+print(f"fork, Landlock, exit             {ms(ways['restrict'])}")
+print(f"fork, seccomp+Landlock, exit     {ms(ways['apply'])}")
+print(f"fork, exit                       {ms(ways['bare'])}")
+"""
+
+
+def _fence(rounds: int) -> None:
+    why = confine.unavailable()
+    if why is not None:
+        print(f"fence: skipped: {why}")
+        return
+    cmd = [sys.executable, "-I", "-S", "-c", _FENCE, confine.__file__, str(rounds)]
+    print(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout, end="")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ _EXPORTS: dict[str, str] = {
     "workspace_at": "durable_spaces.adapter.review",
     "diff_entries": "durable_spaces.adapter.review",
     "fork_at": "durable_spaces.adapter.review",
+    "quarantines": "durable_spaces.adapter.review",
+    "quarantined": "durable_spaces.adapter.review",
     # the harness and its log
     "Harness": "durable_spaces.harness.scheduler",
     "AgentConfig": "durable_spaces.harness.state",
@@ -56,6 +58,7 @@ _EXPORTS: dict[str, str] = {
     "PermanentFailure": "durable_spaces.errors",
     "HaltError": "durable_spaces.errors",
     "ConfigError": "durable_spaces.errors",
+    "SpaceOwnedError": "durable_spaces.errors",
 }
 
 __all__ = [
@@ -80,6 +83,7 @@ __all__ = [
     "Settings",
     "Space",
     "SpaceBackend",
+    "SpaceOwnedError",
     "StaleEpochError",
     "StartContext",
     "Submission",
@@ -94,6 +98,8 @@ __all__ = [
     "open_fenced_jsonl",
     "open_fenced_sqlite",
     "open_storage",
+    "quarantined",
+    "quarantines",
     "run_durable_session",
     "workspace_at",
 ]
@@ -120,7 +126,13 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from durable_spaces.adapter.durable import DurableSpaces, durable_spaces
     from durable_spaces.adapter.image import ImageLimits
     from durable_spaces.adapter.recovery import RecoveryEvent
-    from durable_spaces.adapter.review import diff_entries, fork_at, workspace_at
+    from durable_spaces.adapter.review import (
+        diff_entries,
+        fork_at,
+        quarantined,
+        quarantines,
+        workspace_at,
+    )
     from durable_spaces.backends import known_backends, open_backend
     from durable_spaces.drive.entry import SessionHandle, StartContext, run_durable_session
     from durable_spaces.errors import (
@@ -128,6 +140,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
         DurableSpacesError,
         HaltError,
         PermanentFailure,
+        SpaceOwnedError,
         StaleEpochError,
     )
     from durable_spaces.harness.handles import Conversation, Submission

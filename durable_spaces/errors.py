@@ -133,6 +133,11 @@ class CheckpointCorruptError(CheckpointError):
         self.problems = problems
 
 
+class SpaceOwnedError(PermanentFailure):
+    """The Space is another log's (or its owner record cannot be trusted): nothing was
+    changed; ``DS_SPACE_ADOPT`` takes it (``adapter/space_owner.py``)."""
+
+
 class HaltError(DurableSpacesError):
     """The driver must stop without recording anything (the Space cannot be fenced).
 
@@ -152,6 +157,13 @@ class ImageLimitError(DurableSpacesError):
 class ReviewError(DurableSpacesError):
     """The workspace as of an entry cannot be read (no such entry, a machine checkpoint,
     or a checkpoint gone from both the store and its Space)."""
+
+
+class BadFileError(DurableSpacesError, ValueError):
+    """A file read from outside (named by a user, or by a record or state file) is not
+    what it must be: not a regular file (a FIFO, a device), too big, nested too deep, or
+    not the format asked for. One line naming the file; nothing was changed
+    (``durable_spaces/host/bounded.py``)."""
 
 
 class ConfigError(DurableSpacesError, ValueError):

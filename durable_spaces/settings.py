@@ -210,6 +210,17 @@ class Settings(EnvFields):
         "DS_LOG_SYNCHRONOUS", "NORMAL", _upper_choice("NORMAL", "FULL", "OFF"),
         doc="the log's durability: NORMAL or FULL (SQLite's level); OFF (JSONL only): no fsync",
     )  # fmt: skip
+    # -- whose Space, and what a take-back keeps --
+    space_adopt: str = setting(
+        "DS_SPACE_ADOPT", "refuse", _choice("refuse", "as-is", "log"),
+        doc="a Space another log owns: refuse it (nothing changed), take it as it is, or "
+        "take it back to this log (adapter/space_owner.py)",
+    )  # fmt: skip
+    quarantine_days: int = setting(
+        "DS_QUARANTINE_DAYS", 30, _count(1, 36500),
+        doc="days a quarantine checkpoint (what a revert or restore would have deleted that "
+        "nothing else held) is kept at least (adapter/quarantine.py)",
+    )  # fmt: skip
     # -- the host --
     host_boot_id: Path | None = setting(
         "DS_HOST_BOOT_ID", None, _path, recorded=False,

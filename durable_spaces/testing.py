@@ -20,6 +20,7 @@ from durable_spaces.harness.models import (
     ToolCall,
     implied_workspace,
 )
+from durable_spaces.host.bounded import parse_json
 
 if TYPE_CHECKING:
     from durable_spaces.harness.handles import Conversation
@@ -141,7 +142,8 @@ class FakeOpenAIServer:
                 self._send_json({"object": "list", "data": [{"id": "fake", "object": "model"}]})
 
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"] or 0)))
+                size = int(self.headers["Content-Length"] or 0)
+                body = parse_json(self.rfile.read(size), where="a request")
                 if not self.path.endswith("/chat/completions"):
                     self.send_error(404)
                     return

@@ -1,9 +1,11 @@
 """Fixtures shared by every test folder: a quiet environment, a private state dir, and a
-docker Space (skipped, saying why, where Docker or the Space image is missing); and the
-hooks by which a test's needs become skips, or on CI failures (``tests/needs.py``)."""
+docker Space (skipped, saying why, where Docker or the Space image is missing); the
+hooks by which a test's needs become skips, or on CI failures (``tests/needs.py``); and
+the session-end check that fails a run leaving any process behind (``tests/leftovers.py``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -11,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from leftovers import Session, failing, report
 from needs import MissingCapability, need
 
 from durable_spaces.campaigns.capabilities import CAPABILITIES, required
@@ -26,6 +29,35 @@ os.environ["CUA_TELEMETRY"] = "0"
 def pytest_configure(config: pytest.Config) -> None:
     for c in CAPABILITIES.values():  # each capability is a marker of its name
         config.addinivalue_line("markers", f"{c.name}: needs {c.what} (tests/needs.py)")
+    if not hasattr(config, "workerinput"):  # the run's first process: before any worker
+        config.stash[_SESSION] = Session.start()
+
+
+_SESSION = pytest.StashKey[Session]()
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's teardown of its workers
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The run fails on any process a test started and did not end (killed, named)."""
+    run = session.config.stash.get(_SESSION, None)
+    if run is None:
+        return
+    workers = []
+    if session.config.pluginmanager.hasplugin("dsession"):  # our children are xdist's
+        me = str(os.getpid())
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                with contextlib.suppress(OSError):
+                    if Path(f"/proc/{name}/stat").read_text().rpartition(")")[2].split()[2] == me:
+                        workers.append(int(name))
+    left = run.leftovers(workers)
+    run.end(left)
+    left = failing(left)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(report(left), red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -311,8 +311,8 @@ class CallPipeline:
         """Unknown: lost with the daemon, cut off by a newer epoch, a file tool cut
         mid-write, or effects that lived only in a lost Space."""
         if (state.mode or rec.mode) == "transactional":
-            await self.durable.tx.revert(self.harness, self.conv, space)
-            self.parts.emit("reverted", self.conv, rec)
+            kept = await self.durable.tx.revert(self.harness, self.conv, space)
+            self.parts.emit("reverted", self.conv, rec, **({"quarantine": kept} if kept else {}))
             hit("recovery.reverted")
             await self._restart_mark(rec, space)
             return await self._effect_and_finish(space, rec, "ran")

@@ -10,8 +10,11 @@ open Spaces and their epochs), ``machine`` (boot ids of whole-machine Spaces),
 ``transactional`` and ``checkpointing`` (the two ways of keeping a Space), ``modes``
 (which way each call goes), ``recovery`` (the decision table), ``calls`` (one call's
 steps). This module ties them: it binds a conversation to a Space that is consistent
-with the log (created on first use, rebuilt when lost, brought back after its machine
-crashed), and runs each wrapped call under the Space's lock.
+with the log (created on first use, this log's and no other's (``space_owner``), rebuilt
+when lost, brought back after its machine crashed or when the log lost its tail), and
+runs each wrapped call under the Space's lock. The adapter serves one log: it learns the
+log's identity when the harness opens it (``Extension.opened``), and names its Spaces,
+keys and owner records by it.
 """
 
 from __future__ import annotations
@@ -36,14 +39,17 @@ from durable_spaces.adapter.space_env import SpaceExecutionEnv
 from durable_spaces.adapter.space_state import CallRecord, SpaceState
 from durable_spaces.adapter.transactional import TransactionalKeeper
 from durable_spaces.errors import (
+    ConfigError,
     HaltError,
     PathEscapeError,
+    PermanentFailure,
     SpaceError,
     StaleEpochError,
     ToolArgumentError,
     UnsupportedNameError,
 )
 from durable_spaces.harness.log import Fence
+from durable_spaces.harness.log_core import IDENTITY
 from durable_spaces.harness.tools import Extension, Tool, ToolContext, ToolResult
 from durable_spaces.settings import Settings
 from durable_spaces.settings import of as settings_of
@@ -66,13 +72,32 @@ class DurableSpaces:
         self.cp = CheckpointKeeper(self.parts)
         self.modes = ModeDecider(self.parts, self.tx)
 
-    def for_session(self, **session: Any) -> DurableSpaces:
+    def for_session(self, *, log_id: str | None = None, **session: Any) -> DurableSpaces:
         """A fresh adapter on this one's configuration with the session's epoch, namespace,
-        fence and callbacks (``AdapterConfig.with_session``); bound Spaces carry over."""
+        fence and callbacks (``AdapterConfig.with_session``) and its log's identity (the
+        driver gives it before the harness opens); bound Spaces carry over."""
         new = DurableSpaces(self.config.with_session(**session))
         for conv, name in self.parts.spaces._bound.items():
-            new.bind(conv, name)
+            new.bind(conv, name, self.parts.spaces.heirs.get(conv, frozenset()))
+        if log_id is not None or self.parts.spaces.log_id is not None:
+            new.bind_log(log_id or self.parts.spaces.log_id or "")
         return new
+
+    def bind_log(self, log_id: str) -> None:
+        """Serve the log whose identity is ``log_id`` (``Storage.identity``). One adapter
+        serves one log: its Spaces, keys and owner records are named by it."""
+        keeper = self.parts.spaces
+        if not log_id or not IDENTITY.fullmatch(log_id):
+            raise PermanentFailure(
+                f"the log has no identity durable-spaces can use ({log_id[:40]!r}): its "
+                "storage must have one (Storage.identity)"
+            )
+        if keeper.log_id is not None and keeper.log_id != log_id:
+            raise ConfigError(
+                f"this adapter serves log {keeper.log_id[:12]}, not {log_id[:12]}: build "
+                "one adapter per log (for_session makes a driver's copy)"
+            )
+        keeper.log_id = self.parts.witness.log_id = log_id
 
     # --- what the configuration says ----------------------------------------------------
 
@@ -117,7 +142,11 @@ class DurableSpaces:
 
     @property
     def extension(self) -> Extension:
-        return Extension("durable-spaces", wrap={name: self._wrapper(name) for name in WRAPPED})
+        return Extension(
+            "durable-spaces",
+            wrap={name: self._wrapper(name) for name in WRAPPED},
+            opened=lambda harness: self.bind_log(harness.log_id),
+        )
 
     def _wrapper(self, name: str) -> Callable[[Tool], Tool]:
         def wrap(inner: Tool) -> Tool:
@@ -133,10 +162,13 @@ class DurableSpaces:
         """The harness's environment factory: the conversation's Space as an env."""
         return SpaceExecutionEnv(self, conversation_id)
 
-    def bind(self, conversation_id: str, name: str) -> None:
+    def bind(self, conversation_id: str, name: str, heir_of: frozenset[str] = frozenset()) -> None:
         """Use the Space ``name`` for this conversation (a Space placed by a coordinator,
-        e.g. ``CUA_SESSION_SPACE``) instead of one named from its id."""
-        self.parts.spaces.bind(conversation_id, name)
+        e.g. ``CUA_SESSION_SPACE``) instead of one named from its id. ``heir_of``: this
+        log's conversations whose claim on the Space this one takes over (a framework
+        thread's conversation after a fork: ``integrations/threads.py``); another
+        conversation's claim is refused as ever."""
+        self.parts.spaces.bind(conversation_id, name, heir_of)
 
     def name_for(self, conversation_id: str) -> str:
         return self.parts.spaces.name_for(conversation_id)
@@ -200,13 +232,16 @@ class DurableSpaces:
         """The conversation's Space, consistent with the log: created on first use,
         advanced to the epoch, rebuilt when it was lost (or is a fork's first use),
         brought back when its machine crashed and booted again."""
+        self.bind_log(harness.log_id)
         keeper = self.parts.spaces
         name = keeper.name_for(conv)
         space, missing = await keeper.find_or_create(name)
         lost = missing or (state.instance is not None and space.instance_id != state.instance)
         if not keeper.fenced(name):
-            await keeper.raise_epoch_of(space, new_log=not state.has_history)
+            await keeper.raise_epoch_of(space, new_log=not state.has_history, conv=conv)
         keeper.open[name] = space
+        if await keeper.claim(space, conv) == "take":
+            space = await self._taken(harness, conv, space, missing)
         crashed = False
         if lost and state.has_history:
             space = await self._rebuild(harness, conv, state, space)
@@ -218,6 +253,16 @@ class DurableSpaces:
             await self.parts.boot.bind(space)  # the first commit carries the host's boot
         if not missing and not self.parts.witness.asked(name):
             space = await self._log_behind(harness, conv, space, brought_back=crashed)
+        return space
+
+    async def _taken(self, harness: HarnessView, conv: str, space: Space, missing: bool) -> Space:
+        """Another log's Space was just claimed for this one, as ``DS_SPACE_ADOPT`` asked:
+        as it is, or taken back to this log (``space_owner.py``)."""
+        how = self.config.settings.space_adopt
+        was = self.parts.spaces.previous_owner(space.name)
+        self.parts.emit("claimed", conv, None, how=how, was=was.short() if was else "unknown")
+        if how == "log" and not missing:
+            return await self._bring_back(harness, conv, state_doc.load(harness, conv), space)
         return space
 
     async def _log_behind(
@@ -248,7 +293,7 @@ class DurableSpaces:
         if state.mode == "transactional":
             space = await self.tx.rebuild(harness, conv, space)
         else:
-            space = await self.cp.rebuild(conv, state, space)
+            space = await self.cp.rebuild(harness, conv, state, space)
         state.instance = space.instance_id
         await self.parts.commit(harness, conv, state)
         return space
@@ -261,7 +306,7 @@ class DurableSpaces:
         as unknown (see ``machine.py``). Returns the Space and whether it did."""
         if not await self.parts.boot.crashed_since_log(space, state):
             return space, False
-        return await self._bring_back(harness, conv, state, space), True
+        return await self._bring_back(harness, conv, state, space, crashed=True), True
 
     async def bring_back(self, harness: HarnessView, conversation_id: str, reason: str) -> None:
         """Make the conversation's Space what its log implies now, as after its machine
@@ -276,7 +321,7 @@ class DurableSpaces:
             space = await self.space_for(harness, conversation_id, state)
             state = state_doc.load(harness, conversation_id)  # as space_for left it
             self.parts.emit("log_behind", conversation_id, None, mode=state.mode, reason=reason)
-            await self._bring_back(harness, conversation_id, state, space, reason)
+            await self._bring_back(harness, conversation_id, state, space, reason=reason)
 
     async def _bring_back(
         self,
@@ -284,15 +329,19 @@ class DurableSpaces:
         conv: str,
         state: SpaceState,
         space: Space,
-        reason: str = "machine restarted",
+        crashed: bool = False,
+        reason: str | None = None,
     ) -> Space:
-        """The Space may hold effects the log does not: back to the newest checkpoint, or
-        the image, with the calls in flight unknown (committed)."""
+        """The Space may hold effects the log does not (``crashed``: its machine booted
+        again): back to the newest checkpoint, or the image, with the calls in flight
+        unknown (committed); what only the Space held kept first (``quarantine.py``)."""
         if state.mode == "checkpoint" and state.last_checkpoint is not None:
-            space = await self.cp.restore_newest(conv, state, space, reason)
+            if reason is None:
+                reason = "machine restarted" if crashed else "log is behind the Space"
+            space = await self.cp.restore_newest(harness, conv, state, space, reason)
         else:
-            await self.tx.revert(harness, conv, space)
-            self.parts.emit("reverted", conv, None)
+            kept = await self.tx.revert(harness, conv, space)
+            self.parts.emit("reverted", conv, None, **({"quarantine": kept} if kept else {}))
         for rec in state.calls.values():
             if rec.checkpoint is None and state.mode == "checkpoint":
                 rec.instance = None  # its effects may be gone with the crash: unknown
@@ -316,6 +365,7 @@ class DurableSpaces:
     async def ensure_space(self, harness: HarnessView, conversation_id: str) -> None:
         """After a run settles: a Space lost after the last call is rebuilt before the
         session is reported done."""
+        self.bind_log(harness.log_id)
         name = self.name_for(conversation_id)
         async with self.parts.spaces.lock(name):
             state = state_doc.load(harness, conversation_id)

@@ -17,7 +17,7 @@ timestamps are not tracked (as in the reference). How the image is stored in the
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from durable_spaces.chaos.failpoints import hit
@@ -161,11 +161,16 @@ async def apply(
     exclude: Sequence[str] = (),
     *,
     epoch: int,
+    guard: Callable[[PathTable], Awaitable[object]] | None = None,
 ) -> Delta:
     """Make the workspace equal to ``target``: write back what is missing or differs,
     delete what the image lacks. Returns what was changed. Every change carries
-    ``epoch``: a driver paused here and continued after a takeover changes nothing more."""
+    ``epoch``: a driver paused here and continued after a takeover changes nothing more.
+    ``guard`` is given the workspace as scanned before the first change (the quarantine
+    keeps what nothing else holds: ``quarantine.py``)."""
     current = await space.scan(".", exclude)
+    if guard is not None:
+        await guard(current)
     d = diff(current, target)
     for p in d.delete:
         hit("image.apply_op")

@@ -162,6 +162,11 @@ def remember(harness: HarnessView, conv: str, image: ImageUpdate) -> None:
         _tables.setdefault(harness, {})[(conv, *version)] = image.table
 
 
+def has_blob(harness: HarnessView, conv: str, sha: str | None) -> bool:
+    """Whether the log holds the blob ``sha`` (the conversation's or an ancestor's)."""
+    return sha is not None and inherited(harness, conv, BLOB_DOC_PREFIX + sha) is not None
+
+
 def blob(harness: HarnessView, conv: str, sha: str) -> bytes | None:
     """A blob of the image, looked up in the conversation and then its ancestors."""
     text = inherited(harness, conv, BLOB_DOC_PREFIX + sha)

@@ -9,8 +9,9 @@ calls the log forgot as changes made outside the calls, and ran those calls agai
 The witness. The ``cua.space`` document counts the start marks it ever committed (its
 *position*, ``SpaceState.marks``; every start mark takes the next one). Before a call's
 effect may touch the Space, the Space's exec ledger holds the key of its position,
-``<session>:<conversation>#<position>``: a bash call's command runs under that key (it is its exec
-key, recorded durably before the process starts: nothing more to do), a write or edit
+``<log identity>:<conversation>#<position>``: a bash call's command runs under that key
+(it is its exec key, recorded durably before the process starts: nothing more to do), a
+write or edit
 first records it with a ``true`` run under it (fenced by the epoch, as every mutation).
 A driver binding to a Space it found (not one it just created) asks the ledger once for
 the position after the log's last: known means the Space saw a start mark of this
@@ -19,10 +20,14 @@ it. Then, as after a power loss, the workspace goes back to what the log implies
 (transactional: the image; checkpoint: the newest checkpoint the log names; a log that
 lost every call implies an empty workspace), the calls in flight are unknown, and the
 positions the ledger already knows are skipped (a key is never used twice, whatever
-either side lost). A ``log_behind`` recovery event says so. The key names the
-conversation and nothing the log could lose with its tail (a SQLite log in WAL mode at
-``NORMAL`` that was never checkpointed loses every commit at once): a log that starts
-again from nothing for a conversation whose Space's ledger knows it is behind, not new.
+either side lost). A ``log_behind`` recovery event says so; what the take-back deletes
+that nothing else holds is kept first (``quarantine.py``). The key names the log by its
+identity (``Storage.identity``), which is durable from the log's creation, before its
+first commit (a SQLite log in WAL mode at ``NORMAL`` that was never checkpointed loses
+every commit at once, never its identity): a log that starts again from nothing on a
+Space whose ledger knows its positions is behind, not new; a new log (even one at a
+deleted log's path) has another identity, so it is never taken for one that lost its
+tail, and two logs never share a key. A Space knows its log too: ``space_owner.py``.
 
 Why one probe suffices: positions are used in order, and a driver records each one's key
 before it commits the next start mark (or dies). A driver killed between a start mark
@@ -42,9 +47,14 @@ Why this and not the alternatives:
   only: a lost write or edit leaves no key; an edit run twice fails.
 - *An epoch the log never issued* (the Space's floor above the log's) sees a lost driver
   start, never calls lost within one driver's epoch: the common case.
-- *A random name per log in the key* (so that two logs of one conversation never share
-  a key) is lost with the log's first commit: the log that lost everything would look
-  new, and adopt the Space's effects of every call it forgot.
+- *A random name per log in the key, made with its first commit* is lost with that
+  commit: the log that lost everything would look new, and adopt the Space's effects of
+  every call it forgot. The identity is that name, made durable before any commit
+  instead (the log's storage writes and syncs it when it creates the log).
+- *The conversation alone in the key* (an earlier form of this witness, with the
+  session's name) made a new log of a reused name look behind a Space another log
+  used, and revert it to nothing; and two logs of one name shared keys (one was told the
+  other's output).
 - *A position file the adapter writes per call* costs a mutation per call (a command on
   ``spacesd``), and a file in the workspace would be in every scan and checkpoint.
 - *A position written ahead, off the call path* (reserved after one call for the next)
@@ -66,6 +76,7 @@ from __future__ import annotations
 
 from durable_spaces.adapter.space_state import CallRecord, SpaceState
 from durable_spaces.chaos import mutants
+from durable_spaces.errors import ConfigError
 from durable_spaces.space import ExecState, Space
 
 #: The filler's suffix: a position the log has whose effect never started.
@@ -91,17 +102,17 @@ async def record(space: Space, key: str, epoch: int) -> None:
 class LogWitness:
     """Asks the ledger once per Space and driver whether it is ahead of the log."""
 
-    def __init__(self, namespace: str | None = None) -> None:
+    def __init__(self, log_id: str = "") -> None:
         self._asked: set[str] = set()
-        self.namespace = namespace
+        #: The log's identity (``DurableSpaces.bind_log`` sets it before any Space is used).
+        self.log_id = log_id
 
     def owner(self, conv: str) -> str:
-        """Whose positions: the session's namespace (its name, outside the log, so a log
-        that lost everything keeps it) and the conversation. Two sessions whose
-        conversations share an id may take turns on one Space (the cluster's race); a
-        conversation id alone would make the second's fresh log look behind the first's
-        positions, and revert the Space to nothing."""
-        return conv if not self.namespace else f"{self.namespace}:{conv}"
+        """Whose positions: the log (its identity, kept by a log that lost everything,
+        never another log's) and the conversation."""
+        if not self.log_id:
+            raise ConfigError("the log's witness is used before the adapter knows its log")
+        return f"{self.log_id}:{conv}"
 
     def next_position(self, conv: str, state: SpaceState, rec: CallRecord) -> str:
         """Give ``rec``'s new start mark the log's next position (committed with it), and

@@ -1,7 +1,7 @@
 """What the two ways of keeping a Space (``transactional.py``, ``checkpointing.py``)
 and the call pipeline (``calls.py``) share: the configuration, the open Spaces, the
-machine watch, the log's witness, the one way to commit the ``cua.space`` document, and
-recovery events. Built once per adapter by ``durable.py``."""
+machine watch, the log's witness, the quarantine, the one way to commit the
+``cua.space`` document, and recovery events. Built once per adapter by ``durable.py``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from durable_spaces.adapter import space_state as state_doc
 from durable_spaces.adapter.config import AdapterConfig
 from durable_spaces.adapter.log_witness import LogWitness
 from durable_spaces.adapter.machine import BootWatch
+from durable_spaces.adapter.quarantine import Quarantine
 from durable_spaces.adapter.recovery import RecoveryEvent, RecoveryKind
 from durable_spaces.adapter.space_state import CallRecord, SpaceState
 from durable_spaces.adapter.spaces import SpaceKeeper
@@ -27,13 +28,16 @@ class Parts:
     config: AdapterConfig
     spaces: SpaceKeeper
     boot: BootWatch
-    witness: LogWitness = field(default_factory=LogWitness)
+    witness: LogWitness
+    quarantine: Quarantine
     events: list[RecoveryEvent] = field(default_factory=list)
 
     @staticmethod
     def of(config: AdapterConfig) -> Parts:
         spaces = SpaceKeeper(config)
-        return Parts(config, spaces, BootWatch(spaces), LogWitness(config.namespace))
+        days = config.settings.quarantine_days
+        quarantine = Quarantine(config.snapshots, days, spaces.epoch_for)
+        return Parts(config, spaces, BootWatch(spaces), LogWitness(), quarantine)
 
     def epoch_for(self, name: str) -> int:
         return self.spaces.epoch_for(name)

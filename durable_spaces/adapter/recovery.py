@@ -26,6 +26,7 @@ RecoveryKind = Literal[
     "reimaged",  # transactional: a lost Space was rebuilt from the log alone
     "mode",  # auto switched the conversation to checkpoint mode for good
     "log_behind",  # the Space's ledger knew a position the log lost (log_witness.py)
+    "claimed",  # another log's Space was taken, as asked (DS_SPACE_ADOPT, space_owner.py)
 ]
 
 RECOVERY_KINDS: tuple[str, ...] = RecoveryKind.__args__  # type: ignore[attr-defined]

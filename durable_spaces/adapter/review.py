@@ -21,6 +21,11 @@ readable workspace: reviewing them raises ``ReviewError``.
 
 Symlinks appear in the returned mapping as ``SYMLINK + target`` so a path that turned
 from a file into a link (or changed target) shows up in a diff like any other change.
+
+Beside the workspace as of an entry, what recovery kept aside: ``quarantines`` lists the
+quarantine checkpoints of a conversation (what a revert or restore would have deleted
+that nothing else held, ``quarantine.py``) and ``quarantined`` reads one's workspace,
+from the same copies a checkpoint is read from.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from durable_spaces.adapter.checkpoints.snapshots import (
     WorkspaceSnapshots,
     check_archive,
 )
+from durable_spaces.adapter.quarantine import Kept, records
 from durable_spaces.adapter.space_state import DOC, IMAGE_DOC, SpaceState
 from durable_spaces.errors import PermanentFailure, ReviewError
 from durable_spaces.space import PathTable, Space
@@ -56,12 +62,15 @@ Status = Literal["added", "removed", "modified"]
 __all__ = [
     "SYMLINK",
     "FileDiff",
+    "Kept",
     "ReviewError",
     "WorkspaceFiles",
     "diff_entries",
     "diff_workspaces",
     "entry_before",
     "fork_at",
+    "quarantined",
+    "quarantines",
     "render",
     "state_before",
     "workspace_at",
@@ -97,7 +106,9 @@ async def workspace_at(
         raise ReviewError(f"the log as of {entry_id} cannot be read: {e}") from None
     pointer = conv.document(IMAGE_DOC, as_of=entry_id)
     if state.mode == "checkpoint" and state.last_checkpoint is not None:
-        data = await _checkpoint_bytes(harness, durable, conversation_id, state)
+        data = await _checkpoint_bytes(
+            harness, durable, conversation_id, state, state.last_checkpoint
+        )
         return workspace_from_tar(data)
     if state.image_stale is not None:
         raise ReviewError(
@@ -146,11 +157,39 @@ def workspace_from_tar(data: bytes) -> WorkspaceFiles:
     return dict(sorted(out.items()))
 
 
+def quarantines(harness: Harness, conversation_id: str) -> list[Kept]:
+    """The conversation's quarantine checkpoints, oldest first: each says when, why, in
+    which Space, and the first paths it keeps that nothing else held."""
+    try:
+        return records(harness, conversation_id)
+    except KeyError as e:
+        raise ReviewError(str(e.args[0] if e.args else e)) from None
+    except PermanentFailure as e:
+        raise ReviewError(str(e)) from None
+
+
+async def quarantined(
+    harness: Harness, durable: DurableSpaces, conversation_id: str, checkpoint_id: str
+) -> WorkspaceFiles:
+    """The workspace a quarantine checkpoint of the conversation keeps (all of it, as it
+    was before the take-back: the paths at risk are in ``quarantines``)."""
+    kept = {k.checkpoint: k for k in quarantines(harness, conversation_id)}
+    if checkpoint_id not in kept:
+        raise ReviewError(f"{checkpoint_id!r} is not a quarantine of {conversation_id!r}")
+    state = SpaceState.from_json(harness.conversation(conversation_id).document(DOC))
+    state.space = kept[checkpoint_id].space  # the Space that kept it, first
+    data = await _checkpoint_bytes(harness, durable, conversation_id, state, checkpoint_id)
+    return workspace_from_tar(data)
+
+
 async def _checkpoint_bytes(
-    harness: Harness, durable: DurableSpaces, conversation_id: str, state: SpaceState
+    harness: Harness,
+    durable: DurableSpaces,
+    conversation_id: str,
+    state: SpaceState,
+    cid: str,
 ) -> bytes:
-    cid = state.last_checkpoint
-    assert cid is not None
+    durable.bind_log(harness.log_id)  # Spaces are named by it
     snaps = durable.snapshots
     if not isinstance(snaps, WorkspaceSnapshots):
         raise ReviewError(

@@ -24,9 +24,10 @@ from durable_spaces.adapter.image import ImageLimits, apply
 from durable_spaces.adapter.image_log import ImageUpdate
 from durable_spaces.adapter.leftovers import Leftovers, look, merged, reread
 from durable_spaces.adapter.parts import Parts
+from durable_spaces.adapter.quarantine import at_risk, content
 from durable_spaces.adapter.space_state import SpaceState
 from durable_spaces.chaos.failpoints import hit
-from durable_spaces.space import PathTable, Space
+from durable_spaces.space import PathEntry, PathTable, Space
 
 if TYPE_CHECKING:
     from durable_spaces.harness.handles import HarnessView
@@ -131,19 +132,43 @@ class TransactionalKeeper:
 
     # --- bringing the workspace back ------------------------------------------------------
 
-    async def revert(self, harness: HarnessView, conv: str, space: Space) -> None:
-        """Make the workspace equal to the image again (the caller emits ``reverted``)."""
+    async def revert(
+        self, harness: HarnessView, conv: str, space: Space, why: str = "reverted"
+    ) -> str | None:
+        """Make the workspace equal to the image again (the caller emits ``reverted``),
+        after keeping what it deletes or replaces that no blob of the log holds; returns
+        that quarantine checkpoint's id, if one was needed (``quarantine.py``)."""
+        target = image_log.table(harness, conv)
+        want = {p: content(e) for p, e in target.items()}
+        kept: list[str | None] = [None]
+
+        def held(e: PathEntry) -> bool:
+            return e.kind == "file" and image_log.has_blob(harness, conv, e.sha256)
+
+        async def guard(current: PathTable) -> None:
+            risky = [p for p in at_risk(current, want) if not held(current[p])]
+            kept[0] = await self.parts.quarantine.keep(harness, conv, space, risky, why)
+
         await apply(
             space,
-            image_log.table(harness, conv),
+            target,
             image_log.need_blob(harness, conv),
             self.limits.exclude,
             epoch=self.parts.epoch_for(space.name),
+            guard=guard,
         )
+        return kept[0]
 
     async def rebuild(self, harness: HarnessView, conv: str, space: Space) -> Space:
         """A Space placed again from scratch (or a fork's new one): rebuilt from the log."""
-        await self.revert(harness, conv, space)
+        kept = await self.revert(harness, conv, space, why="reimaged")
         hit("recovery.reimaged")
-        self.parts.emit("reimaged", conv, None, mode="transactional", instance=space.instance_id)
+        self.parts.emit(
+            "reimaged",
+            conv,
+            None,
+            mode="transactional",
+            instance=space.instance_id,
+            **({"quarantine": kept} if kept else {}),
+        )
         return space

@@ -33,10 +33,11 @@ from durable_spaces.drive.entry import (
     run_durable_session,
 )
 from durable_spaces.errors import ConfigError
-from durable_spaces.harness.models import ScriptedModel
+from durable_spaces.harness.models import ScriptedModel, check_gate
 from durable_spaces.harness.scheduler import AgentConfig, Harness
 from durable_spaces.harness.tools import CodingTools, Registry
 from durable_spaces.host import holders as host_holders
+from durable_spaces.host.bounded import load_object
 from durable_spaces.settings import Settings
 
 CONFIG_FILE = "agent.json"
@@ -55,6 +56,7 @@ class AgentConfigFile:
     sleep: float = 0.05
     max_files: int | None = None  # transactional limit (None: the default 1000)
     server: bool = False  # step 0 starts a long-lived process (the "server" mode)
+    gate: str | None = None  # commands wait for this file (tests: ``ScriptedModel``'s gate)
 
     def save(self, state_dir: Path) -> None:
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -64,7 +66,10 @@ class AgentConfigFile:
     def load(state_dir: Path) -> AgentConfigFile:
         path = state_dir / CONFIG_FILE
         try:
-            return AgentConfigFile(**json.loads(path.read_text()))
+            cfg = AgentConfigFile(**load_object(path))
+            if cfg.gate is not None:
+                check_gate(str(cfg.gate))
+            return cfg
         except FileNotFoundError:
             raise ConfigError(f"{path} is missing") from None
         except OSError as e:
@@ -94,7 +99,8 @@ def build(cfg: AgentConfigFile) -> tuple[DurableSpaces, ScriptedModel]:
         transactional=limits,
         settings=settings,
     )
-    return durable, ScriptedModel(cfg.seed, cfg.calls, sleep=cfg.sleep, server=cfg.server)
+    model = ScriptedModel(cfg.seed, cfg.calls, sleep=cfg.sleep, server=cfg.server, gate=cfg.gate)
+    return durable, model
 
 
 def warm_up(state_dir: Path) -> None:

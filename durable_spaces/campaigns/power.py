@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import os
 import random
 import signal
@@ -36,13 +35,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from durable_spaces.campaigns.checks.rawlog import read_log
+from durable_spaces.campaigns.checks.rawlog import MAX_LOG_BYTES, read_log
 from durable_spaces.campaigns.inject import last_hit
 from durable_spaces.chaos.points import LOG_BEFORE_COMMIT
 from durable_spaces.chaos.powerfs import PowerFS, mount
 from durable_spaces.drive.supervisor import now_ms
 from durable_spaces.errors import LogError, SpaceError
 from durable_spaces.host.boot import BOOT_ENV
+from durable_spaces.host.bounded import MAX_VALUE_BYTES, parse_json, read_bytes, read_text
 
 if TYPE_CHECKING:
     from durable_spaces.drive.coordinator import Attempt, Coordinator, Launch
@@ -296,13 +296,13 @@ def look(log: Path, ledger: Path, epoch_file: Path) -> dict[str, Any]:
             out["log_floor"] = raw.floor if raw.format == "sqlite" else _marker_floor(log)
     epochs = []
     with contextlib.suppress(OSError):
-        for line in ledger.read_bytes().splitlines():
+        for line in read_bytes(ledger, max_bytes=MAX_LOG_BYTES).splitlines():
             with contextlib.suppress(ValueError, AttributeError, TypeError):
-                epochs.append(int(json.loads(line).get("epoch")))
+                epochs.append(int(parse_json(line, where=str(ledger)).get("epoch")))
     out["ledger_epoch"] = max(epochs, default=None)
     floor = None
     with contextlib.suppress(OSError, ValueError):
-        floor = int(epoch_file.read_text().strip() or 0)
+        floor = int(read_text(epoch_file, max_bytes=MAX_VALUE_BYTES).strip() or 0)
     out["space_floor"] = floor
     return out
 

@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
-from durable_spaces.errors import RecordError
+from durable_spaces.errors import BadFileError, RecordError
+from durable_spaces.host.bounded import load_json
 
 OUTCOMES = ("ok", "failed", "lab_error")
 #: Outcome names older records used (read as the current name).
@@ -139,19 +140,16 @@ class RunRecord:
 
     @staticmethod
     def load(path: str | Path) -> RunRecord:
-        """Read one record file; ``RecordError`` (naming the file) if it is not one."""
+        """Read one record file; ``RecordError`` (naming the file) if it is not one: not a
+        regular file (a FIFO is refused, never waited on), too big, nested too deep, not
+        JSON (``host/bounded.py``), or not of a record's shape."""
         p = Path(path)
         try:
-            with open(p, "rb", opener=_nofollow) as fh:
-                raw = fh.read(MAX_RECORD_BYTES + 1)
+            data = load_json(p, max_bytes=MAX_RECORD_BYTES, follow=False)
+        except BadFileError as e:
+            raise RecordError(str(e)) from None
         except OSError as e:
             raise RecordError(f"{p}: cannot be read: {e.strerror or e}") from None
-        if len(raw) > MAX_RECORD_BYTES:
-            raise RecordError(f"{p}: over {MAX_RECORD_BYTES} bytes, not a run record")
-        try:
-            data = json.loads(raw)
-        except ValueError as e:  # UnicodeDecodeError included
-            raise RecordError(f"{p}: not JSON ({e})") from None
         try:
             return RunRecord.from_json(data)
         except RecordError as e:
@@ -304,7 +302,7 @@ def scan_records(campaign_dir: str | Path) -> RecordScan:
         try:
             rec = RunRecord.load(p)
         except RecordError as e:
-            scan.skipped.append((p, str(e).removeprefix(f"{p}: ")))
+            scan.skipped.append((p, str(e).removeprefix(f"{p}: ").removeprefix(f"{p} ")))
             continue
         if rec.run_id in seen:
             scan.skipped.append((p, f"a second record of run {rec.run_id}"))

@@ -486,7 +486,9 @@ def exhaustive_schedules(spec: CampaignSpec, work_dir: Path) -> list[Schedule]:
         finally:
             await ctx.placement.delete()
 
-    return exhaustive.schedules(asyncio.run(trace()), spec.seed_base)
+    hits = asyncio.run(trace())
+    exhaustive.save_plan(work_dir, hits)  # what it passed: the campaign's coverage line
+    return exhaustive.schedules(hits, spec.seed_base)
 
 
 __all__ = ["POINTS", "RunContext", "exhaustive_schedules", "run_one"]

@@ -37,7 +37,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -53,7 +53,7 @@ from durable_spaces.campaigns.scenarios import registration
 from durable_spaces.campaigns.shrink import ShrinkResult, shrink
 from durable_spaces.campaigns.spec import MAX_JOBS, CampaignSpec, LabSettings, RunSpec
 from durable_spaces.campaigns.summary import Summary, emit, scenario_fields
-from durable_spaces.campaigns.trace_coverage import coverage_of
+from durable_spaces.campaigns.trace_coverage import coverage_of, killed_at
 from durable_spaces.campaigns.worker import error_record
 from durable_spaces.campaigns.worker_spares import WorkerSpares
 from durable_spaces.chaos.schedule import Schedule
@@ -288,13 +288,16 @@ def run_campaign(
     stdout: IO[str] | None = None,
     retries: int = 3,
     executor: RunExecutor | None = None,
+    plan: Mapping[str, Any] | None = None,
 ) -> CampaignResult:
     """Run the campaign; print REPRO/SHRUNK lines and the SUMMARY line to ``stdout``.
 
     ``run_one`` is a module-level ``async def run_one(run: RunSpec) -> RunRecord`` (or its
     ``"module:function"`` name). ``schedules`` given: one run per schedule (exhaustive
-    mode), instead of ``spec.runs`` runs drawn from ``<seed_base>-<i>``. Bad arguments
-    raise ``ConfigError`` before anything is created.
+    mode), instead of ``spec.runs`` runs drawn from ``<seed_base>-<i>``; ``plan``: what
+    their uninterrupted run passed (``scenarios/exhaustive.py``'s ``plan_of``), kept in
+    ``campaign.json`` and held against where the kills landed (SUMMARY's ``killed_at``).
+    Bad arguments raise ``ConfigError`` before anything is created.
     """
     out = _check_args(out_dir, jobs, run_timeout_s, shrink_budget)
     for sub in ("runs", "schedules", "logs", "state"):
@@ -304,6 +307,8 @@ def run_campaign(
     started = time.time()
     meta: dict[str, Any] = {"spec": spec.to_json(), "run_one": ref, "jobs": jobs,
                             "started_unix": started}  # fmt: skip
+    if plan is not None:
+        meta["exhaustive"] = dict(plan)
     (out / "campaign.json").write_text(json.dumps(meta, indent=2) + "\n")
 
     state_root = str(out / "state")
@@ -372,7 +377,10 @@ def _run_and_report(
     extra = scenario_fields(records, registration(spec.scenario).summary_fields)
     stories = [r.extra["trace"] for r in records if isinstance(r.extra.get("trace"), list)]
     if stories:  # the points a trace can show (a redrive run's cluster writes none)
-        extra["coverage"] = coverage_of(stories).fraction()
+        cov = coverage_of(stories)
+        extra["coverage"] = cov.fraction()
+        if (k := killed_at(cov, meta.get("exhaustive"))) is not None:
+            extra["killed_at"] = k.fraction()
     result = CampaignResult(
         spec, out, records,
         Summary.of(records, mode=spec.mode, backend=spec.backend, seed_base=spec.seed_base,

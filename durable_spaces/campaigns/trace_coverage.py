@@ -19,15 +19,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from durable_spaces.chaos.points import REGISTRY
+from durable_spaces.chaos.points import NOT_KILLABLE, REGISTRY
+from durable_spaces.chaos.schedule import MAX_TRACE_BYTES
+from durable_spaces.host.bounded import read_text
 
 __all__ = [
     "MAX_CALLS",
     "Coverage",
+    "KilledAt",
     "TraceHit",
     "attempt_stories",
     "attempt_story",
     "coverage_of",
+    "killed_at",
     "read_hits",
     "registered_points",
 ]
@@ -48,7 +52,7 @@ class TraceHit:
 def read_hits(path: Path, limit: int = 100_000) -> list[TraceHit]:
     """The whole lines of a trace (a torn last line and malformed ones are skipped)."""
     try:
-        text = path.read_text(errors="replace")
+        text = read_text(path, max_bytes=MAX_TRACE_BYTES, errors="replace")
     except (FileNotFoundError, IsADirectoryError):
         return []
     hits: list[TraceHit] = []
@@ -152,6 +156,73 @@ class Coverage:
     def fraction(self) -> str:
         """``hit/registered`` for the SUMMARY line."""
         return f"{len(self.hit_points & set(self.registered))}/{len(self.registered)}"
+
+    @property
+    def killed_points(self) -> set[str]:
+        return {p for p, _ in self.kills}
+
+    def line(self) -> str:
+        """The coverage line of a report: passed, killed at, and not killable (the
+        registered points passed that ``chaos/points.py`` says a kill makes no sense at)."""
+        passed = self.hit_points & set(self.registered)
+        killed = self.killed_points & passed
+        never = sorted(passed & set(NOT_KILLABLE))
+        return (
+            f"{len(passed)}/{len(self.registered)} registered failpoints passed; killed at "
+            f"{len(killed)} of them ({sum(self.kills.values())} kills); not killable: "
+            f"{', '.join(never) or 'none'}"
+        )
+
+
+@dataclass(frozen=True)
+class KilledAt:
+    """An exhaustive campaign's points against what its uninterrupted run passed."""
+
+    #: The points the uninterrupted run passed, and how many times each.
+    passed: dict[str, int]
+    #: Of them, the points a kill landed at in some run.
+    killed: frozenset[str]
+    #: Of them, those a kill makes no sense at, and why (they had no run).
+    not_killable: dict[str, str]
+
+    @property
+    def killable(self) -> set[str]:
+        return set(self.passed) - set(self.not_killable)
+
+    @property
+    def missed(self) -> list[str]:
+        """Killable points no kill landed at (an exhaustive campaign has none)."""
+        return sorted(self.killable - self.killed)
+
+    def fraction(self) -> str:
+        """``killed at/killable`` for the SUMMARY line (``killed_at=``)."""
+        return f"{len(self.killed & self.killable)}/{len(self.killable)}"
+
+    def line(self) -> str:
+        never = ", ".join(f"{p} ({why})" for p, why in sorted(self.not_killable.items()))
+        missed = f"; never killed at: {', '.join(self.missed)}" if self.missed else ""
+        return (
+            f"the uninterrupted run passed {len(self.passed)} failpoints "
+            f"({sum(self.passed.values())} hits); killed at "
+            f"{len(self.killed & self.killable)} of them; not killable: {never or 'none'}"
+            f"{missed}"
+        )
+
+
+def killed_at(cov: Coverage, plan: Any) -> KilledAt | None:
+    """``plan`` (an exhaustive campaign's ``campaign.json`` ``exhaustive``, data read
+    back: None unless it has the shape ``scenarios/exhaustive.py``'s ``plan_of`` gives)
+    held against where the campaign's kills landed."""
+    if not isinstance(plan, dict):
+        return None
+    passed, never = plan.get("passed"), plan.get("not_killable")
+    if not isinstance(passed, dict) or not isinstance(never, dict):
+        return None
+    if not all(p in REGISTRY and type(n) is int and n > 0 for p, n in passed.items()):
+        return None
+    if not all(p in passed and isinstance(w, str) for p, w in never.items()):
+        return None
+    return KilledAt(dict(passed), frozenset(cov.killed_points & set(passed)), dict(never))
 
 
 def _killed(story: dict[str, Any]) -> bool:

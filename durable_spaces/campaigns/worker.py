@@ -34,6 +34,7 @@ from durable_spaces.campaigns.fast_exit import exit_now
 from durable_spaces.campaigns.record import Check, RunRecord
 from durable_spaces.campaigns.spec import LabSettings, RunSpec
 from durable_spaces.chaos import failpoints
+from durable_spaces.host.bounded import load_object, parse_json
 
 
 def resolve(ref: str) -> Callable[[RunSpec], Any]:
@@ -91,7 +92,7 @@ def _spare(ref: str) -> int:
     if not raw:
         return 0  # the runner closed its spares: never launched
     try:
-        msg = json.loads(raw)
+        msg = parse_json(raw, where="the launch line")
         if not isinstance(msg, dict) or set(msg) != {"spec", "out", "log"}:
             raise ValueError("expected exactly the keys spec, out, log")
         spec_path, out_path, log_path = (str(msg[k]) for k in ("spec", "out", "log"))
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) == 2 and args[0] == "--spare":
         return _spare(args[1])
     ref, spec_path, out_path = args
-    spec = RunSpec.from_json(json.loads(Path(spec_path).read_text()))
+    spec = RunSpec.from_json(load_object(spec_path))
     rec = execute(ref, spec)
     out = Path(out_path)
     tmp = out.with_name(out.name + ".tmp")

@@ -28,17 +28,26 @@ class Point:
     #: Hit from a timer as well as at a logical position (``tests/chaos/test_points.py``
     #: reads which from the code and holds this to it).
     also_timer: bool = False
+    #: Why a kill of the process that passes it makes no sense (empty: it does). An
+    #: exhaustive campaign kills at every hit of every other point a run passes.
+    not_killable: str = ""
 
 
 REGISTRY: dict[str, Point] = {}
 
 
 def _point(
-    name: str, group: str, meaning: str, *, timer: bool = False, also_timer: bool = False
+    name: str,
+    group: str,
+    meaning: str,
+    *,
+    timer: bool = False,
+    also_timer: bool = False,
+    not_killable: str = "",
 ) -> str:
     if name in REGISTRY:
         raise ValueError(f"failpoint {name!r} registered twice")
-    REGISTRY[name] = Point(name, group, meaning, timer, also_timer)
+    REGISTRY[name] = Point(name, group, meaning, timer, also_timer, not_killable)
     return name
 
 
@@ -77,6 +86,11 @@ RECOVERY = "recovery"
 RECOVERY_START = _point("recovery.start", RECOVERY, "a resumed call found its record")
 RECOVERY_REVERTED = _point(
     "recovery.reverted", RECOVERY, "a call of unknown outcome was reverted to its before-image"
+)
+RECOVERY_QUARANTINED = _point(
+    "recovery.quarantined",
+    RECOVERY,
+    "what a take-back would delete is in a quarantine checkpoint, recorded; nothing deleted yet",
 )
 RECOVERY_RESTORED = _point(
     "recovery.restored", RECOVERY, "a checkpoint was restored (before the call, or the last)"
@@ -176,6 +190,8 @@ TIMER_ONLY = frozenset(p.name for p in REGISTRY.values() if p.timer)
 #: Points how many times a run passes depends on timing (hit from a timer, only or too):
 #: a failpoint at the n-th hit of one lands in different places run to run.
 TIMED = frozenset(p.name for p in REGISTRY.values() if p.timer or p.also_timer)
+#: Points a kill at makes no sense, and why (``Point.not_killable``).
+NOT_KILLABLE = {p.name: p.not_killable for p in REGISTRY.values() if p.not_killable}
 
 
 def known(name: str) -> bool:
@@ -195,4 +211,14 @@ def check(names: Iterable[str], what: str) -> None:
         raise ValueError(f"{what} names unregistered failpoints: {', '.join(bad)}")
 
 
-__all__ = ["GROUPS", "REGISTRY", "TIMED", "TIMER_ONLY", "Point", "check", "known", "unknown"]
+__all__ = [
+    "GROUPS",
+    "NOT_KILLABLE",
+    "REGISTRY",
+    "TIMED",
+    "TIMER_ONLY",
+    "Point",
+    "check",
+    "known",
+    "unknown",
+]

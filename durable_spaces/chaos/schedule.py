@@ -38,6 +38,12 @@ from durable_spaces.chaos.faults import (
 )
 from durable_spaces.chaos.points import ADAPTER_SPAWN
 from durable_spaces.chaos.profiles import PROFILES, Profile, profile_named
+from durable_spaces.host.bounded import load_json, parse_json, read_text
+
+#: Schedules are a few KB; a bigger (or endless, /dev/zero) file is not one.
+MAX_SCHEDULE_BYTES = 16 << 20
+#: A failpoint trace has a line per hit: a run's are thousands of lines, not millions.
+MAX_TRACE_BYTES = 64 << 20
 
 #: Points hit only from a timer (whether they are hit depends on timing): never a
 #: logical position for a drawn fault.
@@ -145,7 +151,7 @@ class Schedule:
 
     @staticmethod
     def loads(text: str) -> Schedule:
-        return Schedule.from_json(json.loads(text))
+        return Schedule.from_json(parse_json(text, where="a schedule"))
 
     def save(self, path: str | Path) -> Path:
         p = Path(path)
@@ -155,7 +161,7 @@ class Schedule:
 
     @staticmethod
     def load(path: str | Path) -> Schedule:
-        return Schedule.loads(Path(path).read_text())
+        return Schedule.from_json(load_json(path, max_bytes=MAX_SCHEDULE_BYTES))
 
     @staticmethod
     def draw(
@@ -316,7 +322,9 @@ def _draw_stall(rng: random.Random, prof: Profile) -> dict[str, Any]:
 
 def read_trace(source: str | Path | Iterable[str]) -> list[tuple[str, int]]:
     """Hits from a ``DS_FAILPOINT_TRACE`` file (lines ``"point n"``), in order, unique."""
-    lines = Path(source).read_text().splitlines() if isinstance(source, str | Path) else source
+    if isinstance(source, str | Path):
+        source = read_text(source, max_bytes=MAX_TRACE_BYTES, errors="replace").splitlines()
+    lines = source
     seen: dict[tuple[str, int], None] = {}
     for line in lines:
         parts = line.split()

@@ -3,8 +3,9 @@
 One module per group of commands, each registering on the one Typer ``app``
 (``durable_spaces/cli/app.py``, which also turns every error into one line):
 ``campaigns.py`` (campaign, repro, agent), ``inspect.py`` (report, check, diff),
-``cluster.py`` (host, coordinator, submit, worker), ``probe.py`` (probe). Reading ``app``
-imports them, which registers them.
+``cluster.py`` (host, coordinator, submit, worker), ``probe.py`` (probe),
+``quarantine.py`` (quarantine list, quarantine restore). Reading ``app`` imports them,
+which registers them.
 
 The command line is the lab's edge: Typer and the reports' packages come with the
 ``lab`` extra (pyproject), not with the product. Without them ``main`` says so in one
@@ -32,7 +33,13 @@ def lab_missing() -> list[str]:
 def __getattr__(name: str) -> Any:
     if name != "app":
         raise AttributeError(f"module 'durable_spaces.cli' has no attribute {name!r}")
-    from durable_spaces.cli import campaigns, cluster, inspect, probe  # noqa: F401  (register)
+    from durable_spaces.cli import (  # noqa: F401  (register)
+        campaigns,
+        cluster,
+        inspect,
+        probe,
+        quarantine,
+    )
     from durable_spaces.cli.app import app
 
     globals()["app"] = app

@@ -26,12 +26,11 @@ from durable_spaces.campaigns.scenarios import known_scenarios
 from durable_spaces.campaigns.spec import BACKENDS
 from durable_spaces.cli.app import app, fail, usable_dir
 from durable_spaces.errors import ConfigError, DurableSpacesError
+from durable_spaces.host.bounded import load_json, load_object
 
 SESSION_MODULE = "durable_spaces.campaigns.run"
 #: A week: a run that needs longer is wedged (the default is 900 s).
 MAX_RUN_TIMEOUT_S = 7 * 24 * 3600.0
-#: Schedules are a few KB; a bigger (or endless, /dev/zero) file is not one.
-MAX_SCHEDULE_BYTES = 16 << 20
 
 
 def _run_timeout(value: float) -> float:
@@ -170,12 +169,13 @@ def campaign(
         except ConfigError as e:
             raise fail(str(e)) from None
         raise typer.Exit(d.exit_code)
-    schedules = None
+    schedules = plan = None
     if spec.scenario == "exhaustive":
         make = getattr(session, "exhaustive_schedules", None)
         if make is None:
             raise fail(f"{SESSION_MODULE} has no exhaustive_schedules(spec, work_dir)")
         schedules = make(spec, out / "trace")
+        plan = _plan(out / "trace")
     executor = None
     if db is not None:
         from durable_spaces.campaigns.cluster.campaign_queue import QueuedRuns, campaign_name
@@ -190,7 +190,7 @@ def campaign(
         result = run_campaign(
             spec, f"{SESSION_MODULE}:run_one", out_dir=out, schedules=schedules,
             run_timeout_s=run_timeout, shrink_failures=shrink, progress=progress,
-            retries=retries, executor=executor,
+            retries=retries, executor=executor, plan=plan,
         )  # fmt: skip
     finally:
         if executor is not None:
@@ -203,12 +203,23 @@ def campaign(
     raise typer.Exit(result.exit_code)
 
 
+def _plan(work_dir: Path) -> dict[str, object] | None:
+    """What the exhaustive campaign's uninterrupted run passed (its session wrote it beside
+    the trace; a session that did not leaves the coverage line without it)."""
+    from durable_spaces.campaigns.scenarios.exhaustive import PLAN
+
+    try:
+        return load_object(work_dir / PLAN)
+    except FileNotFoundError:
+        return None
+
+
 def _record_kind(path: Path) -> str | None:
     """The ``kind`` a run record names (a probe's says ``probe``; a campaign's none)."""
-    try:
-        if path.stat().st_size > MAX_SCHEDULE_BYTES:
-            return None
-        data = json.loads(path.read_text())
+    from durable_spaces.campaigns.record import MAX_RECORD_BYTES
+
+    try:  # a file that is not a record is left to the campaign's reader to name
+        data = load_json(path, max_bytes=MAX_RECORD_BYTES)
     except (OSError, ValueError):
         return None
     return data.get("kind") if isinstance(data, dict) else None
@@ -265,9 +276,7 @@ def repro(
         raise fail(str(e)) from None
     sched = None
     if schedule is not None:
-        if not schedule.is_file() or schedule.stat().st_size > MAX_SCHEDULE_BYTES:
-            raise fail(f"--schedule {schedule} is not a schedule file (a JSON file)")
-        try:
+        try:  # a FIFO, a device, /dev/zero or a directory is refused, never read
             sched = Schedule.load(schedule)
             check_seed("the schedule's seed", sched.seed)
         except (ConfigError, OSError, ValueError, KeyError, TypeError, AttributeError) as e:

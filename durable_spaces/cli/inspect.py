@@ -54,23 +54,32 @@ def report_cmd(
             1,
         )
     rep = render_report(directory, scan)
-    for path, why in rep.skipped:
-        typer.echo(f"durable-spaces: warning: skipped {path}: {one_line(why)}", err=True)
-    if rep.skipped:
-        n = len(rep.skipped)
-        typer.echo(f"durable-spaces: warning: skipped {n} of {n + rep.runs} run records", err=True)
+    _warn_skipped(rep.skipped, rep.runs)
     typer.echo(str(rep.markdown))
     typer.echo(str(rep.html))
+
+
+def _warn_skipped(skipped: list[tuple[Path, str]], runs: int | None) -> None:
+    """One warning line per run record file left out, then how many (of how many)."""
+    for path, why in skipped:
+        typer.echo(f"durable-spaces: warning: skipped {path}: {one_line(why)}", err=True)
+    if skipped:
+        n = len(skipped)
+        of = "" if runs is None else f" of {n + runs}"
+        typer.echo(f"durable-spaces: warning: skipped {n}{of} run records", err=True)
 
 
 def _compare(a: Path, b: Path) -> None:
     from durable_spaces.reports.compare import compare
     from durable_spaces.reports.render import markdown_table
 
+    skipped: list[tuple[Path, str]] = []
     try:
-        table = compare(a, b)
+        table = compare(a, b, skipped)
     except DurableSpacesError as e:
+        _warn_skipped(skipped, None)
         raise fail(str(e)) from None
+    _warn_skipped(skipped, None)  # the table's first row says how many were compared
     typer.echo(f"A = {a}\nB = {b}\n")
     typer.echo(markdown_table(table))
 

@@ -3,7 +3,9 @@
 ``durable-spaces probe --harness NAME_OR_RECIPE`` runs the probe (durable_spaces/probe/)
 and ends with its SUMMARY line; ``durable-spaces probe --compare DIR...`` tabulates
 probes already run. Exit codes: 0 the lab worked, 1 ``--expect`` and the grade is worse,
-2 bad input, 3 a run broke in the lab, 4 not tested (no fault landed where planned).
+2 bad input (a recipe's launch or resume program that cannot start too), 3 a run broke in
+the lab or the uninterrupted run could not be judged, 4 not tested (no fault landed where
+planned).
 """
 
 from __future__ import annotations
@@ -36,8 +38,15 @@ def probe(
         help="exit 1 when the grade is worse than this one")] = None,
     keep: Annotated[bool, typer.Option(help="keep every run's workdir and state")] = False,
     at: Annotated[str | None, typer.Option(
-        help="only these kill points, comma-separated (request,stream,started,effect,exited)"
+        help="only these kill points, comma-separated (request,stream,started,effect,exited; "
+             "write,fsync,rename or state: inside the harness's state writes; all)"
     )] = None,
+    call_ids: Annotated[str, typer.Option(
+        help="the model's tool call ids: per-answer (new at every answer, as a real model "
+             "gives them) or per-step (the older ids, the step's own)")] = "per-answer",
+    allow_partial: Annotated[bool, typer.Option(
+        help="--expect accepts a grade from a probe that covered only some kill point x "
+             "step pairs (partial:...)")] = False,
     report: Annotated[bool, typer.Option(help="write report.md/html at the end")] = True,
     compare: Annotated[bool, typer.Option(
         "--compare", help="instead: tabulate the probes in the directories given")] = False,
@@ -61,6 +70,8 @@ def probe(
         raise fail(f"unexpected argument {dirs[0]} (directories go with --compare)")
     if harness is None:
         raise fail("give --harness NAME_OR_RECIPE (or --compare DIR...)")
+    if call_ids not in ("per-answer", "per-step"):
+        raise fail(f"--call-ids {call_ids}: per-answer or per-step")
     from durable_spaces.probe.recipe import load
     from durable_spaces.probe.whole_probe import ProbeSpec, run_probe
 
@@ -74,6 +85,7 @@ def probe(
         recipe=recipe, out=out, scenario=scenario, fault=fault, runs=runs, steps=steps,
         seed_base=seed_base, jobs=jobs, expect=expect, keep=keep,
         at=tuple(x.strip() for x in at.split(",") if x.strip()) if at else (),
+        per_step=call_ids == "per-step", allow_partial=allow_partial,
     )  # fmt: skip
     try:
         spec.check()  # before the directory is made: bad input leaves nothing behind

@@ -53,6 +53,10 @@ from durable_spaces.cluster.store import ClusterStore
 from durable_spaces.drive import protocol
 from durable_spaces.drive.coordinator import Coordinator, CoordinatorResult
 from durable_spaces.errors import ClaimLostError, ClusterError
+from durable_spaces.host.bounded import read_text
+
+#: How much of a driver's log is read for its last word (its tail is what counts).
+MAX_DRIVER_LOG_BYTES = 64 << 20
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +118,8 @@ def _permanent_reason(result: CoordinatorResult, state_dir: Path) -> str:
         return result.reason
     path = state_dir / "drivers" / f"epoch-{result.epochs[-1]}.log"
     try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
+        lines = read_text(path, max_bytes=MAX_DRIVER_LOG_BYTES, errors="replace").splitlines()
+    except (OSError, ValueError):  # a FIFO, a device, a log grown huge: no more to say
         return result.reason
     said = [x for x in lines if x.startswith("durable-spaces driver:")]
     return f"{result.reason}: {said[-1]}" if said else result.reason
@@ -199,6 +203,10 @@ class ClusterCoordinator:
         lease: list[int | None] = [None]  # the lease token of the drive being launched
         if session.space is not None:
             env[protocol.SPACE] = session.space
+            # The store's lease says who drives a Space: a session holding it takes the
+            # Space as it is, another session's work included (adapter/space_owner.py);
+            # the lease never lets two drive it at once.
+            env["DS_SPACE_ADOPT"] = "as-is"
 
         async def epoch_source(floor: int) -> int:
             if floor:

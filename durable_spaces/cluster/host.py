@@ -59,6 +59,7 @@ from durable_spaces.errors import (
     HostLostError,
     UnknownRecordError,
 )
+from durable_spaces.host.bounded import load_object
 from durable_spaces.space import Space, SpaceBackend, space_name
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,7 @@ class HostAgent:
         """What an earlier run provided; an entry whose name does not match its Space and
         generation is ignored (the sweep then deletes that sandbox as a leftover)."""
         try:
-            raw = json.loads((self.state_dir / PROVIDED_FILE).read_text())
+            raw = load_object(self.state_dir / PROVIDED_FILE)  # a FIFO, too big, too deep: refused
             provided = {k: Provided(**v) for k, v in raw.items()}
         except FileNotFoundError:
             return {}

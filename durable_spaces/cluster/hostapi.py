@@ -58,6 +58,7 @@ from durable_spaces.errors import (
     HostAuthError,
     UnknownRecordError,
 )
+from durable_spaces.host.bounded import parse_json
 
 STATES = ("up", "down", "gone", "unknown")
 _MAX_BODY = 64 * 1024
@@ -202,7 +203,7 @@ class _Handler(BaseHTTPRequestHandler):
             if self.path not in ("/v1/place", "/v1/rotate"):
                 return self._not_found()
             try:
-                req = json.loads(body, parse_int=_small_int) if body else None
+                req = parse_json(body, where="a request", parse_int=_small_int) if body else None
             except ValueError:
                 req = None
             if not isinstance(req, dict):
@@ -348,11 +349,11 @@ class HostClient:
         req.add_header("Authorization", sign(self._secret, method, path, data or b""))
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
-                out = json.loads(r.read())
+                out = parse_json(r.read(_MAX_BODY + 1), where=f"host {self.address}")
         except urllib.error.HTTPError as e:
             try:
-                why = str(json.loads(e.read()).get("error", e.reason))
-            except ValueError:
+                why = str(parse_json(e.read(_MAX_BODY), where="").get("error", e.reason))
+            except (ValueError, AttributeError):
                 why = str(e.reason)
             if e.code == HTTPStatus.CONFLICT:
                 raise ClusterConflictError(f"host {self.address}: {why}") from None

@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from durable_spaces.errors import ConfigError
+from durable_spaces.host.bounded import parse_json
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}$")
 _PRINTABLE = re.compile(r"^[\x21-\x7e]{1,4096}$")  # visible ASCII, no spaces
@@ -55,7 +56,7 @@ def check_json(what: str, value: object) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigError(f"{what} must be a JSON object (a dict)")
     try:
-        out: dict[str, Any] = json.loads(json.dumps(value, allow_nan=False))
+        out: dict[str, Any] = parse_json(json.dumps(value, allow_nan=False), where=what)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{what} is not JSON: {e}") from e
     return out

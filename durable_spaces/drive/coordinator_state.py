@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 
 from durable_spaces.chaos import failpoints, points
+from durable_spaces.host.bounded import load_object
 from durable_spaces.host.proc_start import started
 
 STATE_FILE = "coordinator.json"
@@ -44,7 +45,7 @@ def read_state(state_dir: str | Path) -> dict[str, Any]:
     """The coordinator file (``{"last_epoch": 0}`` when there is none yet)."""
     p = Path(state_dir) / STATE_FILE
     try:
-        data: dict[str, Any] = json.loads(p.read_text())
+        data: dict[str, Any] = load_object(p)  # a FIFO, a huge or deep file: refused
     except FileNotFoundError:
         return {"last_epoch": 0, "driver": None}
     return data

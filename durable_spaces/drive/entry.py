@@ -224,7 +224,8 @@ async def _drive(durable: DurableSpaces, start: Start, session: Session) -> int:
     first = [True]
 
     def on_recovery(ev: RecoveryEvent) -> None:
-        emit_event("recovery", kind=ev.kind, mode=ev.mode, call=ev.call)
+        kept = {"quarantine": ev.detail["quarantine"]} if "quarantine" in ev.detail else {}
+        emit_event("recovery", kind=ev.kind, mode=ev.mode, call=ev.call, **kept)
         if chained is not None:
             chained(ev)
 
@@ -236,6 +237,7 @@ async def _drive(durable: DurableSpaces, start: Start, session: Session) -> int:
     # This attempt's copy of the adapter: its epoch, the session's namespace, the log's
     # fence and the driver's callbacks (``start`` gets it as ``ctx.durable``).
     durable = durable.for_session(
+        log_id=storage.identity,  # known before the harness opens: a placed Space is judged
         epoch=session.epoch,
         namespace=session.name,
         fence=fence,

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 from durable_spaces.drive import protocol as sp
 from durable_spaces.errors import ConfigError
+from durable_spaces.host.bounded import parse_json
 
 VERSION = 1
 WARM_MODULE = "durable_spaces.drive.warm_driver"
@@ -137,7 +138,7 @@ def _text(what: str, v: object) -> str:
 def decode(data: bytes, expect_argv: Sequence[str]) -> WarmLaunch:
     """A launch message, checked strictly (``ConfigError`` names what is wrong)."""
     try:
-        msg = json.loads(data.decode("utf-8"))
+        msg = parse_json(data.decode("utf-8"), where="the launch message")
     except (UnicodeDecodeError, ValueError) as e:
         raise ConfigError(f"the launch message is not JSON: {e}") from None
     if not isinstance(msg, dict):

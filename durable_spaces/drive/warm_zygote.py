@@ -56,6 +56,7 @@ from durable_spaces.drive import protocol as sp
 from durable_spaces.drive import warm_driver
 from durable_spaces.drive import warm_launch as wl
 from durable_spaces.errors import ConfigError
+from durable_spaces.host.bounded import parse_json
 
 VERSION = 1
 _KEYS = {"v", "mode", "argv", "state_dir", "cwd", "env"}
@@ -82,7 +83,7 @@ def encode(mode: str, argv: list[str], state_dir: str, cwd: str, env: dict[str, 
 def decode(data: bytes, started_with: dict[str, str]) -> Request:
     """A request, checked strictly (``ConfigError`` names what is wrong)."""
     try:
-        msg = json.loads(data.decode("utf-8"))
+        msg = parse_json(data.decode("utf-8"), where="the request")
     except (UnicodeDecodeError, ValueError) as e:
         raise ConfigError(f"the request is not JSON: {e}") from None
     if not isinstance(msg, dict) or set(msg) != _KEYS:

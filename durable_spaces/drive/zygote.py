@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import json
 import os
 import socket
 import subprocess
@@ -34,6 +33,7 @@ from typing import Any, Protocol
 
 from durable_spaces.drive import warm_launch as wl
 from durable_spaces.drive import warm_zygote as wz
+from durable_spaces.host.bounded import parse_json
 
 #: The variable naming the zygote's socket to the processes it serves (written here, in
 #: the environment ``serving`` is given; read as ``Settings.zygote_socket``).
@@ -167,7 +167,7 @@ class ForkedProcess:
 
 def _exit_of(data: bytes) -> int | None:
     try:
-        msg = json.loads(data)
+        msg = parse_json(data, where="the zygote's exit")
     except ValueError:
         return None
     code = msg.get("exit") if isinstance(msg, dict) else None
@@ -203,7 +203,7 @@ async def fork_spare(
             os.close(w)
             w = -1
         answer = await asyncio.wait_for(loop.sock_recv(sock, 65536), ANSWER_S)
-        msg = json.loads(answer) if answer else {}
+        msg = parse_json(answer, where="the zygote's answer") if answer else {}
         pid = msg.get("pid") if isinstance(msg, dict) else None
         zygote = msg.get("zygote") if isinstance(msg, dict) else None
         if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in (pid, zygote)):

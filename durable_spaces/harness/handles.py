@@ -42,7 +42,11 @@ class _Owner(Protocol):
 
 class HarnessView(Protocol):
     """What a tool call (``tools.ToolContext.harness``) and the adapter use of a harness:
-    its conversations and its one atomic commit (``scheduler.Harness`` is one)."""
+    its log's identity, its conversations and its one atomic commit
+    (``scheduler.Harness`` is one)."""
+
+    @property
+    def log_id(self) -> str: ...
 
     def conversation(self, conversation_id: str) -> Conversation: ...
 

@@ -4,13 +4,17 @@ these; ``durable_spaces.harness.log`` is the public face of all of them."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import threading
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from durable_spaces.errors import ConfigError, FenceHaltedError, StaleEpochError
+from durable_spaces.errors import ConfigError, CorruptLogError, FenceHaltedError, StaleEpochError
+from durable_spaces.host.bounded import parse_json
 
 LogOp = dict[str, Any]
 
@@ -46,9 +50,44 @@ class Fence(Protocol):
     def halted(self) -> bool: ...
 
 
+#: What a log's identity looks like: 32 lowercase hex digits (``Storage.identity``).
+IDENTITY = re.compile(r"[0-9a-f]{32}")
+
+
+def new_identity() -> str:
+    """A new log's identity: random, so two logs never share one by chance."""
+    return uuid.uuid4().hex
+
+
+def derived_identity(*parts: bytes) -> str:
+    """An identity made from what an older log already holds (a log written before logs
+    had one): the same bytes always give the same identity."""
+    h = hashlib.sha256(b"durable-spaces log identity")
+    for part in parts:
+        h.update(len(part).to_bytes(8, "big") + part)
+    return h.hexdigest()[:32]
+
+
+def check_identity(value: object, where: str) -> str:
+    """``value`` when it is a log identity, else ``CorruptLogError`` naming ``where``: it
+    becomes part of Space names and exec keys."""
+    if isinstance(value, str) and IDENTITY.fullmatch(value):
+        return value
+    raise CorruptLogError(f"{where}: the log's identity {str(value)[:40]!r} is not 32 hex digits")
+
+
 @runtime_checkable
 class Storage(Protocol):
-    """An append-only line of atomic commits."""
+    """An append-only line of atomic commits, with an identity of its own.
+
+    ``identity`` names this log and no other: made when the log is created and durable
+    before its first commit, so no later loss of commits (a power cut of a log that
+    never synced) takes it, and a new log (even at the same path) has another. The
+    adapter keys its Spaces' names, exec keys and owner records by it
+    (``adapter/log_witness.py``)."""
+
+    @property
+    def identity(self) -> str: ...
 
     def load(self) -> list[Commit]:
         """Every stored commit, in order."""
@@ -95,10 +134,12 @@ class MemoryFence:
 class MemoryStorage:
     """Commits kept in memory: for tests and transient agents; gone with the process."""
 
-    def __init__(self, fence: Fence | None = None) -> None:
+    def __init__(self, fence: Fence | None = None, identity: str | None = None) -> None:
         self._commits: list[Commit] = []
         self._lock = threading.Lock()
         self.fence = fence
+        #: A memory log is lost whole with its process: a new one is a new log.
+        self.identity = check_identity(identity or new_identity(), "memory log")
 
     def load(self) -> list[Commit]:
         with self._lock:
@@ -143,7 +184,7 @@ class EncodedOps(list[LogOp]):
 def encoded(ops: Sequence[LogOp]) -> EncodedOps:
     """``ops`` as plain JSON (tuples become lists, keys strings), with their text."""
     text = json.dumps(list(ops), separators=(",", ":"))
-    out = EncodedOps(json.loads(text))
+    out = EncodedOps(parse_json(text, where="a commit's ops", max_depth=None))
     out.text = text
     return out
 

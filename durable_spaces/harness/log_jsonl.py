@@ -1,8 +1,16 @@
 """The JSONL log: one line per commit, one ``write`` and ``fsync`` each, and the
-best-effort epoch fence of marker files (``FencedFileSystem``)."""
+best-effort epoch fence of marker files (``FencedFileSystem``).
+
+The log's identity (``Storage.identity``) is its first line, ``{"log": "<32 hex>"}``,
+written and synced (with its directory) by whoever finds the file empty, before any
+commit and under the file's lock: every commit after it may be lost unsynced
+(``fsync=False``) and the identity stays. A log written before identities (its first
+line a commit) takes one derived from its first line and its path: it never changes
+while that line stays, and two such logs do not share it."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -16,13 +24,23 @@ from typing import Any
 
 from durable_spaces.chaos import failpoints
 from durable_spaces.errors import (
+    BadFileError,
     CorruptLogError,
     FenceHaltedError,
     LogError,
     StaleEpochError,
     TornTailWarning,
 )
-from durable_spaces.harness.log_core import Commit, Fence, LogOp, check_epoch, dumps_ops
+from durable_spaces.harness.log_core import (
+    Commit,
+    Fence,
+    LogOp,
+    check_epoch,
+    check_identity,
+    derived_identity,
+    dumps_ops,
+    new_identity,
+)
 from durable_spaces.harness.log_files import (
     FILE_MODE,
     OwnerLock,
@@ -31,9 +49,12 @@ from durable_spaces.harness.log_files import (
     private_dir,
     tighten,
 )
+from durable_spaces.host.bounded import parse_json
 
 #: The longest JSONL line (one commit) a log writes or reads.
 MAX_LINE_BYTES = 64 << 20
+#: The most the identity's line may take (``{"log": "<32 hex>"}`` and some room).
+_HEADER_MAX = 256
 
 
 def _create_private(path: Path) -> bool:
@@ -75,6 +96,8 @@ class JsonlStorage:
         self._mutex = threading.Lock()
         self._commits: list[Commit] = []
         self._size = 0  # bytes of whole, parsed lines
+        self._header = 0  # lines before the first commit: 1 with an identity line
+        self.identity = ""
         # the log itself first: a symlink, directory or FIFO there gets no .lock beside it
         fd, _ = open_file(self.path, os.O_RDWR | os.O_APPEND, what="log", create=True)
         self._fd: int | None = fd
@@ -84,6 +107,8 @@ class JsonlStorage:
             os.close(fd)
             raise
         try:
+            with self._flocked(fcntl.LOCK_EX):
+                self._identity_locked()
             with self._flocked(fcntl.LOCK_SH):
                 self._catch_up_locked(repair=False)
             tighten(fd, self.path, "log")  # only now: it reads as a log
@@ -91,6 +116,33 @@ class JsonlStorage:
             os.close(fd)
             self._owner.release()
             raise
+
+    def _identity_locked(self) -> None:
+        """Read the log's identity, or make it: the first line of an empty file (or of
+        one holding only a torn line: nothing whole was ever written). Caller holds the
+        file's flock exclusively."""
+        fd = self._file
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, min(size, MAX_LINE_BYTES + 1), 0)
+        nl = head.find(b"\n")
+        if nl < 0 and size <= MAX_LINE_BYTES:
+            head = json.dumps({"log": new_identity()}).encode() + b"\n"
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, head, 0)
+            os.fsync(fd)
+            fsync_dir(self.path.parent)
+            nl = len(head) - 1
+        first = head[:nl] if nl >= 0 else b""
+        obj = None
+        if first.startswith(b'{"log"') and len(first) <= _HEADER_MAX:
+            with contextlib.suppress(BadFileError):
+                obj = parse_json(first, where=str(self.path))
+        if isinstance(obj, dict) and set(obj) == {"log"}:
+            self.identity = check_identity(obj["log"], f"{self.path}: line 1")
+            self._header, self._size = 1, nl + 1
+            return
+        # Written before identities: its first line is a commit (judged when read).
+        self.identity = derived_identity(os.path.realpath(self.path).encode(), first)
 
     @property
     def _file(self) -> int:
@@ -141,12 +193,12 @@ class JsonlStorage:
             while (nl := buf.find(b"\n", start)) >= 0:
                 raw = bytes(buf[start:nl])
                 start = nl + 1
-                lineno = len(self._commits) + 1
+                lineno = len(self._commits) + 1 + self._header
                 self._too_long(len(raw), lineno)
                 last = start == len(buf) and pos >= size
                 try:
-                    obj = json.loads(raw)
-                except ValueError as e:
+                    obj = parse_json(raw, where=f"line {lineno}", max_depth=None)
+                except ValueError as e:  # too deep for the parser, too
                     if last:
                         return f"line {lineno}: unparsable ({e})"
                     raise CorruptLogError(
@@ -156,9 +208,10 @@ class JsonlStorage:
                 self._commits.append(self._commit(obj, lineno))
                 self._size += len(raw) + 1
             del buf[:start]
-            self._too_long(len(buf), len(self._commits) + 1)
+            self._too_long(len(buf), len(self._commits) + 1 + self._header)
         if buf:
-            return f"line {len(self._commits) + 1}: {len(buf)} bytes without a newline"
+            lineno = len(self._commits) + 1 + self._header
+            return f"line {lineno}: {len(buf)} bytes without a newline"
         return None
 
     def _too_long(self, n: int, lineno: int) -> None:
@@ -183,7 +236,7 @@ class JsonlStorage:
             why = "ops holds an element that is not a JSON object"
         if why is not None:
             raise CorruptLogError(f"{self.path}: line {lineno} is not a commit record ({why})")
-        if seq != lineno:
+        if seq != lineno - self._header:
             raise CorruptLogError(f"{self.path}: line {lineno} holds seq {seq}")
         assert isinstance(ops, list)
         return Commit(seq, ops, epoch)
@@ -198,7 +251,7 @@ class JsonlStorage:
         text = dumps_ops(ops)
         if len(text) > MAX_LINE_BYTES:  # characters <= bytes: surely over (exact check below)
             self._over_limit(len(text))
-        stored = json.loads(text)  # what a reopen will read (deep, tuples become lists)
+        stored = parse_json(text, where="ops", max_depth=None)  # what a reopen will read
         with self._mutex, self._flocked(fcntl.LOCK_EX) as fd:
             fence = self.fence
             if fence is not None:

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from durable_spaces.host.bounded import parse_json
+
 if TYPE_CHECKING:
     from durable_spaces.harness.state import Entry
     from durable_spaces.harness.tools import Tool
@@ -51,8 +53,13 @@ class Model(Protocol):
 
 # --- the scripted model --------------------------------------------------------------------
 
-_BASH = re.compile(r"^(?:sleep [0-9.]+ && )?printf '%s\\n' '([^'\n]*)' >> ([A-Za-z0-9_.-]+)$")
+_BASH = re.compile(
+    r"^(?:sleep [0-9.]+ && )?(?:while \[ ! -e '[^'\n]*' \]; do sleep 0\.01; done && )?"
+    r"printf '%s\\n' '([^'\n]*)' >> ([A-Za-z0-9_.-]+)$"
+)
 JOURNAL = "journal.txt"
+#: Where a model's tool call arguments come from, for the error when they are not JSON.
+ARGS = "a tool call's arguments from the model"
 #: Starts a heartbeat "server" outside the workspace and prints its pid.
 SERVER_COMMAND = (
     "sh -c 'echo $$ > /tmp/ds-server.pid; "
@@ -60,6 +67,16 @@ SERVER_COMMAND = (
     "sleep 0.2; done' >/dev/null 2>&1 & "
     "sleep 0.3; echo ds-server pid $(cat /tmp/ds-server.pid)"
 )
+
+
+def check_gate(path: str) -> str:
+    """``path`` as a scripted command's gate: absolute, and a shell word once quoted in
+    single quotes (no quote, newline or NUL in it); ``ValueError`` says why not."""
+    if not path.startswith("/"):
+        raise ValueError(f"gate {path!r} is not an absolute path")
+    if any(c in path for c in "'\n\0"):
+        raise ValueError(f"gate {path!r} holds a quote, a newline or a NUL")
+    return path
 
 
 def implied_workspace(entries: Sequence[Entry]) -> dict[str, str]:
@@ -105,6 +122,11 @@ class ScriptedModel:
     ``server=True`` makes step 0 start a long-lived process outside the workspace (a
     heartbeat loop writing ``/tmp/ds-server.beat``, its pid in ``/tmp/ds-server.pid``):
     what machine checkpoints must bring back after a restore.
+
+    ``gate`` (an absolute path the Space's commands see: the host's, for ``local`` and
+    ``spacesd``) makes every appending command wait until that path exists before it
+    appends: a test holds a command running across a driver's restart and lets it end
+    when it chooses, where a ``sleep`` would have to outlast a loaded machine.
     """
 
     def __init__(
@@ -115,12 +137,14 @@ class ScriptedModel:
         files: int = 4,
         sleep: float = 0.0,
         server: bool = False,
+        gate: str | None = None,
     ) -> None:
         self.seed = seed
         self.steps = steps
         self.files = files
         self.sleep = sleep
         self.server = server
+        self.gate = None if gate is None else check_gate(gate)
         self.requests = 0  # how many times it was asked (a crash makes it ask again)
 
     async def generate(
@@ -159,6 +183,8 @@ class ScriptedModel:
                 args = {"path": path, "old_text": old, "new_text": f"{old}{token}-e\n"}
                 return ToolCall(cid, "edit", args)
         prefix = f"sleep {self.sleep:g} && " if self.sleep > 0 else ""
+        if self.gate is not None:
+            prefix += f"while [ ! -e '{self.gate}' ]; do sleep 0.01; done && "
         command = f"{prefix}printf '%s\\n' '{token}' >> {JOURNAL}"
         return ToolCall(cid, "bash", {"command": command})
 
@@ -236,7 +262,7 @@ class OpenAIModel:
         resp = await self.client.chat.completions.create(model=self.model, messages=chat, **kwargs)
         msg = resp.choices[0].message
         calls = [
-            ToolCall(tc.id, tc.function.name, json.loads(tc.function.arguments or "{}"))
+            ToolCall(tc.id, tc.function.name, parse_json(tc.function.arguments or "{}", where=ARGS))
             for tc in (msg.tool_calls or [])
             if tc.type == "function"
         ]

@@ -55,6 +55,12 @@ class Harness:
         """The seq of the newest commit applied."""
         return self.state.last_seq
 
+    @property
+    def log_id(self) -> str:
+        """The identity of the log this harness runs on (``Storage.identity``; "" for a
+        storage that has none)."""
+        return str(getattr(self.storage, "identity", "") or "")
+
     def __init__(
         self,
         storage: Storage,
@@ -87,6 +93,7 @@ class Harness:
         h = cls(storage, models, registry, env)
         for c in storage.load():
             h._apply(c.seq, c.ops)
+        registry.opened(h)
         return h
 
     # -- public reading API ---------------------------------------------------------------

@@ -158,6 +158,9 @@ class Extension:
     name: str
     tools: list[Tool] = field(default_factory=list)
     wrap: dict[str, Callable[[Tool], Tool]] = field(default_factory=dict)
+    #: Told the harness it is installed in when that harness opens its log, before
+    #: anything runs (the adapter learns the log's identity: its Spaces are named by it).
+    opened: Callable[[HarnessView], None] | None = None
 
 
 class Registry:
@@ -165,6 +168,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
+        self._opened: list[Callable[[HarnessView], None]] = []
 
     def install(self, item: Extension | Tool | Iterable[Tool]) -> Registry:
         """Add tools (a later tool of the same name replaces the earlier), then apply the
@@ -173,6 +177,8 @@ class Registry:
             tools, wrap = [item], {}
         elif isinstance(item, Extension):
             tools, wrap = list(item.tools), item.wrap
+            if item.opened is not None:
+                self._opened.append(item.opened)
         else:
             tools, wrap = list(item), {}
         for tool in tools:
@@ -188,6 +194,12 @@ class Registry:
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
+
+    def opened(self, harness: HarnessView) -> None:
+        """Tell every installed extension that asked (``Extension.opened``) which harness
+        opened (``Harness.open`` calls it once its log is read)."""
+        for hook in self._opened:
+            hook(harness)
 
     def tools(self) -> list[Tool]:
         return list(self._tools.values())

@@ -135,7 +135,8 @@ class WorkspaceAttempt:
 
             session = durable.for_session(
                 epoch=fence.epoch,
-                namespace="",  # Spaces are bound by name (threads.py); keys need no prefix
+                log_id=storage.identity,  # before the harness opens: the pinned Space is judged
+                namespace="",  # Spaces are bound by name (threads.py)
                 fence=fence,
                 on_stale=on_stale,
                 on_recovery=on_recovery,

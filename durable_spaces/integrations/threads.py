@@ -174,6 +174,18 @@ class Threads:
                     self._current[thread] = c.id
         return self._current.get(thread)
 
+    def _of_thread(self, thread: str) -> frozenset[str]:
+        """Every conversation of the log that names the thread: the thread's Space is
+        the thread's, and its current conversation takes over another's claim on it
+        (``adapter/space_owner.py``: a Space is claimed by one conversation of a log)."""
+        return frozenset(
+            c.id
+            for c in self.harness.conversations()
+            if (doc := c.document(THREAD_DOC, copy=False)) is not None
+            and isinstance(doc, dict)
+            and doc.get("thread") == thread
+        )
+
     async def conversation(self, thread: str) -> str:
         """The thread's conversation, made on its first call, bound to its Space, and its
         Space brought back first if a fork left it behind (module docstring)."""
@@ -196,7 +208,7 @@ class Threads:
 
             conv = (await self.harness.create(FRAMEWORK, named)).id
             self._current[thread] = conv
-        self.durable.bind(conv, self.space_of(thread))
+        self.durable.bind(conv, self.space_of(thread), self._of_thread(thread) - {conv})
         doc = self.harness.conversation(conv).document(THREAD_DOC)
         behind = doc.get("behind") if isinstance(doc, dict) else None
         if isinstance(behind, str):

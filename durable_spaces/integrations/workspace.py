@@ -114,7 +114,13 @@ class DurableWorkspace:
         attempt = await WorkspaceAttempt.open(
             self.state_dir, self._adapter(), self._on_recovery, pinned
         )
-        return attempt, Threads(attempt.harness, attempt.durable, self._space_of, bool(pinned))
+        log = attempt.harness.log_id
+
+        def space_of(thread: str) -> str:
+            # named by the log too: two state directories on one backend never share one
+            return PINNED if pinned is not None else space_name(f"thread/{thread}/{log}")
+
+        return attempt, Threads(attempt.harness, attempt.durable, space_of, bool(pinned))
 
     def _adapter(self) -> DurableSpaces:
         for made in ("spaces", "checkpoints"):  # durable before anything is kept in them
@@ -131,9 +137,6 @@ class DurableWorkspace:
             epoch=1,  # each attempt's own is taken from the log (attempt.py)
             exclude=self._exclude,
         )
-
-    def _space_of(self, thread: str) -> str:
-        return PINNED if self.pinned is not None else space_name(f"thread/{thread}")
 
     # --- the loop -------------------------------------------------------------------------------
 

@@ -24,14 +24,14 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from durable_spaces.host.cgroup import Cgroup, cgroup_root, unavailable
 
 __all__ = [
-    "KILL_FAULTS", "MODEL_FAULTS", "WHOLE_RUN", "HarnessProcess", "RunProcs", "machine_unavailable",
-    "sweep",
+    "CANNOT_START", "KILL_FAULTS", "MODEL_FAULTS", "WHOLE_RUN", "HarnessProcess", "RunProcs",
+    "machine_unavailable", "sweep",
 ]  # fmt: skip
 
 KILL_FAULTS = ("process", "machine", "power")
@@ -40,7 +40,9 @@ WHOLE_RUN = ("machine", "power")
 MODEL_FAULTS = ("model-5xx", "model-cut", "model-slow")
 #: Of an attempt's output, the lab keeps the first and the last this many bytes.
 KEEP_BYTES = 8 << 10
-_WRAP = 'echo $$ > "$0" && exec "$@"'
+_WRAP = 'echo $$ > "$1" && shift && exec "$@"'
+#: How a shell says its command cannot start: not found, not executable.
+CANNOT_START = (126, 127)
 
 
 def machine_unavailable() -> str | None:
@@ -56,7 +58,7 @@ class HarnessProcess:
         self.argv = list(argv)
         full = list(argv)
         if cgroup is not None:
-            full = ["/bin/sh", "-c", _WRAP, str(cgroup.path / "cgroup.procs"), *argv]
+            full = ["/bin/sh", "-c", _WRAP, "probe", str(cgroup.path / "cgroup.procs"), *argv]
         self.started = time.monotonic()
         self.ended: float | None = None
         self.head = b""
@@ -131,16 +133,23 @@ def _marked(token: str) -> list[int]:
     return out
 
 
-def _kill_and_wait(cgroup: Cgroup, limit_ms: int = 10_000) -> None:
+def _kill_and_wait(cgroup: Cgroup, limit_ms: int = 10_000,
+                   between: Callable[[], None] | None = None) -> None:  # fmt: skip
     """SIGKILL the cgroup's processes and wait until it is empty, woken by the kernel's
-    notice on ``cgroup.events`` (Cgroup.kill polls it every few milliseconds)."""
+    notice on ``cgroup.events`` (Cgroup.kill polls it every few milliseconds); ``between``
+    runs after the signal and before the wait (a process held inside a filesystem call
+    dies only once the call returns)."""
     events = cgroup.path / "cgroup.events"
     try:
         (cgroup.path / "cgroup.kill").write_text("1\n")
         fd = os.open(events, os.O_RDONLY)
     except OSError:  # no cgroup.kill (before Linux 5.14): freeze and kill, polling
+        if between is not None:
+            between()
         cgroup.kill()
         return
+    if between is not None:
+        between()
     try:
         p = select.poll()
         p.register(fd, select.POLLPRI)
@@ -183,18 +192,22 @@ class RunProcs:
         self.attempts.append(a)
         return a
 
-    def kill(self, fault: str, attempt: HarnessProcess) -> None:
-        """The fault: the attempt's process group, or everything the run started."""
+    def kill(self, fault: str, attempt: HarnessProcess,
+             between: Callable[[], None] | None = None) -> None:  # fmt: skip
+        """The fault: the attempt's process group, or everything the run started;
+        ``between`` runs once the signal is sent, before the lab waits for the dead."""
         if fault in WHOLE_RUN and self.cgroup is not None:
-            _kill_and_wait(self.cgroup)
+            _kill_and_wait(self.cgroup, between=between)
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(attempt.pgid, signal.SIGKILL)
-        if fault == "power":  # no cgroup: the run's processes by its token, until gone
-            left = _marked(self.token)
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+        left = _marked(self.token) if fault == "power" else []
+        for pid in left:  # no cgroup: the run's processes by its token, until gone
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if between is not None:
+            between()
+        if fault == "power":
             deadline = time.monotonic() + 10
             while any(self.alive(p) for p in left) and time.monotonic() < deadline:
                 time.sleep(0.002)

@@ -25,17 +25,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["COMMAND_WHERE", "MODEL_WHERE", "Gate", "GatePoint"]
+from durable_spaces.host.bounded import MAX_VALUE_BYTES, read_text
+
+__all__ = ["BLACK_BOX", "COMMAND_WHERE", "MODEL_WHERE", "STATE_WHERE", "Gate", "GatePoint"]
 
 #: Points held by the model server, and by a step's command.
 MODEL_WHERE = ("request", "stream")
 COMMAND_WHERE = ("started", "effect", "exited")
+BLACK_BOX = MODEL_WHERE + COMMAND_WHERE
+#: Points inside the harness's own persistence (state.py): the n-th write, fsync or
+#: rename it makes to its state directory; their ``step`` is that n.
+STATE_WHERE = ("write", "fsync", "rename")
 
 
 @dataclass(frozen=True, order=True)
 class GatePoint:
-    step: int  # 1..K, and K+1 for the final answer (model points only)
-    where: str  # one of MODEL_WHERE + COMMAND_WHERE
+    step: int  # 1..K, and K+1 for the final answer (model points); n for a state point
+    where: str  # one of BLACK_BOX + STATE_WHERE
 
     def __str__(self) -> str:
         return f"{self.where}@{self.step}"
@@ -43,9 +49,13 @@ class GatePoint:
     @classmethod
     def parse(cls, text: str) -> GatePoint:
         where, _, step = text.partition("@")
-        if where not in MODEL_WHERE + COMMAND_WHERE or not step.isdigit() or len(step) > 6:
+        if where not in BLACK_BOX + STATE_WHERE or not step.isdigit() or len(step) > 6:
             raise ValueError(f"not a kill point: {text!r} (where@step, e.g. started@3)")
         return cls(int(step), where)
+
+    @property
+    def state(self) -> bool:
+        return self.where in STATE_WHERE
 
 
 class Gate:
@@ -83,8 +93,8 @@ class Gate:
     def pid(self) -> int | None:
         """The held command's shell (it wrote ``$$`` before it opened the gate)."""
         try:
-            text = self.pid_path.read_text().strip()
-        except OSError:
+            text = read_text(self.pid_path, max_bytes=MAX_VALUE_BYTES).strip()
+        except (OSError, ValueError):  # a FIFO, a device, a huge file: no pid
             return None
         return int(text) if text.isdigit() and len(text) < 10 else None
 

@@ -1,15 +1,21 @@
 """The scripted model: OpenAI Chat Completions on 127.0.0.1, plain JSON and SSE.
 
-Its next action is a pure function of the request (``decide``): one past the last step
-whose tool call the request's history holds, whatever that call's result says. So it moves
-on from a step whose result is an error or a made-up text and never asks for a step twice:
-every duplicate effect is the harness's doing, and a resent request is answered as it was.
-Tool call ids are the steps' own (deterministic). After the last step it answers text and
-the harness must finish.
+It decides its next answer from what the request shows it (shown.py), wherever shown (a
+tool message, a user message summarising earlier calls): it asks for the first step it
+has not yet seen done, as the tool's own output or as the harness's declared report of an
+interruption (the recipe's ``[report]``). A step shown only a result without that
+evidence (a report in words it was not told, or a made-up success) is asked for again,
+as a careful model would, at most ``MAX_ASKS`` times. It never asks again for a step it
+saw done, so when the harness shows what it did, a second effect of one of the model's
+calls is the harness's doing (the checker tells the two apart by the answer each effect
+names, task.py). After the last step it answers text and the harness must finish.
 
-Every request is recorded (body and what was answered) for the checker. What it cannot
-answer (another endpoint, a request without the recipe's tool, a flood of requests) it
-refuses with an HTTP error and keeps as a ``problem`` the probe reports in one line.
+Tool call ids are new at every answer, a pure function of the run's seed and the
+answer's index (``per_step``: the older ids, the step's own, task.py's ``Step.call_id``).
+Every request is recorded (body, the step asked for, the call's id, and how it was
+answered) for the checker. What it cannot answer (another endpoint, a request without the
+recipe's tool, a flood of requests) it refuses with an HTTP error and keeps as a
+``problem`` the probe reports in one line.
 
 Model-side points: an armed point (``arm``) is hit once, the first time request k arrives
 (``request``) or answer k is half sent (``stream``); ``reached`` is called, then per fault
@@ -20,66 +26,44 @@ the server holds the answer until ``release`` (a kill), answers HTTP 500, cuts t
 from __future__ import annotations
 
 import json
-import re
 import socketserver
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from durable_spaces.host.bounded import parse_json
 from durable_spaces.probe.gates import GatePoint
 from durable_spaces.probe.recipe import Recipe
+from durable_spaces.probe.shown import view
 from durable_spaces.probe.task import Step
 
-__all__ = ["MODEL", "ModelServer", "content_text", "decide"]
+__all__ = ["MAX_ASKS", "MODEL", "ModelServer", "next_step"]
 
 MODEL = "probe-model"
 MAX_BODY = 8 << 20
 MAX_REQUESTS = 200
+#: How often the model asks for one step before it moves on all the same.
+MAX_ASKS = 3
 #: How late a ``model-slow`` answer comes.
 SLOW_S = 2.0
-_ID = re.compile(r"call_([0-9a-f]{8})_(\d{1,4})")
 
 
-def content_text(content: Any) -> str:
-    """A message's content as text (a string, or a list of text parts)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
-    return "" if content is None else json.dumps(content)
-
-
-def calls_in(messages: Sequence[Any], nonce: str) -> dict[str, int]:
-    """The request's tool calls of this run's steps: call id -> step. A call whose id the
-    harness rewrote is known by the token in its arguments."""
-    token = re.compile(rf"p{nonce}\W*s(\d{{1,4}})")
-    out: dict[str, int] = {}
-    for m in messages:
-        if not isinstance(m, dict) or m.get("role") != "assistant":
-            continue
-        for c in m.get("tool_calls") or ():
-            if not isinstance(c, dict):
-                continue
-            cid = str(c.get("id", ""))
-            hit = _ID.fullmatch(cid)
-            if hit and hit.group(1) == nonce:
-                out[cid] = int(hit.group(2))
-                continue
-            fn = c.get("function")
-            found = token.search(str(fn.get("arguments", ""))) if isinstance(fn, dict) else None
-            if found:
-                out[cid] = int(found.group(1))
-    return out
-
-
-def decide(body: Any, nonce: str) -> int:
-    """The step request ``body`` asks for: one past the last step its history called."""
-    messages = body.get("messages") if isinstance(body, dict) else None
-    seen = calls_in(messages if isinstance(messages, list) else [], nonce)
-    return max(seen.values(), default=0) + 1
+def next_step(body: Any, steps: Sequence[Step], issued: Mapping[str, int], recipe: Recipe,
+              baseline: Mapping[int, str] | None, swaps: Mapping[str, str],
+              asks: Mapping[int, int]) -> int:  # fmt: skip
+    """The step the model asks for, seeing ``body``: the first it has not seen done (its
+    output, or the harness's report) and has asked for fewer than ``MAX_ASKS`` times;
+    past the last step, the final answer (``len(steps) + 1``)."""
+    seen = view(body, steps, issued, recipe.report, baseline, swaps)
+    for s in steps:
+        v = seen.get(s.k)
+        if (v is None or not (v.output or v.reported)) and asks.get(s.k, 0) < MAX_ASKS:
+            return s.k
+    return len(steps) + 1
 
 
 def tool_names(body: Any) -> list[str]:
@@ -107,10 +91,18 @@ class _ModelServer(ThreadingHTTPServer):
 
 
 class ModelServer:
-    def __init__(self, steps: Sequence[Step], recipe: Recipe, gates: Path) -> None:
+    def __init__(self, steps: Sequence[Step], recipe: Recipe, gates: Path, seed: str = "",
+                 per_step: bool = False, baseline: Mapping[int, str] | None = None,
+                 swaps: Mapping[str, str] | None = None) -> None:  # fmt: skip
         self.steps = list(steps)
         self.recipe = recipe
         self.gates = gates
+        self.seed = seed
+        self.per_step = per_step
+        self.baseline = baseline
+        self.swaps: dict[str, str] = dict(swaps or {})
+        self.issued: dict[str, int] = {}  # call id -> step
+        self.asks: Counter[int] = Counter()
         self.nonce = self.steps[0].nonce if self.steps else "00000000"
         self.requests: list[dict[str, Any]] = []
         self.problems: list[str] = []
@@ -120,7 +112,7 @@ class ModelServer:
         self.hit_at: float | None = None
         self._release = threading.Event()
         self._lock = threading.Lock()
-        self._t0 = time.monotonic()
+        self.t0 = time.monotonic()
         server = self
 
         class ServedHandler(_ModelHandler):
@@ -172,13 +164,29 @@ class ModelServer:
     def record(self, entry: dict[str, Any]) -> None:
         with self._lock:
             entry["n"] = len(self.requests)
-            entry["t_ms"] = round((time.monotonic() - self._t0) * 1000, 1)
+            entry["t_ms"] = round((time.monotonic() - self.t0) * 1000, 1)
             self.requests.append(entry)
 
     def wait_release(self) -> None:
         self._release.wait()
 
-    def answer(self, k: int, stream: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    def decide(self, body: Any) -> int:
+        with self._lock:
+            return next_step(body, self.steps, self.issued, self.recipe, self.baseline,
+                             self.swaps, self.asks)  # fmt: skip
+
+    def call_for(self, k: int, n: int) -> tuple[str, str]:
+        """The id and the answer tag of the call asking for step ``k`` in answer ``n``."""
+        step = self.steps[k - 1]
+        cid = step.call_id(self.seed, n, self.per_step)
+        with self._lock:
+            self.issued[cid] = k
+            self.swaps[cid] = "<id>"
+            self.asks[k] += 1
+        return cid, "" if self.per_step else f"a{n}"
+
+    def answer(self, k: int, stream: bool, cid: str = "",
+               tag: str = "") -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
         """Answer k as one JSON object and as its stream chunks."""
         base = {"id": f"chatcmpl-{self.nonce}-{k}", "created": 0, "model": MODEL}
         usage = {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20}
@@ -190,14 +198,14 @@ class ModelServer:
             finish = "stop"
         else:
             step = self.steps[k - 1]
-            name, args = step.arguments(self.recipe, self.gates)
-            call = {"id": step.call_id, "type": "function",
+            name, args = step.arguments(self.recipe, self.gates, tag)
+            call = {"id": cid, "type": "function",
                     "function": {"name": name, "arguments": args}}  # fmt: skip
             msg = {"role": "assistant", "content": None, "tool_calls": [call]}
             half = len(args) // 2
             chunks = [
                 {"role": "assistant", "content": None, "tool_calls": [
-                    {"index": 0, "id": step.call_id, "type": "function",
+                    {"index": 0, "id": cid, "type": "function",
                      "function": {"name": name, "arguments": ""}}]},
                 {"tool_calls": [{"index": 0, "function": {"arguments": args[:half]}}]},
                 {"tool_calls": [{"index": 0, "function": {"arguments": args[half:]}}]},
@@ -267,7 +275,7 @@ class _ModelHandler(BaseHTTPRequestHandler):
             self._error(404, "the probe's model answers only /v1/chat/completions")
             return
         try:
-            body = json.loads(raw)
+            body = parse_json(raw, where="a request")
         except ValueError:
             body = None
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
@@ -275,7 +283,7 @@ class _ModelHandler(BaseHTTPRequestHandler):
             m.record({**entry, "answer": "refused"})
             self._error(400, "messages missing")
             return
-        k = decide(body, m.nonce)
+        k = m.decide(body)
         stream = bool(body.get("stream"))
         entry.update(body=body, step=k, stream=stream)
         if len(m.requests) >= MAX_REQUESTS:
@@ -306,7 +314,10 @@ class _ModelHandler(BaseHTTPRequestHandler):
                 m.wait_release()
                 self.close_connection = True
                 return
-        whole, events = m.answer(k, stream)
+        cid, tag = m.call_for(k, entry["n"]) if k <= len(m.steps) else ("", "")
+        if cid:
+            entry["call_id"] = cid
+        whole, events = m.answer(k, stream, cid, tag)
         entry.setdefault("answer", "final" if k > len(m.steps) else "tool")
         point = GatePoint(k, "stream")
         if not stream:
@@ -322,6 +333,8 @@ class _ModelHandler(BaseHTTPRequestHandler):
                 self._cut(entry)
                 return
             self.wfile.write(data[half:])
+            self.wfile.flush()
+            entry["answered"] = True
             return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -337,6 +350,8 @@ class _ModelHandler(BaseHTTPRequestHandler):
             self.wfile.write(f"data: {json.dumps(ev)}\n\n".encode())
             self.wfile.flush()
         self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        entry["answered"] = True
 
     def _cut(self, entry: dict[str, Any]) -> None:
         m = self.model

@@ -1,23 +1,31 @@
-"""A harness's recipe: how the probe launches and resumes it, and which tools it has.
+"""A harness's recipe: how the probe launches and resumes it, which tools it has, and how
+it says that a call was interrupted.
 
 A recipe is a ``recipe.toml`` (or a directory holding one); docs/probe.md describes its
 fields. Everything is checked when it is loaded, so a bad recipe is one line before any
-run starts: a missing or malformed field, an unknown ``{placeholder}``, an unreadable file.
+run starts: a missing or malformed field, an unknown ``{placeholder}``, an unreadable file,
+a program of the recipe's own directory that is not there, a ``[report]`` that is not one
+line or whose pattern does not compile or matches an empty text.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import sys
-import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from durable_spaces.errors import ConfigError
+from durable_spaces.errors import BadFileError, ConfigError
+from durable_spaces.host.bounded import load_toml
 
-__all__ = ["PLACEHOLDERS", "FileTool", "Recipe", "ShellTool", "builtin_dir", "load", "resolve"]
+__all__ = [
+    "PLACEHOLDERS", "FileTool", "Recipe", "ShellTool", "builtin_dir", "load", "program_error",
+    "resolve",
+]  # fmt: skip
 
 #: The placeholders a recipe's commands and environment may use.
 PLACEHOLDERS = ("model_url", "workdir", "state_dir", "run_id", "prompt", "recipe_dir", "python")
@@ -61,6 +69,8 @@ class Recipe:
     write_tool: FileTool | None = None
     edit_tool: FileTool | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    #: How the harness tells the model a call was interrupted (``[report]``), or None.
+    report: re.Pattern[str] | None = None
 
     @property
     def recipe_dir(self) -> Path:
@@ -135,10 +145,55 @@ def _file_tool(where: str, value: Any, args: tuple[str, ...]) -> FileTool | None
     return FileTool(name, {a: _text(f"[{where}] {a}", t.get(a, a)) for a in args})
 
 
+def _report(value: Any) -> re.Pattern[str] | None:
+    """``[report]``: ``text`` (words the harness's report holds, as they are) or
+    ``pattern`` (a Python regular expression), one line each, never matching nothing."""
+    if value is None:
+        return None
+    t = _table("report", value)
+    unknown = sorted(set(t) - {"text", "pattern"})
+    if unknown or len(t) != 1:
+        raise ConfigError("[report] takes one key: text (the harness's words for an "
+                          "interrupted call) or pattern (a regular expression)")  # fmt: skip
+    key, raw = next(iter(t.items()))
+    text = _text(f"[report] {key}", raw)
+    if "\n" in text or len(text) > 200:
+        raise ConfigError(f"[report] {key} must be one line of at most 200 characters")
+    try:
+        pattern = re.compile(re.escape(text) if key == "text" else text)
+    except re.error as e:
+        raise ConfigError(f"[report] pattern {text!r} is not a regular expression: {e}") from None
+    if pattern.search(""):
+        raise ConfigError(f"[report] {key} {text!r} matches an empty text: it would match "
+                          "every result")  # fmt: skip
+    return pattern
+
+
+def _own_programs(where: str, argv: tuple[str, ...], recipe_dir: Path) -> None:
+    """Every ``{recipe_dir}/...`` word of ``argv`` names a file that is there."""
+    for i, word in enumerate(argv):
+        if word.startswith("{recipe_dir}/"):
+            rest = word.removeprefix("{recipe_dir}/")
+            if _FIELD.search(rest) is None and not (recipe_dir / rest).is_file():
+                raise ConfigError(f"{where}[{i}] names {recipe_dir / rest}, which is not there")
+
+
+def program_error(label: str, argv: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """Why ``argv`` (a resolved launch or resume command) cannot start: its program is not
+    found on the ``PATH`` of ``env``, or not executable; None when it can."""
+    prog = argv[0]
+    found = shutil.which(prog, path=env.get("PATH", os.defpath))
+    if found is not None:
+        return None
+    if "/" in prog and Path(prog).exists():
+        return f"the {label} program {prog} is not executable"
+    return f"the {label} program {prog} is not found" + ("" if "/" in prog else " on PATH")
+
+
 def parse(data: Mapping[str, Any], path: Path) -> Recipe:
     """A recipe from its parsed TOML (``path``: where it was read, for its directory)."""
     known = {"name", "launch", "resume", "timeout_s", "attempts", "promise", "available",
-             "tool", "write_tool", "edit_tool", "env"}  # fmt: skip
+             "tool", "write_tool", "edit_tool", "env", "report"}  # fmt: skip
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"unknown keys: {', '.join(unknown)} (known: {', '.join(sorted(known))})")
@@ -147,6 +202,8 @@ def parse(data: Mapping[str, Any], path: Path) -> Recipe:
         raise ConfigError(f"name {name!r}: letters, digits, '_.-', at most 64")
     launch = _argv("launch", data.get("launch"), True)
     resume = _argv("resume", data.get("resume"), False) or launch
+    _own_programs("launch", launch, path.parent)
+    _own_programs("resume", resume, path.parent)
     timeout = data.get("timeout_s", 60)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 1e5:
         raise ConfigError("timeout_s must be a number of seconds, more than 0, at most 100000")
@@ -180,7 +237,7 @@ def parse(data: Mapping[str, Any], path: Path) -> Recipe:
         available=_argv("available", data.get("available"), False),
         write_tool=_file_tool("write_tool", data.get("write_tool"), ("path", "content")),
         edit_tool=_file_tool("edit_tool", data.get("edit_tool"), ("path", "old", "new")),
-        env=env,
+        env=env, report=_report(data.get("report")),
     )  # fmt: skip
 
 
@@ -188,16 +245,12 @@ def load(name_or_path: str) -> Recipe:
     """The recipe a ``--harness`` names: a built-in name, a recipe.toml, or its directory.
     ``ConfigError`` (one line, naming the file) for anything that is not a good recipe."""
     path = _where(name_or_path).absolute()
-    try:
-        if path.stat().st_size > MAX_RECIPE_BYTES:
-            raise ConfigError(f"recipe {path}: larger than {MAX_RECIPE_BYTES} bytes")
-        raw = path.read_bytes()
+    try:  # a FIFO, a device, a huge file or a TOML nested too deep: refused, one line
+        data = load_toml(path, max_bytes=MAX_RECIPE_BYTES)
+    except BadFileError as e:
+        raise ConfigError(f"recipe {e}") from None
     except OSError as e:
         raise ConfigError(f"recipe {path} cannot be read: {e.strerror or e}") from None
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(f"recipe {path} is not TOML: {e}") from None
     try:
         return parse(data, path)
     except ConfigError as e:

@@ -4,7 +4,10 @@ tested what they planned.
 A record is data from the plan to the verdict: the harness and its recipe, the seed, the
 planned point and fault and whether it landed, each attempt, each step's class, the
 outcome (``ok``, ``stuck``, ``refused``: the harness asked what the scripted model cannot
-answer, ``lab_error``). The requests the model received are kept beside it
+answer, ``recipe_error``: its launch or resume program cannot start, ``lab_error``), the
+scheme of the model's call ids, and for a kill inside the harness's state writes the
+operation it held (``state_hit``; the uninterrupted run keeps every such operation it
+made, ``state_ops``). The requests the model received are kept beside it
 (``<run>.requests.json``). Values read back are checked (``RecordError``): a record is
 replayed by ``durable-spaces repro``.
 """
@@ -19,22 +22,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from durable_spaces.errors import RecordError
+from durable_spaces.errors import BadFileError, RecordError
+from durable_spaces.host.bounded import load_json
 from durable_spaces.probe.checker import CLASSES, StepResult
 from durable_spaces.probe.faults import KILL_FAULTS, MODEL_FAULTS
 from durable_spaces.probe.gates import GatePoint
-from durable_spaces.probe.grade import grade_of
+from durable_spaces.probe.grade import NONE, grade_of, qualified
 
-__all__ = ["KIND", "OUTCOMES", "ProbeRecord", "pairs_probed", "short_of_plan", "summary_line"]
+__all__ = [
+    "CALL_IDS", "KIND", "OUTCOMES", "ProbeRecord", "covered", "pairs_probed", "probe_grade",
+    "short_of_plan", "summary_line",
+]  # fmt: skip
 
 KIND = "probe"
-OUTCOMES = ("ok", "stuck", "refused", "lab_error")
+OUTCOMES = ("ok", "stuck", "refused", "recipe_error", "lab_error")
+#: The scripted model's call ids: new at every answer, or the step's own (task.py).
+CALL_IDS = ("per-answer", "per-step")
 FAULTS = (*KILL_FAULTS, *MODEL_FAULTS)
 _ID = re.compile(r"r\d{1,7}")
 _SEED = re.compile(r"[A-Za-z0-9_.:-]{1,80}")
 MAX_RECORD_BYTES = 16 << 20
 #: The most steps a record may name.
 MAX_STEPS = 1000
+#: The most of a baseline result a record keeps.
+MAX_RESULT = 4096
 
 
 @dataclass
@@ -56,6 +67,12 @@ class ProbeRecord:
     reached: list[str] = field(default_factory=list)  # points seen (the uninterrupted run)
     duration_ms: float = 0.0
     harness_ms: float = 0.0  # the attempts' own wall time
+    call_ids: str = "per-answer"
+    state_hit: dict[str, Any] | None = None  # the state operation a state point held
+    state_ops: list[dict[str, Any]] = field(default_factory=list)  # r0's, under --at state
+    #: File steps' results in the uninterrupted run (shown.py), normalized: r0's own, or
+    #: the ones a planned run held its results against.
+    baseline: dict[int, str] = field(default_factory=dict)
 
     @property
     def classes(self) -> list[str]:
@@ -66,7 +83,7 @@ class ProbeRecord:
     def failed(self) -> bool:
         """Worse than at-most-once-reported: a step duplicated, lost, phantom, orphaned, or
         the run stuck (or refused, or broken by the lab)."""
-        if self.outcome != "ok" and self.outcome != "stuck":
+        if self.outcome not in ("ok", "stuck"):
             return True
         return any(c not in ("once", "reported") for c in self.classes)
 
@@ -79,7 +96,7 @@ class ProbeRecord:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "kind": KIND, "version": 1, "harness": self.harness, "recipe": self.recipe,
+            "kind": KIND, "version": 2, "harness": self.harness, "recipe": self.recipe,
             "run_id": self.run_id, "seed": self.seed, "scenario": self.scenario,
             "fault": self.fault, "steps": self.steps,
             "point": None if self.point is None else str(self.point), "landed": self.landed,
@@ -87,7 +104,9 @@ class ProbeRecord:
             "results": [r.to_json() for r in self.results], "attempts": self.attempts,
             "requests": self.requests, "reached": self.reached,
             "duration_ms": round(self.duration_ms, 1), "harness_ms": round(self.harness_ms, 1),
-            "grade": grade_of(self.classes),
+            "grade": grade_of(self.classes), "call_ids": self.call_ids,
+            "state_hit": self.state_hit, "state_ops": self.state_ops,
+            "baseline": {str(k): v for k, v in self.baseline.items()},
         }  # fmt: skip
 
     @staticmethod
@@ -105,6 +124,11 @@ class ProbeRecord:
                 attempts=list(d["attempts"]), requests=int(d["requests"]),
                 reached=[str(x) for x in d.get("reached", [])],
                 duration_ms=float(d["duration_ms"]), harness_ms=float(d["harness_ms"]),
+                call_ids=str(d.get("call_ids", "per-step")),
+                state_hit=_state_hit(d.get("state_hit")),
+                state_ops=[_state_op(x) for x in d.get("state_ops") or ()],
+                baseline={int(k): str(v)[:MAX_RESULT] for k, v in
+                          dict(d.get("baseline") or {}).items()},
             )  # fmt: skip
         except (KeyError, TypeError, ValueError) as e:
             raise RecordError(f"a malformed probe run record: {e}") from None
@@ -114,11 +138,23 @@ class ProbeRecord:
             raise RecordError(f"unknown fault {rec.fault!r} or outcome {rec.outcome!r}")
         if not 1 <= rec.steps <= MAX_STEPS:
             raise RecordError(f"steps {rec.steps} out of range")
-        if rec.point is not None and rec.point.step > rec.steps + 1:
+        if rec.point is not None and not rec.point.state and rec.point.step > rec.steps + 1:
             raise RecordError(f"point {rec.point} is past the run's {rec.steps} steps")
+        if rec.call_ids not in CALL_IDS:
+            raise RecordError(f"unknown call id scheme {rec.call_ids!r}")
         if any(r.cls not in (*CLASSES, "unfinished") for r in rec.results):
             raise RecordError("a step class is unknown")
         return rec
+
+    @property
+    def judged(self) -> bool:
+        """As the uninterrupted run: it finished and every step was ``once`` (else the
+        probe cannot tell this harness's faults from its plain behaviour)."""
+        return (
+            self.outcome == "ok"
+            and bool(self.results)
+            and all(r.cls == "once" for r in self.results)
+        )
 
     def save(self, runs_dir: Path) -> Path:
         runs_dir.mkdir(parents=True, exist_ok=True)
@@ -129,19 +165,33 @@ class ProbeRecord:
     @staticmethod
     def load(path: Path) -> ProbeRecord:
         try:
-            if path.stat().st_size > MAX_RECORD_BYTES:
-                raise RecordError(f"{path}: larger than a run record")
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise RecordError(f"{path} cannot be read as JSON: {e}") from None
+            data = load_json(path, max_bytes=MAX_RECORD_BYTES)
+        except BadFileError as e:
+            raise RecordError(str(e)) from None
+        except OSError as e:
+            raise RecordError(f"{path} cannot be read: {e.strerror or e}") from None
         return ProbeRecord.from_json(data)
+
+
+def _state_op(x: Any) -> dict[str, Any]:
+    """One state operation read back (kind, n, path, step): checked, it reaches a report."""
+    if not isinstance(x, dict):
+        raise ValueError("a state operation is not an object")
+    op = {"op": str(x["op"]), "n": int(x["n"]), "path": str(x["path"])[:4096],
+          "step": int(x.get("step", 0))}  # fmt: skip
+    GatePoint.parse(f"{op['op']}@{op['n']}")
+    return op
+
+
+def _state_hit(x: Any) -> dict[str, Any] | None:
+    return None if x is None else _state_op(x)
 
 
 def counts(records: Sequence[ProbeRecord]) -> Counter[str]:
     c: Counter[str] = Counter()
     for r in records:
-        if r.outcome == "lab_error":
-            c["lab_errors"] += 1
+        if r.outcome in ("lab_error", "recipe_error"):
+            c["lab_errors"] += r.outcome == "lab_error"
             continue
         c["steps"] += len(r.results)
         c.update(x.cls for x in r.results if x.cls != "unfinished")
@@ -154,22 +204,38 @@ def grade_all(records: Sequence[ProbeRecord]) -> str:
     return grade_of(c for r in records if r.outcome != "lab_error" for c in r.classes)
 
 
+def covered(records: Sequence[ProbeRecord], universe: Sequence[GatePoint]) -> bool:
+    """Every pair of ``universe`` had a run whose fault landed there."""
+    return set(universe) <= pairs_probed(records)
+
+
 def pairs_probed(records: Sequence[ProbeRecord]) -> set[GatePoint]:
     """The (kill point, step) pairs some run put its fault at, landed, not broken by the
     lab."""
-    return {r.point for r in records if r.point and r.landed and r.outcome != "lab_error"}
+    return {r.point for r in records
+            if r.point and r.landed and r.outcome not in ("lab_error", "recipe_error")}  # fmt: skip
+
+
+def probe_grade(records: Sequence[ProbeRecord], universe: Sequence[GatePoint],
+                judged: bool = True) -> str:  # fmt: skip
+    """The probe's grade: the worst class, ``partial:`` when some pair of ``universe`` went
+    unprobed, ``none`` when the uninterrupted run could not be judged."""
+    if not judged:
+        return NONE
+    return qualified(grade_all(records), covered(records, universe))
 
 
 def summary_line(harness: str, records: Sequence[ProbeRecord], seed_base: str,
-                 planned: Sequence[GatePoint] = ()) -> str:  # fmt: skip
-    """The SUMMARY line; ``pairs=x/y``: of the ``y`` pairs the fault applies to (what an
-    exhaustive probe runs), the ``x`` some run probed."""
+                 universe: Sequence[GatePoint] = (), judged: bool = True) -> str:  # fmt: skip
+    """The SUMMARY line; ``pairs=x/y``: of the ``y`` pairs the fault applies to (every
+    black-box kill point x step an exhaustive probe runs, and the state operations when
+    they were asked for), the ``x`` some run probed."""
     c = counts(records)
     fields = [f"harness={harness}", f"runs={len(records)}", f"steps={c['steps']}"]
     fields += [f"{k}={c[k]}" for k in (*CLASSES, "stuck", "lab_errors", "kills")]
-    pairs = set(planned)
+    pairs = set(universe)
     fields.append(f"pairs={len(pairs_probed(records) & pairs)}/{len(pairs)}")
-    fields += [f"grade={grade_all(records)}", f"seed_base={seed_base}"]
+    fields += [f"grade={probe_grade(records, universe, judged)}", f"seed_base={seed_base}"]
     return "SUMMARY probe " + " ".join(fields)
 
 
@@ -177,7 +243,8 @@ def short_of_plan(records: Sequence[ProbeRecord]) -> str | None:
     """Why these runs do not test what they planned, in one line, or None. A run whose
     drawn fault never landed is not a test of it. (One small rule, meant to be swapped for
     the campaigns' own when it lands.)"""
-    planned = [r for r in records if r.point is not None and r.outcome != "lab_error"]
+    planned = [r for r in records if r.point is not None
+               and r.outcome not in ("lab_error", "recipe_error")]  # fmt: skip
     if not planned:
         base = next((r for r in records if r.point is None), None)
         why = ""

@@ -5,23 +5,26 @@ recipe's promise) and ``runs/*.json`` (the run records). The grade table counts 
 run's steps by the kill point the run was planned at (``none``: the uninterrupted run)
 and the class the checker gave them, with the grade of each row; the harness's stated
 promise is shown beside its grade. The coverage table has a cell per (kill point, step)
-pair: how the runs put there graded, or that none was.
+pair: how the runs put there graded, or that none was. A probe with kill points inside
+the harness's state writes (``--at state``) adds a table of them: each operation probed,
+the file it wrote and the step under way in the uninterrupted run, and how its runs
+graded, the unsafe ones first.
 """
 
 from __future__ import annotations
 
 import glob
 import html
-import json
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from durable_spaces.errors import RecordError
+from durable_spaces.host.bounded import load_json
 from durable_spaces.probe.checker import CLASSES
 from durable_spaces.probe.gates import COMMAND_WHERE, MODEL_WHERE, GatePoint
-from durable_spaces.probe.grade import grade_of
+from durable_spaces.probe.grade import GRADES, grade_of
 from durable_spaces.probe.record import (
     MAX_RECORD_BYTES,
     MAX_STEPS,
@@ -30,7 +33,7 @@ from durable_spaces.probe.record import (
     pairs_probed,
 )
 
-__all__ = ["compare", "coverage", "find", "render", "tables"]
+__all__ = ["compare", "coverage", "find", "render", "state_table", "tables"]
 
 COLUMNS = (*CLASSES, "stuck")
 
@@ -38,11 +41,9 @@ COLUMNS = (*CLASSES, "stuck")
 def _meta(out: Path) -> dict[str, Any]:
     path = out / "probe.json"
     try:
-        if path.stat().st_size > MAX_RECORD_BYTES:
-            raise RecordError(f"{path} is too large")
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise RecordError(f"{out} is not a probe directory ({path}: {e})") from None
+        meta = load_json(path, max_bytes=MAX_RECORD_BYTES)
+    except (OSError, ValueError) as e:  # BadFileError included: a FIFO, too big, too deep
+        raise RecordError(f"{out} is not a probe directory ({e})") from None
     if not isinstance(meta, dict) or meta.get("kind") != "probe-summary":
         raise RecordError(f"{path} is not a probe summary")
     return meta
@@ -83,9 +84,9 @@ def coverage(records: Sequence[ProbeRecord], planned: Sequence[GatePoint],
     Step ``steps`` + 1 is the final answer's (``final``)."""
     by: dict[GatePoint, list[ProbeRecord]] = {}
     for r in records:
-        if r.point is not None:
+        if r.point is not None and not r.point.state:
             by.setdefault(r.point, []).append(r)
-    pairs = set(planned) | set(by)
+    pairs = {p for p in planned if not p.state} | set(by)
     columns = range(1, max((p.step for p in pairs), default=0) + 1)
     out = [["kill point", *("final" if k == steps + 1 else f"step {k}" for k in columns)]]
     for where in (*MODEL_WHERE, *COMMAND_WHERE):
@@ -104,6 +105,33 @@ def coverage(records: Sequence[ProbeRecord], planned: Sequence[GatePoint],
                 row.append("not run" if p in pairs else "-")
         out.append(row)
     return out
+
+
+def state_table(records: Sequence[ProbeRecord]) -> list[list[str]]:
+    """The kill points inside the harness's state writes: a header, then a row per point
+    some run probed (the unsafe ones first): the operation the uninterrupted run made
+    there (its file, the step under way), the one the run held, and how its runs graded."""
+    made = {(o["op"], o["n"]): o for r in records if r.point is None for o in r.state_ops}
+    by: dict[GatePoint, list[ProbeRecord]] = {}
+    for r in records:
+        if r.point is not None and r.point.state and r.landed and r.outcome != "lab_error":
+            by.setdefault(r.point, []).append(r)
+    rows = []
+    for p, runs in by.items():
+        grade = grade_of(c for r in runs for c in r.classes)
+        o = made.get((p.where, p.step))
+        first = f"{o['path']} (step {o['step']})" if o else "-"
+        paths = sorted({r.state_hit["path"] for r in runs if r.state_hit})
+        held = (
+            paths[0] + (f" (and {len(paths) - 1} more)" if len(paths) > 1 else "") if paths else ""
+        )
+        classes = "; ".join(" ".join(f"{x.cls}@{x.step}" for x in r.results) or r.outcome
+                            for r in runs)  # fmt: skip
+        rows.append((-GRADES.index(grade) if grade in GRADES else 1, p, [
+            str(p), first, held or "-", grade, classes]))  # fmt: skip
+    rows.sort(key=lambda x: (x[0], x[1]))
+    return [["state operation", "in the uninterrupted run", "held", "grade", "steps"],
+            *(r for _, _, r in rows)]  # fmt: skip
 
 
 def _planned(meta: dict[str, Any]) -> list[GatePoint]:
@@ -154,6 +182,7 @@ def render(out: Path) -> tuple[Path, Path]:
     grid = tables(records)
     planned = _planned(meta)
     cover = coverage(records, planned, int(meta["steps"]))
+    state = state_table(records)
     probed = len(pairs_probed(records) & set(planned))
     cover_title = f"Kill point x step: {probed} of {len(planned)} planned pairs probed"
     failed = [r for r in records if r.failed]
@@ -164,12 +193,38 @@ def render(out: Path) -> tuple[Path, Path]:
         ("fault", str(meta["fault"])), ("scenario", str(meta["scenario"])),
         ("steps", str(meta["steps"])), ("seed base", str(meta["seed_base"])),
         ("recipe", str(meta["recipe"])),
+        ("the model's call ids", str(meta.get("call_ids", "per-step")) + (
+            " (new at every answer)" if meta.get("call_ids") == "per-answer"
+            else " (the step's own: a harness that asks again gets the same id)")),
+        ("the harness's report of an interruption ([report])",
+         str(meta.get("report") or "none declared: results without the step's output are "
+             "unverified")),
     ]  # fmt: skip
+    unverified = counts(records)["unverified"]
+    if unverified:
+        facts.append(
+            (
+                "unverified",
+                f"{unverified} steps were first shown a result without "
+                "the step's output and without the harness's declared report: a report "
+                "in other words or a made-up success; the grade says neither",
+            )
+        )
+    if str(meta["grade"]).startswith("partial:"):
+        facts.append(
+            (
+                "coverage",
+                f"{probed} of {len(planned)} kill point x step pairs probed: "
+                "the grade is the worst class seen so far",
+            )
+        )
     if meta["fault"] == "power":
         facts.append(("power cuts", power_cuts(records)))
     md = [f"# {title}\n", *(f"- {k}: {v}" for k, v in facts), "", f"`{meta['summary']}`\n",
           "## Steps by kill point and class\n", _md(grid),
           f"## {cover_title}\n", _md(cover)]  # fmt: skip
+    if len(state) > 1:
+        md += ["## Kill points inside the harness's state writes\n", _md(state)]
     if meta.get("reason"):
         md.append(f"Not a clean verdict: {meta['reason']}\n")
     if failed:
@@ -191,6 +246,8 @@ def render(out: Path) -> tuple[Path, Path]:
         f"<p><code>{html.escape(str(meta['summary']))}</code></p>"
         f"<h2>Steps by kill point and class</h2>{_html_table(grid)}"
         f"<h2>{html.escape(cover_title)}</h2>{_html_table(cover)}"
+        + (f"<h2>Kill points inside the harness's state writes</h2>{_html_table(state)}"
+           if len(state) > 1 else "")
         + (f"<p>Not a clean verdict: {html.escape(str(meta['reason']))}</p>"
            if meta.get("reason") else "")
         + (f"<h2>Runs worse than at-most-once-reported</h2><ul>{runs}</ul>" if failed else "")
@@ -216,16 +273,25 @@ def find(name_or_dir: Path, root: Path = Path("probe-out")) -> Path:
     return found[-1]
 
 
+def _pairs(meta: dict[str, Any]) -> str:
+    """``x/y`` from the probe's SUMMARY line (what it printed), else ``-``."""
+    for word in str(meta.get("summary", "")).split():
+        if word.startswith("pairs="):
+            return word.removeprefix("pairs=")[:40]
+    return "-"
+
+
 def compare(dirs: Sequence[Path]) -> str:
     """Several probes side by side: one Markdown table, a row per probe directory."""
-    rows = [["harness", "fault", "scenario", "runs", "steps", *COLUMNS, "kills", "grade",
-             "promise"]]  # fmt: skip
+    rows = [["harness", "fault", "scenario", "runs", "steps", *COLUMNS, "kills", "pairs",
+             "grade", "call ids", "promise"]]  # fmt: skip
     for d in dirs:
         meta = _meta(d)
         c = counts(_records(d))
         rows.append([
             str(meta["harness"]), str(meta["fault"]), str(meta["scenario"]), str(meta["runs"]),
-            str(c["steps"]), *(str(c[k]) for k in COLUMNS), str(c["kills"]), str(meta["grade"]),
+            str(c["steps"]), *(str(c[k]) for k in COLUMNS), str(c["kills"]), _pairs(meta),
+            str(meta["grade"]), str(meta.get("call_ids", "per-step")),
             str(meta.get("promise") or "-"),
         ])  # fmt: skip
     return _md(rows)

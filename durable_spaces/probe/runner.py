@@ -10,6 +10,12 @@ the kill lands after the command's exit and before the harness saw it. Under ``p
 the state directory is a powerfs mount, cut right after the kill (power.py). After the last
 attempt the lab waits for an escaped held command to finish, kills everything the run
 started, and checks the workspace and the requests (checker.py).
+
+A launch or resume program that cannot start (the shell's 126 or 127, or no program to
+execute at all) ends the run as a ``recipe_error``: the recipe's fault, never a grade of
+the harness. The uninterrupted run, when it needed no resume, tries the resume command
+once on its finished state (``trial``) for the same reason: a resume program that cannot
+start is found before the planned runs depend on it.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from typing import Any
 
 from durable_spaces.probe import checker, task
 from durable_spaces.probe import recipe as recipes
-from durable_spaces.probe.faults import KILL_FAULTS, HarnessProcess, RunProcs
+from durable_spaces.probe.faults import CANNOT_START, KILL_FAULTS, HarnessProcess, RunProcs
 from durable_spaces.probe.gates import COMMAND_WHERE, Gate, GatePoint
 from durable_spaces.probe.model_server import ModelServer
 from durable_spaces.probe.power import StateDisk
@@ -56,6 +62,10 @@ class ProbeRun:
     runs_dir: Path  # where its record and requests go
     use_cgroup: bool = True
     stop: threading.Event | None = None  # set: no further attempt (the probe is stopping)
+    per_step: bool = False  # the model's call ids per step (the older scheme), not per answer
+    baseline: dict[int, str] | None = None  # file steps' results in the uninterrupted run
+    trial: bool = False  # try the resume command once after an uninterrupted finish
+    state: bool = False  # the state directory on powerfs, its operations counted (state.py)
 
 
 def cgroup_prefix() -> str:
@@ -67,6 +77,15 @@ def _poll_exit(procs: RunProcs, pid: int, limit_s: float) -> None:
     deadline = time.monotonic() + limit_s
     while procs.alive(pid) and time.monotonic() < deadline:
         time.sleep(0.0005)
+
+
+class CannotStart(Exception):
+    """A launch or resume program that cannot start."""
+
+
+def run_swaps(nonce: str, work: Path) -> dict[str, str]:
+    """What differs between two runs' results for the same step (shown.normalize)."""
+    return {nonce: "<nonce>", str(work): "<run>", str(work.resolve()): "<run>"}
 
 
 class _Run:
@@ -87,6 +106,14 @@ class _Run:
         s = self.spec
         if s.fault not in KILL_FAULTS:
             return  # the server did it (an error, a cut, a late answer)
+        if p.state and self.disk is not None:  # held inside the harness's state write
+            disk = self.disk
+            if s.fault == "power":
+                procs.kill(s.fault, a, between=lambda: setattr(self, "cut", disk.cut()))
+            else:
+                procs.kill(s.fault, a, between=disk.release)
+            server.release()
+            return
         if p.where == "exited" and self.gate is not None:
             pid = self.gate.pid()
             procs.stop_all_but(s.fault, a, pid or -1)
@@ -105,7 +132,10 @@ class _Run:
                 cwd: Path, env: dict[str, str],
                 ) -> tuple[dict[str, Any], HarnessProcess]:  # fmt: skip
         s = self.spec
-        a = procs.start(argv, cwd, env)
+        try:
+            a = procs.start(argv, cwd, env)
+        except OSError as e:  # no cgroup's shell in front: the program itself is missing
+            raise CannotStart(f"the {label} program {argv[0]} cannot start: {e.strerror}") from e
 
         def wait() -> None:
             self.events.put(("exit", (a, a.wait())))
@@ -132,6 +162,9 @@ class _Run:
             if got is a:
                 break
         info.update(rc=rc, ms=round(a.duration_s * 1000, 1))
+        if rc in CANNOT_START and not info.get("timed_out") and "fault" not in info:
+            raise CannotStart(f"the {label} command cannot start (exit {rc}: "
+                              f"{a.last_line() or 'no output'})")  # fmt: skip
         return info, a
 
     def run(self) -> ProbeRecord:
@@ -146,15 +179,19 @@ class _Run:
         rec = ProbeRecord(
             harness=r.name, recipe=str(r.path), run_id=s.run_id, seed=s.seed,
             scenario=s.scenario, fault=s.fault, steps=s.steps, point=s.point,
+            call_ids="per-step" if s.per_step else "per-answer",
         )  # fmt: skip
-        server = ModelServer(steps, r, gates)
+        swaps = run_swaps(task.nonce_of(s.seed), s.work)
+        server = ModelServer(steps, r, gates, s.seed, s.per_step, s.baseline, swaps)
         procs = RunProcs(f"{cgroup_prefix()}{s.run_id}-{task.nonce_of(s.seed)}",
                          task.nonce_of(s.seed) + s.run_id, s.use_cgroup)  # fmt: skip
         attempts: list[HarnessProcess] = []
         try:
-            if s.fault == "power":
+            if s.fault == "power" or s.state:
                 self.disk = StateDisk(state, s.work / "state-disk", s.seed)
-            if s.point is not None and s.point.where in COMMAND_WHERE:
+            if s.point is not None and s.point.state and self.disk is not None:
+                self.disk.arm(s.point, gates / "state.trap", self.reached)
+            elif s.point is not None and s.point.where in COMMAND_WHERE:
                 self.gate = Gate(gates, s.point, self.reached)
             elif s.point is not None:
                 server.arm(s.point, s.fault, self.reached)
@@ -166,11 +203,16 @@ class _Run:
             launch = [recipes.resolve(x, vals) for x in r.launch]
             resume = [recipes.resolve(x, vals) for x in r.resume]
             ok = False
+            cannot: str | None = None
             for i in range(r.attempts):
                 if s.stop is not None and s.stop.is_set():
                     break
                 label, argv = ("launch", launch) if i == 0 else ("resume", resume)
-                info, a = self.attempt(procs, server, label, argv, workdir, env)
+                try:
+                    info, a = self.attempt(procs, server, label, argv, workdir, env)
+                except CannotStart as e:
+                    cannot = str(e)
+                    break
                 attempts.append(a)
                 rec.attempts.append(info)
                 if server.problems:
@@ -180,8 +222,17 @@ class _Run:
                     break
             if self.gate is not None and self.landed_at is None:
                 self.gate.open("never")  # not reached: the FIFO goes
+            if self.disk is not None and self.landed_at is None:
+                self.disk.disarm()
             if self.escaped is not None:
                 _poll_exit(procs, self.escaped, r.timeout_s)
+            asked = len(server.requests)
+            if s.state and s.point is None and self.disk is not None:
+                rec.state_ops = state_ops(self.disk.ops(), server)
+            results = checker.check(steps, workdir, server.requests, ok, r.report,
+                                    s.baseline, swaps)  # fmt: skip
+            if s.trial and ok and cannot is None and len(attempts) == 1:
+                cannot = self.trial(procs, server, resume, workdir, env, rec, attempts)
         finally:
             procs.close()
             server.close()
@@ -190,19 +241,58 @@ class _Run:
         for info, a in zip(rec.attempts, attempts, strict=True):
             info["last_line"] = a.last_line()
         rec.landed = self.landed_at is not None
-        rec.requests = len(server.requests)
+        if self.disk is not None and self.disk.hit is not None:
+            hit = self.disk.hit
+            rec.state_hit = {"op": hit["op"], "n": hit["n"], "path": hit["path"], "step": 0}
+        requests = server.requests[:asked]
+        rec.requests = len(requests)
         rec.harness_ms = sum(a.duration_s for a in attempts) * 1000
-        if server.problems:
+        if cannot is not None:
+            rec.outcome, rec.reason = "recipe_error", cannot
+        elif server.problems:
             rec.outcome, rec.reason = "refused", server.problems[0]
         elif not ok:
-            rec.outcome, rec.reason = "stuck", _stuck_reason(rec.attempts, len(server.requests))
-        rec.results = checker.check(steps, workdir, server.requests, finished=ok)
+            rec.outcome, rec.reason = "stuck", _stuck_reason(rec.attempts, len(requests))
+        rec.results = results
         if s.point is None:
-            rec.reached = [str(p) for p in reached_points(steps, server.requests, rec.results)]
+            rec.reached = [str(p) for p in reached_points(steps, requests, rec.results)]
+            rec.reached += [f"{op['op']}@{op['n']}" for op in rec.state_ops]
+            rec.baseline = checker.baseline_of(steps, requests, swaps)
+        else:
+            rec.baseline = dict(s.baseline or {})
         s.runs_dir.mkdir(parents=True, exist_ok=True)
-        (s.runs_dir / f"{s.run_id}.requests.json").write_text(json.dumps(server.requests) + "\n")
+        (s.runs_dir / f"{s.run_id}.requests.json").write_text(json.dumps(requests) + "\n")
         rec.duration_ms = (time.monotonic() - t0) * 1000
         return rec
+
+    def trial(self, procs: RunProcs, server: ModelServer, resume: list[str], cwd: Path,
+              env: dict[str, str], rec: ProbeRecord,
+              attempts: list[HarnessProcess]) -> str | None:  # fmt: skip
+        """The resume command once on the finished run's state: why it cannot start, or
+        None (what it does otherwise is not graded)."""
+        try:
+            info, a = self.attempt(procs, server, "resume", resume, cwd, env)
+        except CannotStart as e:
+            return str(e)
+        rec.attempts.append({**info, "command": "resume (trial)"})
+        attempts.append(a)
+        return None
+
+
+def state_ops(ops: list[tuple[str, int, str, float]],
+              server: ModelServer) -> list[dict[str, Any]]:  # fmt: skip
+    """The uninterrupted run's state operations, each with the step under way when it was
+    made (the step of the last request the model had received by then; 0 before any)."""
+    times = [(server.t0 + q["t_ms"] / 1000, q.get("step")) for q in server.requests]
+    out = []
+    for kind, n, path, t in ops:
+        step = 0
+        for at, k in times:
+            if at > t:
+                break
+            step = k if isinstance(k, int) else step
+        out.append({"op": kind, "n": n, "path": path[:4096], "step": step})
+    return out
 
 
 def _stuck_reason(attempts: list[dict[str, Any]], requests: int) -> str:

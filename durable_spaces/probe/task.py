@@ -54,10 +54,15 @@ class Step:
     def token(self) -> str:
         return f"p{self.nonce}s{self.k}"
 
-    @property
-    def call_id(self) -> str:
-        """The deterministic id of the model's tool call for this step."""
-        return f"call_{self.nonce}_{self.k}"
+    def call_id(self, seed: str, answer: int, per_step: bool) -> str:
+        """The id of the model's tool call for this step in its ``answer``-th answer: new at
+        every answer, as a real model gives them (a pure function of the run's seed and the
+        answer's index, so a seed replays), or the step's own (``per_step``: the older
+        scheme, under which a harness that asks the model again after a crash gets the same
+        id for the same step and can pass for one that never asked)."""
+        if per_step:
+            return f"call_{self.nonce}_{self.k}"
+        return "call_" + hashlib.sha256(f"{seed}/{answer}".encode()).hexdigest()[:24]
 
     @property
     def effect_line(self) -> str:
@@ -72,9 +77,11 @@ class Step:
     def shell(self) -> bool:
         return self.kind not in ("write", "edit")
 
-    def command(self, gates: Path) -> str:
+    def command(self, gates: Path, tag: str = "") -> str:
         """The POSIX sh command of a shell step; ``gates`` is the lab's gate directory
-        (absolute, outside the workdir)."""
+        (absolute, outside the workdir); ``tag`` (``a<answer>``) names the answer that asked
+        for it in its effect line, so the checker tells a call the harness ran twice from
+        a step the model asked for twice."""
         g = shlex.quote(str(gates))
         k = self.k
         parts = [f"p{self.nonce}", f"s{k}"]
@@ -84,7 +91,10 @@ class Step:
             lines.append(f"sleep {LONG_S};")
         # The effect: its line, tagged with what the started gate said (``late`` when the
         # lab opened it after a kill: an effect of a killed attempt's process).
-        lines.append(f"printf 'E %s%s%s\\n' {parts[0]} {parts[1]} \"${{t:+ $t}}\" >> {LOG};")
+        mark = shlex.quote(f" {tag}") if tag else "''"
+        lines.append(
+            f"printf 'E %s%s%s%s\\n' {parts[0]} {parts[1]} {mark} \"${{t:+ $t}}\" >> {LOG};"
+        )
         if self.kind == "background":
             lines.append(f"(sleep {BACKGROUND_S} </dev/null >/dev/null 2>&1 &);")
         lines.append(hold.format(g=g, k=k, p="effect", v="u") + ";")
@@ -92,7 +102,7 @@ class Step:
         lines.append(hold.format(g=g, k=k, p="exited", v="v") + "; true")
         return " ".join(lines)
 
-    def arguments(self, recipe: Recipe, gates: Path) -> tuple[str, str]:
+    def arguments(self, recipe: Recipe, gates: Path, tag: str = "") -> tuple[str, str]:
         """The tool this step calls and its JSON arguments."""
         if self.kind == "write" and recipe.write_tool is not None:
             a = recipe.write_tool.args
@@ -102,7 +112,7 @@ class Step:
             a = recipe.edit_tool.args
             args = {a["path"]: NOTES, a["old"]: f"slot {self.nonce}", a["new"]: self.effect_line}
             return recipe.edit_tool.name, json.dumps(args)
-        return recipe.tool.name, json.dumps({recipe.tool.argument: self.command(gates)})
+        return recipe.tool.name, json.dumps({recipe.tool.argument: self.command(gates, tag)})
 
 
 def plan(steps: int, recipe: Recipe, nonce: str) -> list[Step]:

@@ -17,13 +17,14 @@ from durable_spaces.errors import ConfigError
 from durable_spaces.reports.coverage import campaign_coverage
 
 
-def _load(d: Path) -> list[RunRecord]:
+def _load(d: Path, skipped: list[tuple[Path, str]]) -> list[RunRecord]:
     if not (d / "runs").is_dir() or (d / "runs").is_symlink():
         raise ConfigError(f"{d} is not a campaign directory (no runs/ directory)")
-    records = scan_records(d).records
-    if not records:
-        raise ConfigError(f"{d}: no run record could be read")
-    return records
+    scan = scan_records(d)
+    skipped.extend(scan.skipped)
+    if not scan.records:
+        raise ConfigError(f"{d}: no run record could be read, of {len(scan.skipped)} file(s)")
+    return scan.records
 
 
 def _figures(records: Sequence[RunRecord]) -> dict[str, float | int | str | None]:
@@ -48,9 +49,12 @@ def _figures(records: Sequence[RunRecord]) -> dict[str, float | int | str | None
     return out
 
 
-def compare(a: Path, b: Path) -> pd.DataFrame:
-    """One row per figure: A's value, B's, and B - A where both are numbers."""
-    fa, fb = _figures(_load(a)), _figures(_load(b))
+def compare(a: Path, b: Path, skipped: list[tuple[Path, str]] | None = None) -> pd.DataFrame:
+    """One row per figure: A's value, B's, and B - A where both are numbers. Each file
+    of A's or B's ``runs/`` that is not a record is left out and appended to ``skipped``
+    with the reason (the figures are of the rest)."""
+    out = [] if skipped is None else skipped
+    fa, fb = _figures(_load(a, out)), _figures(_load(b, out))
     rows = []
     for key in list(dict.fromkeys([*fa, *fb])):
         va, vb = fa.get(key), fb.get(key)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,10 @@ from typing import Any
 
 import pandas as pd
 
-from durable_spaces.campaigns.record import RecordScan, scan_records
+from durable_spaces.campaigns.record import MAX_RECORD_BYTES, RecordScan, scan_records
+from durable_spaces.campaigns.trace_coverage import killed_at
+from durable_spaces.errors import BadFileError
+from durable_spaces.host.bounded import load_json
 from durable_spaces.reports import failed_runs
 from durable_spaces.reports.coverage import (
     campaign_coverage,
@@ -58,12 +60,14 @@ def code_span(text: object) -> str:
 
 def _meta(path: Path) -> tuple[dict[str, Any], str | None]:
     """``campaign.json`` if it is a JSON object, else nothing and why."""
-    if not path.is_file() or path.is_symlink():
-        return {}, None if not path.exists() else "not a regular file"
+    if not path.exists() and not path.is_symlink():
+        return {}, None
     try:
-        meta = json.loads(path.read_bytes()[: 16 << 20])
-    except ValueError as e:
-        return {}, f"not JSON ({e})"
+        meta = load_json(path, max_bytes=MAX_RECORD_BYTES, follow=False)
+    except BadFileError as e:
+        return {}, str(e).removeprefix(f"{path}: ").removeprefix(f"{path} ")
+    except OSError as e:
+        return {}, f"cannot be read: {e.strerror or e}"
     if not isinstance(meta, dict):
         return {}, "not a JSON object"
     return meta, None
@@ -137,12 +141,12 @@ def render_report(campaign_dir: str | Path, scan: RecordScan | None = None) -> R
     ]
     tested: dict[str, pd.DataFrame] = {"Checks: runs and what each verified": checks_table(records)}
     cov = campaign_coverage(records)
+    meta, bad_meta = _meta(d / "campaign.json")
     cov_line = ""
     if cov is not None:
-        cov_line = (
-            f"{cov.fraction()} registered failpoints passed; "
-            f"{sum(cov.kills.values())} kills landed at {len({p for p, _ in cov.kills})} points"
-        )
+        cov_line = cov.line()
+        if (plan := killed_at(cov, meta.get("exhaustive"))) is not None:
+            cov_line = f"{plan.line()}. All attempts: {cov_line}"
         tested = {
             "Coverage: failpoints passed and killed at, per call kind": coverage_table(cov),
             "Registered failpoints never passed": never_hit_table(cov),
@@ -151,7 +155,6 @@ def render_report(campaign_dir: str | Path, scan: RecordScan | None = None) -> R
         heat = kills_heatmap(cov, d / "kills_heatmap.png")
         if heat is not None:
             images.insert(0, heat)
-    meta, bad_meta = _meta(d / "campaign.json")
     if bad_meta is not None:
         skipped.append((d / "campaign.json", bad_meta))
     summary = _flat(meta.get("summary", "")) if isinstance(meta.get("summary"), str) else ""

@@ -3,6 +3,11 @@ attempt, each with its epoch and failpoints, until it exits 0 (or the attempt ca
 
 The full coordinator (backoff, heartbeats, stall) lives in durable_spaces.campaigns; these
 tests want each attempt's schedule spelled out by hand instead.
+
+A command that must outlive a driver's restart holds on a gate (``setup(gate=True)``:
+every appending command of the workload waits for the file ``gate_of(tmp)``), opened by
+the test when the driver's own failpoint trace shows the point it waits for
+(``Attempt.release``, ``gate_opened_at``): no sleep has to outlast a loaded machine.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +29,9 @@ from durable_spaces.campaigns.agent import AgentConfigFile
 from durable_spaces.campaigns.checker import Workload, check_all, collect
 
 SESSION = "crash-session"
+#: How long a wait for a driver's event may take before it is a hang: never a pace the
+#: test relies on (the event ends the wait), only a test that fails instead of hanging.
+HANG_S = 300.0
 
 
 @dataclass
@@ -31,6 +41,9 @@ class Attempt:
     before: Callable[[Path], Awaitable[None]] | None = None  # a fault before launching
     #: A fault while the driver runs, given the failpoint trace file to wait on.
     during: Callable[[Path, Path], Awaitable[None]] | None = None
+    #: ``"point n"``: open the gate (``setup(gate=True)``) once this attempt's failpoint
+    #: trace shows the n-th hit of ``point`` (at the attempt's end at the latest).
+    release: str = ""
 
 
 @dataclass
@@ -59,7 +72,10 @@ def setup(
     sleep: float = 0.3,
     max_files: int | None = None,
     snapshots: str = "workspace",
+    gate: bool = False,
 ) -> Path:
+    """The session's ``agent.json`` in ``tmp``; ``gate``: its commands hold until the
+    file ``gate_of(tmp)`` exists (``sleep`` is then 0 unless given)."""
     AgentConfigFile(
         backend=backend,
         backend_dir=str(tmp / "spaces"),
@@ -70,8 +86,61 @@ def setup(
         sleep=sleep,
         max_files=max_files,
         snapshots=snapshots,
+        gate=str(gate_of(tmp)) if gate else None,
     ).save(tmp / "state")
     return tmp
+
+
+def gate_of(tmp: Path) -> Path:
+    """The file the commands of ``tmp``'s session wait for (``setup(gate=True)``)."""
+    return tmp / "gate"
+
+
+def trace_shows(trace: Path, point: str) -> bool:
+    """Whether the failpoint trace ``trace`` has a whole line for ``point`` (``"name n"``:
+    the n-th hit of name; lines are ``name n g ...``)."""
+    try:
+        text = trace.read_text()
+    except FileNotFoundError:
+        return False
+    whole = text[: text.rfind("\n") + 1]  # a line being written is not read half
+    return point in {" ".join(line.split()[:2]) for line in whole.splitlines()}
+
+
+def wait_for_point(trace: Path, point: str, driver: subprocess.Popen[str]) -> None:
+    """Return once ``driver`` wrote ``point`` to its trace ``trace``; fail when it exits
+    before (or hangs for ``HANG_S``)."""
+    deadline = time.monotonic() + HANG_S
+    while not trace_shows(trace, point):
+        if driver.poll() is not None and not trace_shows(trace, point):
+            raise AssertionError(f"the driver exited {driver.returncode} before {point}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the driver never reached {point}")
+        time.sleep(0.01)
+
+
+@contextmanager
+def gate_opened_at(tmp: Path, trace: Path, point: str) -> Iterator[None]:
+    """While inside: a thread opens ``tmp``'s gate once ``trace`` shows ``point``. On
+    leaving (the driver ended) it is opened if it was not: a later driver's commands
+    must not hold on it for good, the test's assertions say what went wrong."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if trace_shows(trace, point):
+                gate_of(tmp).touch()
+                return
+            done.wait(0.01)
+
+    thread = threading.Thread(target=watch, name="open-gate", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        gate_of(tmp).touch()
 
 
 AGENT = [sys.executable, "-m", "durable_spaces.campaigns.agent"]
@@ -104,23 +173,30 @@ def drive(
         if a.before is not None:
             asyncio.run(a.before(tmp))
         env = driver_env(tmp, epoch, failpoints=a.failpoint)
-        trace = tmp / f"trace-{epoch}"
-        if a.during is not None:
+        trace = tmp / f"trace-{len(out.codes)}-{epoch}"
+        if a.during is not None or a.release:
             env["DS_FAILPOINT_TRACE"] = str(trace)
-        p = subprocess.Popen(
-            AGENT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        fault = None
-        if a.during is not None:
-            fault = threading.Thread(target=asyncio.run, args=(a.during(tmp, trace),))
-            fault.start()
-        stdout, stderr = p.communicate(timeout=120)
-        if fault is not None:
-            fault.join(timeout=120)
+        gate = gate_opened_at(tmp, trace, a.release) if a.release else nullcontext()
+        with gate:
+            p = subprocess.Popen(
+                AGENT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            fault = None
+            if a.during is not None:
+                fault = threading.Thread(target=asyncio.run, args=(a.during(tmp, trace),))
+                fault.start()
+            try:
+                stdout, stderr = p.communicate(timeout=HANG_S)
+            except subprocess.TimeoutExpired:
+                p.kill()  # a hung driver fails the test, and is not left behind
+                p.communicate()
+                raise
+            if fault is not None:
+                fault.join(timeout=HANG_S)
         out.codes.append(p.returncode)
         out.stderr.append(stderr[-2000:])
         for line in stdout.splitlines():
@@ -149,7 +225,9 @@ async def check(tmp: Path, backend: str) -> dict[str, dict[str, object]]:
     """Every campaign check on the session in ``tmp`` (no launch history: these tests
     choose epochs by hand, a same-epoch restart included)."""
     cfg = AgentConfigFile.load(tmp / "state")
-    workload = Workload(seed=cfg.seed, calls=cfg.calls, sleep=cfg.sleep, server=cfg.server)
+    workload = Workload(
+        seed=cfg.seed, calls=cfg.calls, sleep=cfg.sleep, server=cfg.server, gate=cfg.gate
+    )
     b = open_backend(backend, tmp / "spaces")
     try:
         names = await b.names()

@@ -76,11 +76,16 @@ def test_kill_at_each_step_then_kill_in_recovery(
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_same_epoch_restart_reattaches_to_running_command(tmp_path: Path, backend: str) -> None:
     _need(backend)
-    # The command must outlive the restart of a driver on a loaded machine.
-    setup(tmp_path, backend, "transactional", sleep=4.0, seed="1", calls=3)
+    # The first command holds on the gate: still running when its driver is killed and
+    # when the restarted one reaches it; the gate opens once that one is attached to it.
+    setup(tmp_path, backend, "transactional", gate=True, sleep=0.0, seed="1", calls=3)
     # A driver restarted without an epoch bump (e.g. by a supervisor) finds its command
     # still running under the same epoch: it must wait for it, not run it again.
-    o = drive(tmp_path, [Attempt("adapter.running:1", epoch=1), Attempt(epoch=1)], backend=backend)
+    o = drive(
+        tmp_path,
+        [Attempt("adapter.running:1", epoch=1), Attempt(epoch=1, release="adapter.spawn 1")],
+        backend=backend,
+    )
     _assert_consistent(o)
     assert "reattached" in o.kinds()
 
@@ -94,13 +99,19 @@ def test_command_exited_is_replayed_not_rerun(tmp_path: Path, backend: str) -> N
     assert "replayed" in o.kinds()
 
 
+def _cut_off() -> list[Attempt]:
+    """The first command holds on the gate until the newer driver has raised the Space's
+    epoch (which kills it) and found the call's record: surely cut off, whatever the load."""
+    return [Attempt("adapter.running:1"), Attempt(release="recovery.start 1")]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_command_cut_off_by_new_epoch_checkpoint_restores_and_interrupts(
     tmp_path: Path, backend: str
 ) -> None:
     _need(backend)
-    setup(tmp_path, backend, "checkpoint", sleep=5, seed="1", calls=2)
-    o = drive(tmp_path, [Attempt("adapter.running:1"), Attempt()], backend=backend)
+    setup(tmp_path, backend, "checkpoint", gate=True, sleep=0.0, seed="1", calls=2)
+    o = drive(tmp_path, _cut_off(), backend=backend)
     _assert_consistent(o)
     kinds = o.kinds()
     assert "restored" in kinds and "interrupted" in kinds, kinds
@@ -111,8 +122,8 @@ def test_command_cut_off_by_new_epoch_transactional_reverts_and_reruns(
     tmp_path: Path, backend: str
 ) -> None:
     _need(backend)
-    setup(tmp_path, backend, "transactional", sleep=5, seed="1", calls=2)
-    o = drive(tmp_path, [Attempt("adapter.running:1"), Attempt()], backend=backend)
+    setup(tmp_path, backend, "transactional", gate=True, sleep=0.0, seed="1", calls=2)
+    o = drive(tmp_path, _cut_off(), backend=backend)
     _assert_consistent(o)
     kinds = o.kinds()
     assert "reverted" in kinds and "ran" in kinds, kinds

@@ -34,6 +34,7 @@ from durable_spaces.harness.tools import CodingTools, Registry
 from durable_spaces.host.boot import BOOT_ENV
 from durable_spaces.space import ExecState, SpaceBackend
 
+LOG = "0123456789abcdef" * 2  # a log's identity (``Storage.identity``)
 SEED = "power-3"  # steps 0-2 and 3-5 each hold a bash call (tests/adapter/test_power_loss.py)
 BACKENDS = ["local", pytest.param("spacesd", marks=pytest.mark.spacesd)]
 
@@ -127,10 +128,13 @@ async def test_a_log_that_lost_every_commit_starts_from_an_empty_workspace(
     boot.write_text("boot-a\n")
     monkeypatch.setenv(BOOT_ENV, str(boot))
     host = Host(tmp_path, mode, "local")
+    SqliteStorage(host.log).close()  # the log as created: its identity is in the file
+    shutil.copy(host.log, tmp_path / "log.created")
     await host.submit(1, "first", 3)
     once = await _files(host.backend)
     for f in tmp_path.glob("log.sqlite*"):
-        f.unlink()  # nothing of the log reached its disk
+        f.unlink()
+    shutil.copy(tmp_path / "log.created", host.log)  # nothing of its commits reached disk
     again = await host.submit(2, "first", 3)
     assert await _files(host.backend) == once  # each call's line once in journal.txt
     assert [e.kind for e in again.events][:2] == ["log_behind", "reverted"]
@@ -172,35 +176,36 @@ async def test_a_restored_ledger_is_filled_up_to_the_log_so_one_probe_suffices(
         space = await backend.create("s")
         await space.advance_epoch(1)
         for p in (1, 2):
-            await log_witness.record(space, log_witness.position_key("c", p), 1)
-        witness = LogWitness()
+            await log_witness.record(space, log_witness.position_key(f"{LOG}:c", p), 1)
+        witness = LogWitness(LOG)
         assert await witness.behind("c", SpaceState(marks=3), space) is None  # 4 unknown
         await witness.fill("c", SpaceState(marks=5), space, 1, walk=log_witness.RESTORED_WALK)
         for lost_to in (0, 1, 2, 3, 4):
             assert await witness.behind("c", SpaceState(marks=lost_to), space) == 5
         assert await witness.behind("c", SpaceState(marks=5), space) is None
-        assert (await space.exec_record("c#4")).state is ExecState.UNKNOWN  # a filler only
+        assert (await space.exec_record(f"{LOG}:c#4")).state is ExecState.UNKNOWN  # a filler
     finally:
         await backend.close()
 
 
-async def test_a_second_session_on_the_same_space_is_not_behind_the_first(tmp_path: Path) -> None:
-    """Two sessions whose conversations share an id take turns on one Space (the cluster's
+async def test_a_second_log_on_the_same_space_is_not_behind_the_first(tmp_path: Path) -> None:
+    """Two logs whose conversations share an id take turns on one Space (the cluster's
     race: the second waits for the first's lease, then drives its own fresh log there).
-    The ledger's positions are the first session's, not the second's: a witness keyed by
-    the conversation id alone found the second's log "behind" and reverted the Space to
-    its empty log, losing every effect of the first (lost_effect in the redrive race)."""
+    The ledger's positions are the first log's, not the second's: a witness keyed by the
+    conversation (or the session's name) alone found the second's log "behind" and
+    reverted the Space to its empty log, losing every effect of the first (lost_effect
+    in the redrive race). Keys carry the log's identity: never shared."""
     backend = open_backend("local", tmp_path / "spaces")
     try:
         space = await backend.create("shared")
         await space.advance_epoch(1)
-        first = LogWitness("session-a")
+        first = LogWitness("a" * 32)
         for p in (1, 2, 3):
             await log_witness.record(space, first.owner("c1") + f"#{p}", 1)
         assert await first.behind("c1", SpaceState(marks=0), space) == 3  # a's own log lost
-        second = LogWitness("session-b")
+        second = LogWitness("b" * 32)
         assert await second.behind("c1", SpaceState(marks=0), space) is None
         key = second.next_position("c1", SpaceState(), CallRecord("x", "bash", 0))
-        assert key == "session-b:c1#1"
+        assert key == f"{'b' * 32}:c1#1"
     finally:
         await backend.close()

@@ -22,7 +22,7 @@ from durable_spaces.harness.log import MemoryStorage
 from durable_spaces.harness.models import ScriptedModel
 from durable_spaces.harness.scheduler import AgentConfig, Harness
 from durable_spaces.harness.tools import CodingTools, Registry
-from tests.adapter.drive import Attempt, drive, setup
+from tests.adapter.drive import Attempt, drive, setup, trace_shows
 
 pytestmark = [pytest.mark.microvm, pytest.mark.slow]
 
@@ -93,9 +93,7 @@ def _restart_machine_after(point: str):  # type: ignore[no-untyped-def]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 90
         while loop.time() < deadline:
-            if trace.exists() and point in {
-                " ".join(line.split()[:2]) for line in trace.read_text().splitlines()
-            }:  # lines are "point n g"
+            if trace_shows(trace, point):
                 break
             await asyncio.sleep(0.01)
         else:

@@ -29,6 +29,8 @@ ALLOWED = (
     "durable_spaces.host.mounts",  # the host's mount tables (what inotify sees), no deps
     "durable_spaces.host.inotify",  # inotify_simple, its libc found without ldconfig, no deps
     "durable_spaces.host.cgroup",  # a cgroup v2 this process made, killed whole (imports errors)
+    "durable_spaces.host.bounded",  # the one bounded reader of files from outside (imports errors)
+    "durable_spaces.host.files",  # what kind of file a path is, in words (no deps)
     "durable_spaces.switches",  # the DS_* on/off switches, read one way (imports errors)
     "durable_spaces.settings",  # the product's DS_* settings, one frozen value (imports errors)
     "durable_spaces.host.proc_start",  # a process's start since boot (its identity), no deps

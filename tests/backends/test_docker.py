@@ -290,3 +290,26 @@ async def test_waiting_for_a_daemon_waits_out_a_restart_by_someone_else(
     starter = asyncio.create_task(start_later())
     assert await backend._await_daemon(c) > 0.5
     await starter
+
+
+async def test_a_token_rotation_takes_a_floor_past_the_grant_back_to_it(
+    backend: DockerBackend,
+) -> None:
+    """A superseded holder advanced the Space to 10^15 before the host rotated the token
+    for the next lease (durable_spaces/cluster/host.py): the container comes back on the
+    grant's floor with the new token only, and the grant's holder goes on; a floor within
+    the grant stays where it is."""
+    name = _name()
+    old = await backend.create(name)
+    await old.advance_epoch(10**15)
+    token = await backend.rotate_token(name, 7)
+    fresh = await backend.find(name)
+    assert fresh is not None and fresh._token == token
+    assert await fresh.current_epoch() == 7
+    await fresh.advance_epoch(8)
+    await backend.rotate_token(name, 9)  # within the grant: nothing taken back
+    again = await backend.find(name)
+    assert again is not None and await again.current_epoch() == 8
+    old.disconnect()
+    with pytest.raises(SpaceUnavailableError):
+        await old.current_epoch()

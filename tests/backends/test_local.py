@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -84,7 +85,8 @@ async def test_driver_killed_before_the_command_started(
 ) -> None:
     """The key is in the ledger but the command never started: ``lost``, never run later."""
     await _crash_child(state_dir, "c:1:0@1", "echo run >> counter", failpoint)
-    await asyncio.sleep(0.2)
+    for meta in Path(space.root).parent.glob("cmds/*/meta.json"):  # a supervisor it had
+        await asyncio.to_thread(_wait_exit, json.loads(meta.read_text())["pid"])
     assert (await space.exec_record("c:1:0@1")).state is ExecState.LOST
     again = await space.exec(["sh", "-c", "echo run >> counter"], key="c:1:0@1", epoch=1)
     assert again.replayed and again.exit_code is None
@@ -121,31 +123,51 @@ async def test_torn_ledger_line_is_ignored(backend: LocalBackend, space: LocalSp
     assert (await fresh.exec_record("c:9:0@1")).state is ExecState.UNKNOWN
 
 
-async def _start_beater(space: LocalSpace) -> None:
+def _wait_exit(pid: int) -> None:
+    """Until the process ``pid`` has exited (its pidfd reads ready); at once if gone."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        select.select([fd], [], [])
+    finally:
+        os.close(fd)
+
+
+async def _start_beater(space: LocalSpace) -> int:
     """A daemonized grandchild of epoch 1 (its own session, reparented away from the
-    supervisor) that appends to ``beat`` until killed; returns once it has."""
-    script = "(setsid sh -c 'while :; do echo x >> beat; sleep 0.05; done' &); sleep 30"
+    supervisor) that appends to ``beat`` until killed: a pidfd of it, once it runs."""
+    beat = (
+        "echo $$ > beater.tmp; mv beater.tmp beater; while :; do echo x >> beat; sleep 0.05; done"
+    )
+    script = f"(setsid sh -c '{beat}' &); sleep 30"
     await space.spawn(["sh", "-c", script], key="c:1:0@1", epoch=1)
-    for _ in range(100):
-        if await space.stat("beat") is not None:
-            return
-        await asyncio.sleep(0.05)
+    while await space.stat("beater") is None:
+        await asyncio.sleep(0.01)  # the setsid shell starts after its parent's fork
+    return os.pidfd_open(int(await space.read_file("beater")))
+
+
+def _exited(pidfd: int) -> bool:
+    """Whether the process of ``pidfd`` has exited, now (a pidfd reads ready then)."""
+    try:
+        return bool(select.select([pidfd], [], [], 0)[0])
+    finally:
+        os.close(pidfd)
 
 
 async def test_restart_kills_processes_that_left_the_group(
     backend: LocalBackend, space: LocalSpace
 ) -> None:
-    await _start_beater(space)
+    beater = await _start_beater(space)
     await backend.restart("loc")
-    before = await space.read_file("beat")
-    await asyncio.sleep(0.4)
-    assert await space.read_file("beat") == before
+    assert _exited(beater), "a process that left the group outlived the restart"
 
 
 async def test_epoch_raise_kills_only_older_marked_processes(space: LocalSpace) -> None:
     """An older epoch's process that left the supervisor's group is found by its mark
     and killed; a newer epoch's, and one naming the instance in another variable, live."""
-    await _start_beater(space)
+    beater = await _start_beater(space)
     base = {k: v for k, v in os.environ.items() if not k.startswith("DS_")}
     newer = subprocess.Popen(
         ["sleep", "30"], env={**base, "DS_SPACE": space.instance_id, "DS_EPOCH": "3"}
@@ -153,9 +175,7 @@ async def test_epoch_raise_kills_only_older_marked_processes(space: LocalSpace) 
     bystander = subprocess.Popen(["sleep", "30"], env={**base, "OTHER": space.instance_id})
     try:
         await space.advance_epoch(2)
-        before = await space.read_file("beat")
-        await asyncio.sleep(0.4)
-        assert await space.read_file("beat") == before
+        assert _exited(beater), "an older epoch's process outlived the advance"
         assert newer.poll() is None and bystander.poll() is None
     finally:
         for p in (newer, bystander):
@@ -271,3 +291,15 @@ async def test_a_workspace_on_another_filesystem_than_the_state_takes_writes(
         await backend.close()
     finally:
         shutil.rmtree(state, ignore_errors=True)
+
+
+async def test_a_commands_supervisor_waits_outside_the_workspace(space: LocalSpace) -> None:
+    """The supervisor writes the exit status the adapter reads, then exits: while it waits
+    it must not sit in the workspace, or a look for processes the command left there
+    (``adapter/leftovers.py``) right after the status finds it (auto mode then left
+    transactional mode for a command that left nothing)."""
+    script = 'readlink "/proc/$PPID/cwd"; readlink -f .'
+    r = await space.exec(["sh", "-c", script], key=None, epoch=1)
+    parent, workspace = r.output.decode().splitlines()
+    assert workspace == os.path.realpath(space.root)
+    assert parent != workspace and not parent.startswith(workspace + "/")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import posixpath
@@ -96,14 +97,19 @@ async def test_same_key_runs_once(backend: SpacesdBackend) -> None:
 
 async def test_reattach_returns_whole_output(backend: SpacesdBackend) -> None:
     space = await backend.create("reattach")
-    argv = ["bash", "-c", "echo a >> counter; for i in 1 2 3; do echo $i; sleep 0.2; done"]
+    # It prints 1, then holds until the test made "go" (after its reattach): running
+    # while it is reattached to, however slow the machine.
+    gate = "while [ ! -e go ]; do sleep 0.01; done"
+    argv = ["bash", "-c", f"echo a >> counter; echo 1; {gate}; echo 2; echo 3"]
     first = await space.spawn(argv, key="r@1", epoch=1)
-    await asyncio.sleep(0.25)
+    while await space.stat("counter") is None:
+        await asyncio.sleep(0.01)
     assert (await space.exec_record("r@1")).state == ExecState.RUNNING
-    chunks: list[bytes] = []
-    second = await space.exec(argv, key="r@1", epoch=1, on_output=chunks.append)
+    second = await space.spawn(argv, key="r@1", epoch=1)
     assert second.reattached and not second.replayed
-    assert second.output == b"1\n2\n3\n" and b"".join(chunks) == second.output
+    await space.write_file("go", b"", epoch=1)
+    chunks = [c async for c in second.output()]
+    assert (await second.wait()).output == b"1\n2\n3\n" and b"".join(chunks) == b"1\n2\n3\n"
     assert (await first.wait()).output == b"1\n2\n3\n"
     assert await space.read_file("counter") == b"a\n"
 
@@ -504,16 +510,20 @@ async def test_a_write_killed_by_an_advance_never_lands(backend: SpacesdBackend)
     other = await backend.find("adv")
     assert other is not None
 
+    feeding, advanced = asyncio.Event(), asyncio.Event()
+
     async def advance_soon() -> None:
-        await asyncio.sleep(0.3)
+        await feeding.wait()  # the write's command runs, waiting for its bytes
         await other.advance_epoch(2)
+        advanced.set()
 
     from durable_spaces.backends.spacesd import spacesd_space
 
     real_feed = spacesd_space.SpacesdSpace._feed
 
     async def slow_feed(self: Any, ex: Any, data: bytes) -> None:
-        await asyncio.sleep(0.8)  # the advance lands while the command waits for bytes
+        feeding.set()
+        await advanced.wait()  # the advance lands while the command waits for bytes
         await real_feed(self, ex, data)
 
     task = asyncio.create_task(advance_soon())
@@ -523,7 +533,10 @@ async def test_a_write_killed_by_an_advance_never_lands(backend: SpacesdBackend)
             await space.write_file("f.txt", b"stale", epoch=1)
     finally:
         spacesd_space.SpacesdSpace._feed = real_feed  # type: ignore[method-assign]
-        await task
+        if not feeding.is_set():  # refused before its bytes: no advance to wait for
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
     assert await other.read_file("f.txt") == b"old"
 
 

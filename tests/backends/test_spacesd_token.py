@@ -85,3 +85,49 @@ def test_a_daemon_that_does_not_watch_its_token_file_is_restarted_on_the_new_one
             await backend.close()
 
     asyncio.run(main())
+
+
+def test_a_floor_raised_by_the_old_token_while_the_new_one_is_taken_is_taken_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race of a superseded holder: its ``AdvanceEpoch(10^15)`` lands after the
+    rotation looked at the floor and before the daemon took the new token (its poll
+    window). The window is held open by an event: the advance runs, and completes,
+    inside the rotation's token write, before the file changes. The rotation must still
+    return a Space on the grant's floor, which the new holder can advance."""
+    if (why := unavailable_reason()) is not None:
+        pytest.skip(why)
+    from durable_spaces.backends.spacesd import daemon
+
+    async def main() -> None:
+        backend = SpacesdBackend(tmp_path)
+        loop = asyncio.get_running_loop()
+        try:
+            old_holder = await backend.create("sp")
+            await old_holder.advance_epoch(6)
+            real = daemon.LocalDaemon.rotate_token
+            raced: list[int] = []
+
+            def write_after_the_old_holder_raised(d: daemon.LocalDaemon) -> str:
+                wedge = asyncio.run_coroutine_threadsafe(old_holder.advance_epoch(10**15), loop)
+                wedge.result()  # accepted: the old token is still the daemon's
+                raced.append(d.floor())
+                return real(d)
+
+            monkeypatch.setattr(
+                daemon.LocalDaemon, "rotate_token", write_after_the_old_holder_raised
+            )
+            await backend.rotate_token("sp", 7)
+            assert raced == [10**15]  # the race happened
+            fresh = await backend.find("sp")
+            assert fresh is not None and await fresh.current_epoch() == 7
+            await fresh.advance_epoch(8)  # the grant's holder is not fenced
+            assert backend._daemon("sp").floor() == 8
+            old_holder.disconnect()
+            with pytest.raises(SpaceUnavailableError, match="invalid bearer token"):
+                await old_holder.current_epoch()
+        finally:
+            await backend.delete("sp")
+            await backend.close()
+
+    asyncio.run(main())

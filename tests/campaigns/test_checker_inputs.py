@@ -20,8 +20,10 @@ from checker_scenes import dump, scene, scripted
 from typer.testing import CliRunner
 
 from durable_spaces import cli
+from durable_spaces.campaigns.agent import AgentConfigFile
 from durable_spaces.campaigns.checker import check_all, merge
 from durable_spaces.campaigns.checks import kept
+from durable_spaces.campaigns.checks.inputs import Workload
 from durable_spaces.campaigns.checks.rawlog import read_log
 from durable_spaces.campaigns.checks.workspace import parse_tar, to_tar, walk_host
 from durable_spaces.campaigns.record import RunRecord
@@ -56,7 +58,7 @@ def test_jsonl_torn_last_line_is_tolerated_and_reported(tmp_path: Path) -> None:
         f.write(torn)
     log = read_log(path)
     assert [c.seq for c in log.commits] == [1, 2]
-    assert log.torn_tail == f"line 3: {len(torn)} bytes without a newline"
+    assert log.torn_tail == f"line 4: {len(torn)} bytes without a newline"  # 1: identity
     assert log.format == "jsonl"
 
 
@@ -209,3 +211,15 @@ def test_run_records_keep_anomalies_and_read_old_records() -> None:
     assert back.checks["exactly_once"].get("anomalies") == [a]
     old = RunRecord.from_json({**rec.to_json(), "checks": {"x": {"valid": True, "detail": ""}}})
     assert old.checks["x"] == {"valid": True, "detail": ""} and old.valid is True
+
+
+def test_a_gate_read_back_from_a_kept_run_or_agent_json_is_checked(tmp_path: Path) -> None:
+    w = Workload("s", 2, gate="/tmp/the gate")
+    assert Workload.from_json(w.to_json()) == w
+    assert Workload.from_json({"seed": "s", "calls": 2}).gate is None  # older records
+    for bad in ("gate", "/tmp/it's"):
+        with pytest.raises(ValueError, match="gate"):
+            Workload.from_json({**w.to_json(), "gate": bad})
+        AgentConfigFile("local", str(tmp_path / "spaces"), "auto", "s", 2, gate=bad).save(tmp_path)
+        with pytest.raises(ConfigError, match=r"agent\.json is malformed: gate"):
+            AgentConfigFile.load(tmp_path)

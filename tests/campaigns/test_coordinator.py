@@ -148,7 +148,7 @@ def _coordinator(state: Path, plan: dict[str, Any], **env: str) -> subprocess.Po
     )
 
 
-def _wait_for(pred: Any, timeout: float = 20) -> None:
+def _wait_for(pred: Any, timeout: float = 300) -> None:  # a hang, not a pace
     end = time.monotonic() + timeout
     while not pred():
         assert time.monotonic() < end, "timed out"
@@ -212,9 +212,16 @@ async def test_a_second_coordinator_supersedes_the_first(tmp_path: Path) -> None
     run1 = asyncio.create_task(first.run())
     await anext(first.attempts())  # subscribed before the task's first launch
     second = coord(tmp_path, {"default": "done"}, kill_orphans=False)
-    second.extra_env["TOY_START_SECS"] = "2.0"  # still running when the first sees 75
-    r2 = await second.run()
-    r1 = await run1
+    # Its driver is still running when the first sees 75: it holds before its first
+    # step until the first coordinator has stopped.
+    start = tmp_path / "start"
+    second.extra_env["TOY_START_UNTIL"] = str(start)
+    run2 = asyncio.create_task(second.run())
+    try:
+        r1 = await run1
+    finally:
+        start.touch()
+    r2 = await run2
     assert (r1.status, r1.epochs, r1.exit_codes) == ("superseded", [1], [75])
     assert (r2.status, r2.epochs) == ("done", [2])
     assert sorted(e for e, _ in launches(tmp_path)) == [1, 2]

@@ -146,12 +146,16 @@ async def test_a_spare_killed_before_launch_is_replaced(tmp_path: Path) -> None:
 
 
 async def test_no_spare_outlives_its_coordinator(tmp_path: Path) -> None:
-    c = coord(tmp_path, {"default": "done"}, env={"TOY_START_SECS": "0.5"})
+    start = tmp_path / "start"  # the driver steps on once the test has seen the spare
+    c = coord(tmp_path, {"default": "done"}, env={"TOY_START_UNTIL": str(start)})
 
     async def note() -> list[int]:
-        async for _ in c.attempts():
-            return [await wait_spare(c)]
-        return []
+        try:
+            async for _ in c.attempts():
+                return [await wait_spare(c)]
+            return []
+        finally:
+            start.touch()
 
     task = asyncio.create_task(note())
     r = await c.run()
@@ -162,20 +166,29 @@ async def test_no_spare_outlives_its_coordinator(tmp_path: Path) -> None:
 
 async def test_the_next_spare_starts_once_the_driver_speaks(tmp_path: Path) -> None:
     # Not at its launch: the spare's start would take the CPU from the driver starting.
-    env = {"TOY_QUIET_SECS": "1.0", "TOY_START_SECS": "2.0"}
+    # The first driver is silent until the test opens "quiet", and steps on (to its
+    # crash) once it opens "start".
+    quiet, start = tmp_path / "quiet", tmp_path / "start"
+    env = {"TOY_QUIET_UNTIL": str(quiet), "TOY_START_UNTIL": str(start)}
     c = coord(tmp_path, {"1": "crash", "default": "done"}, env=env)
     seen: list[tuple[bool, int, bool]] = []
 
     async def watch() -> None:
         async for a in c.attempts():
             if a.index == 0:
-                await asyncio.sleep(0.6)  # the driver is still starting, silent
-                s = spares(c)
-                seen.append(
-                    (s._spare is not None or s._starting is not None, a.heartbeats, a.alive)
-                )
-                await wait_spare(c)
-                seen.append((True, a.heartbeats, a.alive))
+                try:
+                    while a.alive and not (tmp_path / "launches.log").exists():
+                        await asyncio.sleep(0.01)  # until the driver runs (silent)
+                    s = spares(c)
+                    seen.append(
+                        (s._spare is not None or s._starting is not None, a.heartbeats, a.alive)
+                    )
+                    quiet.touch()
+                    await wait_spare(c)
+                    seen.append((True, a.heartbeats, a.alive))
+                finally:
+                    quiet.touch()
+                    start.touch()
 
     task = asyncio.create_task(watch())
     r = await c.run()

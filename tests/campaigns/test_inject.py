@@ -58,9 +58,11 @@ async def test_schedule_is_carried_out_and_counted_from_what_happened(tmp_path: 
     backend = RecordingBackend(c)
     nem = compose([DriverKiller(c), SpaceNemesis(backend, "ds-inj")])  # type: ignore[arg-type]
     inj = Injector(c, sched, nem)
-    # the second driver takes 2 s to its first step: the kill at 0.05 s lands before it
+    # the second driver never gets to its first step (its gate is never opened): the
+    # kill at 0.05 s surely lands before it
+    never = str(tmp_path / "never")
     c.before_launch.append(
-        lambda launch: launch.env.update(TOY_START_SECS=str(2 * (launch.index == 1)))
+        lambda launch: launch.env.update(TOY_START_UNTIL=never) if launch.index == 1 else None
     )
     import asyncio
 

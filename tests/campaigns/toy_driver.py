@@ -4,10 +4,13 @@
 ``done``, ``crash`` (exit 1), ``fenced`` (exit 75), ``permanent`` (exit 78), ``hang``
 (heartbeats forever), ``stall`` (silent forever), ``steps:N`` (N steps, each a
 ``toy.step`` failpoint hit, then done), ``until_fenced`` (runs until the coordinator
-file shows a newer epoch, then exits 75 as a fenced driver would). Every launch is appended to
-``<state_dir>/launches.log`` as ``"<epoch> <pid>"`` before anything else.
-``TOY_QUIET_SECS``: seconds of silence before its first heartbeat (a slow start);
-``TOY_START_SECS``: seconds of heartbeats before its first step.
+file records a newer epoch's driver, then exits 75 as a fenced driver would). Every
+launch is appended to ``<state_dir>/launches.log`` as ``"<epoch> <pid>"`` before
+anything else.
+``TOY_QUIET_UNTIL``: a file; silent until it exists (a start as slow as the test wants);
+``TOY_START_UNTIL``: a file; heartbeats until it exists, before its first step;
+``TOY_START_SECS``: seconds of heartbeats before its first step (a driver busy for a time:
+what a stall window is measured against).
 """
 
 from __future__ import annotations
@@ -43,6 +46,19 @@ def event(**fields: object) -> None:
     say("DS-EVENT " + json.dumps({**fields, "unix_ms": int(time.time() * 1000)}))
 
 
+def until(variable: str) -> None:
+    """Wait until the file ``variable`` names exists (no variable: no wait)."""
+    path = os.environ.get(variable)
+    while path and not os.path.exists(path):
+        time.sleep(0.01)
+
+
+def newer_driver(state: dict[str, object], epoch: int) -> bool:
+    """Whether the coordinator's state records a driver of an epoch after ``epoch``."""
+    driver = state.get("driver")
+    return isinstance(driver, dict) and int(driver["epoch"]) > epoch
+
+
 def main() -> int:
     epoch = int(os.environ["CUA_SESSION_EPOCH"])
     state_dir = os.environ["CUA_SESSION_STATE_DIR"]
@@ -57,7 +73,7 @@ def main() -> int:
         time.sleep(3600)
         return 1
 
-    time.sleep(float(os.environ.get("TOY_QUIET_SECS", "0")))  # a slow start: silent
+    until("TOY_QUIET_UNTIL")  # a slow start: silent
 
     def beat() -> None:
         while True:
@@ -65,13 +81,16 @@ def main() -> int:
             time.sleep(hb)
 
     threading.Thread(target=beat, daemon=True).start()
+    until("TOY_START_UNTIL")
     time.sleep(float(os.environ.get("TOY_START_SECS", "0")))
     event(event="first_step", epoch=epoch)
     if what == "hang":
         time.sleep(3600)
     if what == "until_fenced":
+        # As a real driver is fenced: by a newer epoch's driver, once it runs (recorded),
+        # not by the epoch's issue alone.
         state = os.path.join(state_dir, "coordinator.json")
-        while json.loads(Path(state).read_text())["last_epoch"] == epoch:
+        while not newer_driver(json.loads(Path(state).read_text()), epoch):
             time.sleep(0.02)
         what = "fenced"
     if what.startswith("steps:"):

@@ -41,11 +41,12 @@ def _one(tmp: Path, stdout: str, rc: int = 0) -> subprocess.CompletedProcess[str
     return _bash(tmp, "ci_run c1 --runs 4\nci_recap\nexit $ci_status", CI_CAMPAIGN_CMD=cmd)
 
 
-def test_a_campaign_that_ran_and_landed_its_kills_passes(tmp_path: Path) -> None:
-    r = _one(tmp_path, f"REPRO nothing\n{GOOD}\n")
+@pytest.mark.parametrize("summary", [GOOD, f"{GOOD} killed_at=25/25"], ids=["drawn", "exhaustive"])
+def test_a_campaign_that_ran_and_landed_its_kills_passes(tmp_path: Path, summary: str) -> None:
+    r = _one(tmp_path, f"REPRO nothing\n{summary}\n")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "FAILED" not in r.stdout
-    assert (tmp_path / "out" / "c1.stdout").read_text().endswith(GOOD + "\n")
+    assert (tmp_path / "out" / "c1.stdout").read_text().endswith(summary + "\n")
 
 
 @pytest.mark.parametrize(
@@ -68,6 +69,8 @@ def test_a_campaign_that_ran_and_landed_its_kills_passes(tmp_path: Path) -> None
         ("", 0, "no SUMMARY line last"),
         (f"UNTESTED ran no run\n{GOOD}\n", 4, "exited 4 (UNTESTED ran no run)"),
         (GOOD, 1, "exited 1"),
+        (f"{GOOD} killed_at=24/25", 0, "killed at 24 of the 25 killable failpoints"),
+        (f"{GOOD} killed_at=all", 0, "SUMMARY field killed_at is not K/N"),
     ],
     ids=[
         "no-run",
@@ -81,6 +84,8 @@ def test_a_campaign_that_ran_and_landed_its_kills_passes(tmp_path: Path) -> None
         "no-summary",
         "untested",
         "failed",
+        "exhaustive-short",
+        "exhaustive-doctored",
     ],
 )
 def test_a_campaign_that_tested_nothing_or_doctored_its_summary_fails(

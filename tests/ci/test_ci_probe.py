@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _line(**over: str) -> str:
     f = {"harness": "h", "runs": "18", "steps": "54", "once": "48", "duplicate": "6",
          "lost": "0", "phantom": "0", "reported": "0", "orphan": "0", "stuck": "0",
-         "lab_errors": "0", "kills": "17", "grade": "at-least-once",
+         "lab_errors": "0", "kills": "17", "pairs": "5/17", "grade": "at-least-once",
          "seed_base": "probe"}  # fmt: skip
     f.update(over)
     return "SUMMARY probe " + " ".join(f"{k}={v}" for k, v in f.items() if v != "-")
@@ -36,6 +36,7 @@ def _probe(tmp: Path, stdout: str, want: str, rc: int = 0) -> subprocess.Complet
 
 def test_the_expected_grade_passes(tmp_path: Path) -> None:
     assert _probe(tmp_path, _line() + "\n", "at-least-once").returncode == 0
+    assert _probe(tmp_path, _line(grade="unverified") + "\n", "unverified").returncode == 0
 
 
 @pytest.mark.parametrize(
@@ -48,6 +49,8 @@ def test_the_expected_grade_passes(tmp_path: Path) -> None:
         (_line(kills="0"), "at-least-once", "tested no crash"),
         (_line(lab_errors="2"), "at-least-once", "lab broke"),
         (_line(grade="great"), "at-least-once", "is not a grade"),
+        (_line(grade="partial:at-least-once"), "at-least-once", "covered only 5/17"),
+        (_line(grade="unverified"), "at-least-once-or-better", "worse than"),
         (_line(kills="-"), "at-least-once", "kills is missing"),
         (_line() + "\nsomething after", "at-least-once", "no probe SUMMARY line last"),
         ("", "at-least-once", "no probe SUMMARY line last"),

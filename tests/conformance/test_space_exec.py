@@ -33,7 +33,9 @@ async def _lines(space: Space, path: str) -> int:
     return 0 if st is None else len((await space.read_file(path)).splitlines())
 
 
-async def _until(cond: Callable[[], object], timeout: float = 15.0) -> None:
+async def _until(cond: Callable[[], object], timeout: float = 300.0) -> None:
+    """Until ``cond`` holds: a wait for an event. The deadline only turns a hang into a
+    failure, and is long enough for a heavily loaded machine."""
     deadline = time.monotonic() + timeout
     while True:
         value = cond()

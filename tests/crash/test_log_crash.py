@@ -173,9 +173,9 @@ def test_sigkill_after_a_short_write_leaves_a_torn_tail(tmp_path: Path) -> None:
     assert _path(tmp_path, "jsonl").stat().st_size == size + 100
     with pytest.warns(TornTailWarning):
         s = JsonlStorage(_path(tmp_path, "jsonl"))
-    assert s.torn_tail == "line 3: 100 bytes without a newline"
+    assert s.torn_tail == "line 4: 100 bytes without a newline"  # after the identity's line
     s.close()
-    assert _check(tmp_path, "jsonl", 4096, [1, 2]) == (2, "line 3: 100 bytes without a newline")
+    assert _check(tmp_path, "jsonl", 4096, [1, 2]) == (2, "line 4: 100 bytes without a newline")
 
 
 def test_failed_write_is_rolled_back(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ directory. Real local Spaces, real commands, the real SQLite log."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,49 @@ def test_a_thread_no_environment_can_carry_is_refused_before_anything(tmp_path: 
         r = a.call("bash", append("a"), "c1", thread="t\x00")
         assert r.status == "error" and "cannot be a key" in r.content
         assert a.log() == [] and conversations(a.state) == []
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+def test_a_forks_space_is_its_own_in_every_later_attempt(tmp_path: Path, pinned: bool) -> None:
+    """A Space is claimed by one conversation of its log (``adapter/space_owner.py``): the
+    thread's fork takes over its parent's claim, so the attempts after the fork use the
+    Space (refused as another conversation's without it), and a second state directory's
+    log on the same backend never gets the thread's Space."""
+    with attempts(tmp_path, pinned=pinned) as a:
+        a.attempt()
+        a.call("bash", append("a"), "c1")
+        a.call("bash", append("b"), "c2", ["c1"])
+        a.attempt()
+        a.call("bash", append("c"), "c3", ["c1"])  # c2 forgotten: the fork
+        a.attempt()
+        r = a.call("bash", {"command": "cat log.txt"}, "c4", ["c1", "c3"])
+        assert r.status == "ok", r.content
+        assert r.content.split()[:2] == ["a", "c"]
+        assert len(conversations(a.state)) == 2
+
+
+def test_what_only_the_space_held_is_kept_when_a_forgotten_call_is_undone(
+    tmp_path: Path,
+) -> None:
+    """Nothing lost: a file made by hand after the forgotten call is no call's and no
+    image's; the take-back keeps it in a quarantine checkpoint of the thread's fork
+    (``adapter/quarantine.py``), which ``durable-spaces quarantine restore`` gives back
+    from the workspace's state directory."""
+    with attempts(tmp_path, "transactional") as a:
+        a.attempt()
+        a.call("bash", append("a"), "c1")
+        a.call("bash", append("b"), "c2", ["c1"])
+        (a.work / "thesis.txt").write_text("by hand\n")
+        a.attempt()
+        a.call("bash", append("c"), "c3", ["c1"])
+        assert a.log() == ["a", "c"] and not (a.work / "thesis.txt").exists()
+        (reverted,) = [e for e in a.events if e.kind == "reverted"]
+        named = reverted.detail["quarantine"]
+        for ws in a.made:
+            ws.close()
+        to = tmp_path / "kept"
+        s = a.state
+        where = ["--backend", "local", "--backend-dir", s / "spaces", "--store", s / "checkpoints"]
+        cli = ["durable-spaces", "quarantine", "restore", s, named]
+        subprocess.run([*cli, "--to", to, *where], check=True, capture_output=True, timeout=120)
+        assert (to / "thesis.txt").read_text() == "by hand\n"

@@ -3,6 +3,7 @@ process; the no_leftovers fixture (conftest.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -12,9 +13,17 @@ import pytest
 from typer.testing import CliRunner
 
 from durable_spaces import cli
+from durable_spaces.probe.faults import machine_unavailable
 from durable_spaces.probe.record import ProbeRecord
 
 FAKES = Path(__file__).parent / "fakes"
+#: The kill faults as test parameters: machine needs a cgroup v2, power FUSE.
+KILL_FAULTS = [
+    "process",
+    pytest.param("machine", marks=pytest.mark.skipif(
+        machine_unavailable() is not None, reason=str(machine_unavailable()))),
+    pytest.param("power", marks=pytest.mark.fuse),
+]  # fmt: skip
 
 
 @dataclass
@@ -46,8 +55,14 @@ def fake(name: str) -> str:
     return str(FAKES / name)
 
 
-def write_recipe(d: Path, defect: str, extra: Sequence[str] = (), **fields: str) -> Path:
-    """A recipe for fakes/fakeagent.py with ``defect`` (and more of its flags)."""
+#: How fakes/fakeagent.py tells the model a call was interrupted (its recipes' [report]).
+REPORT = "interrupted: the call was cut short"
+
+
+def write_recipe(d: Path, defect: str, extra: Sequence[str] = (), report: str | None = REPORT,
+                 **fields: str) -> Path:  # fmt: skip
+    """A recipe for fakes/fakeagent.py with ``defect`` (and more of its flags), declaring
+    ``report`` as its words for an interrupted call."""
     d.mkdir(parents=True, exist_ok=True)
     agent = FAKES / "fakeagent.py"
     more = "".join(f', "{x}"' for x in extra)
@@ -62,6 +77,8 @@ def write_recipe(d: Path, defect: str, extra: Sequence[str] = (), **fields: str)
     body.update(fields)
     text = "".join(f"{k} = {v}\n" for k, v in body.items() if v)
     text += '[tool]\nname = "bash"\nargument = "command"\n'
+    if report is not None:
+        text += f"[report]\ntext = {json.dumps(report)}\n"
     (d / "recipe.toml").write_text(text)
     return d / "recipe.toml"
 

@@ -39,7 +39,7 @@ def test_rerun_after_restart_is_at_least_once(tmp_path: Path, fault: str) -> Non
               "--expect", "at-most-once-reported")  # fmt: skip
     assert p.code == 1, p.stdout + p.stderr  # worse than expected
     s = p.summary
-    assert s["grade"] == "at-least-once"
+    assert s["grade"] == "partial:at-least-once"  # the command's points only
     assert int(s["duplicate"]) == 2  # killed after the effect and after the exit
     by_point = {str(r.point): [x.cls for x in r.results] for r in p.records()}
     assert by_point["effect@1"] == ["duplicate"] and by_point["exited@1"] == ["duplicate"]
@@ -48,14 +48,22 @@ def test_rerun_after_restart_is_at_least_once(tmp_path: Path, fault: str) -> Non
 
 
 @pytest.mark.parametrize("fault", FAULTS)
-def test_success_recorded_before_running_is_unsafe(tmp_path: Path, fault: str) -> None:
+def test_success_recorded_before_running_is_unverified(tmp_path: Path, fault: str) -> None:
     p = probe(tmp_path / "o", "--harness", fake("phantom"), "--scenario", "exhaustive",
-              "--steps", "1", "--fault", fault, "--at", COMMAND_POINTS)  # fmt: skip
-    assert p.code == 0, p.stdout + p.stderr
-    assert p.summary["grade"] == "unsafe"
+              "--steps", "1", "--fault", fault, "--at", COMMAND_POINTS,
+              "--expect", "at-least-once")  # fmt: skip
+    assert p.code == 1, p.stdout + p.stderr  # worse than at-least-once: it may be made up
+    assert p.summary["grade"] == "partial:unverified"
     by_point = {str(r.point): r.results[0] for r in p.records() if r.point}
-    # killed before its effect: the model is told "ok" for a call that never ran
-    assert (by_point["started@1"].cls, by_point["started@1"].effects) == ("phantom", 0)
+    # killed before its effect: the model is told "ok" for a call that never ran; the
+    # word is no evidence, the model asked again and that call ran (one effect)
+    started = by_point["started@1"]
+    assert (started.cls, started.shown, started.effects, started.asks) == (
+        "unverified",
+        "unverified",
+        1,
+        2,
+    )
 
 
 @pytest.mark.parametrize("fault", FAULTS)
@@ -72,27 +80,27 @@ def test_detached_tools_orphan_only_under_process(tmp_path: Path, fault: str,
     else:
         assert started.results[0].cls == "reported" and started.results[0].effects == 0
         assert int(p.summary["orphan"]) == 0
-        assert p.summary["grade"] == "at-most-once-reported"
+        assert p.summary["grade"] == "partial:at-most-once-reported"
 
 
 @pytest.mark.parametrize("fault", FAULTS)
-def test_never_finishes_is_stuck(tmp_path: Path, fault: str, no_leftovers: None) -> None:
+def test_never_finishes_cannot_be_judged(tmp_path: Path, fault: str, no_leftovers: None) -> None:
     p = probe(tmp_path / "o", "--harness", fake("hang"), "--scenario", "exhaustive",
               "--steps", "1", "--fault", fault, "--at", "request")  # fmt: skip
-    s = p.summary
-    assert int(s["stuck"]) == int(s["runs"]) >= 2 and s["grade"] == "unsafe"
-    assert "STUCK r0 (uninterrupted): 2 attempts; the last timed out" in p.stdout
-    assert p.code == 0, p.stdout + p.stderr  # the kill at request 1 landed
+    assert p.code == 3, p.stdout + p.stderr  # no grade: as for a lab error
+    assert p.summary["grade"] == "none" and p.summary["runs"] == "1"
+    assert ("UNJUDGED r0: the uninterrupted run r0 did not finish: stuck: 2 attempts; the last "
+            "timed out") in p.stdout  # fmt: skip
 
 
 @pytest.mark.parametrize("fault", FAULTS)
-def test_crash_at_start_is_stuck_with_a_reason(tmp_path: Path, fault: str) -> None:
+def test_crash_at_start_cannot_be_judged(tmp_path: Path, fault: str) -> None:
     p = probe(tmp_path / "o", "--harness", fake("crash"), "--scenario", "exhaustive",
               "--steps", "1", "--fault", fault)  # fmt: skip
-    assert p.code == 4  # no fault could be put anywhere: not a test of the harness
-    assert p.summary["stuck"] == "1" and p.summary["grade"] == "unsafe"
-    (line,) = [x for x in p.stdout.splitlines() if x.startswith("STUCK")]
+    assert p.code == 3, p.stdout + p.stderr
+    assert p.summary["stuck"] == "1" and p.summary["grade"] == "none"
+    (line,) = [x for x in p.stdout.splitlines() if x.startswith("UNJUDGED")]
     assert line.endswith("exited 1 before calling the model: "
                          "fakeagent: cannot start: the defect is crash")  # fmt: skip
     (why,) = [x for x in p.stderr.splitlines() if x.startswith("durable-spaces:")]
-    assert why.startswith("durable-spaces: probe: no run with a fault")
+    assert why.startswith("durable-spaces: probe: the uninterrupted run r0 did not finish")

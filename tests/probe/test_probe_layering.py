@@ -1,6 +1,6 @@
 """The probe is lab-side: the product never imports it, and it needs nothing of the
-product but the package's errors and the host's cgroups (and of the lab, powerfs and its
-capability check, for the power fault)."""
+product but the package's errors, the host's cgroups and its bounded reader (and of the
+lab, powerfs and its capability check, for the power fault)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ def test_the_probe_needs_nothing_of_the_product() -> None:
         "durable_spaces.probe",
         "durable_spaces.errors",
         "durable_spaces.host.cgroup",
+        "durable_spaces.host.bounded",
         "durable_spaces.chaos.powerfs",
         "durable_spaces.campaigns.capabilities",
     )

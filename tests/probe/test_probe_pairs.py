@@ -66,9 +66,11 @@ def test_the_probe_says_how_many_planned_pairs_ran(tmp_path: Path) -> None:
     assert cells[("started", 3)] == "-"  # the final answer has no command
     assert "planned pairs probed</h2><table>" in (p.out / "report.html").read_text()
 
+    # a probe of some kinds of point only covers those: the other pairs count, unprobed
     exhaustive = probe(tmp_path / "e", "--harness", fake("rerun"), "--scenario", "exhaustive",
                        "--steps", "1", "--at", "request")  # fmt: skip
-    assert exhaustive.summary["pairs"] == "2/2", exhaustive.stdout
+    assert exhaustive.summary["pairs"] == "2/7", exhaustive.stdout
+    assert exhaustive.summary["grade"] == "partial:exactly-once", exhaustive.stdout
 
 
 def test_a_malformed_pair_in_probe_json_is_refused(tmp_path: Path) -> None:
@@ -83,3 +85,15 @@ def test_a_malformed_pair_in_probe_json_is_refused(tmp_path: Path) -> None:
     (tmp_path / "probe.json").write_text(json.dumps(meta))
     with pytest.raises(RecordError, match="past 1001"):
         render(tmp_path)
+
+
+def test_expect_fails_on_a_partial_grade_unless_the_user_accepts_it(tmp_path: Path) -> None:
+    args = ("--harness", fake("correct"), "--scenario", "exhaustive", "--steps", "1",
+            "--at", "request", "--expect", "at-most-once-reported")  # fmt: skip
+    p = probe(tmp_path / "o", *args)
+    assert p.code == 1, p.stdout + p.stderr
+    assert p.summary["grade"] == "partial:exactly-once" and p.summary["pairs"] == "2/7"
+    assert "covered only some kill point x step pairs (--allow-partial" in p.stderr
+    assert "- coverage: 2 of 7 kill point x step pairs probed" in (p.out / "report.md").read_text()
+    ok = probe(tmp_path / "ok", *args, "--allow-partial")
+    assert ok.code == 0, ok.stdout + ok.stderr

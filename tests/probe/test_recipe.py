@@ -24,6 +24,7 @@ argument = "command"
 def _write(tmp_path: Path, text: str) -> Path:
     p = tmp_path / "recipe.toml"
     p.write_text(text)
+    (tmp_path / "a.py").touch()  # the program GOOD names beside it
     return p
 
 
@@ -34,6 +35,9 @@ def test_a_recipe_and_its_placeholders(tmp_path: Path) -> None:
                   run_id="r1", prompt="p")  # fmt: skip
     assert resolve(r.launch[1], vals) == f"{tmp_path}/a.py"
     assert load(str(tmp_path)).name == "x"  # a directory holding one
+    assert r.report is None
+    said = load(str(_write(tmp_path, GOOD + '[report]\ntext = "[cut off?]"\n'))).report
+    assert said is not None and said.search("x [cut off?] y") and not said.search("cut off")
 
 
 @pytest.mark.parametrize(
@@ -45,9 +49,15 @@ def test_a_recipe_and_its_placeholders(tmp_path: Path) -> None:
         (GOOD.split("[tool]")[0], "[tool] is missing"),
         ("colour = 1\n" + GOOD, "unknown keys: colour (known:"),
         (GOOD.replace('name = "x"', 'name = "x y"'), "name 'x y'"),
-        ("launch = [", "is not TOML"),
+        ("launch = [", ": not TOML"),
         ("timeout_s = -1\n" + GOOD, "timeout_s must be"),
         (GOOD + "shell = 1\n", "[tool] has unknown keys: shell"),
+        (GOOD + '[report]\npattern = "x*"\n', "matches an empty text"),
+        (GOOD + '[report]\npattern = "(unclosed"\n', "is not a regular expression"),
+        (GOOD + '[report]\ntext = "a"\npattern = "b"\n', "[report] takes one key"),
+        (GOOD + '[report]\nwords = "a"\n', "[report] takes one key"),
+        (GOOD + '[report]\ntext = """two\nlines"""\n', "one line"),
+        (GOOD.replace('"{recipe_dir}/a.py"', '"{recipe_dir}/b.py"'), "b.py, which is not there"),
     ],
 )  # fmt: skip
 def test_a_bad_recipe_is_one_line(tmp_path: Path, text: str, says: str) -> None:

@@ -35,8 +35,16 @@ def test_summary_and_the_rule(tmp_path: Path) -> None:
     ]
     assert summary_line("h", recs, "sb", planned) == (
         "SUMMARY probe harness=h runs=3 steps=5 once=3 duplicate=1 lost=0 phantom=0 "
-        "reported=1 orphan=0 stuck=1 lab_errors=0 kills=2 pairs=2/4 grade=unsafe seed_base=sb"
+        "reported=1 unverified=0 orphan=0 stuck=1 lab_errors=0 kills=2 pairs=2/4 grade=unsafe "
+        "seed_base=sb"
     )
+    # unsafe is final; any better grade from half the pairs says it saw half
+    fine = [_rec("r0", None, False, "once"), _rec("r1", GatePoint(1, "effect"), True, "once")]
+    assert summary_line("h", fine, "sb", planned).endswith(
+        "pairs=1/4 grade=partial:exactly-once seed_base=sb"
+    )
+    assert "grade=exactly-once " in summary_line("h", fine, "sb", [GatePoint(1, "effect")])
+    assert "grade=none " in summary_line("h", fine, "sb", planned, judged=False)
     # a fault that never landed probed nothing: still 2 of 4
     missed = [*recs, _rec("r9", GatePoint(1, "exited"), False, "once")]
     assert "pairs=2/4" in summary_line("h", missed, "sb", planned)

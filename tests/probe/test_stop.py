@@ -11,20 +11,23 @@ from pathlib import Path
 
 from durable_spaces.host.cgroup import cgroup_root
 from durable_spaces.probe.record import ProbeRecord
-from tests.probe.helpers import fake, run_processes
+from tests.probe.helpers import run_processes, write_recipe
 
 
 def test_interrupted_probe_leaves_nothing(tmp_path: Path) -> None:
-    out = tmp_path / "o"
+    """^C while a planned run is surely under way: one of its attempts, resumed after its
+    kill, holds until it is killed (``--hold``) and says so; ^C comes after that."""
+    out, held = tmp_path / "o", tmp_path / "held"
+    held.mkdir()
+    recipe = write_recipe(tmp_path / "recipe", "none", extra=["--hold", str(held)])
     proc = subprocess.Popen(
-        [sys.executable, "-m", "durable_spaces.cli", "probe", "--harness", fake("correct"),
+        [sys.executable, "-m", "durable_spaces.cli", "probe", "--harness", str(recipe.parent),
          "--runs", "8", "--steps", "3", "--out", str(out), "--no-report"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy(),
     )  # fmt: skip
-    while not (out / "runs" / "r0.json").exists():  # the planned runs are starting
+    while not any(held.iterdir()):  # a planned run's resumed attempt holds
         assert proc.poll() is None
-        time.sleep(0.1)
-    time.sleep(1.0)  # some attempt of a planned run is under way
+        time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     assert proc.wait() != 0
     assert run_processes(tmp_path) == []

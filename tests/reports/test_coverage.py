@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from durable_spaces.campaigns import trace_coverage
 from durable_spaces.campaigns.record import Check, RunRecord
 from durable_spaces.campaigns.trace_coverage import (
     attempt_story,
     coverage_of,
+    killed_at,
     read_hits,
     registered_points,
 )
@@ -113,3 +117,55 @@ def test_the_checks_table_says_what_each_check_verified() -> None:
     }  # fmt: skip
     assert t.loc["image_follows_calls", "not_applicable"] == 1
     assert t.loc["image_follows_calls", "unknown"] == 1
+
+
+def _killed_at(point: str, call: str = "bash:call-s0-x") -> dict[str, object]:
+    return {
+        "attempt": 0, "epoch": 1, "exit_code": -9, "hits": {point: 1},
+        "calls": [{"call": call, "points": [point]}],
+        "ended_at": {"point": point, "n": 1, "call": call},
+    }  # fmt: skip
+
+
+def test_the_coverage_line_says_passed_killed_at_and_not_killable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runs = [[_killed_at("log.after_commit")], [_killed_at("adapter.exit")]]
+    passed = {**_killed_at("harness.admit"), "exit_code": 0}
+    cov = coverage_of([*runs, [passed]])
+    reg = len(registered_points())
+    assert cov.line() == (
+        f"3/{reg} registered failpoints passed; killed at 2 of them (2 kills); not killable: none"
+    )
+    monkeypatch.setattr(trace_coverage, "NOT_KILLABLE", {"harness.admit": "why not"})
+    assert cov.line().endswith("not killable: harness.admit")
+
+
+def test_an_exhaustive_plan_is_held_against_where_kills_landed() -> None:
+    """What its uninterrupted run passed, less what a kill makes no sense at, must all
+    be killed at; a point missed is named."""
+    cov = coverage_of([[_killed_at("log.after_commit")], [_killed_at("adapter.exit")]])
+    plan = {
+        "passed": {"log.after_commit": 14, "adapter.exit": 2, "harness.admit": 1},
+        "not_killable": {"harness.admit": "the reason"},
+    }
+    k = killed_at(cov, plan)
+    assert k is not None and k.fraction() == "2/2" and k.missed == []
+    assert k.line() == (
+        "the uninterrupted run passed 3 failpoints (17 hits); killed at 2 of them; "
+        "not killable: harness.admit (the reason)"
+    )
+    k = killed_at(cov, {**plan, "not_killable": {}})
+    assert k is not None and k.fraction() == "2/3" and k.missed == ["harness.admit"]
+    assert k.line().endswith("; never killed at: harness.admit")
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [None, [], {"passed": {}}, {"passed": {"no.such.point": 1}, "not_killable": {}},
+     {"passed": {"adapter.exit": "1"}, "not_killable": {}},
+     {"passed": {"adapter.exit": 1}, "not_killable": {"adapter.call": "x"}},
+     {"passed": {"adapter.exit": 1}, "not_killable": {"adapter.exit": 1}}],
+)  # fmt: skip
+def test_a_plan_read_back_that_is_not_one_is_left_out(plan: object) -> None:
+    assert killed_at(coverage_of([]), plan) is None

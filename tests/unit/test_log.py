@@ -234,7 +234,7 @@ def test_torn_tail_is_reported_ignored_then_truncated(tail: bytes, tmp_path: Pat
 
     with pytest.warns(TornTailWarning, match="torn last line"):
         s = JsonlStorage(path)
-    assert s.torn_tail is not None and "line 3" in s.torn_tail
+    assert s.torn_tail is not None and "line 4" in s.torn_tail  # after the identity's line
     assert [c.ops for c in s.load()] == [[{"n": 1}], [{"n": 2}]]
     assert path.read_bytes() == good + tail  # reading alone changes nothing
     assert s.append([{"n": 3}]) == 3
@@ -242,7 +242,8 @@ def test_torn_tail_is_reported_ignored_then_truncated(tail: bytes, tmp_path: Pat
     s.close()
 
     lines = path.read_bytes().splitlines()
-    assert [json.loads(x)["seq"] for x in lines] == [1, 2, 3]
+    assert json.loads(lines[0]) == {"log": s.identity}
+    assert [json.loads(x)["seq"] for x in lines[1:]] == [1, 2, 3]
     with JsonlStorage(path) as s:
         assert s.torn_tail is None
         assert [c.ops for c in s.load()] == [[{"n": 1}], [{"n": 2}], [{"n": 3}]]
@@ -269,7 +270,7 @@ def test_wrong_record_is_corruption_even_last(line: bytes, why: str, tmp_path: P
     _two_commits(path)
     with path.open("ab") as f:
         f.write(line)
-    with pytest.raises(CorruptLogError, match=f"line 3 {why}"):
+    with pytest.raises(CorruptLogError, match=f"line 4 {why}"):  # after the identity's line
         JsonlStorage(path)
 
 

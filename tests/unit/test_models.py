@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+import pytest
+
+from durable_spaces.campaigns.checks.workload import parse_append
 from durable_spaces.harness.env import ExecutionEnv, LocalDirEnv
 from durable_spaces.harness.log import MemoryStorage
-from durable_spaces.harness.models import OpenAIModel
+from durable_spaces.harness.models import OpenAIModel, check_gate
 from durable_spaces.harness.scheduler import AgentConfig, Harness
 from durable_spaces.harness.tools import CodingTools, Registry
 from durable_spaces.testing import (
@@ -72,6 +78,40 @@ def test_interpret_bash() -> None:
     path, line = ScriptedModel.interpret_bash(call.args["command"]) or ("", "")
     assert path == "journal.txt" and line.startswith("s0-")
     assert ScriptedModel.interpret_bash("rm -rf /") is None
+
+
+def test_a_gated_command_holds_until_its_gate_exists(tmp_path: Path) -> None:
+    gate = tmp_path / "the gate"
+    call = ScriptedModel("1", 1, gate=str(gate)).call(0, {})  # seed 1's step 0 is a bash
+    command = call.args["command"]
+    token = ScriptedModel("1", 1).call(0, {}).args["command"].split("'")[-2]
+    assert ScriptedModel.interpret_bash(command) == ("journal.txt", token)
+    assert parse_append(command) == ("journal.txt", token)  # the checker's reading too
+    shell = subprocess.Popen(["bash", "-c", command], cwd=tmp_path)
+    try:
+        waiting = psutil.Process(shell.pid)
+        # Its loop's first sleep: the gate was looked at, found missing, and waited for.
+        deadline = time.monotonic() + 300  # a hang, not a pace
+        while not any(c.name() == "sleep" for c in waiting.children()):
+            assert shell.poll() is None, "the command ended without its gate"
+            assert time.monotonic() < deadline, "the command never waited"
+            time.sleep(0.01)
+        assert not (tmp_path / "journal.txt").exists()
+        gate.touch()
+        assert shell.wait(timeout=300) == 0
+    finally:
+        if shell.poll() is None:
+            shell.kill()
+            shell.wait()
+    assert (tmp_path / "journal.txt").read_text() == f"{token}\n"
+
+
+@pytest.mark.parametrize("bad", ["gate", "/tmp/it's", "/tmp/a\nb"])
+def test_a_gate_that_is_no_absolute_quotable_path_is_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match="gate"):
+        check_gate(bad)
+    with pytest.raises(ValueError, match="gate"):
+        ScriptedModel("1", 1, gate=bad)
 
 
 async def test_openai_model_against_a_fake_server(tmp_path: Path) -> None:

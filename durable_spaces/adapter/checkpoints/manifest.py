@@ -30,6 +30,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from durable_spaces.adapter.image import blob_id
+from durable_spaces.host.bounded import parse_json
 
 FORMAT = "durable-spaces.manifest"
 VERSION = 1
@@ -127,6 +128,21 @@ class Encoder:
         return known[1]
 
 
+def contents(m: Mapping[str, ManifestEntry]) -> dict[str, tuple[str, str | None]]:
+    """What each path of the workspace holds, as a scan's table says it
+    (``quarantine.content``): ``("file", sha256)`` (a hard link: its file's) or
+    ``("symlink", target)``; directories hold nothing of their own."""
+    out: dict[str, tuple[str, str | None]] = {}
+    for path, e in m.items():
+        if e.kind == FILE:
+            out[path] = ("file", e.ref)
+        elif e.kind == SYMLINK:
+            out[path] = ("symlink", e.ref)
+        elif e.kind == HARDLINK and e.ref is not None and e.ref in m:
+            out[path] = ("file", m[e.ref].ref)
+    return out
+
+
 def blobs(m: Mapping[str, ManifestEntry]) -> set[str]:
     """The blobs a restore of ``m`` needs."""
     return {e.ref for e in m.values() if e.kind == FILE and e.ref is not None}
@@ -135,7 +151,9 @@ def blobs(m: Mapping[str, ManifestEntry]) -> set[str]:
 def decode(data: bytes) -> Manifest:
     """The manifest ``data`` holds, checked whole (``ManifestError`` says what is wrong)."""
     try:
-        doc = json.loads(data.decode("ascii"))
+        # As deep as the parser goes, no walk after: a restore reads every row anyway, and
+        # the rows' check below refuses anything nested in them (a walk cost more than the parse).
+        doc = parse_json(data.decode("ascii"), where="a manifest", max_depth=None)
     except (UnicodeDecodeError, ValueError) as e:
         raise ManifestError(f"not a manifest: {str(e)[:120]}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:

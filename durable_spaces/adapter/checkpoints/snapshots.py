@@ -230,6 +230,20 @@ class WorkspaceSnapshots:
             tries.append(CommandCopy(f"space {sp.name}", sp, copy_dir(sp), None))
         return (await copies.load(tries, skip={"store"})).tar
 
+    async def contents(
+        self, space: Space, checkpoint_id: str, epoch: int, source: Space | None = None
+    ) -> dict[str, tuple[str, str | None]] | None:
+        """What each path of the checkpoint's workspace holds (``manifest.contents``),
+        from its manifest's first intact copy, as ``restore`` finds it; None for a tar
+        checkpoint (an older adapter's), which is not read for this."""
+        cid = CheckpointId.parse(checkpoint_id, "the checkpoint to restore", "workspace")
+        if cid.form != "manifest":
+            return None
+        await self.taker.behind.settle(space.name)
+        host = await self.taker.is_host(space, epoch)
+        m = await Copies(cid).manifest(self._copies(space, epoch, host=host, source=source))
+        return mf.contents(m)
+
     async def restore(
         self, space: Space, checkpoint_id: str, epoch: int, source: Space | None = None
     ) -> Space:

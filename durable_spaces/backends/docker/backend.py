@@ -43,7 +43,6 @@ import fcntl
 import hashlib
 import os
 import re
-import secrets
 import time
 import uuid
 from collections.abc import Iterator
@@ -51,6 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from durable_spaces.backends.docker.docker_space import ContainerProbe, DockerSpace
+from durable_spaces.backends.docker.grant import take_back, write_token
 from durable_spaces.backends.docker.host_view import WorkspaceView, merged_dir
 from durable_spaces.backends.spacesd.machine import orphan_sweep_script, wait_http_health
 from durable_spaces.errors import (
@@ -59,6 +59,7 @@ from durable_spaces.errors import (
     SpaceGoneError,
     SpaceUnavailableError,
 )
+from durable_spaces.host.bounded import MAX_VALUE_BYTES, read_text
 from durable_spaces.host.ports import free_port
 from durable_spaces.settings import Settings
 
@@ -200,20 +201,9 @@ class DockerBackend:
         finally:
             os.close(fd)
 
-    def _write_token(self, name: str) -> str:
-        home = self._home(name)
-        home.mkdir(parents=True, exist_ok=True)
-        token = secrets.token_urlsafe(32)
-        tmp = home / "token.tmp"
-        fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(token)
-        os.replace(tmp, self._token_path(name))
-        return token
-
     def _read_token(self, name: str) -> str:
         try:
-            return self._token_path(name).read_text().strip()
+            return read_text(self._token_path(name), max_bytes=MAX_VALUE_BYTES).strip()
         except FileNotFoundError as e:
             raise SpaceUnavailableError(
                 f"Space {name!r}: its token file is gone from {self.state_dir}"
@@ -221,7 +211,7 @@ class DockerBackend:
 
     def _stored_port(self, name: str) -> int | None:
         try:
-            return int((self._home(name) / "port").read_text())
+            return int(read_text(self._home(name) / "port", max_bytes=MAX_VALUE_BYTES))
         except (FileNotFoundError, ValueError):
             return None
 
@@ -235,7 +225,7 @@ class DockerBackend:
     def _create_sync(self, name: str) -> Any:
         """Create and start the container (caller holds the lock, checked it is absent)."""
         engine = self.engine()
-        self._write_token(name)
+        write_token(self._home(name))
         # Keep a previous instance's port when it is still free (stable for observers).
         port = self._stored_port(name) or free_port()
         labels = self._labels(name)
@@ -366,10 +356,21 @@ class DockerBackend:
     async def rotate_token(self, name: str, max_epoch: int | None = None) -> str:
         """A new access token: written to the token file, then the container restarted,
         since a bind mount keeps the file it was started with (its processes die, as an
-        epoch advance would have killed them). ``max_epoch`` is not applied: the floor
-        lives inside the container (docs/cluster-security.md)."""
-        token = await asyncio.to_thread(self._write_token, name)
+        epoch advance would have killed them). ``max_epoch``: a floor above it is taken
+        back to it (``grant.py``). The floor is read once the old token is refused, after
+        the restart: until then the superseded holder could still raise it."""
+        self._spaces.pop(name, None)  # it holds the old token
+        token = await asyncio.to_thread(write_token, self._home(name))
         await self.restart(name)
+        space = await self.find(name) if max_epoch is not None else None
+        if space is not None and max_epoch is not None and await space.current_epoch() > max_epoch:
+
+            def locked() -> Any:
+                with self._lock(name):
+                    return take_back(self._require(name), max_epoch)
+
+            self._spaces.pop(name, None)
+            self.last_boot_seconds = await self._await_daemon(await asyncio.to_thread(locked))
         return token
 
     async def pause(self, name: str) -> None:

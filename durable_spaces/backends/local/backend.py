@@ -47,6 +47,7 @@ from durable_spaces.backends.local.local_space import LocalSpace
 from durable_spaces.backends.local.lock import MACHINE_PATIENCE_S
 from durable_spaces.backends.local.procs import kill_space, reap, space_procs
 from durable_spaces.errors import ConfigError, SpaceGoneError, SpaceUnavailableError
+from durable_spaces.host.bounded import MAX_VALUE_BYTES, read_text
 from durable_spaces.host.files import fsync_dir
 from durable_spaces.settings import Settings
 
@@ -92,7 +93,7 @@ class LocalBackend:
     def _open(self, name: str) -> LocalSpace | None:
         d = self._dir(name)
         try:
-            instance = (d / "instance").read_text().strip()
+            instance = read_text(d / "instance", max_bytes=MAX_VALUE_BYTES).strip()
         except (FileNotFoundError, NotADirectoryError):
             return None
         return LocalSpace(name, d, instance, self._cgroup_root, self.settings)

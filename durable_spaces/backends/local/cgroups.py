@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import os
 import re
@@ -43,8 +44,10 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from durable_spaces.backends.local import confine
 from durable_spaces.errors import SpaceUnavailableError
 from durable_spaces.host import cgroup as host_cgroup
+from durable_spaces.host.bounded import MAX_VALUE_BYTES, read_text
 
 __all__ = ["RECORD", "SpaceCgroups", "parent_for", "recorded_parent", "sweep"]
 
@@ -53,7 +56,6 @@ RECORD = ".cgroup-parent"
 #: How long the processes of an epoch may take to die of ``cgroup.kill``.
 KILL_TIMEOUT = 10.0
 
-_EPOCH = re.compile(r"e(0|[1-9][0-9]{0,18})")
 _PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}")
 
 #: (state dir, explicit root) -> (parent, why not): the probe makes and removes a cgroup.
@@ -83,8 +85,8 @@ def _recorded(state_dir: Path) -> Path | None:
     """The parent a state dir records, if it is a path this code would have made: under
     a cgroup2 mount, each part a plain name, ending with this state dir's leaf."""
     try:
-        raw = (state_dir / RECORD).read_text()
-    except (OSError, UnicodeDecodeError):
+        raw = read_text(state_dir / RECORD, max_bytes=MAX_VALUE_BYTES)
+    except (OSError, ValueError):
         return None
     path = Path(raw.strip())
     if not path.is_absolute() or path.name != _leaf(state_dir):
@@ -232,14 +234,34 @@ class SpaceCgroups:
     def __init__(self, parent: Path | None, why: str | None, instance: str) -> None:
         if parent is not None and not _PART.fullmatch(instance):
             parent, why = None, f"instance {instance!r} is not a plain name"
-        #: Why the Space's epochs are not contained here (None: they are).
+        #: Why the Space has no cgroups here (None: it has).
         self.why = None if parent is not None else why or "no cgroup parent"
         self.dir = None if parent is None else parent / instance
         self._what = f"Space instance {instance}"
 
     @property
     def contained(self) -> bool:
+        """Whether the Space's commands are put in their epochs' cgroups."""
         return self.dir is not None
+
+    @property
+    def unfenced(self) -> str | None:
+        """Why a command could leave its epoch's cgroup here (None: it cannot): no cgroups,
+        or no fence to keep a command of the cgroups' own uid in them (``confine.py``)."""
+        if self.why is not None:
+            return self.why
+        return confine.unavailable()
+
+    @functools.cached_property
+    def fenced_as(self) -> str:
+        """The Space's cgroup as ``/proc/self/cgroup`` names it, when its commands are
+        fenced in their epochs (what the fork server checks: ``forkserver.py``); else ""."""
+        if self.dir is None or self.unfenced is not None:
+            return ""
+        for mount in _cgroup2_mounts():
+            with contextlib.suppress(ValueError):
+                return "/" + "/".join(self.dir.relative_to(mount).parts)
+        return ""
 
     def _make(self, path: Path) -> None:
         """Make ``path`` and the levels of ours above it (the package's root under the
@@ -249,15 +271,6 @@ class SpaceCgroups:
         for level in (self.dir.parent.parent, self.dir.parent, self.dir, path):
             with contextlib.suppress(FileExistsError):
                 level.mkdir()
-
-    def _epochs(self) -> list[tuple[int, Path]]:
-        if self.dir is None:
-            return []
-        try:
-            names = os.listdir(self.dir)
-        except FileNotFoundError:
-            return []
-        return [(int(m.group(1)), self.dir / n) for n in names if (m := _EPOCH.fullmatch(n))]
 
     def prepare(self, epoch: int) -> None:
         """Make the cgroup of ``epoch`` (before anything of a command is recorded, so a
@@ -304,11 +317,25 @@ class SpaceCgroups:
             " or keeps vanishing"
         )
 
+    def _all(self) -> list[Path]:
+        """Every cgroup directly in the Space's: its epochs', and any other (made by no
+        code of ours: a command of a host without the fence)."""
+        if self.dir is None:
+            return []
+        try:
+            names = os.listdir(self.dir)
+        except FileNotFoundError:
+            return []
+        return [self.dir / n for n in names if (self.dir / n).is_dir()]
+
     def kill_below(self, epoch: int | None) -> None:
-        """Kill the cgroups of every epoch below ``epoch`` (every one: None) whole, wait
-        until they are empty, and remove them."""
-        doomed = [p for e, p in self._epochs() if epoch is None or e < epoch]
-        _kill(doomed, self._what)
+        """Kill every cgroup of the Space but ``epoch``'s (all of them: None) whole, with
+        the cgroups below them, wait until they are empty, and remove them. Only the
+        advance to ``epoch`` calls it: an older epoch's, one named as a later epoch's (made
+        ahead of the floor) and any other were all made before the new floor, so none may
+        outlive it."""
+        keep = None if epoch is None else f"e{int(epoch)}"
+        _kill([p for p in self._all() if p.name != keep], self._what)
 
     def remove(self) -> None:
         """Kill every cgroup of the Space and remove them (the Space is deleted)."""
@@ -316,11 +343,12 @@ class SpaceCgroups:
             _kill([self.dir], self._what)
 
     def pids(self) -> list[int]:
-        """Every process in the Space's cgroups now."""
+        """Every process in the Space's cgroups now (below its epochs' too)."""
         out: list[int] = []
-        for _, path in self._epochs():
-            with _unless_gone():
-                out += [int(x) for x in (path / "cgroup.procs").read_text().split()]
+        for top in self._all():
+            for path in [top, *(p for p in top.rglob("*") if p.is_dir())]:
+                with _unless_gone():
+                    out += [int(x) for x in (path / "cgroup.procs").read_text().split()]
         return out
 
 
@@ -362,8 +390,8 @@ def sweep(state_dir: Path, parent: Path | None) -> None:
     except OSError:
         return  # no telling which Spaces exist: nothing is removed
     for d in entries:
-        with contextlib.suppress(OSError, UnicodeDecodeError):
-            live.add((d / "instance").read_text().strip())
+        with contextlib.suppress(OSError, ValueError):
+            live.add(read_text(d / "instance", max_bytes=MAX_VALUE_BYTES).strip())
     for name in found:
         if name not in live and (parent / name).is_dir():
             with contextlib.suppress(SpaceUnavailableError):  # the next start tries again

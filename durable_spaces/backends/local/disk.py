@@ -4,12 +4,12 @@ dying writer never finished reads as missing)."""
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from pathlib import Path
 from typing import Any
 
+from durable_spaces.host.bounded import load_object
 from durable_spaces.host.files import fsync_dir
 from durable_spaces.space import OUTPUT_TAIL_BYTES
 
@@ -31,8 +31,8 @@ def write_atomic(path: Path, data: bytes, fsync: bool = True) -> None:
 def read_json(path: Path) -> dict[str, Any] | None:
     """The JSON object in ``path``, or None when it is missing or torn."""
     try:
-        return json.loads(path.read_bytes())
-    except (FileNotFoundError, ValueError):
+        return load_object(path)
+    except (FileNotFoundError, ValueError):  # a FIFO, too big, too deep: ValueError too
         return None
 
 

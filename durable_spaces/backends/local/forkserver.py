@@ -2,17 +2,28 @@
 supervisor, so a spawn costs a fork instead of an interpreter start.
 
 Started by a driver's first spawn (``forkserver_client.py``, under the Space's lock) as
-``python -I -S forkserver.py SPACE_DIR INSTANCE VERSION IDLE`` in a session of its own,
-stdlib only. It binds ``SPACE_DIR/forkserver.sock`` (relative to its cwd; callers reach it
-through ``/proc/self/fd`` so a long state dir never meets the 108-byte limit of a socket
-path), listens, and says ``ready`` on stdout; the driver then records it in
-``forkserver.json`` (pid, create time, instance, version).
+``python -I -S forkserver.py SPACE_DIR INSTANCE VERSION IDLE FAILPOINTS CGROUP`` in a
+session of its own, stdlib only. It binds ``SPACE_DIR/forkserver.sock`` (relative to its
+cwd; callers reach it through ``/proc/self/fd`` so a long state dir never meets the
+108-byte limit of a socket path), listens, and says ``ready`` on stdout; the driver then
+records it in ``forkserver.json`` (pid, create time, instance, version, cgroup).
 
 For each connection from our own uid (SO_PEERCRED; any other is closed unread) it forks a
 child and forgets it (SIGCHLD is ignored, so the kernel reaps). The child *is* the
 per-command supervisor of ``supervisor.py``: it leaves the server's session (setsid),
 reads the request (the command's directory), answers with its own pid, reads the spec to
-EOF and calls ``supervisor.supervise``. The answer comes from the child, so a server
+EOF and calls ``supervisor.supervise``.
+
+Whom it serves, in a Space whose epochs are contained (``CGROUP`` given: the Space's
+cgroup as ``/proc/self/cgroup`` names it): only the Space's adapter, never a command of
+a Space, though both run as the same uid (often root) and a command can reach the socket.
+A peer in a cgroup of this Space is closed unread, and a child runs nothing unless,
+when its spec has come, it is in an epoch's cgroup of this Space (``e<n>``): only its
+caller can have put it there, and a command cannot write cgroupfs (``confine.py``). So a
+command that asks (or a command of another Space, or a peer whose pid was reused) gets
+a child that exits without running anything. The child applies the fence built once at
+the server's start (``confine.py``) before it starts the command. The answer comes from
+the child, so a server
 killed right after its fork costs nothing; the caller records the child's pid before it
 sends the spec, as with a directly started supervisor, and a connection closed before the
 spec is a caller that died: nothing runs and the key reads ``lost``. Every supervisor
@@ -94,7 +105,13 @@ def _load(name: str, path: str) -> ModuleType | None:
     return mod
 
 
-def _child(conn: _socket.socket, listener: _socket.socket, supervisor: ModuleType) -> int:
+def _child(
+    conn: _socket.socket,
+    listener: _socket.socket,
+    supervisor: ModuleType,
+    cgroup: str,
+    fence: object,
+) -> int:
     """One command's supervisor, forked: everything ``supervisor.main`` does, the spec read
     from ``conn`` after our pid went back on it."""
     listener.close()
@@ -118,8 +135,43 @@ def _child(conn: _socket.socket, listener: _socket.socket, supervisor: ModuleTyp
     conn.sendall(f"{os.getpid()}\n".encode())
     spec = _recv_all(conn)  # empty or torn: the caller died before handing it over
     conn.close()
-    code: int = supervisor.supervise(cmd_dir, spec)
+    if cgroup and not _placed(cgroup):
+        os.write(2, b"ds-local fork server child: not in an epoch's cgroup of the Space\n")
+        return 7  # asked by someone who cannot place us: nothing runs
+    code: int = supervisor.supervise(cmd_dir, spec, fence, inherited=True)
     return code
+
+
+def own_cgroup(text: str) -> str | None:
+    """This process's cgroup v2 from the text of ``/proc/<pid>/cgroup``."""
+    for line in text.splitlines():
+        if line.startswith("0::"):
+            return line[3:]
+    return None
+
+
+def _placed(cgroup: str) -> bool:
+    """Whether we are in an epoch's cgroup of the Space whose cgroup is ``cgroup``."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            mine = own_cgroup(f.read())
+    except OSError:
+        return False
+    if mine is None or not mine.startswith(cgroup + "/e"):
+        return False
+    epoch = mine[len(cgroup) + 2 :]
+    return epoch.isdigit() and epoch.isascii() and str(int(epoch)) == epoch
+
+
+def _commands(pid: int, cgroup: str) -> bool:
+    """Whether the process ``pid`` is in the cgroup ``cgroup`` or below it (a command of
+    the Space), or cannot be told (gone)."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            theirs = own_cgroup(f.read())
+    except OSError:
+        return True
+    return theirs is None or theirs == cgroup or theirs.startswith(cgroup + "/")
 
 
 def _gone(space_dir: str, instance: str) -> bool:
@@ -141,10 +193,11 @@ def _retire(space_dir: str) -> bool:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return False
-    try:
-        with open(os.path.join(space_dir, META), "rb") as f:
-            mine = json.loads(f.read()).get("pid") == os.getpid()
-    except (OSError, ValueError):
+    try:  # bounded as host/bounded.py reads (stdlib only here): a FIFO never waited on
+        meta = os.open(os.path.join(space_dir, META), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(meta, "rb") as f:
+            mine = json.loads(f.read(4096)).get("pid") == os.getpid()
+    except (OSError, ValueError, AttributeError, RecursionError):
         mine = False
     if mine:
         for name in (META, SOCK):
@@ -158,8 +211,20 @@ def _retire(space_dir: str) -> bool:
 def main(args: list[str]) -> int:
     space_dir, instance, _version, idle = args[1], args[2], args[3], float(args[4])
     armed = args[5:6] == ["failpoints"]  # the client set DS_FAILPOINTS for them
+    cgroup = args[6] if len(args) > 6 else ""  # the Space's cgroup: contained epochs
     here = os.path.dirname(os.path.abspath(__file__))
     supervisor = _load("ds_local_supervisor", os.path.join(here, "supervisor.py"))
+    fence: object = None
+    if cgroup:  # built once; a fence that cannot be built fails each command (exit 126)
+        confine = _load("ds_local_confine", os.path.join(here, "confine.py"))
+        try:
+            if confine is None:
+                raise OSError(0, "no confine.py")
+            built = confine.build()
+            built.deny_clone3()  # on us, once: every child inherits it
+            fence = built
+        except OSError as e:
+            fence = e
     failpoints = None  # unarmed, its ``hit`` does nothing: not loaded (``signal``, threads)
     if armed:
         path = os.path.join(here, "..", "..", "chaos", "failpoints.py")
@@ -189,15 +254,16 @@ def main(args: list[str]) -> int:
             continue
         last = time.monotonic()
         conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM, 0, fd)
-        if peer(conn)[1] != me:
-            conn.close()  # only our own uid may have commands run
+        pid, uid = peer(conn)
+        if uid != me or (cgroup and _commands(pid, cgroup)):
+            conn.close()  # only our own uid may have commands run, and not a command
             continue
         conn.settimeout(None)
         pid = os.fork()
         if pid == 0:
             code = 5
             try:
-                code = _child(conn, listener, supervisor)
+                code = _child(conn, listener, supervisor, cgroup, fence)
             except BaseException as e:  # a child never returns into the loop
                 os.write(2, f"ds-local fork server child: {e!r}\n".encode())
                 code = 6

@@ -10,8 +10,9 @@ the server existed; a server that failed to start is not tried again for ``RETRY
 seconds by this Space handle. ``Settings.local_forkserver`` off (``DS_LOCAL_FORKSERVER=0``)
 turns the server off.
 
-A server is trusted only when ``forkserver.json`` names this Space's instance and this
+A server is trusted only when ``forkserver.json`` names this Space's instance, this
 code's version (a hash of the server's and the supervisor's sources and the interpreter)
+and the cgroup it fences commands in (``forkserver.py``: whom it serves)
 and the socket's listener (SO_PEERCRED) is the recorded pid under our uid: a stale file
 from a dead server, whose pid may be someone else's now, is refused by the connect, and
 a mismatched live server is killed only while its pid, create time and ``MARK`` say it is
@@ -56,7 +57,7 @@ def version() -> str:
     global _version
     if _version is None:
         h = hashlib.sha256(sys.executable.encode())
-        sources = ("forkserver.py", "supervisor.py", "../../chaos/failpoints.py")
+        sources = ("forkserver.py", "supervisor.py", "confine.py", "../../chaos/failpoints.py")
         for f in sources:
             h.update((_HERE / f).read_bytes())
         _version = h.hexdigest()[:16]
@@ -83,9 +84,15 @@ class Forked:
 class ForkServer:
     """The fork server of the Space in directory ``d`` (instance ``instance``)."""
 
-    def __init__(self, d: Path, instance: str, settings: Settings = DEFAULTS) -> None:
+    def __init__(
+        self, d: Path, instance: str, settings: Settings = DEFAULTS, cgroup: str = ""
+    ) -> None:
+        """``cgroup``: the Space's cgroup as ``/proc/self/cgroup`` names it when its
+        commands are fenced in their epochs (``cgroups.SpaceCgroups.fenced``), else "":
+        the server then serves only callers outside it, children it placed in an epoch."""
         self._d = d
         self._instance = instance
+        self._cgroup = cgroup
         self._retry_at = 0.0
         self._settings = settings
 
@@ -115,7 +122,11 @@ class ForkServer:
             return None
         if not isinstance(meta, dict):
             return None
-        if meta.get("instance") != self._instance or meta.get("version") != version():
+        if (
+            meta.get("instance") != self._instance
+            or meta.get("version") != version()
+            or meta.get("cgroup", "") != self._cgroup
+        ):
             stop(self._d, meta)
             return None
         return meta
@@ -167,6 +178,7 @@ class ForkServer:
         idle = str(self._settings.local_forkserver_idle)
         argv = [sys.executable, "-I", "-S", _SERVER, str(self._d), self._instance, version(), idle]
         argv.append("failpoints" if armed else "")  # whether to load them (``forkserver.py``)
+        argv.append(self._cgroup)
         try:
             with open(self._d / LOG, "ab") as log:
                 popen = subprocess.Popen(
@@ -192,7 +204,13 @@ class ForkServer:
         except psutil.Error:
             popen.kill()
             return None
-        meta = {"pid": popen.pid, "ctime": ctime, "instance": self._instance, "version": version()}
+        meta = {
+            "pid": popen.pid,
+            "ctime": ctime,
+            "instance": self._instance,
+            "version": version(),
+            "cgroup": self._cgroup,
+        }
         write_atomic(self._d / META, json.dumps(meta).encode(), fsync=False)
         hit("space.local.server_started")  # dying here: the next driver uses this server
         return meta

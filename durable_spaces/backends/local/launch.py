@@ -87,9 +87,10 @@ def launch(
     if forked is not None:
         pid, ctime = forked.pid, forked.ctime
     else:
+        fence = ["confine"] if cgroups.fenced_as else []  # ``confine.py``
         with open(cmd_dir / "supervisor.log", "wb") as log:
             popen = subprocess.Popen(
-                [sys.executable, "-I", "-S", _SUPERVISOR, str(cmd_dir)],
+                [sys.executable, "-I", "-S", _SUPERVISOR, str(cmd_dir), *fence],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=log,

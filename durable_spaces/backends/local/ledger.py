@@ -18,6 +18,7 @@ from typing import Any
 
 from durable_spaces.backends.local.disk import read_json, tail
 from durable_spaces.backends.local.procs import alive
+from durable_spaces.host.bounded import open_file, parse_json
 from durable_spaces.space import ExecRecord, ExecState
 
 
@@ -36,7 +37,7 @@ class Ledger:
         """The ledger's line for ``key``."""
         with self._lock:
             try:
-                with open(self._path, "rb") as f:
+                with os.fdopen(open_file(self._path), "rb") as f:  # never a FIFO's wait
                     f.seek(self._offset)
                     data = f.read()
             except FileNotFoundError:
@@ -45,7 +46,7 @@ class Ledger:
             end = data.rfind(b"\n") + 1  # a torn last line is left for a later look
             for raw in data[:end].splitlines():
                 try:
-                    rec = json.loads(raw)
+                    rec = parse_json(raw, where=f"{self._path}: a line")
                 except ValueError:
                     continue  # a torn line from a writer that died: never spawned
                 self._lines.setdefault(rec["key"], rec)

@@ -58,6 +58,7 @@ from durable_spaces.errors import (
     StaleEpochError,
 )
 from durable_spaces.host.boot import read_host_boot_id
+from durable_spaces.host.bounded import MAX_VALUE_BYTES, read_text
 from durable_spaces.settings import DEFAULTS, Settings
 from durable_spaces.space import (
     CONTAINED_EPOCHS,
@@ -96,7 +97,7 @@ class LocalSpace:
         self._scanner = JournaledScanner(self.root, journal)
         self._scan_lock = threading.Lock()
         self._ledger = Ledger(directory / "ledger.jsonl", self._check)
-        self._server = ForkServer(directory, instance_id, settings)
+        self._server = ForkServer(directory, instance_id, settings, self.cgroups.fenced_as)
 
     @property
     def scan_stats(self) -> dict[str, int]:
@@ -106,7 +107,7 @@ class LocalSpace:
 
     def _boot(self) -> str:
         try:
-            return (self._d / "boot").read_text()
+            return read_text(self._d / "boot", max_bytes=MAX_VALUE_BYTES)
         except FileNotFoundError:
             return ""
 
@@ -134,7 +135,7 @@ class LocalSpace:
 
     def _check(self) -> None:
         try:
-            current = (self._d / "instance").read_text().strip()
+            current = read_text(self._d / "instance", max_bytes=MAX_VALUE_BYTES).strip()
         except (FileNotFoundError, NotADirectoryError):
             current = None
         if current != self.instance_id:
@@ -152,7 +153,7 @@ class LocalSpace:
 
     def _floor(self) -> int:
         try:
-            return int((self._d / "epoch").read_text())
+            return int(read_text(self._d / "epoch", max_bytes=MAX_VALUE_BYTES))
         except FileNotFoundError:
             self._check()
             raise
@@ -342,7 +343,7 @@ class LocalSpace:
 
     async def capabilities(self) -> Capabilities:
         self._check()
-        why = self.cgroups.why  # None exactly when contained
+        why = self.cgroups.unfenced  # None exactly when contained
         return Capabilities(
             kind="local",
             exec_ledger=True,

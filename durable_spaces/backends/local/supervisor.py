@@ -1,6 +1,6 @@
 """The supervisor of one command of a ``local`` Space.
 
-Run by ``LocalSpace.spawn`` as ``python -I -S supervisor.py CMD_DIR`` in a session
+Run by ``LocalSpace.spawn`` as ``python -I -S supervisor.py CMD_DIR [confine]`` in a session
 of its own, or forked by the Space's fork server (``forkserver.py``, which then calls
 ``supervise`` with the spec read from its socket instead of stdin): a script rather than
 ``-m`` so that starting it imports no site and no package, and stdlib only
@@ -20,6 +20,9 @@ Protocol with the caller:
    signals its own group (``kill 0``, a shell's job control) must not kill us, or its
    outcome would read ``lost`` and the session would loop on it. The Space's kill finds
    it anyway (our children, and its ``DS_SPACE`` mark).
+   With ``confine`` (a Space whose epochs are contained), the command starts under the
+   fence of ``confine.py`` (Landlock and seccomp): it cannot leave its epoch's cgroup. A
+   fence that cannot be applied runs nothing (exit 126, the reason in the output).
 3. When it ends: fsync the output, write ``CMD_DIR/status`` atomically (tmp, fsync,
    rename), exit. A status file therefore always means a complete output. The directory
    is not fsynced: a host crash kills the command too, and a status lost with it reads
@@ -30,6 +33,11 @@ from __future__ import annotations
 
 import os
 import sys
+from types import ModuleType
+
+TYPE_CHECKING = False  # not ``typing``'s: importing typing costs more than this whole file
+if TYPE_CHECKING:
+    from durable_spaces.backends.local.confine import CgroupFence
 
 
 def _write_atomic(directory: str, name: str, data: bytes) -> None:
@@ -59,13 +67,37 @@ def format_spec(cwd: str, argv: list[str], env: dict[str, str]) -> bytes:
     return "\0".join(fields).encode("utf-8", "surrogateescape")
 
 
+def load_confine() -> ModuleType:
+    """``confine.py`` beside this file, loaded by its path (we run with no package on
+    sys.path), from its cached bytecode where there is some."""
+    import _frozen_importlib_external
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "confine.py")
+    mod = ModuleType("ds_local_confine")
+    mod.__file__ = path
+    sys.modules[mod.__name__] = mod
+    _frozen_importlib_external.SourceFileLoader(mod.__name__, path).exec_module(mod)
+    return mod
+
+
 def main(args: list[str]) -> int:
-    return supervise(args[1], sys.stdin.buffer.read())
+    fence: CgroupFence | OSError | None = None
+    if args[2:3] == ["confine"]:
+        try:
+            fence = load_confine().build()
+        except OSError as e:
+            fence = e  # said in the command's output by ``supervise``
+    return supervise(args[1], sys.stdin.buffer.read(), fence)
 
 
-def supervise(cmd_dir: str, raw: bytes) -> int:
+def supervise(
+    cmd_dir: str, raw: bytes, fence: CgroupFence | OSError | None = None, inherited: bool = False
+) -> int:
     """Run the command ``raw`` (the caller's spec, read to its end) specifies; also the
-    body of a fork server's child (``forkserver.py``), which reads it from its socket."""
+    body of a fork server's child (``forkserver.py``), which reads it from its socket.
+    ``fence``: a ``confine.CgroupFence`` to apply before the command starts (or the OSError that
+    kept it from being built: nothing runs); ``inherited``: its seccomp half is already
+    on this process (a fork server's child)."""
     spec = parse_spec(raw)
     if spec is None:
         return 3  # the caller died before handing over the command: never run it
@@ -87,6 +119,18 @@ def supervise(cmd_dir: str, raw: bytes) -> int:
         stdin_path if os.path.exists(stdin_path) else os.devnull, os.O_RDONLY | os.O_CLOEXEC
     )
     try:
+        if isinstance(fence, BaseException):
+            raise fence
+        if fence is not None:  # this process and all it starts, for good
+            fence.restrict() if inherited else fence.apply()
+    except OSError as e:
+        why = f"ds-local: cannot fence the command in its epoch: {e.strerror or e}\n"
+        os.write(out, why.encode())
+        os.fsync(out)
+        os.close(out)
+        _write_atomic(cmd_dir, "status", b'{"exit_code": 126, "signal": null}')
+        return 0
+    try:
         os.chdir(cwd)
         # posix_spawnp (not subprocess: importing it costs more than the rest of this file)
         # resolves argv[0] on our PATH, made the command's PATH above.
@@ -106,6 +150,10 @@ def supervise(cmd_dir: str, raw: bytes) -> int:
         os.write(out, f"ds-local: cannot run {argv[0]!r}: {e.strerror}\n".encode())
         status = f'{{"exit_code": {code}, "signal": null}}'
     else:
+        # Out of the workspace while the command runs: a look for processes it left
+        # there (adapter/leftovers.py) must not find this one, which exits only after
+        # writing the status the adapter reads first.
+        os.chdir(cmd_dir)
         _, wstatus = os.waitpid(pid, 0)
         if os.WIFSIGNALED(wstatus):
             status = f'{{"exit_code": null, "signal": {os.WTERMSIG(wstatus)}}}'

@@ -29,6 +29,7 @@ from durable_spaces.backends.microvm.qemu import (
     wait_health,
 )
 from durable_spaces.errors import SpaceUnavailableError
+from durable_spaces.host.bounded import load_object
 from durable_spaces.host.ports import free_port
 
 logger = logging.getLogger(__name__)
@@ -50,11 +51,11 @@ def choose_accel(img: GuestImage, forced: str | None = None) -> Accel:
     # The answer depends on the host, QEMU and the guest kernel, not on the rest of the image.
     key = ""
     with contextlib.suppress(OSError, ValueError, KeyError):
-        inputs = json.loads((img.dir / "inputs.json").read_text())
+        inputs = load_object(img.dir / "inputs.json")
         key = f"{inputs['qemu']}|{inputs['kernel_deb']}|{os.uname().release}"
     cache = img.dir.parent / "accel.json"
     with contextlib.suppress(OSError, ValueError, KeyError):
-        d = json.loads(cache.read_text())
+        d = load_object(cache)
         if d["key"] == key:
             _accel = Accel(d["name"], d["reason"])
             return _accel

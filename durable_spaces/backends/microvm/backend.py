@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import pathlib
 import secrets
@@ -96,6 +95,7 @@ from durable_spaces.errors import (
     SpaceGoneError,
     SpaceUnavailableError,
 )
+from durable_spaces.host.bounded import load_object
 from durable_spaces.host.ports import free_port
 from durable_spaces.settings import Settings
 
@@ -182,7 +182,7 @@ class MicrovmBackend:
         self.files = StateFiles(self.state_dir)
         self.store = CheckpointFiles(self.files)
         self.accel = choose_accel(img, settings.microvm_accel)
-        spec = json.loads((img.base_dir(memory_mb) / "spec.json").read_text())
+        spec = load_object(img.base_dir(memory_mb) / "spec.json")
         if spec.get("accel") != self.accel.name:
             raise BackendUnavailableError(
                 f"the base checkpoint was made under {spec.get('accel')}, "

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from durable_spaces.backends.microvm.machines import Source
 from durable_spaces.backends.microvm.state import StateFiles
 from durable_spaces.errors import SpaceError
+from durable_spaces.host.bounded import load_object
 from durable_spaces.space import MACHINE_CHECKPOINT_ID, machine_checkpoint_id
 
 
@@ -66,9 +67,11 @@ class CheckpointFiles:
     def meta(self, checkpoint_id: str) -> CheckpointMeta:
         d = self.dir(checkpoint_id)
         try:
-            return CheckpointMeta(**json.loads((d / "meta.json").read_text()))
+            return CheckpointMeta(**load_object(d / "meta.json"))
         except FileNotFoundError:
             raise SpaceError(f"no checkpoint {checkpoint_id!r}") from None
+        except (ValueError, TypeError) as e:  # BadFileError: a FIFO, too big, too deep
+            raise SpaceError(f"checkpoint {checkpoint_id!r}: {e}") from None
 
     def ids(self) -> list[str]:
         return sorted(
@@ -144,7 +147,7 @@ class CheckpointFiles:
             if not _valid(p.name):
                 continue  # being written (.part) or deleted (.del)
             with contextlib.suppress(OSError, ValueError, KeyError):
-                meta = json.loads((p / "meta.json").read_text())
+                meta = load_object(p / "meta.json")
                 if meta["space"] == name:
                     mine.append((float(meta["created"]), p.name))
         mine.sort()
@@ -165,7 +168,7 @@ class CheckpointFiles:
                 if not _valid(p.name):
                     continue  # being written (.part) or deleted (.del)
                 with contextlib.suppress(OSError, ValueError, TypeError):
-                    used.update(json.loads((p / "meta.json").read_text())["chain"])
+                    used.update(load_object(p / "meta.json")["chain"])
             cutoff = time.time() - 5  # a layer being created right now has no owner yet
             for layer in (self.state_dir / "disks").glob("*.qcow2"):
                 if str(layer) not in used and layer.stat().st_mtime < cutoff:

@@ -25,6 +25,7 @@ from durable_spaces.backends.microvm.microvm_space import TOKEN_PATH, MicrovmHos
 from durable_spaces.backends.microvm.state import MicrovmState
 from durable_spaces.chaos.failpoints import hit
 from durable_spaces.errors import SpaceError, SpaceUnavailableError
+from durable_spaces.host.bounded import MAX_VALUE_BYTES, read_text
 from durable_spaces.host.ports import free_port
 
 #: Gives a restored guest the host's clock, fresh randomness and (unless "same") a token.
@@ -45,7 +46,7 @@ class Source:
 
     @property
     def token(self) -> str:
-        return self.token_file.read_text().strip()
+        return read_text(self.token_file, max_bytes=MAX_VALUE_BYTES).strip()
 
 
 class Machines:
@@ -202,7 +203,7 @@ class Machines:
             st.chain.append(top)
             self.files.write(name, st)
         if st.pending:
-            old = pathlib.Path(st.pending).read_text().strip()
+            old = read_text(st.pending, max_bytes=MAX_VALUE_BYTES).strip()
             await qemu.wait_health(st.port, self._host.settings.microvm_restore_timeout)
             self.spaces[name] = await self._after_restore(name, st, old)
             st.pending = ""

@@ -22,7 +22,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 
-from durable_spaces.errors import SpaceGoneError, StaleEpochError
+from durable_spaces.errors import SpaceError, SpaceGoneError, StaleEpochError
+from durable_spaces.host.bounded import MAX_VALUE_BYTES, load_object, read_text
 from durable_spaces.host.ports import free_port
 
 #: Names of microvm Spaces: ``[a-z0-9-]``, at most 63 (a hostname, a file name).
@@ -76,9 +77,16 @@ class StateFiles:
 
     def read(self, name: str) -> MicrovmState | None:
         try:
-            return MicrovmState(**json.loads((self.home(name) / "state.json").read_text()))
-        except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+            data = load_object(self.home(name) / "state.json")
+        except (FileNotFoundError, NotADirectoryError):
             return None
+        except ValueError:  # torn (not JSON); a FIFO, too big, too deep are refused too
+            return None
+        try:
+            return MicrovmState(**data)
+        except TypeError as e:
+            where = self.home(name) / "state.json"
+            raise SpaceError(f"{where} is not a machine's state: {e}") from None
 
     def write(self, name: str, st: MicrovmState) -> None:
         path = self.home(name) / "state.json"
@@ -90,7 +98,7 @@ class StateFiles:
         os.replace(tmp, path)
 
     def token(self, name: str) -> str:
-        return (self.home(name) / "token").read_text().strip()
+        return read_text(self.home(name) / "token", max_bytes=MAX_VALUE_BYTES).strip()
 
     def names(self) -> list[str]:
         return sorted(

@@ -30,9 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-import json
 import os
-import posixpath
 import re
 import signal
 import subprocess
@@ -40,9 +38,8 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from durable_spaces.backends.local.journal import ChangeJournal
 from durable_spaces.backends.spacesd.daemon import (
     PIDNS,
     TOKEN_POLL_MS,
@@ -50,21 +47,25 @@ from durable_spaces.backends.spacesd.daemon import (
     LocalDaemon,
     unshare_reason,
 )
-from durable_spaces.backends.spacesd.host_scan import HostScan, HostScannedSpace
-from durable_spaces.backends.spacesd.procs import sweep_untracked
+from durable_spaces.backends.spacesd.namespaced_space import NamespacedSpace, _Probe
 from durable_spaces.backends.spacesd.runtime import start_runtime
-from durable_spaces.backends.spacesd.spacesd_space import SpacesdSpace, SweepWhen
+from durable_spaces.backends.spacesd.spacesd_space import SpacesdSpace
 from durable_spaces.errors import (
     BackendUnavailableError,
     ConfigError,
     SpaceGoneError,
     SpaceUnavailableError,
 )
-from durable_spaces.host.boot import read_host_boot_id
 from durable_spaces.host.ports import free_port
 from durable_spaces.settings import Settings
 
-__all__ = ["SpacesdBackend", "daemon_binary", "unavailable_reason", "unshare_reason"]
+__all__ = [
+    "NamespacedSpace",
+    "SpacesdBackend",
+    "daemon_binary",
+    "unavailable_reason",
+    "unshare_reason",
+]
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 _SDK_HOME = ".cua-sdk"
@@ -107,77 +108,6 @@ def unavailable_reason() -> str | None:
                     reason = f"{exe.name} does not run here: {e}"
             _unavailable = reason
     return _unavailable if isinstance(_unavailable, str) else None
-
-
-class _Probe:
-    """Tells the Space whether its daemon is up and whether the Space still exists."""
-
-    def __init__(self, daemon: LocalDaemon, instance_id: str) -> None:
-        self._daemon = daemon
-        self._instance = instance_id
-
-    def boot_id(self) -> str | None:
-        return self._daemon.boot_id()
-
-    def gone(self) -> bool:
-        st = self._daemon.read_state()
-        return st is None or st.instance_id != self._instance
-
-    def namespace_pid(self) -> int:
-        """Host pid of the daemon when it runs in its own namespaces (0: it shares ours)."""
-        st = self._daemon.read_state()
-        return st.daemon_pid if st is not None and st.isolation == PIDNS else 0
-
-
-class NamespacedSpace(HostScannedSpace):
-    """A Space whose daemon is pid 1 of its own PID namespace on this host: raising the
-    epoch also sweeps processes the daemon does not track (orphans of older commands);
-    its workspace is scanned here, kept by a change journal (module docstring)."""
-
-    daemon_pid = 0
-
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        journal = self._journal if self.settings.space_journal else None
-        self._host = HostScan(self.root, self.root, journal, self._up, stats=self._scans.stats)
-
-    def _up(self) -> bool:
-        return self._probe.boot_id() is not None
-
-    def _journal(self, root: str) -> ChangeJournal:
-        probe = self._probe
-        boot = probe.boot_id()
-        pid = probe.namespace_pid() if isinstance(probe, _Probe) else self.daemon_pid
-        mountinfo = ["/proc/self/mountinfo"] + ([f"/proc/{pid}/mountinfo"] if pid else [])
-
-        def guard() -> str | None:
-            if boot is None or probe.boot_id() != boot:
-                return "the Space's daemon started again"
-            return None
-
-        staging = posixpath.join(posixpath.dirname(root.rstrip("/")), ".ds-staging")
-        return ChangeJournal(root, staging, guard, mountinfo)
-
-    def workspace_journal(self) -> ChangeJournal | None:
-        """A journal of the workspace of its own (``space.JournaledSpace``), for a
-        checkpoint's walk; None when ``settings.space_journal`` is off or the daemon is down."""
-        if not self.settings.space_journal or self._probe.boot_id() is None:
-            return None
-        return self._journal(self.root)
-
-    async def host_boot_id(self) -> str | None:
-        """The boot id of the host the daemon's data dir and workspace are on
-        (``durable_spaces/host/boot.py``): a power loss drops their unsynced writes."""
-        return read_host_boot_id(self.settings.host_boot_id)
-
-    def _sweep_when(self) -> SweepWhen:
-        # The process-group fallback has no sweep: the weaker, documented guarantee.
-        return "always" if self.daemon_pid > 0 else "never"
-
-    async def _sweep_strays(self) -> None:
-        procs = json.loads(await self._call("list_processes", False) or "[]")
-        tracked = {int(p["pid"]) for p in procs if p.get("state") == "PROCESS_STATE_RUNNING"}
-        await asyncio.to_thread(sweep_untracked, self.daemon_pid, tracked)
 
 
 class SpacesdBackend:
@@ -381,42 +311,53 @@ class SpacesdBackend:
         old one (``LocalDaemon.rotate_token``). ``max_epoch``: when the daemon's floor is
         above it, the floor was raised past what its holder was granted; the machine is
         restarted on a floor of ``max_epoch`` (every process of it dies, as an epoch
-        advance would have killed them)."""
+        advance would have killed them).
+
+        The floor is looked at only once the old token is refused: until the daemon takes
+        the new token (within ``TOKEN_POLL_MS``), the superseded holder can still raise it,
+        and a look before the switch would hand the new holder a wedged Space."""
         d = self._daemon(name)
         async with self._locked(d):
             st = d.read_state()
             if st is None:
                 raise SpaceGoneError(f"no Space {name!r}")
             self._spaces.pop(name, None)  # it holds the old token
-            if max_epoch is not None and await asyncio.to_thread(d.floor) > max_epoch:
+            token = await asyncio.to_thread(d.rotate_token)
+            floor = await self._switched(d, st)
+            if max_epoch is not None and max(floor, await asyncio.to_thread(d.floor)) > max_epoch:
+                self._spaces.pop(name, None)
                 await asyncio.to_thread(d.kill, st)
                 await asyncio.to_thread(d.set_floor, max_epoch)
-                token = await asyncio.to_thread(d.rotate_token)
                 await self._boot(d, st)
-                return token
-            token = await asyncio.to_thread(d.rotate_token)
-            if not d.running(st):
-                await asyncio.to_thread(d.kill, st)
-                await self._boot(d, st)
-                return token
-            space = self._space(d, st)
-            deadline = time.monotonic() + self.start_timeout
-            while True:  # until the daemon answers the new token: the old one is refused
-                try:
-                    await space._rpc("GetExecRecord", {"requestId": "durable-spaces:rotate"})
-                    return token
-                except SpaceUnavailableError:
-                    if not d.running(st):
-                        raise
-                    if time.monotonic() > deadline:
-                        # A daemon that does not watch its file (started by older code):
-                        # a restart reads the new token, and watches from then on.
-                        self._spaces.pop(name, None)
-                        await asyncio.to_thread(d.kill, st)
-                        await self._boot(d, st)
-                        return token
-                    space.disconnect()
-                    await asyncio.sleep(TOKEN_POLL_MS / 1000)
+            return token
+
+    async def _switched(self, d: LocalDaemon, st: DaemonState) -> int:
+        """Wait until the daemon answers the token just written (it then refuses the old
+        one; caller holds the lock), restarting it when it is down or does not watch its
+        file. Returns the daemon's floor as it answered with the new token (0 after a
+        restart: the floor file is all there is then)."""
+        if not d.running(st):
+            await asyncio.to_thread(d.kill, st)
+            await self._boot(d, st)
+            return 0
+        space = self._space(d, st)
+        deadline = time.monotonic() + self.start_timeout
+        while True:  # until the daemon answers the new token: the old one is refused
+            try:
+                resp = await space._rpc("GetExecRecord", {"requestId": "durable-spaces:rotate"})
+                return int(resp.get("epoch", 0))
+            except SpaceUnavailableError:
+                if not d.running(st):
+                    raise
+                if time.monotonic() > deadline:
+                    # A daemon that does not watch its file (started by older code):
+                    # a restart reads the new token, and watches from then on.
+                    self._spaces.pop(d.home.name, None)
+                    await asyncio.to_thread(d.kill, st)
+                    await self._boot(d, st)
+                    return 0
+                space.disconnect()
+                await asyncio.sleep(TOKEN_POLL_MS / 1000)
 
     async def kill_daemon(self, name: str) -> None:
         d = self._daemon(name)

@@ -21,6 +21,7 @@ os.environ.setdefault("CUA_TELEMETRY", "0")
 from durable_spaces.backends.spacesd.errormap import DaemonProbe, ErrorMap
 from durable_spaces.backends.spacesd.runtime import runtime
 from durable_spaces.errors import SpaceGoneError
+from durable_spaces.host.bounded import parse_json
 
 #: Daemon file operations that take ``user=`` (``upload`` takes it in its options).
 _FILE_OPS = frozenset({"download", "make_dir", "remove", "stat", "list_dir", "move_path"})
@@ -91,4 +92,4 @@ class DaemonConnection:
     async def rpc(self, method: str, req: Mapping[str, Any]) -> dict[str, Any]:
         """``ProcessService/<method>`` of the daemon, JSON in and out."""
         out = await self.call("call_json", f"ProcessService/{method}", json.dumps(req))
-        return dict(json.loads(out or "{}"))
+        return dict(parse_json(out or "{}", where=f"the daemon's answer to {method}"))

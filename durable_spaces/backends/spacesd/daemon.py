@@ -44,6 +44,7 @@ import psutil
 
 from durable_spaces.backends.spacesd import procs
 from durable_spaces.errors import SpaceError, SpaceUnavailableError
+from durable_spaces.host.bounded import MAX_VALUE_BYTES, load_object, read_text
 from durable_spaces.host.files import fsync_dir
 from durable_spaces.host.ports import free_port
 
@@ -140,9 +141,13 @@ class LocalDaemon:
 
     def read_state(self) -> DaemonState | None:
         try:
-            return DaemonState(**json.loads(self.state_path.read_text()))
+            data = load_object(self.state_path)
         except (FileNotFoundError, NotADirectoryError):
             return None
+        try:
+            return DaemonState(**data)
+        except TypeError as e:
+            raise SpaceError(f"{self.state_path} is not a daemon's state: {e}") from None
 
     def _write_state(self, st: DaemonState) -> None:
         # A temporary name of its own: two processes may record the same Space at once
@@ -156,7 +161,7 @@ class LocalDaemon:
         fsync_dir(self.home)  # the record survives a host crash (campaigns/power.py)
 
     def token(self) -> str:
-        return (self.home / "token").read_text().strip()
+        return read_text(self.home / "token", max_bytes=MAX_VALUE_BYTES).strip()
 
     def _write_token(self) -> str:
         token = secrets.token_urlsafe(32)
@@ -178,7 +183,7 @@ class LocalDaemon:
     def floor(self) -> int:
         """The epoch floor the daemon keeps on disk (0 when it never advanced)."""
         try:
-            text = (self.data / "exec-epoch").read_text().strip()
+            text = read_text(self.data / "exec-epoch", max_bytes=MAX_VALUE_BYTES).strip()
         except FileNotFoundError:
             return 0
         if not text.isdigit() or len(text) > 19:

@@ -31,7 +31,6 @@ after the last call.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import posixpath
 import re
@@ -42,6 +41,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from durable_spaces.campaigns.checks.history import History
 from durable_spaces.campaigns.checks.verdict import Anomaly, Verdict, anomaly, judge, passed
 from durable_spaces.campaigns.checks.workspace import HOST_KINDS
+from durable_spaces.errors import BadFileError
+from durable_spaces.host.bounded import parse_json, read_bytes
 from durable_spaces.space import Space
 
 if TYPE_CHECKING:
@@ -58,6 +59,8 @@ _KINDS = {"f": "file", "h": "file", "d": "dir", "l": "symlink"}
 #: How far a restored file's mtime may be from its manifest's: a restore's tar carries
 #: times as floats (about 240 ns apart at today's dates), so it lands within a microsecond.
 RESTORED_NS = 1000
+#: A manifest has a row per path (about 150 bytes): a million paths fit.
+MAX_MANIFEST_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -137,16 +140,16 @@ def _manifest_part(data: bytes) -> bytes:
 
 
 def _read_host(path: str) -> tuple[bytes | None, str]:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:  # a FIFO or a device in a manifest's place (/dev/zero) is refused, never read
+        return read_bytes(path, max_bytes=MAX_MANIFEST_BYTES, follow=False), ""
+    except BadFileError as e:
+        return None, str(e)
     except OSError as e:
         return None, f"{path}: {e.strerror}"
-    with os.fdopen(fd, "rb") as f:
-        return f.read(), ""
 
 
 def _entries(data: bytes) -> dict[str, list[Any]]:
-    doc = json.loads(data.decode("ascii"))
+    doc = parse_json(data.decode("ascii"), where="a manifest", max_depth=None)  # rows read flat
     if doc.get("format") != "durable-spaces.manifest" or doc.get("version") != 1:
         raise ValueError("not a version-1 manifest")
     return {str(row[0]): row for row in doc["entries"]}

@@ -19,6 +19,7 @@ from durable_spaces.campaigns.checks.history import History
 from durable_spaces.campaigns.checks.rawlog import RawLog
 from durable_spaces.campaigns.checks.workload import Implied, interpret
 from durable_spaces.campaigns.checks.workspace import Workspace
+from durable_spaces.harness.models import check_gate
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class Workload:
     sleep: float = 0.0
     server: bool = False
     files: int = 4
+    gate: str | None = None  # the file its commands wait for (``ScriptedModel``'s gate)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -42,6 +44,7 @@ class Workload:
             sleep=float(d.get("sleep") or 0.0),
             server=bool(d.get("server")),
             files=int(d.get("files") or 4),
+            gate=check_gate(str(d["gate"])) if d.get("gate") else None,
         )
 
 

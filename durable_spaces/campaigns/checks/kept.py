@@ -25,7 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from durable_spaces.campaigns.checks.call_checkpoints import Manifests
-from durable_spaces.campaigns.checks.checkpoint import MANIFEST_ID, LastCheckpoint
+from durable_spaces.campaigns.checks.checkpoint import (
+    MANIFEST_ID,
+    MAX_MANIFEST_BYTES,
+    LastCheckpoint,
+)
 from durable_spaces.campaigns.checks.inputs import (
     Inputs,
     LaunchRecord,
@@ -41,8 +45,12 @@ from durable_spaces.campaigns.checks.workspace import (
     to_tar,
 )
 from durable_spaces.errors import ConfigError, DurableSpacesError
+from durable_spaces.host.bounded import load_json, read_bytes
 
 KEPT = "kept"
+#: The kept files' bounds: what a run's checker can have read (``load`` refuses more).
+MAX_INPUTS_BYTES = 256 << 20
+MAX_TAR_BYTES = 8 << 30
 VERSION = 1
 #: Every call's checkpoint manifest, by id (``checks.call_checkpoints``).
 MANIFESTS = "manifests"
@@ -98,12 +106,15 @@ def load(path: str | Path) -> Inputs:
             f"{path} holds no kept run (no {KEPT}/inputs.json): run the campaign with --keep"
         )
     try:
-        meta = json.loads(meta_path.read_text())
+        meta = load_json(meta_path, max_bytes=MAX_INPUTS_BYTES, follow=False)
         if meta.get("version") != VERSION:
             raise ConfigError(f"{meta_path}: version {meta.get('version')!r}, want {VERSION}")
-        log = read_log(d / str(meta["log"]))
+        if meta["log"] not in ("log.sqlite", "log.jsonl"):  # a name, never a path
+            raise ConfigError(f"{meta_path}: log {str(meta['log'])[:80]!r} is not a kept log")
+        log = read_log(d / meta["log"])
         log = dataclasses.replace(log, written_ns=meta.get("log_written_ns"))
-        ws = parse_tar((d / "workspace.tar").read_bytes(), f"kept:{d / 'workspace.tar'}")
+        tar = read_bytes(d / "workspace.tar", max_bytes=MAX_TAR_BYTES, follow=False)
+        ws = parse_tar(tar, f"kept:{d / 'workspace.tar'}")
         ws.fine_times = ws.fine_times and bool(meta.get("fine_times", True))
         for p, n in (meta.get("untarred") or {}).items():
             ws.nodes[str(p)] = node_from_json(n)
@@ -112,7 +123,11 @@ def load(path: str | Path) -> Inputs:
         last = None
         if cp:
             data_path = d / "checkpoint.manifest"
-            data = data_path.read_bytes() if data_path.exists() else None
+            data = (
+                read_bytes(data_path, max_bytes=MAX_MANIFEST_BYTES, follow=False)
+                if data_path.exists() or data_path.is_symlink()
+                else None
+            )
             last = LastCheckpoint(str(cp["id"]), data, str(cp.get("unread") or ""))
         return Inputs(
             log,
@@ -143,5 +158,5 @@ def _manifests(d: Path, unread: Any, store: Any) -> Manifests | None:
     for f in sorted((d / MANIFESTS).glob("*.manifest")) if (d / MANIFESTS).is_dir() else []:
         cid = f.name.removesuffix(".manifest")
         if MANIFEST_ID.fullmatch(cid) and not f.is_symlink():
-            data[cid] = f.read_bytes()
+            data[cid] = read_bytes(f, max_bytes=MAX_MANIFEST_BYTES, follow=False)
     return Manifests(data, {str(k): str(v) for k, v in dict(unread).items()}, bool(store))

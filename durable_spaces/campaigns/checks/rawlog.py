@@ -6,7 +6,9 @@ The formats (written by ``durable_spaces/harness/log_sqlite.py`` and
 - SQLite: table ``cua_commits(seq INTEGER PRIMARY KEY, epoch INTEGER, ops TEXT)`` with
   ``ops`` a JSON list, and the one-row ``cua_fence(id = 1, floor)``. Opened through a
   read-only URI (``file:...?mode=ro``): the checker never takes a lock a writer needs.
-- JSONL: one ``{"seq": n, "epoch": e, "ops": [...]}`` per line, seq = line number. A
+- JSONL: the log's identity ``{"log": "<32 hex>"}`` on its first line (a log written
+  before identities has none), then one ``{"seq": n, "epoch": e, "ops": [...]}`` per
+  line, seq = the line number after the identity's. A
   crash can tear only the last line (bytes without a newline, or a last line that does
   not parse); that is tolerated and reported in ``torn_tail``, as the adapter does.
   A bad line anywhere before it is damage: ``CorruptLogError`` naming the line.
@@ -20,18 +22,22 @@ read-only open may create an empty ``-wal``).
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from durable_spaces.errors import CorruptLogError, LogError
+from durable_spaces.errors import BadFileError, CorruptLogError, LogError
+from durable_spaces.host.bounded import open_file, parse_json, read_bytes
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 #: A WAL file this small holds no frame (its header is 32 bytes).
 _WAL_HEADER = 32
+#: A log the checker reads whole (a campaign run's are kilobytes to megabytes).
+MAX_LOG_BYTES = 1 << 32
+#: How deep a commit's ops may nest: what the harness's own ``json.dumps`` can write.
+LOG_DEPTH = 900
 
 
 @dataclass(frozen=True)
@@ -73,11 +79,16 @@ def written_ns(path: str | os.PathLike[str]) -> int | None:
 def read_log(path: str | os.PathLike[str]) -> RawLog:
     """Read a SQLite or JSONL log (told apart by the SQLite header, not the name)."""
     p = Path(path)
-    try:
-        with open(p, "rb") as f:
-            head = f.read(len(SQLITE_MAGIC))
+    try:  # a FIFO or a device in the log's place is refused, never waited on
+        fd = open_file(p)
+        try:
+            head = os.read(fd, len(SQLITE_MAGIC))
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         raise LogError(f"no log at {p}") from None
+    except BadFileError as e:
+        raise LogError(str(e)) from None
     if head == SQLITE_MAGIC:
         return read_sqlite(p)
     return read_jsonl(p)
@@ -85,7 +96,11 @@ def read_log(path: str | os.PathLike[str]) -> RawLog:
 
 def _ops(text: Any, where: str) -> list[dict[str, Any]]:
     try:
-        ops = json.loads(text) if isinstance(text, str | bytes) else text
+        ops = (
+            parse_json(text, where=where, max_depth=LOG_DEPTH)
+            if isinstance(text, str | bytes)
+            else text
+        )
     except ValueError as e:
         raise CorruptLogError(f"{where}: ops are not valid JSON ({e})") from e
     if not isinstance(ops, list) or not all(isinstance(o, dict) for o in ops):
@@ -127,26 +142,34 @@ def read_sqlite(path: str | os.PathLike[str]) -> RawLog:
 def read_jsonl(path: str | os.PathLike[str]) -> RawLog:
     p = Path(path).absolute()
     written = written_ns(p)
-    data = p.read_bytes()
+    try:
+        data = read_bytes(p, max_bytes=MAX_LOG_BYTES)
+    except BadFileError as e:
+        raise LogError(str(e)) from None
     lines = data.split(b"\n")
     whole, rest = lines[:-1], lines[-1]
     commits: list[RawCommit] = []
     torn = None
+    header = 0
     for i, raw in enumerate(whole):
         lineno = i + 1
         where = f"{p}: line {lineno}"
         try:
-            obj = json.loads(raw)
+            obj = parse_json(raw, where=where, max_depth=LOG_DEPTH)
         except ValueError as e:
             if i == len(whole) - 1 and not rest:
                 torn = f"line {lineno}: unparsable ({e})"
                 break
             raise CorruptLogError(f"{where} is not valid JSON ({e}), before the last line") from e
+        if i == 0 and isinstance(obj, dict) and set(obj) == {"log"}:
+            header = 1  # the log's identity, not a commit
+            continue
         if not isinstance(obj, dict) or not isinstance(obj.get("ops"), list):
             raise CorruptLogError(f"{where} is not a commit record")
-        if obj.get("seq") != lineno:
+        seq = lineno - header
+        if obj.get("seq") != seq:
             raise CorruptLogError(f"{where} holds seq {obj.get('seq')!r}")
-        commits.append(RawCommit(lineno, _epoch(obj.get("epoch"), where), _ops(obj["ops"], where)))
+        commits.append(RawCommit(seq, _epoch(obj.get("epoch"), where), _ops(obj["ops"], where)))
     if rest:
         torn = f"line {len(whole) + 1}: {len(rest)} bytes without a newline"
     return RawLog(str(p), "jsonl", commits, torn_tail=torn, written_ns=written)

@@ -30,7 +30,9 @@ def same_as_uninterrupted(inputs: Inputs) -> Verdict:
     w = inputs.workload
     if w is None:
         return unknown("no workload parameters to replay the model with")
-    model = ScriptedModel(w.seed, w.calls, files=w.files, sleep=w.sleep, server=w.server)
+    model = ScriptedModel(
+        w.seed, w.calls, files=w.files, sleep=w.sleep, server=w.server, gate=w.gate
+    )
     history = inputs.history
     files: dict[str, str] = {}
     step = interrupted = asked = 0

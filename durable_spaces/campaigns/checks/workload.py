@@ -7,7 +7,8 @@ kinds of calls, each recognisable from its arguments alone:
 - ``edit {path, old_text, new_text}``: the one occurrence of ``old_text`` (a whole line)
   becomes ``new_text``, which is that line followed by a new token line, so an edit
   applied twice leaves its token line twice;
-- ``bash "[sleep S && ]printf '%s\\n' 'TOKEN' >> PATH"``: appends a token line;
+- ``bash "[sleep S && ][while [ ! -e 'GATE' ]; do sleep 0.01; done && ]printf '%s\\n'
+  'TOKEN' >> PATH"``: appends a token line (once the gate file exists, when it has one);
 - the server start (a command naming ``/tmp/ds-server.pid``): no workspace effect; its
   result reports the server's pid (``ds-server pid N``, read by ``server_started``).
 
@@ -33,7 +34,8 @@ from typing import Any
 from durable_spaces.campaigns.checks.history import History
 
 _APPEND = re.compile(
-    r"^(?:sleep [0-9.]+ && )?printf '%s\\n' (?P<arg>'[^'\n]*') >> (?P<path>[A-Za-z0-9_.-]+)$"
+    r"^(?:sleep [0-9.]+ && )?(?:while \[ ! -e '[^'\n]*' \]; do sleep 0\.01; done && )?"
+    r"printf '%s\\n' (?P<arg>'[^'\n]*') >> (?P<path>[A-Za-z0-9_.-]+)$"
 )
 SERVER_PID_FILE = "/tmp/ds-server.pid"
 #: The server's heartbeat: the time (``date +%s``) it last wrote, every 0.2 s.

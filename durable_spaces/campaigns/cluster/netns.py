@@ -39,6 +39,7 @@ from typing import Any
 import psutil
 
 from durable_spaces.errors import NetnsError
+from durable_spaces.host.bounded import load_object
 from durable_spaces.host.proc_start import started
 
 RUN_DIR = Path("/tmp/ds-netns")
@@ -103,7 +104,7 @@ def _used_subnets() -> set[ipaddress.IPv4Network]:
             used.add(net)
     for f in RUN_DIR.glob("*.json"):  # labs being set up right now
         with contextlib.suppress(OSError, ValueError, KeyError):
-            used.add(ipaddress.IPv4Network(json.loads(f.read_text())["subnet"]))
+            used.add(ipaddress.IPv4Network(load_object(f)["subnet"]))
     return used
 
 
@@ -273,7 +274,7 @@ def sweep_stale() -> list[str]:
     with _lock():
         for f in RUN_DIR.glob("*.json"):
             try:
-                rec = json.loads(f.read_text())
+                rec = load_object(f)
             except (OSError, ValueError):
                 f.unlink(missing_ok=True)
                 continue

@@ -141,7 +141,7 @@ class ClusterWorker:
         if not self._supervise(run, proc):
             return  # the claim went to another worker: nothing of ours may be stored
         try:
-            record = RunRecord.from_json(json.loads(out_path.read_text()))
+            record = RunRecord.load(out_path)
         except (OSError, ValueError, TypeError, KeyError) as e:
             record = error_record(spec, f"the run's process exited {proc.returncode}: {e}")
         try:

@@ -1,20 +1,21 @@
 """``exhaustive``: one kill at every failpoint hit of an uninterrupted run, systematically.
 
 Before the campaign, one calm run of the seed base's script writes its failpoint trace
-(``trace_hits``); every ``(point, n)`` hit of a kill point becomes a run of its own,
-seeded ``<base>-<point>-<n>``, whose schedule is that single kill (``schedules``). Every
-such run replays the script of ``<base>``, the one whose trace listed the points.
+(``trace_hits``); every ``(point, n)`` hit it lists becomes a run of its own, seeded
+``<base>-<point>-<n>``, whose schedule is that single kill (``schedules``): every hit of
+every point the run passes, the log's commits and the harness's steps as much as the
+adapter's, but a point ``chaos/points.py`` names not killable, with why. Every such run
+replays the script of ``<base>``, the one whose trace listed the points.
 """
 
 from __future__ import annotations
 
-from durable_spaces.campaigns.scenarios.base import (
-    KILL_POINTS,
-    Context,
-    OneSession,
-    Script,
-    shell_sleep,
-)
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from durable_spaces.campaigns.scenarios.base import Context, OneSession, Script, shell_sleep
 from durable_spaces.campaigns.spec import RunSpec
 from durable_spaces.chaos import points
 from durable_spaces.chaos.schedule import AttemptPlan, Failpoint, Schedule, exhaustive, read_trace
@@ -59,21 +60,35 @@ async def trace_hits(ctx: Context) -> list[tuple[str, int]]:
     return read_trace(trace)
 
 
-#: Beyond the scripted call's points, the steps of a ``local`` Space's spawn (its ledger
-#: line, its fork server, its supervisor's record): hit only on that backend.
-SPAWN_POINTS = (
-    points.SPACE_LOCAL_LEDGER_WRITTEN,
-    points.SPACE_LOCAL_SERVER_STARTED,
-    points.SPACE_LOCAL_FORKED,
-    points.SPACE_LOCAL_SUPERVISOR_RECORDED,
-    points.SPACE_LOCAL_SPAWNED,
-)
-
-
 def schedules(hits: list[tuple[str, int]], seed_base: str) -> list[Schedule]:
-    """One single-kill schedule per hit of a kill point."""
-    kill = (*KILL_POINTS, *SPAWN_POINTS)
-    return exhaustive((f"{p} {n}" for p, n in hits if p in kill), seed_base)
+    """One single-kill schedule per hit of every point the uninterrupted run passed
+    (``trace_hits``), in the trace's order; a point ``chaos/points.py`` names not
+    killable (``points.NOT_KILLABLE``, with why) gets none."""
+    return exhaustive((f"{p} {n}" for p, n in hits if p not in points.NOT_KILLABLE), seed_base)
+
+
+#: The file beside the uninterrupted run's trace that says what it passed (``plan_of``).
+PLAN = "plan.json"
+
+
+def plan_of(hits: list[tuple[str, int]]) -> dict[str, Any]:
+    """What the campaign keeps of its uninterrupted run (``campaign.json``'s
+    ``exhaustive``, read by ``campaigns/trace_coverage.py``'s ``killed_at``): how many
+    times it passed each point, and the points among them a kill makes no sense at, with
+    why (they get no run)."""
+    passed = Counter(p for p, _ in hits)
+    return {
+        "passed": dict(sorted(passed.items())),
+        "not_killable": {
+            p: points.NOT_KILLABLE[p] for p in sorted(passed) if p in points.NOT_KILLABLE
+        },
+    }
+
+
+def save_plan(work_dir: Path, hits: list[tuple[str, int]]) -> Path:
+    path = work_dir / PLAN
+    path.write_text(json.dumps(plan_of(hits), indent=1) + "\n")
+    return path
 
 
 SCENARIO = Exhaustive()

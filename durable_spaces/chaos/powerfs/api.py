@@ -23,6 +23,7 @@ from durable_spaces.chaos.powerfs.disk import MAX_LATENCY_MS, MAX_STALL_S, secon
 from durable_spaces.chaos.powerfs.powerfs_errors import FuseUnavailableError, PowerFSError
 from durable_spaces.chaos.powerfs.supervisor import LOG, SOCKET
 from durable_spaces.errors import ConfigError
+from durable_spaces.host.bounded import parse_json
 
 _MOUNT_TIMEOUT_S = 120.0
 _TEMP_MARK = "temporary"  # in a state dir mount() made itself
@@ -148,7 +149,7 @@ def _call(state_dir: str, msg: dict[str, Any], timeout: float = 300.0) -> dict[s
         raise PowerFSError(f"powerfs at {state_dir} does not answer ({e})") from e
     if not line:
         raise PowerFSError(f"powerfs at {state_dir} closed the connection ({msg['cmd']})")
-    reply: dict[str, Any] = json.loads(line)
+    reply: dict[str, Any] = parse_json(line, where=f"powerfs at {state_dir}")
     if "error" in reply:
         raise PowerFSError(f"powerfs {msg['cmd']}: {reply['error']}")
     return reply
@@ -203,6 +204,12 @@ class PowerFS:
         """Delay every durability call by ``fsync_ms`` (kept across cuts; 0: none)."""
         ms = seconds(fsync_ms, "fsync latency ms", MAX_LATENCY_MS)
         return DiskState.of(_call(self.state_dir, {"cmd": "latency", "ms": ms}))
+
+    def trap(self, **msg: Any) -> dict[str, Any]:
+        """The crash points inside the writes (``trap.py``): ``arm=[kind, n]`` with
+        ``notify=<fifo>``, ``release="go"|"fail"``, ``trace=True``; returns the counts, the
+        operation held now, and the trace when asked."""
+        return _call(self.state_dir, {"cmd": "trap", **msg})
 
     def disk(self) -> DiskState:
         return DiskState.of(_call(self.state_dir, {"cmd": "disk"}))

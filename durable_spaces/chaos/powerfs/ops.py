@@ -41,6 +41,7 @@ import mfusepy
 
 from durable_spaces.chaos.powerfs.disk import Disk
 from durable_spaces.chaos.powerfs.image import AREA, CycleError, Image
+from durable_spaces.chaos.powerfs.trap import Trap
 from durable_spaces.chaos.powerfs.volatile import Volatile
 
 _STRIP = os.O_CREAT | os.O_EXCL | os.O_NOCTTY | os.O_APPEND | getattr(os, "O_DIRECT", 0)
@@ -98,6 +99,7 @@ class PowerOps(mfusepy.Operations):
         self.image = image
         self.volatile = volatile
         self.disk = Disk() if disk is None else disk  # latency and stalls (disk.py)
+        self.trap = Trap()  # crash points inside the writes (trap.py)
         self.on_ready = on_ready
         self.mutex = threading.RLock()
         self.files: dict[int, _Open] = {}
@@ -174,6 +176,10 @@ class PowerOps(mfusepy.Operations):
         )
         self.image.by_live[ino] = node
         self.volatile.synced_data(ino, with_meta=meta)
+
+    def _at(self, kind: str, path: str) -> None:
+        """Before a state operation, outside the mutex: trap.py counts it, may hold it."""
+        self.trap.op(kind, path, mfusepy.fuse_get_context()[2])
 
     def _disk_wait(self, path: str) -> None:
         """Before a durability call, outside the mutex: the disk's latency and stalls."""
@@ -266,6 +272,8 @@ class PowerOps(mfusepy.Operations):
     # --- opening ---------------------------------------------------------------------
 
     def open(self, path: str, flags: int) -> int:
+        if flags & os.O_TRUNC:
+            self._at("write", path)
         with self.mutex:  # O_TRUNC changes data
             fd = os.open(self._p(path), flags & ~_STRIP)
             ino = os.fstat(fd).st_ino
@@ -298,6 +306,7 @@ class PowerOps(mfusepy.Operations):
     # --- data ------------------------------------------------------------------------
 
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+        self._at("write", path)
         with self.mutex:
             n = os.pwrite(fh, data, offset)
             o = self.files[fh]
@@ -310,6 +319,7 @@ class PowerOps(mfusepy.Operations):
         return n
 
     def truncate(self, path: str, length: int, fh: int | None = None) -> int:
+        self._at("write", path)
         with self.mutex:
             if fh is not None:
                 os.ftruncate(fh, length)
@@ -323,6 +333,7 @@ class PowerOps(mfusepy.Operations):
     def fallocate(self, path: str, mode: int, offset: int, size: int, fh: int) -> int:
         if mode:  # KEEP_SIZE, PUNCH_HOLE, ...: callers fall back to writing
             raise mfusepy.FuseOSError(errno.EOPNOTSUPP)
+        self._at("write", path)
         with self.mutex:
             os.posix_fallocate(fh, offset, size)
             self.volatile.extended(self.files[fh].ino)
@@ -331,6 +342,7 @@ class PowerOps(mfusepy.Operations):
     def fsync(self, path: str, datasync: int, fh: int) -> int:
         if "fsync_noop" in _MUTANTS:
             return 0
+        self._at("fsync", path)
         self._disk_wait(path)
         with self.mutex:
             self._sync_file(fh, meta=not datasync)
@@ -339,6 +351,7 @@ class PowerOps(mfusepy.Operations):
     def fsyncdir(self, path: str, datasync: int, fh: int) -> int:
         if "dirsync_noop" in _MUTANTS:
             return 0
+        self._at("fsync", path)
         self._disk_wait(path)
         with self.mutex:
             ino = self.dirs[fh]
@@ -450,6 +463,8 @@ class PowerOps(mfusepy.Operations):
 
     def rename(self, old: str, new: str, flags: int = 0) -> int:
         self._reserve(new)
+        if not self._is_hidden(new):
+            self._at("rename", new)
         with self.mutex:
             if self._is_hidden(new) and not flags and new not in self.hidden:
                 self._hide(old, new)

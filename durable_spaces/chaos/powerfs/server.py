@@ -26,6 +26,7 @@ from durable_spaces.chaos.powerfs.image import AREA, Image
 from durable_spaces.chaos.powerfs.ops import PowerOps
 from durable_spaces.chaos.powerfs.volatile import Volatile
 from durable_spaces.errors import ConfigError
+from durable_spaces.host.bounded import parse_json
 
 
 def lay_out(backing: str, live: str) -> None:
@@ -95,7 +96,7 @@ class _Control:
 
     def serve(self, ops: PowerOps, boot: int) -> None:
         for line in self.rfile:
-            msg = json.loads(line)
+            msg = parse_json(line, where="the supervisor's message")
             cmd = msg.get("cmd")
             if cmd == "stats":
                 with ops.mutex:
@@ -115,6 +116,11 @@ class _Control:
                 os._exit(0)
             elif cmd in _DISK:
                 self.send(_disk(ops.disk, msg))
+            elif cmd == "trap":  # no mutation lock: a held operation waits outside it
+                try:
+                    self.send(ops.trap.command(msg))
+                except ConfigError as e:
+                    self.send({"error": str(e)})
             elif cmd == "sync":
                 sync_all(ops)
                 self.send({"ok": True})

@@ -13,7 +13,10 @@ Protocol: one connection per request, one JSON object per line each way. Request
 ``{"cmd": "stall", "seconds": s}``, ``{"cmd": "resume", "keep_stuck": bool}``,
 ``{"cmd": "fail", "pids": [...]}``, ``{"cmd": "latency", "ms": ms}`` (kept across cuts:
 set again on every boot),
-``{"cmd": "disk"}``. A reply with an ``"error"`` key is a failure.
+``{"cmd": "disk"}``, and the crash points inside the writes (``trap.py``):
+``{"cmd": "trap", "arm": [kind, n], "notify": fifo}``, ``{"cmd": "trap", "release": "go"}``
+(or ``"fail"``), ``{"cmd": "trap", "trace": true}``. A reply with an ``"error"`` key is a
+failure.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from types import FrameType
 from typing import Any
 
 from durable_spaces.chaos.powerfs.image import AREA
+from durable_spaces.host.bounded import parse_json
 
 _MNT_DETACH = 2
 _BOOT_TIMEOUT_S = 120.0  # laying out the live tree copies the whole image
@@ -119,7 +123,7 @@ class PowerfsSupervisor:
         line = self._rfile.readline()
         if not line:
             raise OSError(errno.EPIPE, "the FUSE server exited (see powerfs.log)")
-        reply: dict[str, Any] = json.loads(line)
+        reply: dict[str, Any] = parse_json(line, where="the FUSE server's reply")
         return reply
 
     def _call(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -217,7 +221,8 @@ class PowerfsSupervisor:
             with conn:
                 conn.settimeout(_CALL_TIMEOUT_S)
                 try:
-                    msg = json.loads(conn.makefile("rb").readline() or b"{}")
+                    line = conn.makefile("rb").readline()
+                    msg = parse_json(line or b"{}", where="a request")
                     reply, done = self._handle(msg)
                 except Exception as e:  # any failure goes back to the caller, typed there
                     reply, done = {"error": f"{type(e).__name__}: {e}"}, False
@@ -236,7 +241,7 @@ class PowerfsSupervisor:
             return self.stats(), False
         if cmd == "cut":
             return self.cut(msg.get("tear")), False
-        if cmd in ("stall", "resume", "fail", "latency", "disk"):
+        if cmd in ("stall", "resume", "fail", "latency", "disk", "trap"):
             return self.disk(msg), False
         if cmd == "unmount":
             self.unmount(bool(msg.get("sync", True)))

@@ -10,6 +10,7 @@ import asyncio
 import errno
 import logging
 import os
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,6 +26,7 @@ from durable_spaces.harness.tool_tasks import record_result
 from durable_spaces.harness.tools import ToolContext
 
 SLOW = 0.4  # seconds each copy write waits first
+HANG_S = 300.0  # a wait for an event that takes this long is a hang, not a pace
 
 
 class Session(ToolSession):
@@ -36,6 +38,49 @@ class Session(ToolSession):
     @property
     def copy(self) -> Path:
         return Path(self.space.root).parent / ".ds-checkpoints"
+
+
+class HeldCopy:
+    """The copy write of the checkpoint that holds ``path`` waits until the first
+    ``settle`` after ``arm()`` (someone waits for it: it can finish only after being
+    asked), or the end of the test; ``order`` says what came first."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+        self.armed = False
+        self.let_go = threading.Event()
+        self.order: list[str] = []
+        write, settle = copy_behind.CopyWrite.write, copy_behind.Behind.settle
+
+        def held(w: copy_behind.CopyWrite, *a: Any) -> None:
+            if path in w.manifest:
+                self.let_go.wait(HANG_S)
+            write(w, *a)
+            if path in w.manifest:
+                self.order.append("written")
+
+        async def asked(b: copy_behind.Behind, space: str | None = None) -> None:
+            if self.armed and not self.let_go.is_set():
+                self.order.append("asked")
+                self.let_go.set()
+            await settle(b, space)
+
+        monkeypatch.setattr(copy_behind.CopyWrite, "write", held)
+        monkeypatch.setattr(copy_behind.Behind, "settle", asked)
+
+    def arm(self) -> None:
+        self.armed = True
+
+
+@asynccontextmanager
+async def held_copy(
+    tmp: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> AsyncIterator[tuple[Session, HeldCopy]]:
+    held = HeldCopy(monkeypatch, path)
+    try:
+        async with tool_session(tmp) as s:
+            yield Session(s.harness, s.registry, s.conv, s.space, s.snaps), held
+    finally:
+        held.let_go.set()  # a test that failed leaves no write waiting
 
 
 @asynccontextmanager
@@ -54,15 +99,15 @@ async def session(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[S
 async def test_the_next_call_changes_the_space_only_once_the_copy_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with session(tmp_path, monkeypatch) as s:
+    async with held_copy(tmp_path, monkeypatch, "a.txt") as (s, held):
         await s.call("bash", {"command": "echo one > a.txt"})
         cid = s.last_checkpoint()
         manifest = s.copy / f"{cid}.manifest"
-        t0 = time.monotonic()
+        held.arm()
         # The command itself looks: the copy is there before anything of it runs.
         out = await s.call("bash", {"command": f"test -f {manifest} && echo there || echo missing"})
         assert "there" in out, out
-        assert time.monotonic() - t0 >= SLOW * 0.9  # it waited for the slow write
+        assert held.order[:2] == ["asked", "written"]  # it waited for the held write
         m = mf.decode(manifest.read_bytes())
         assert mf.blobs(m) <= {p.name for p in (s.copy / "blobs").iterdir()}
 
@@ -70,11 +115,13 @@ async def test_the_next_call_changes_the_space_only_once_the_copy_is_written(
 async def test_a_restore_and_a_read_of_the_copies_wait_for_the_write(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with session(tmp_path, monkeypatch) as s:
+    async with held_copy(tmp_path, monkeypatch, "a.txt") as (s, held):
         await s.call("write", {"path": "a.txt", "content": "one\n"})
         cid = s.last_checkpoint()
         (Path(s.space.root) / "a.txt").write_text("changed behind its back\n")
-        await s.snaps.restore(s.space, cid, 1)  # with the copy's write still sleeping
+        held.arm()
+        await s.snaps.restore(s.space, cid, 1)  # with the copy's write still held
+        assert held.order[:2] == ["asked", "written"]
         assert (Path(s.space.root) / "a.txt").read_text() == "one\n"
         assert (s.copy / f"{cid}.manifest").is_file()  # written before the restore ran
         for ext in ("tmp", "pending"):
@@ -123,9 +170,8 @@ async def test_the_copy_starts_once_the_result_is_committed_and_needs_no_next_ca
         await s.snaps.settle()
         started.clear()
         committing = await _call_with_a_slow_result_commit(s)
-        for _ in range(500):  # no settle, no next call: only the release starts it
-            if started:
-                break
+        deadline = time.monotonic() + HANG_S  # no settle, no next call: only the release
+        while not started and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         assert started, "the copy was never started after the result's commit"
         assert committing and started[0] > committing[0]
@@ -156,9 +202,8 @@ async def test_the_stores_files_are_made_ahead_again_only_after_the_result(
         store_dir = os.fspath(s.snaps.store.dir)
         topped.clear()
         committing = await _call_with_a_slow_result_commit(s)
-        for _ in range(500):  # no settle, no next call
-            if any(d == store_dir for d, _ in topped):
-                break
+        deadline = time.monotonic() + HANG_S  # no settle, no next call
+        while not any(d == store_dir for d, _ in topped) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         at = [t for d, t in topped if d == store_dir]
         assert at, f"the store's pool was never topped up after the call: {topped}"

@@ -15,6 +15,10 @@ Each recipe under this directory runs it with one ``--defect`` (or none):
 - ``loop``: never calls the model at all and exits 0.
 - ``flood``: prints a lot, then behaves as ``none``.
 - ``responses``: asks the Responses API, which the scripted model does not answer.
+
+``--hold DIR`` (any defect): a resumed attempt of an unfinished run (not the probe's trial
+of the resume command on a finished one) says so by a file ``DIR/held-<pid>`` and then
+waits until it is killed, so a test knows a planned run is under way and stays so.
 """
 
 from __future__ import annotations
@@ -142,6 +146,7 @@ def main() -> int:
     ap.add_argument("--stream", action="store_true")
     ap.add_argument("--file-tools", action="store_true")
     ap.add_argument("--tool-name", default="bash")
+    ap.add_argument("--hold")
     a = ap.parse_args()
     if a.defect == "crash":
         print("fakeagent: cannot start: the defect is crash", file=sys.stderr)
@@ -160,6 +165,13 @@ def main() -> int:
             messages.append(ev["message"])
         elif "result" in ev:
             results[ev["id"]] = ev["result"]
+    finished = bool(messages) and messages[-1]["role"] == "assistant" and not (
+        messages[-1].get("tool_calls")
+    )
+    if a.hold and a.resume and not finished:  # the probe's trial resume of a finished run
+        (Path(a.hold) / f"held-{os.getpid()}").write_text("")  # passes: it is no planned run
+        while True:
+            time.sleep(3600)  # until the probe kills us: the test holds the gate
     if not messages:
         messages = [{"role": "user", "content": a.prompt or "go"}]
         for m in messages:
@@ -202,10 +214,11 @@ def main() -> int:
             journal.add({"message": msg})
         kw = {"model": "fake", "messages": messages, "tools": offered}
         if a.stream:
-            content, calls = "", {}
+            content, calls, finished = "", {}, False
             for chunk in client.chat.completions.create(stream=True, **kw):
                 if not chunk.choices:
                     continue
+                finished = finished or chunk.choices[0].finish_reason is not None
                 d = chunk.choices[0].delta
                 content += d.content or ""
                 for tc in d.tool_calls or []:
@@ -217,6 +230,8 @@ def main() -> int:
                     if tc.function:
                         c["function"]["name"] += tc.function.name or ""
                         c["function"]["arguments"] += tc.function.arguments or ""
+            if not finished:  # the stream was cut: no answer, whatever came of it
+                raise SystemExit("fakeagent: the model's answer was cut off")
             tool_calls = [calls[i] for i in sorted(calls)]
         else:
             r = client.chat.completions.create(**kw)

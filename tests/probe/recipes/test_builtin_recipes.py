@@ -27,7 +27,7 @@ def test_a_built_in_recipe_is_well_formed(name: str) -> None:
     r = load(name)
     d = r.data
     assert set(d) <= {"name", "launch", "resume", "timeout_s", "attempts", "promise",
-                      "available", "tool", "write_tool", "edit_tool", "env"}  # fmt: skip
+                      "available", "tool", "write_tool", "edit_tool", "env", "report"}  # fmt: skip
     for key in ("launch", "resume", "available"):
         argv = d[key]
         assert isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)
