@@ -20,7 +20,7 @@ export CRASH_MODE CRASH_BACKEND CRASH_RUNS CRASH_CALLS CRASH_SEED_BASE
 # run), the project itself in editable mode, its bytecode compiled once: with PYTHONDONTWRITEBYTECODE set (as on these machines) every driver a campaign
 # starts would compile every module again (~30 ms of CPU each; bench/resume.py).
 setup:
-	$(PIP) install -q -e '.[test,probe]'
+	$(PIP) install -q -e '.[test,lab,probe]'
 	$(PYTHON) -m compileall -q durable_spaces
 
 # Debian packages, a running dockerd, the docker Space image, the microvm guest, FUSE

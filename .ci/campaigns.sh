@@ -87,7 +87,9 @@ fi
 # no evidence: unverified; inplace rewrites its transcript in place, which only the kill
 # points inside its state writes show); LangGraph re-runs an
 # interrupted tool (at-least-once); the control (this project's harness and adapter) must
-# grade at-most-once-reported or better under both faults; Pi's bash outlives a kill.
+# grade at-most-once-reported or better under both faults, and so must LangGraph with the
+# integration's tools (docs/integrations.md), under a process kill and a power cut; Pi's
+# bash outlives a kill.
 probe() {
   [ -z "${CI_CAMPAIGNS_ONLY:-}" ] || [[ $only == *" $1 "* ]] || return 0
   ci_probe "$@"
@@ -102,6 +104,8 @@ probe probe-fake-detached unsafe --harness "$fakes/detached" --steps 3
 probe probe-control at-most-once-reported-or-better --harness durable-spaces --steps 3
 probe probe-control-machine at-most-once-reported-or-better --harness durable-spaces --steps 3 --fault machine
 probe probe-langgraph at-least-once --harness langgraph --steps 3
+probe probe-langgraph-durable at-most-once-reported-or-better --harness langgraph-durable --steps 3
+probe probe-langgraph-async-durable-power at-most-once-reported-or-better --harness langgraph-async-durable --steps 3 --fault power
 if ci_require probe-pi pi; then
   probe probe-pi unsafe --harness pi --steps 3
 fi

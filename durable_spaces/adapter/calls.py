@@ -73,7 +73,8 @@ class CallPipeline:
         self.ctx = ctx
         self.harness = ctx.harness
         self.conv = ctx.conversation_id
-        self.effect = Effect(args, ctx, self.parts.config.fence, self.parts.config.cwd)
+        config = self.parts.config
+        self.effect = Effect(args, ctx, config.fence, config.cwd, config.namespace)
         self._position = ""  # the ledger key of the current start mark's position
 
     # --- entry ----------------------------------------------------------------------------

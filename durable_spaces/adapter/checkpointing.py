@@ -219,7 +219,8 @@ class CheckpointKeeper:
             conv,
             space,
             state.last_checkpoint,
-            gone=f"the {reason} and its checkpoint {state.last_checkpoint} is gone ({{e}})",
+            gone=f"the Space must go back to the log ({reason}) and its checkpoint "
+            f"{state.last_checkpoint} is gone ({{e}})",
             why="restored",
         )
         await self.parts.boot.bind(space)

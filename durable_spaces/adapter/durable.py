@@ -78,7 +78,7 @@ class DurableSpaces:
         driver gives it before the harness opens); bound Spaces carry over."""
         new = DurableSpaces(self.config.with_session(**session))
         for conv, name in self.parts.spaces._bound.items():
-            new.bind(conv, name)
+            new.bind(conv, name, self.parts.spaces.heirs.get(conv, frozenset()))
         if log_id is not None or self.parts.spaces.log_id is not None:
             new.bind_log(log_id or self.parts.spaces.log_id or "")
         return new
@@ -162,10 +162,13 @@ class DurableSpaces:
         """The harness's environment factory: the conversation's Space as an env."""
         return SpaceExecutionEnv(self, conversation_id)
 
-    def bind(self, conversation_id: str, name: str) -> None:
+    def bind(self, conversation_id: str, name: str, heir_of: frozenset[str] = frozenset()) -> None:
         """Use the Space ``name`` for this conversation (a Space placed by a coordinator,
-        e.g. ``CUA_SESSION_SPACE``) instead of one named from its id."""
-        self.parts.spaces.bind(conversation_id, name)
+        e.g. ``CUA_SESSION_SPACE``) instead of one named from its id. ``heir_of``: this
+        log's conversations whose claim on the Space this one takes over (a framework
+        thread's conversation after a fork: ``integrations/threads.py``); another
+        conversation's claim is refused as ever."""
+        self.parts.spaces.bind(conversation_id, name, heir_of)
 
     def name_for(self, conversation_id: str) -> str:
         return self.parts.spaces.name_for(conversation_id)
@@ -178,6 +181,7 @@ class DurableSpaces:
     async def run_call(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         try:
             parsed = tool_args.parse(tool, args)
+            tool_args.check_call_key(ctx.call_key)
         except ToolArgumentError as e:
             return ToolResult.error(f"{tool}: {e}")  # nothing ran, nothing to recover
         name = self.name_for(ctx.conversation_id)
@@ -304,6 +308,21 @@ class DurableSpaces:
             return space, False
         return await self._bring_back(harness, conv, state, space, crashed=True), True
 
+    async def bring_back(self, harness: HarnessView, conversation_id: str, reason: str) -> None:
+        """Make the conversation's Space what its log implies now, as after its machine
+        crashed (the newest checkpoint, or the image; the calls in flight unknown), with
+        a ``log_behind`` event giving ``reason``. For a fork that goes on in its parent's
+        Space (``bind``), which holds effects the fork's log does not: an integration
+        whose framework resumed from an older checkpoint than the Space's last effect
+        (``durable_spaces/integrations/threads.py``)."""
+        name = self.name_for(conversation_id)
+        async with self.parts.spaces.lock(name):
+            state = state_doc.load(harness, conversation_id)
+            space = await self.space_for(harness, conversation_id, state)
+            state = state_doc.load(harness, conversation_id)  # as space_for left it
+            self.parts.emit("log_behind", conversation_id, None, mode=state.mode, reason=reason)
+            await self._bring_back(harness, conversation_id, state, space, reason=reason)
+
     async def _bring_back(
         self,
         harness: HarnessView,
@@ -311,12 +330,14 @@ class DurableSpaces:
         state: SpaceState,
         space: Space,
         crashed: bool = False,
+        reason: str | None = None,
     ) -> Space:
         """The Space may hold effects the log does not (``crashed``: its machine booted
         again): back to the newest checkpoint, or the image, with the calls in flight
         unknown (committed); what only the Space held kept first (``quarantine.py``)."""
         if state.mode == "checkpoint" and state.last_checkpoint is not None:
-            reason = "machine restarted" if crashed else "log is behind the Space"
+            if reason is None:
+                reason = "machine restarted" if crashed else "log is behind the Space"
             space = await self.cp.restore_newest(harness, conv, state, space, reason)
         else:
             kept = await self.tx.revert(harness, conv, space)

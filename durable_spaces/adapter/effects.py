@@ -36,6 +36,11 @@ RUNNING_MARK = 0.05
 OUTPUT_KEEP_BYTES = 1 << 20
 #: Exit status of coreutils ``timeout`` when the time ran out.
 TIMED_OUT = 124
+#: The variable a wrapped command finds its call's stable key in (``ToolContext.call_key``,
+#: the session's namespace before it): the same for every attempt of the call, so a
+#: request the command makes to a service outside the Space can carry it as its
+#: idempotency key (docs/configuration.md).
+CALL_KEY = "DS_CALL_KEY"
 
 
 def name_issue(args: ToolArgs, space: Space) -> str | None:
@@ -72,18 +77,30 @@ class Effect:
     """The effect of one call attempt (``args`` checked by ``tool_args.parse``)."""
 
     def __init__(
-        self, args: ToolArgs, ctx: ToolContext, fence: Fence | None, cwd: str | None
+        self,
+        args: ToolArgs,
+        ctx: ToolContext,
+        fence: Fence | None,
+        cwd: str | None,
+        namespace: str | None = None,
     ) -> None:
         self.args = args
         self.ctx = ctx
         self.fence = fence
         self.cwd = cwd
+        self.namespace = namespace
         self._fence_checked = 0.0
         self._fence_ok = True
         self._streamed = 0
         #: sha256 -> bytes this attempt's write/edit wrote: the image's blob for the file
         #: when the scan after it finds that content there (it is never read back).
         self.written: dict[str, bytes] = {}
+
+    @property
+    def call_key(self) -> str:
+        """The call's stable key (``CALL_KEY``), under the session's namespace."""
+        key = self.ctx.call_key
+        return f"{self.namespace}/{key}" if self.namespace else key
 
     def argv(self) -> list[str]:
         assert isinstance(self.args, BashArgs)
@@ -104,6 +121,7 @@ class Effect:
             key=key,
             epoch=epoch,
             cwd=self.cwd or space.root,
+            env={CALL_KEY: self.call_key},
             keep_output=OUTPUT_KEEP_BYTES,
             new_key=new_key,
         )

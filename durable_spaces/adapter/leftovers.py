@@ -15,11 +15,15 @@ done here when the Space's processes are this host's: ``space.HostProcesses``).
 What ``look`` finds: the processes whose working directory is at or under the workspace
 (auto mode's condition to leave transactional mode), and the files under the workspace
 they hold open or map shared and writable (as far as the Space's user may read their
-``/proc``). What it cannot see: a process that left the workspace (``cd``) before the
-look, a file held through a name outside the workspace (a hard link), and a process the
-Space's user may not look at. Every process's mappings would cost a read of every
-``maps`` in the Space, which on a busy host (a ``local`` Space's) is most of a call;
-``docs/journal-trust.md`` says the rest.
+``/proc``). On this host (``host_look``) the process running the adapter and its
+ancestors are not among them: no call started them, and an agent whose workspace is its
+own working directory (an integration's pinned workspace, ``integrations/attempt.py``)
+would otherwise leave transactional mode at its first command. What it cannot see: a
+process that left the workspace (``cd``) before the look, a file held through a name
+outside the workspace (a hard link), and a process the Space's user may not look at.
+Every process's mappings would cost a read of every ``maps`` in the Space, which on a
+busy host (a ``local`` Space's) is most of a call; ``docs/journal-trust.md`` says the
+rest.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import os
 import re
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from durable_spaces.errors import PathEscapeError
@@ -142,6 +147,7 @@ def host_look(root: str, pidns: int = 0) -> Leftovers:
     prefix = real.rstrip("/") + "/"
     ns = os.readlink(f"/proc/{pidns}/ns/pid") if pidns else None
     out: list[bytes] = []
+    mine: frozenset[int] | None = None  # read only when some process is in the workspace
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -160,6 +166,9 @@ def host_look(root: str, pidns: int = 0) -> Leftovers:
             continue  # gone, or not ours to look at (as the script's find)
         if cwd != real and not cwd.startswith(prefix):
             continue
+        mine = _this_line() if mine is None else mine
+        if int(name) in mine:
+            continue
         out.append(b"P" + shown)
         with contextlib.suppress(OSError):
             for fd in os.listdir(f"{base}/fd"):
@@ -173,6 +182,22 @@ def host_look(root: str, pidns: int = 0) -> Leftovers:
                 if len(fields) == 6 and fields[1][1:2] == b"w" and fields[1][3:4] == b"s":
                     out.append(b"M" + fields[5])
     return parse(real, b"\0".join(out))
+
+
+def _this_line() -> frozenset[int]:
+    """This process and its ancestors (module docstring), from ``/proc/<pid>/stat`` (the
+    parent's pid follows the name's closing parenthesis and the state): a few reads, on
+    the path of every bash call (psutil's ``parents()`` took milliseconds)."""
+    pids: list[int] = []
+    pid = os.getpid()
+    while pid > 0 and pid not in pids and len(pids) < 64:
+        pids.append(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_bytes()
+            pid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return frozenset(pids)
 
 
 async def look(space: Space, epoch: int) -> Leftovers:

@@ -56,7 +56,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from durable_spaces.errors import SpaceOwnedError
+from durable_spaces.errors import BadFileError, SpaceOwnedError
 from durable_spaces.harness.log_core import IDENTITY
 from durable_spaces.host.bounded import parse_json
 from durable_spaces.space import ExecState, Space
@@ -87,8 +87,8 @@ class Owner:
     def parse(data: bytes) -> Owner | None:
         """The owner a claim's output names, None if it is not a whole record of ours."""
         try:
-            obj = parse_json(data, where="an owner claim")
-        except (UnicodeDecodeError, ValueError):  # BadFileError is a ValueError
+            obj = parse_json(data, where="a claim")
+        except BadFileError:
             return None
         if not isinstance(obj, dict) or set(obj) != {"log", "conversation"}:
             return None
@@ -147,7 +147,9 @@ async def claim(space: Space, owner: Owner, n: int, epoch: int) -> None:
         )
 
 
-Verdict = Literal["mine", "unclaimed", "take"]
+#: ``inherit``: the Space is another conversation's of this log that the asking one was
+#: bound to take over (``SpaceKeeper.bind``'s ``heir_of``): claimed anew, nothing changed.
+Verdict = Literal["mine", "unclaimed", "take", "inherit"]
 
 
 def judge(claims: Claims, me: Owner, adopt: str, name: str, any_conversation: bool) -> Verdict:

@@ -43,6 +43,8 @@ class SpaceKeeper:
         self.config = config
         self.open: dict[str, Space] = {}
         self._bound: dict[str, str] = {}
+        #: Per conversation, the conversations of this log whose Space it takes over.
+        self.heirs: dict[str, frozenset[str]] = {}
         self._epochs: dict[str, int] = {}
         self._caps: dict[str, Capabilities] = {}
         self._tooling: dict[str, str | None] = {}
@@ -56,8 +58,10 @@ class SpaceKeeper:
 
     # --- names ------------------------------------------------------------------------------
 
-    def bind(self, conversation_id: str, name: str) -> None:
+    def bind(self, conversation_id: str, name: str, heir_of: frozenset[str] = frozenset()) -> None:
         self._bound[conversation_id] = name
+        if heir_of:
+            self.heirs[conversation_id] = heir_of
 
     def name_for(self, conversation_id: str) -> str:
         if conversation_id in self._bound:
@@ -117,11 +121,23 @@ class SpaceKeeper:
         its claims read once per driver; ``SpaceOwnedError`` when it is another's and
         ``DS_SPACE_ADOPT`` does not say to take it. ``conv`` None: the conversation is
         not known yet (a Space placed for the driver), any of this log's will do."""
-        if space.name in self.verdicts and conv is not None:
-            return self.verdicts[space.name]
         claims = self._claims.get(space.name)
+        if space.name in self.verdicts and conv is not None:
+            owner = claims.owner if claims is not None else None
+            if owner is None or owner.conversation == conv:  # not a verdict for another's
+                return self.verdicts[space.name]
         if claims is None:
             claims = self._claims[space.name] = await space_owner.read(space)
+        owner = claims.owner
+        if (
+            conv is not None
+            and claims.damaged is None
+            and owner is not None
+            and owner.log == self._me(conv).log
+            and owner.conversation in self.heirs.get(conv, ())
+        ):
+            self.verdicts[space.name] = "inherit"
+            return "inherit"
         adopt = self.config.settings.space_adopt
         verdict = space_owner.judge(
             claims, self._me(conv), adopt, space.name, any_conversation=conv is None

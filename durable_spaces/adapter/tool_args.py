@@ -26,6 +26,9 @@ MAX_CONTENT_BYTES = 64 * 1024 * 1024
 #: early and clearly instead of as an OSError half-way through a call.
 MAX_NAME_BYTES = 255
 MAX_PATH_BYTES = 4096
+#: A call's key (``ToolContext.call_key``: ids the model or a framework chose) goes into
+#: a command's environment as ``DS_CALL_KEY``: bounded, and nothing an exec cannot carry.
+MAX_CALL_KEY_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -113,3 +116,15 @@ def parse(tool: str, args: Any) -> ToolArgs:
     if tool == "edit":
         return EditArgs(_path(args), _text(args, "old_text", empty=False), _text(args, "new_text"))
     raise ToolArgumentError(f"no such wrapped tool {tool!r}")
+
+
+def check_call_key(key: str) -> None:
+    """A call's key that a command's environment can carry (``ToolArgumentError``)."""
+    try:
+        size = len(key.encode())
+    except UnicodeEncodeError:
+        raise ToolArgumentError("the call's id is not valid text (a lone surrogate)") from None
+    if "\x00" in key or size > MAX_CALL_KEY_BYTES:
+        raise ToolArgumentError(
+            f"the call's id cannot be a key: a NUL byte, or over {MAX_CALL_KEY_BYTES} bytes"
+        )

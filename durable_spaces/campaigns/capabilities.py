@@ -22,6 +22,7 @@ import importlib.util
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,20 @@ def modules_missing(*modules: str) -> str | None:
         if not found:
             return f"no module {m} (pip install -e '.[probe]')"
     return None
+
+
+def index_missing() -> str | None:
+    """None when pip reaches its package index (a download of one small package)."""
+    with tempfile.TemporaryDirectory() as d:
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "-q",
+             "-d", d, "setuptools>=77"],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+    if done.returncode == 0:
+        return None
+    why = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
+    return f"pip cannot download from its index: {why[0]}"
 
 
 def pi_missing() -> str | None:
@@ -115,6 +130,11 @@ CAPABILITIES: dict[str, Capability] = {
             ),
         ),
         Capability("pi", "Node and the Pi coding agent (npm, a project-local prefix)", _PI),
+        Capability(
+            "pypi",
+            "pip's package index: the clean installs of tests/integrations/test_clean_install.py",
+            "durable_spaces.campaigns.capabilities:index_missing",
+        ),
     )
 }
 

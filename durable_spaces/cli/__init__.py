@@ -4,20 +4,57 @@ One module per group of commands, each registering on the one Typer ``app``
 (``durable_spaces/cli/app.py``, which also turns every error into one line):
 ``campaigns.py`` (campaign, repro, agent), ``inspect.py`` (report, check, diff),
 ``cluster.py`` (host, coordinator, submit, worker), ``tls.py`` (tls init, enroll, renew,
-approve, revoke, list), ``probe.py`` (probe), ``quarantine.py`` (quarantine list,
-quarantine restore). Importing this package registers them.
+approve, revoke, list), ``probe.py`` (probe),
+``quarantine.py`` (quarantine list, quarantine restore). Reading ``app`` imports them,
+which registers them.
+
+The command line is the lab's edge: Typer and the reports' packages come with the
+``lab`` extra (pyproject), not with the product. Without them ``main`` says so in one
+line and exits 2, for every command (``host`` and ``coordinator`` too: the product's
+own API, ``durable_spaces.cluster.commands``, needs none of them).
 """
 
 from __future__ import annotations
 
-from durable_spaces.cli import campaigns, cluster, inspect, probe, quarantine, tls
-from durable_spaces.cli.app import app
+import importlib.util
+import sys
+from typing import Any
 
 __all__ = ["app", "main"]
 
-# registered on ``app`` by being imported
-_COMMANDS = (campaigns, cluster, inspect, probe, quarantine, tls)
+#: The modules the command line imports that only the ``lab`` extra installs.
+LAB_MODULES = ("typer", "rich", "pandas", "matplotlib")
+
+
+def lab_missing() -> list[str]:
+    """The ``LAB_MODULES`` this environment cannot import."""
+    return [m for m in LAB_MODULES if importlib.util.find_spec(m) is None]
+
+
+def __getattr__(name: str) -> Any:
+    if name != "app":
+        raise AttributeError(f"module 'durable_spaces.cli' has no attribute {name!r}")
+    from durable_spaces.cli import (  # noqa: F401  (register)
+        campaigns,
+        cluster,
+        inspect,
+        probe,
+        quarantine,
+        tls,
+    )
+    from durable_spaces.cli.app import app
+
+    globals()["app"] = app
+    return app
 
 
 def main() -> None:  # pragma: no cover - console entry
-    app(prog_name="durable-spaces")
+    missing = lab_missing()
+    if missing:
+        print(
+            f"durable-spaces: error: the command line needs the lab extra ({', '.join(missing)} "
+            "not installed): pip install 'durable-spaces[lab]'",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    __getattr__("app")(prog_name="durable-spaces")

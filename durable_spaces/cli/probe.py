@@ -47,6 +47,10 @@ def probe(
     allow_partial: Annotated[bool, typer.Option(
         help="--expect accepts a grade from a probe that covered only some kill point x "
              "step pairs (partial:...)")] = False,
+    effect_server: Annotated[bool, typer.Option(
+        "--effect-server", help="shell steps also POST to an effect server on 127.0.0.1 "
+        "(with DS_CALL_KEY as Idempotency-Key when the harness gives one); each step's "
+        "count there is graded too")] = False,
     report: Annotated[bool, typer.Option(help="write report.md/html at the end")] = True,
     compare: Annotated[bool, typer.Option(
         "--compare", help="instead: tabulate the probes in the directories given")] = False,
@@ -85,7 +89,7 @@ def probe(
         recipe=recipe, out=out, scenario=scenario, fault=fault, runs=runs, steps=steps,
         seed_base=seed_base, jobs=jobs, expect=expect, keep=keep,
         at=tuple(x.strip() for x in at.split(",") if x.strip()) if at else (),
-        per_step=call_ids == "per-step", allow_partial=allow_partial,
+        per_step=call_ids == "per-step", allow_partial=allow_partial, effects=effect_server,
     )  # fmt: skip
     try:
         spec.check()  # before the directory is made: bad input leaves nothing behind

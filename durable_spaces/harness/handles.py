@@ -28,7 +28,14 @@ class _Owner(Protocol):
 
     def _submit(self, cid: str, content: str, request_id: str | None) -> Submission: ...
 
-    def _fork(self, cid: str, entry_id: str, agent: AgentConfig | None) -> Conversation: ...
+    def _fork(
+        self,
+        cid: str,
+        entry_id: str,
+        agent: AgentConfig | None,
+        at_seq: int | None = None,
+        more: Callable[[Tx, str], Any] | None = None,
+    ) -> Conversation: ...
 
     def _commit(self, build: Callable[[Tx], Any]) -> Any: ...
 
@@ -152,11 +159,21 @@ class Conversation:
         returns the existing submission) and start (or queue) its run."""
         return self._h._submit(self.id, content, request_id)
 
-    async def fork(self, entry_id: str, agent: AgentConfig | None = None) -> Conversation:
+    async def fork(
+        self,
+        entry_id: str,
+        agent: AgentConfig | None = None,
+        *,
+        at_seq: int | None = None,
+        more: Callable[[Tx, str], Any] | None = None,
+    ) -> Conversation:
         """A new conversation seeing this one's entries up to ``entry_id`` and each
         rewindable document as of it (copied into the fork's creation commit). It keeps
-        this conversation's agent unless ``agent`` is given."""
-        return self._h._fork(self.id, entry_id, agent)
+        this conversation's agent unless ``agent`` is given. ``at_seq``: the documents
+        as of that commit of this conversation instead (at or after the entry's: what
+        was committed after the entry and before the next one); ``more(tx, id)`` adds
+        ops to the creation commit."""
+        return self._h._fork(self.id, entry_id, agent, at_seq, more)
 
     async def commit(self, build: Callable[[Tx], Any]) -> Any:
         """One atomic commit of app data; returns what ``build`` returned."""

@@ -24,6 +24,7 @@ from typing import Any
 
 from durable_spaces.chaos import failpoints
 from durable_spaces.errors import (
+    BadFileError,
     CorruptLogError,
     FenceHaltedError,
     LogError,
@@ -134,8 +135,8 @@ class JsonlStorage:
         first = head[:nl] if nl >= 0 else b""
         obj = None
         if first.startswith(b'{"log"') and len(first) <= _HEADER_MAX:
-            with contextlib.suppress(ValueError):
-                obj = parse_json(first, where=f"{self.path}: line 1")
+            with contextlib.suppress(BadFileError):
+                obj = parse_json(first, where=str(self.path))
         if isinstance(obj, dict) and set(obj) == {"log"}:
             self.identity = check_identity(obj["log"], f"{self.path}: line 1")
             self._header, self._size = 1, nl + 1

@@ -108,6 +108,20 @@ class Harness:
         cid = self._commit(lambda tx: tx._conversation(agent))
         return Conversation(self, cid)
 
+    async def create(
+        self, agent: AgentConfig, build: Callable[[Tx, str], Any] | None = None
+    ) -> Conversation:
+        """A new root conversation (``root()`` makes the first); ``build(tx, id)`` adds
+        ops to its creation commit, so what names it is committed with it."""
+
+        def create(tx: Tx) -> str:
+            cid = tx._conversation(agent)
+            if build is not None:
+                build(tx, cid)
+            return cid
+
+        return Conversation(self, self._commit(create))
+
     def conversation(self, conversation_id: str) -> Conversation:
         if conversation_id not in self.state.convs:
             raise KeyError(f"no conversation {conversation_id!r}")
@@ -261,20 +275,36 @@ class Harness:
         tx._task(kind="generation", conversation_id=cid, submission_id=sid, state="pending")
         return eid
 
-    def _fork(self, cid: str, entry_id: str, agent: AgentConfig | None) -> Conversation:
+    def _fork(
+        self,
+        cid: str,
+        entry_id: str,
+        agent: AgentConfig | None,
+        at_seq: int | None = None,
+        more: Callable[[Tx, str], Any] | None = None,
+    ) -> Conversation:
         entry = self.state.entries.get(entry_id)
         if entry is None or not self.state.is_visible(cid, entry):
             raise KeyError(f"entry {entry_id!r} is not visible in conversation {cid!r}")
-        docs = {
-            n: self.state.document(cid, n, entry_id, None)
-            for n in self.state.rewindable_at(cid, entry)
-        }
+        if at_seq is None:
+            docs = {
+                n: self.state.document(cid, n, entry_id, None)
+                for n in self.state.rewindable_at(cid, entry)
+            }
+        elif entry.seq <= at_seq <= self.state.last_seq and at_seq >= self.state.convs[cid].seq:
+            docs = self.state.documents_at(cid, at_seq)
+        else:
+            raise ValueError(
+                f"commit {at_seq} is not in conversation {cid!r} at or after entry {entry_id!r}"
+            )
         config = agent or self.state.convs[cid].agent
 
         def build(tx: Tx) -> str:
             fid = tx._conversation(config, cid, entry_id)
             for name, value in docs.items():
                 tx.put_document(fid, name, value, rewindable=True)
+            if more is not None:
+                more(tx, fid)
             return fid
 
         return Conversation(self, self._commit(build))

@@ -261,6 +261,16 @@ class LogState:
             return default
         return json_copy(versions[-1][1]) if copy_value else versions[-1][1]
 
+    def documents_at(self, cid: str, seq: int) -> dict[str, Any]:
+        """Each rewindable document of ``cid`` as of commit ``seq`` (copies): its own
+        versions, which a fork holds from its creation on."""
+        out: dict[str, Any] = {}
+        for name, doc in self.convs[cid].docs.items():
+            kept = [v for s, v in doc.versions if s <= seq] if doc.rewindable else []
+            if kept:
+                out[name] = json_copy(kept[-1])
+        return out
+
     def rewindable_at(self, cid: str, entry: Entry) -> list[str]:
         c = self.convs[cid]
         if entry.conversation_id != cid:

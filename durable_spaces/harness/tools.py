@@ -54,7 +54,9 @@ class ToolContext:
     ``attempt`` counts the committed starts of this call (2, 3, ... after a crash replay of a
     safe tool, with ``resumed`` true); ``committed_output`` is the output earlier attempts
     committed. ``output()`` streams live output; the harness commits it in throttled batches
-    so an interrupted call can carry it.
+    so an interrupted call can carry it. ``call_key`` is the call's stable key, the same
+    for every attempt of the call (default ``<conversation>:<call>``): a wrapped command
+    gets it as ``DS_CALL_KEY``, for an outside service's idempotency key.
     """
 
     def __init__(
@@ -70,10 +72,12 @@ class ToolContext:
         env: ExecutionEnv,
         committed_output: str = "",
         on_output: Callable[[str], None] | None = None,
+        call_key: str | None = None,
     ) -> None:
         self.harness = harness
         self.conversation_id = conversation_id
         self.call_id = call_id
+        self.call_key = call_key if call_key is not None else f"{conversation_id}:{call_id}"
         self.tool_name = tool_name
         self.task_id = task_id
         self.attempt = attempt

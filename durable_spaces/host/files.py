@@ -50,3 +50,23 @@ def fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def make_dir_durable(path: Path, mode: int = 0o700) -> None:
+    """Create ``path`` and its missing parents so that each survives a power loss: each
+    made, then the directory that holds it fsynced (``mkdir -p`` leaves every new entry
+    to the next sync of its parent, which may never come before the power goes)."""
+    missing: list[Path] = []
+    p = path
+    while not p.is_dir():
+        missing.append(p)
+        if p.parent == p:
+            break
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=mode)
+        except FileExistsError:
+            if not d.is_dir():
+                raise
+        fsync_dir(d.parent)

@@ -70,6 +70,7 @@ class StepResult:
     cls: str  # one of CLASSES, or unfinished
     asks: int = 1  # the model's calls for the step
     episodes: int = 1  # of them, the first and each the model chose to make again
+    outside: int = -1  # its effects at the effect server (effect_server.py); -1: none asked
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,7 +82,7 @@ class StepResult:
             raise ValueError(f"unknown shown {shown!r}")
         return StepResult(int(d["step"]), str(d["kind"]), int(d["effects"]), int(d["late"]),
                           shown, str(d["cls"]), int(d.get("asks", 1)),
-                          int(d.get("episodes", 1)))  # fmt: skip
+                          int(d.get("episodes", 1)), int(d.get("outside", -1)))  # fmt: skip
 
 
 def _read(path: Path) -> str:
@@ -154,8 +155,12 @@ def baseline_of(steps: Sequence[Step], requests: Sequence[dict[str, Any]],
 def check(steps: Sequence[Step], workdir: Path, requests: Sequence[dict[str, Any]],
           finished: bool, report: re.Pattern[str] | None = None,
           baseline: Mapping[int, str] | None = None,
-          swaps: Mapping[str, str] | None = None) -> list[StepResult]:  # fmt: skip
-    """Every step the model asked for (or that left an effect), classed."""
+          swaps: Mapping[str, str] | None = None,
+          outside: Mapping[str, int] | None = None) -> list[StepResult]:  # fmt: skip
+    """Every step the model asked for (or that left an effect), classed; ``outside``, the
+    effect server's count per step token (``effect_server.count``) when the steps called
+    it: a shell step counted there more often than the model's episodes of it is a
+    duplicate, and one the model was shown done that never reached it is lost."""
     log_lines = _read(workdir / LOG).splitlines()
     notes = _read(workdir / NOTES)
     issued = _issued(requests)
@@ -184,9 +189,12 @@ def check(steps: Sequence[Step], workdir: Path, requests: Sequence[dict[str, Any
                 unnamed += c
         effects = sum(named.values()) + unnamed
         dup = any(c >= 2 for c in per.values()) or sum(per.values()) + unnamed > max(episodes, 1)
-        cls = classify(effects, late, shown, finished, dup)
+        there = -1 if outside is None or not s.shell else outside.get(s.token, 0)
+        cls = classify(effects, late, shown, finished, dup or there > max(episodes, 1))
+        if cls == "once" and there == 0:
+            cls = "lost"  # the model was shown it done; the outside service never had it
         if cls == "unfinished":
             continue  # the run's own outcome (stuck) says why
         asks = len(episode_of)
-        out.append(StepResult(s.k, s.kind, effects, late, shown, cls, asks, episodes))
+        out.append(StepResult(s.k, s.kind, effects, late, shown, cls, asks, episodes, there))
     return out

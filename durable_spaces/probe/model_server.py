@@ -93,8 +93,10 @@ class _ModelServer(ThreadingHTTPServer):
 class ModelServer:
     def __init__(self, steps: Sequence[Step], recipe: Recipe, gates: Path, seed: str = "",
                  per_step: bool = False, baseline: Mapping[int, str] | None = None,
-                 swaps: Mapping[str, str] | None = None) -> None:  # fmt: skip
+                 swaps: Mapping[str, str] | None = None,
+                 effects: str | None = None) -> None:  # fmt: skip
         self.steps = list(steps)
+        self.effects = effects  # the effect server's URL (task.Step.command)
         self.recipe = recipe
         self.gates = gates
         self.seed = seed
@@ -198,7 +200,7 @@ class ModelServer:
             finish = "stop"
         else:
             step = self.steps[k - 1]
-            name, args = step.arguments(self.recipe, self.gates, tag)
+            name, args = step.arguments(self.recipe, self.gates, tag, self.effects)
             call = {"id": cid, "type": "function",
                     "function": {"name": name, "arguments": args}}  # fmt: skip
             msg = {"role": "assistant", "content": None, "tool_calls": [call]}

@@ -73,6 +73,7 @@ class ProbeRecord:
     #: File steps' results in the uninterrupted run (shown.py), normalized: r0's own, or
     #: the ones a planned run held its results against.
     baseline: dict[int, str] = field(default_factory=dict)
+    effects: bool = False  # shell steps called the effect server too (effect_server.py)
 
     @property
     def classes(self) -> list[str]:
@@ -107,6 +108,7 @@ class ProbeRecord:
             "grade": grade_of(self.classes), "call_ids": self.call_ids,
             "state_hit": self.state_hit, "state_ops": self.state_ops,
             "baseline": {str(k): v for k, v in self.baseline.items()},
+            "effects": self.effects,
         }  # fmt: skip
 
     @staticmethod
@@ -129,6 +131,7 @@ class ProbeRecord:
                 state_ops=[_state_op(x) for x in d.get("state_ops") or ()],
                 baseline={int(k): str(v)[:MAX_RESULT] for k, v in
                           dict(d.get("baseline") or {}).items()},
+                effects=d.get("effects", False) is True,
             )  # fmt: skip
         except (KeyError, TypeError, ValueError) as e:
             raise RecordError(f"a malformed probe run record: {e}") from None
@@ -200,6 +203,26 @@ def counts(records: Sequence[ProbeRecord]) -> Counter[str]:
     return c
 
 
+def outside(records: Sequence[ProbeRecord]) -> Counter[str]:
+    """The shell steps by their count at the effect server: ``once`` (as often as the
+    model's episodes), ``duplicate`` (more), ``lost`` (never, and the model shown it done),
+    ``none`` (never; the model told it was cut off, or never shown it)."""
+    c: Counter[str] = Counter()
+    for r in records:
+        if r.outcome in ("lab_error", "recipe_error"):
+            continue
+        for x in r.results:
+            if x.outside < 0 or x.cls == "unfinished":
+                continue
+            if x.outside > max(x.episodes, 1):
+                c["duplicate"] += 1
+            elif x.outside:
+                c["once"] += 1
+            else:
+                c["lost" if x.shown == "output" else "none"] += 1
+    return c
+
+
 def grade_all(records: Sequence[ProbeRecord]) -> str:
     return grade_of(c for r in records if r.outcome != "lab_error" for c in r.classes)
 
@@ -235,6 +258,9 @@ def summary_line(harness: str, records: Sequence[ProbeRecord], seed_base: str,
     fields += [f"{k}={c[k]}" for k in (*CLASSES, "stuck", "lab_errors", "kills")]
     pairs = set(universe)
     fields.append(f"pairs={len(pairs_probed(records) & pairs)}/{len(pairs)}")
+    if any(r.effects for r in records):  # the effect server's count of each shell step
+        out = outside(records)
+        fields += [f"outside_{k}={out[k]}" for k in ("once", "duplicate", "lost")]
     fields += [f"grade={probe_grade(records, universe, judged)}", f"seed_base={seed_base}"]
     return "SUMMARY probe " + " ".join(fields)
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from durable_spaces.probe import checker, task
 from durable_spaces.probe import recipe as recipes
+from durable_spaces.probe.effect_server import EffectServer
 from durable_spaces.probe.faults import CANNOT_START, KILL_FAULTS, HarnessProcess, RunProcs
 from durable_spaces.probe.gates import COMMAND_WHERE, Gate, GatePoint
 from durable_spaces.probe.model_server import ModelServer
@@ -66,6 +67,7 @@ class ProbeRun:
     baseline: dict[int, str] | None = None  # file steps' results in the uninterrupted run
     trial: bool = False  # try the resume command once after an uninterrupted finish
     state: bool = False  # the state directory on powerfs, its operations counted (state.py)
+    effects: bool = False  # shell steps call an effect server too (effect_server.py)
 
 
 def cgroup_prefix() -> str:
@@ -179,10 +181,12 @@ class _Run:
         rec = ProbeRecord(
             harness=r.name, recipe=str(r.path), run_id=s.run_id, seed=s.seed,
             scenario=s.scenario, fault=s.fault, steps=s.steps, point=s.point,
-            call_ids="per-step" if s.per_step else "per-answer",
+            call_ids="per-step" if s.per_step else "per-answer", effects=s.effects,
         )  # fmt: skip
         swaps = run_swaps(task.nonce_of(s.seed), s.work)
-        server = ModelServer(steps, r, gates, s.seed, s.per_step, s.baseline, swaps)
+        effects = EffectServer() if s.effects else None
+        server = ModelServer(steps, r, gates, s.seed, s.per_step, s.baseline, swaps,
+                             effects.url if effects is not None else None)  # fmt: skip
         procs = RunProcs(f"{cgroup_prefix()}{s.run_id}-{task.nonce_of(s.seed)}",
                          task.nonce_of(s.seed) + s.run_id, s.use_cgroup)  # fmt: skip
         attempts: list[HarnessProcess] = []
@@ -229,13 +233,16 @@ class _Run:
             asked = len(server.requests)
             if s.state and s.point is None and self.disk is not None:
                 rec.state_ops = state_ops(self.disk.ops(), server)
+            outside = effects.counts() if effects is not None else None
             results = checker.check(steps, workdir, server.requests, ok, r.report,
-                                    s.baseline, swaps)  # fmt: skip
+                                    s.baseline, swaps, outside)  # fmt: skip
             if s.trial and ok and cannot is None and len(attempts) == 1:
                 cannot = self.trial(procs, server, resume, workdir, env, rec, attempts)
         finally:
             procs.close()
             server.close()
+            if effects is not None:
+                effects.close()
             if self.disk is not None:
                 self.disk.close()
         for info, a in zip(rec.attempts, attempts, strict=True):
@@ -262,6 +269,9 @@ class _Run:
             rec.baseline = dict(s.baseline or {})
         s.runs_dir.mkdir(parents=True, exist_ok=True)
         (s.runs_dir / f"{s.run_id}.requests.json").write_text(json.dumps(requests) + "\n")
+        if effects is not None:
+            text = json.dumps(effects.requests) + "\n"
+            (s.runs_dir / f"{s.run_id}.effects.json").write_text(text)
         rec.duration_ms = (time.monotonic() - t0) * 1000
         return rec
 

@@ -77,11 +77,13 @@ class Step:
     def shell(self) -> bool:
         return self.kind not in ("write", "edit")
 
-    def command(self, gates: Path, tag: str = "") -> str:
+    def command(self, gates: Path, tag: str = "", effects: str | None = None) -> str:
         """The POSIX sh command of a shell step; ``gates`` is the lab's gate directory
         (absolute, outside the workdir); ``tag`` (``a<answer>``) names the answer that asked
         for it in its effect line, so the checker tells a call the harness ran twice from
-        a step the model asked for twice."""
+        a step the model asked for twice; ``effects``, the effect server's URL: right after
+        its effect the step POSTs there too, with the harness's ``DS_CALL_KEY`` as its
+        ``Idempotency-Key`` when there is one (effect_server.py)."""
         g = shlex.quote(str(gates))
         k = self.k
         parts = [f"p{self.nonce}", f"s{k}"]
@@ -95,6 +97,12 @@ class Step:
         lines.append(
             f"printf 'E %s%s%s%s\\n' {parts[0]} {parts[1]} {mark} \"${{t:+ $t}}\" >> {LOG};"
         )
+        if effects is not None:
+            url = shlex.quote(f"{effects}/effect/")
+            key = '${DS_CALL_KEY:+-H "Idempotency-Key: $DS_CALL_KEY"}'
+            lines.append(
+                f"curl -s -o /dev/null --max-time 30 -X POST {key} {url}{parts[0]}{parts[1]};"
+            )
         if self.kind == "background":
             lines.append(f"(sleep {BACKGROUND_S} </dev/null >/dev/null 2>&1 &);")
         lines.append(hold.format(g=g, k=k, p="effect", v="u") + ";")
@@ -102,8 +110,9 @@ class Step:
         lines.append(hold.format(g=g, k=k, p="exited", v="v") + "; true")
         return " ".join(lines)
 
-    def arguments(self, recipe: Recipe, gates: Path, tag: str = "") -> tuple[str, str]:
-        """The tool this step calls and its JSON arguments."""
+    def arguments(self, recipe: Recipe, gates: Path, tag: str = "",
+                  effects: str | None = None) -> tuple[str, str]:  # fmt: skip
+        """The tool this step calls and its JSON arguments (``effects``: ``command``'s)."""
         if self.kind == "write" and recipe.write_tool is not None:
             a = recipe.write_tool.args
             text = f"{self.effect_line}\nslot {self.nonce}\n"
@@ -112,7 +121,8 @@ class Step:
             a = recipe.edit_tool.args
             args = {a["path"]: NOTES, a["old"]: f"slot {self.nonce}", a["new"]: self.effect_line}
             return recipe.edit_tool.name, json.dumps(args)
-        return recipe.tool.name, json.dumps({recipe.tool.argument: self.command(gates, tag)})
+        command = self.command(gates, tag, effects)
+        return recipe.tool.name, json.dumps({recipe.tool.argument: command})
 
 
 def plan(steps: int, recipe: Recipe, nonce: str) -> list[Step]:

@@ -85,6 +85,7 @@ class ProbeSpec:
     at: tuple[str, ...] = ()  # only these kinds of kill point (the black box's when empty)
     per_step: bool = False  # the model's call ids per step (the older scheme)
     allow_partial: bool = False  # --expect accepts a grade from a probe of some pairs only
+    effects: bool = False  # shell steps call an effect server too (effect_server.py)
 
     @property
     def state_points(self) -> bool:
@@ -175,7 +176,7 @@ def _spec(ps: ProbeSpec, run_id: str, seed: str, point: GatePoint | None, cg: bo
                    fault=ps.fault, steps=ps.steps, point=point, work=ps.out / "work" / run_id,
                    runs_dir=ps.out / "runs", use_cgroup=cg, per_step=ps.per_step,
                    baseline=baseline, trial=point is None,
-                   state=ps.state_points)  # fmt: skip
+                   state=ps.state_points, effects=ps.effects)  # fmt: skip
 
 
 def unjudged(first: ProbeRecord) -> str | None:
@@ -286,7 +287,7 @@ def _finish(ps: ProbeSpec, w: IO[str], records: list[ProbeRecord],
         "runs": len(records), "steps": ps.steps, "seed_base": ps.seed_base, "jobs": ps.jobs,
         "grade": grade, "summary": summary, "exit_code": code, "reason": reason,
         "pairs": [str(p) for p in universe], "at": list(ps.at),
-        "call_ids": "per-step" if ps.per_step else "per-answer",
+        "call_ids": "per-step" if ps.per_step else "per-answer", "effects": ps.effects,
         "report": ps.recipe.report.pattern if ps.recipe.report is not None else "",
         "started_unix": started, "duration_s": round(time.time() - started, 3),
     }  # fmt: skip
@@ -311,7 +312,8 @@ def replay(path: Path, state_dir: Path, stdout: IO[str] | None = None) -> int:
                    runs_dir=state_dir / "runs", use_cgroup=cg,
                    per_step=original.call_ids == "per-step",
                    baseline=original.baseline if original.point is not None else None,
-                   state=original.point is not None and original.point.state)  # fmt: skip
+                   state=original.point is not None and original.point.state,
+                   effects=original.effects)  # fmt: skip
     rec = run_one(spec)
     rec.save(state_dir / "runs")
     same = [r.cls for r in rec.results] == [r.cls for r in original.results]

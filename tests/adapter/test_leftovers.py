@@ -52,6 +52,27 @@ def test_the_command_and_the_host_look_agree(tmp_path: Path) -> None:
     assert host_look(str(ws)) == Leftovers()
 
 
+LOOKER = (
+    "import subprocess, sys\n"
+    "from durable_spaces.adapter.leftovers import host_look\n"
+    "child = subprocess.Popen(['sleep', '30'])\n"
+    "try:\n"
+    "    print(child.pid, host_look('.').pids, flush=True)\n"
+    "finally:\n"
+    "    child.kill(); child.wait()\n"
+)
+
+
+def test_the_host_look_leaves_out_the_process_that_runs_it(tmp_path: Path) -> None:
+    """An agent whose workspace is its own working directory (an integration's pinned
+    one): the look it runs finds the command it started there, not itself."""
+    out = subprocess.run(
+        [sys.executable, "-c", LOOKER], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    child, pids = out.stdout.split(maxsplit=1)
+    assert pids.strip() == f"({child},)"
+
+
 def test_what_the_space_answers_is_checked() -> None:
     root = "/home/cua/work"
     out = b"\0".join(

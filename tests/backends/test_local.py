@@ -323,3 +323,15 @@ async def test_a_mark_is_durable_before_its_caller_goes_on(
     assert (rec.state, rec.exit_code, rec.epoch) == (ExecState.EXITED, 0, 1)
     again = await space.exec(["sh", "-c", "echo run >> counter"], key="pos#1", epoch=1)
     assert again.replayed and await space.stat("counter") is None
+
+
+async def test_a_commands_supervisor_waits_outside_the_workspace(space: LocalSpace) -> None:
+    """The supervisor writes the exit status the adapter reads, then exits: while it waits
+    it must not sit in the workspace, or a look for processes the command left there
+    (``adapter/leftovers.py``) right after the status finds it (auto mode then left
+    transactional mode for a command that left nothing)."""
+    script = 'readlink "/proc/$PPID/cwd"; readlink -f .'
+    r = await space.exec(["sh", "-c", script], key=None, epoch=1)
+    parent, workspace = r.output.decode().splitlines()
+    assert workspace == os.path.realpath(space.root)
+    assert parent != workspace and not parent.startswith(workspace + "/")

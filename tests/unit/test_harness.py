@@ -313,3 +313,36 @@ async def test_missing_model_is_a_permanent_failure_not_an_outcome(tmp_path: Pat
     await h.close()
     with pytest.raises(PermanentFailure):
         await sub.wait()
+
+
+async def test_a_fork_as_of_a_commit_after_its_entry_and_a_new_root(tmp_path: Path) -> None:
+    """``fork(at_seq=)``: the transcript up to the entry, the documents as of a later
+    commit (what was committed between the entry and the next one); ``more`` adds to the
+    fork's creation commit, as ``create``'s ``build`` does to a new root's."""
+    h = await _open(MemoryStorage(), tmp_path, CallsModel())
+    root = await h.create(AgentConfig("m"), lambda tx, cid: tx.put_document(cid, "name", "r"))
+    e1 = await root.commit(lambda tx: tx.entry(root.id, "user", {"n": 1}))
+    await root.commit(lambda tx: tx.put_document(root.id, "d", {"v": 1}, rewindable=True))
+    between = h.last_seq
+    await root.commit(lambda tx: tx.put_document(root.id, "d", {"v": 2}, rewindable=True))
+    await root.commit(lambda tx: tx.entry(root.id, "user", {"n": 2}))
+    fork = await root.fork(
+        e1, at_seq=between, more=lambda tx, fid: tx.put_document(fid, "name", "f")
+    )
+    assert [e.data for e in fork.entries()] == [{"n": 1}]
+    assert fork.document("d") == {"v": 1}
+    assert (fork.document("name"), root.document("name")) == ("f", "r")
+    assert fork.parent_id == root.id and (await h.root()).id == root.id
+    with pytest.raises(ValueError, match="not in conversation"):
+        await root.fork(e1, at_seq=h.last_seq + 1)
+
+
+def test_a_calls_key_is_its_conversation_and_id_unless_given(tmp_path: Path) -> None:
+    def ctx(**key: str) -> ToolContext:
+        return ToolContext(
+            harness=None, conversation_id="c1", call_id="x", tool_name="bash", task_id="t",
+            attempt=1, resumed=False, env=LocalDirEnv(tmp_path), **key,
+        )  # type: ignore[arg-type]  # fmt: skip
+
+    assert ctx().call_key == "c1:x"
+    assert ctx(call_key="thread:x").call_key == "thread:x"

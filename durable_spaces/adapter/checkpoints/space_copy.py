@@ -230,14 +230,16 @@ async def prune(
 async def extract(space: Space, d: str, cid: CheckpointId, data: bytes, epoch: int) -> str | None:
     """Extract the tar ``data`` into a staging directory beside the workspace, then swap
     the contents in: a tar that fails leaves the workspace untouched (returns tar's
-    complaint)."""
+    complaint). The root is emptied through a trailing slash, so a root that is a symlink
+    to the directory (a local Space pinned to a directory of the machine:
+    ``integrations/attempt.py``) is emptied too, not skipped as a link."""
     root = _q(space.root)
     staging = _q(f"{d}/.restore-{cid.digest[:32]}")
     code, out = await _sh(
         space,
         f'{_FIX_DIR}fixdir {_q(d)}; s={staging}; rm -rf -- "$s" && mkdir -p -- "$s" || exit 2; '
         f'tar --no-same-owner -xf - -C "$s" 2>&1 || {{ rm -rf -- "$s"; exit 3; }}; '
-        f"mkdir -p -- {root} && find {root} -mindepth 1 -delete && "
+        f"mkdir -p -- {root} && find {root}/ -mindepth 1 -delete && "
         f'find "$s" -mindepth 1 -maxdepth 1 -exec mv -t {root} -- {{}} + && '
         f'chmod --reference="$s" -- {root} && touch --reference="$s" -- {root} && '
         f'rmdir -- "$s"',

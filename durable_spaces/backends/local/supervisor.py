@@ -150,6 +150,10 @@ def supervise(
         os.write(out, f"ds-local: cannot run {argv[0]!r}: {e.strerror}\n".encode())
         status = f'{{"exit_code": {code}, "signal": null}}'
     else:
+        # Out of the workspace while the command runs: a look for processes it left
+        # there (adapter/leftovers.py) must not find this one, which exits only after
+        # writing the status the adapter reads first.
+        os.chdir(cmd_dir)
         _, wstatus = os.waitpid(pid, 0)
         if os.WIFSIGNALED(wstatus):
             status = f'{{"exit_code": null, "signal": {os.WTERMSIG(wstatus)}}}'

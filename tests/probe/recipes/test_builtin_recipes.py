@@ -13,7 +13,8 @@ from recipe_trial import PLACEHOLDERS, RECIPES, load
 
 BUILTIN = {
     "pi", "langgraph", "langgraph-async", "pydantic-ai-dbos", "pydantic-ai-dbos-steps",
-    "openai-agents", "durable-spaces", "durable-spaces-checkpoint",
+    "openai-agents", "durable-spaces", "durable-spaces-checkpoint", "langgraph-durable",
+    "langgraph-async-durable", "openai-agents-durable", "pydantic-ai-dbos-durable",
 }  # fmt: skip
 
 
