@@ -16,6 +16,7 @@ own API, ``durable_spaces.cluster.commands``, needs none of them).
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
 from typing import Any
@@ -31,21 +32,25 @@ def lab_missing() -> list[str]:
     return [m for m in LAB_MODULES if importlib.util.find_spec(m) is None]
 
 
-def __getattr__(name: str) -> Any:
-    if name != "app":
-        raise AttributeError(f"module 'durable_spaces.cli' has no attribute {name!r}")
-    from durable_spaces.cli import (  # noqa: F401  (register)
-        campaigns,
-        cluster,
-        inspect,
-        probe,
-        quarantine,
-        tls,
-    )
-    from durable_spaces.cli.app import app
+#: The command modules, each registering its commands on ``app`` when imported.
+COMMAND_MODULES = ("campaigns", "cluster", "inspect", "probe", "quarantine", "tls")
 
-    globals()["app"] = app
-    return app
+
+def __getattr__(name: str) -> Any:
+    # importlib, not ``from durable_spaces.cli import x``: that form asks this function
+    # for ``x`` first, and would come back here
+    if name == "app":
+        for module in COMMAND_MODULES:
+            importlib.import_module(f"{__name__}.{module}")
+        app = importlib.import_module(f"{__name__}.app").app
+        globals()["app"] = app
+        return app
+    # a command module read as an attribute (``durable_spaces.cli.campaigns``) is imported
+    # with the others, so that its commands are on ``app`` before it is used
+    if name in COMMAND_MODULES:
+        __getattr__("app")
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module 'durable_spaces.cli' has no attribute {name!r}")
 
 
 def main() -> None:  # pragma: no cover - console entry
