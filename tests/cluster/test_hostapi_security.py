@@ -9,6 +9,7 @@ import datetime as dt
 import json
 import socket
 import ssl
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,11 @@ def test_coordinators_and_workers_are_served_and_nobody_else(agent: HostAgent, c
         another_host.place("sp1", 1)
     # no certificate at all: the CA is known, nothing is presented
     _place_raw(agent.address, ssl.create_default_context(cadata=_pem(certs.ca.cert)))
+    # the server counts a cut handshake after the client has seen it refused: wait for it
+    deadline = time.monotonic() + 300.0  # a hang, not a pace
+    while agent.api is not None and agent.api.cuts["handshake"] < 2:
+        assert time.monotonic() < deadline, agent.api.cuts
+        time.sleep(0.01)
     assert agent.api is not None and agent.api.cuts["handshake"] >= 2  # EKU, no certificate
     assert s.space("sp1").state == "unplaced"  # neither placed anything
 
